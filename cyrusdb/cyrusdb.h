@@ -1,0 +1,240 @@
+/*
+ * cyrusdb.h - the pluggable key-value layer.
+ *
+ * Every database of the system (mailbox list, duplicate suppression, seen
+ * state, subscriptions) is kept through this interface.  A database is a
+ * file; it is opened by backend name ("flat", "skiplist", "db3",
+ * "db3-nosync", "lmdb") and file name.  Keys and values are byte strings
+ * given as (pointer, length): they may contain NUL bytes; a key is at least
+ * one byte, a value may be empty and may be at least 1 MiB long.
+ *
+ * Concurrency: every backend is safe for several processes using the same
+ * file at once (the prefork workers), each with its own handle.  A handle
+ * belongs to one process: do not use a handle across fork(); open databases
+ * after fork() in the process that uses them.  Handles are not thread-safe.
+ *
+ * Transactions: every data call takes "struct cyrusdb_txn **tid".
+ *   - tid == NULL: the call runs in its own transaction and commits before it
+ *     returns (reads see the last committed state).
+ *   - tid != NULL and *tid == NULL: a write transaction is begun by this call
+ *     and handed back in *tid; it holds the database's write lock until
+ *     cyrusdb_commit() or cyrusdb_abort().
+ *   - tid != NULL and *tid != NULL: the call runs inside that transaction and
+ *     sees its uncommitted changes.
+ * One handle has at most one transaction open at a time.  A transaction must
+ * be ended on the handle that began it.  After an error inside a transaction
+ * the caller must call cyrusdb_abort().
+ *
+ * Memory returned by fetch calls and passed to foreach callbacks belongs to
+ * the handle and stays valid until the next call on that handle.
+ */
+#ifndef CYRUSDB_CYRUSDB_H
+#define CYRUSDB_CYRUSDB_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* Return codes.  Negative values are errors; DONE is a non-error status. */
+enum {
+    CYRUSDB_OK = 0,
+    CYRUSDB_DONE = 1,             /* walk stopped early / nothing to do */
+    CYRUSDB_IOERROR = -1,         /* the file system failed or the file is damaged */
+    CYRUSDB_AGAIN = -2,           /* temporary: deadlock or busy, retry the transaction */
+    CYRUSDB_EXISTS = -3,          /* cyrusdb_create() on an existing key */
+    CYRUSDB_INTERNAL = -4,        /* misuse of the API or an engine failure */
+    CYRUSDB_NOTFOUND = -5,        /* no such key (or no such file without CREATE) */
+    CYRUSDB_LOCKED = -6,          /* the handle is busy in another transaction */
+    CYRUSDB_NOTIMPLEMENTED = -7,  /* the backend does not offer this operation */
+    CYRUSDB_FULL = -8,            /* out of disk space or map space */
+    CYRUSDB_READONLY = -9,        /* write on a database opened read-only */
+    CYRUSDB_BADFORMAT = -10,      /* the file was written by another backend or is not a database */
+};
+
+/* cyrusdb_open() flags */
+#define CYRUSDB_CREATE    0x01  /* create the file (and its directory) if missing */
+#define CYRUSDB_MBOXSORT  0x02  /* mailbox-name order: '.' sorts before every other byte */
+#define CYRUSDB_RDONLY    0x04  /* open for reading only */
+#define CYRUSDB_NOCOMPACT 0x08  /* never checkpoint automatically (tests, tools) */
+
+struct cyrusdb;       /* an open database: opaque */
+struct cyrusdb_txn;   /* a write transaction: opaque */
+
+/*
+ * Callback types for cyrusdb_foreach().
+ * filter: return non-zero to pass the record to the callback, 0 to skip it.
+ * cb: return 0 to go on, non-zero to stop the walk; that value is returned by
+ * cyrusdb_foreach().  Both may be called while the backend holds a lock: a
+ * callback may call cyrusdb_fetch/store/delete on the same handle only with
+ * the same tid that was given to cyrusdb_foreach() (never with NULL when a
+ * transaction is open).  Records changed by the callback at or before the
+ * current key are not revisited; the walk goes on after the current key.
+ */
+typedef int cyrusdb_filter_fn(void *rock,
+                              const char *key, size_t keylen,
+                              const char *data, size_t datalen);
+typedef int cyrusdb_cb_fn(void *rock,
+                          const char *key, size_t keylen,
+                          const char *data, size_t datalen);
+
+/* A backend's table of operations.  See cyrusdb.c for the registry. */
+struct cyrusdb_backend {
+    const char *name;
+
+    /* Whole-directory operations (may be NULL: nothing to do).
+     * recover: make every database of this backend under `dir` consistent
+     * after a crash; must run while no other process uses them.
+     * checkpoint_dir: flush logs and remove those no longer needed. */
+    int (*recover)(const char *dir, int variant);
+    int (*checkpoint_dir)(const char *dir, int variant);
+
+    /* Does this header belong to a file of this backend?  `head` holds the
+     * first `len` bytes of the file (len may be less than 4096). */
+    int (*detect)(const char *head, size_t len);
+
+    int (*open)(const char *fname, int flags, int variant,
+                struct cyrusdb **db_r, const char **error_r);
+    int (*close)(struct cyrusdb *db);
+
+    int (*fetch)(struct cyrusdb *db, const char *key, size_t keylen,
+                 const char **data_r, size_t *datalen_r,
+                 struct cyrusdb_txn **tid);
+    int (*fetchlock)(struct cyrusdb *db, const char *key, size_t keylen,
+                     const char **data_r, size_t *datalen_r,
+                     struct cyrusdb_txn **tid);
+    int (*foreach)(struct cyrusdb *db, const char *prefix, size_t prefixlen,
+                   cyrusdb_filter_fn *filter, cyrusdb_cb_fn *cb, void *rock,
+                   struct cyrusdb_txn **tid);
+    int (*create)(struct cyrusdb *db, const char *key, size_t keylen,
+                  const char *data, size_t datalen, struct cyrusdb_txn **tid);
+    int (*store)(struct cyrusdb *db, const char *key, size_t keylen,
+                 const char *data, size_t datalen, struct cyrusdb_txn **tid);
+    int (*delete)(struct cyrusdb *db, const char *key, size_t keylen,
+                  struct cyrusdb_txn **tid, int force);
+    int (*commit)(struct cyrusdb *db, struct cyrusdb_txn *tid);
+    int (*abort)(struct cyrusdb *db, struct cyrusdb_txn *tid);
+
+    int (*dump)(struct cyrusdb *db, FILE *out, int detail);
+    int (*consistent)(struct cyrusdb *db);
+    int (*checkpoint)(struct cyrusdb *db);
+};
+
+/* Every handle starts with this header so that cyrusdb.c can find the
+ * backend; backends embed it as their first member. */
+struct cyrusdb {
+    const struct cyrusdb_backend *backend;
+    int flags;
+};
+
+/* ---- registry --------------------------------------------------------- */
+
+/* The registry: one row per backend name.  `variant` is handed to the
+ * backend's open (db3-nosync is db3 with CYRUSDB_VARIANT_NOSYNC).
+ * `format` names the on-disk format: names with the same format can open
+ * each other's files (db3 and db3-nosync). */
+#define CYRUSDB_VARIANT_NOSYNC 0x01
+
+struct cyrusdb_registry_entry {
+    const char *name;
+    const char *format;
+    const struct cyrusdb_backend *backend;
+    int variant;
+};
+
+/* The table, terminated by an entry with name == NULL. */
+extern const struct cyrusdb_registry_entry cyrusdb_registry[];
+
+/* Look up a backend name; NULL if unknown. */
+const struct cyrusdb_registry_entry *cyrusdb_lookup(const char *name);
+
+/* A space-separated list of the backend names, for messages. */
+const char *cyrusdb_names(void);
+
+/* ---- the API ---------------------------------------------------------- */
+
+/* Text for a return code; never NULL. */
+const char *cyrusdb_strerror(int r);
+
+/*
+ * Open `fname` with backend `backend`.  If the file exists and was written by
+ * another backend, fails with CYRUSDB_BADFORMAT and an error naming both.
+ * Without CYRUSDB_CREATE a missing file gives CYRUSDB_NOTFOUND.
+ * Returns CYRUSDB_OK and the handle in *db_r, or an error code; *error_r (if
+ * not NULL) then points at a message valid until the next cyrusdb_open().
+ * Errors are also logged.
+ */
+int cyrusdb_open(const char *backend, const char *fname, int flags,
+                 struct cyrusdb **db_r, const char **error_r);
+
+/* Close a handle and set *dbp to NULL.  An open transaction is aborted. */
+int cyrusdb_close(struct cyrusdb **dbp);
+
+/* Fetch a key.  CYRUSDB_NOTFOUND if absent. */
+int cyrusdb_fetch(struct cyrusdb *db, const char *key, size_t keylen,
+                  const char **data_r, size_t *datalen_r,
+                  struct cyrusdb_txn **tid);
+
+/* Fetch under the write lock, for read-modify-write; tid must not be NULL.
+ * The transaction is begun if *tid is NULL, even when the key is absent
+ * (CYRUSDB_NOTFOUND is returned, the lock is held). */
+int cyrusdb_fetchlock(struct cyrusdb *db, const char *key, size_t keylen,
+                      const char **data_r, size_t *datalen_r,
+                      struct cyrusdb_txn **tid);
+
+/* Walk the records whose key starts with prefix (prefixlen 0: all) in key
+ * order.  Returns CYRUSDB_OK after a full walk, the callback's non-zero
+ * value if it stopped the walk, or an error code. */
+int cyrusdb_foreach(struct cyrusdb *db, const char *prefix, size_t prefixlen,
+                    cyrusdb_filter_fn *filter, cyrusdb_cb_fn *cb, void *rock,
+                    struct cyrusdb_txn **tid);
+
+/* Insert a new key; CYRUSDB_EXISTS if present (nothing changed). */
+int cyrusdb_create(struct cyrusdb *db, const char *key, size_t keylen,
+                   const char *data, size_t datalen, struct cyrusdb_txn **tid);
+
+/* Insert or replace. */
+int cyrusdb_store(struct cyrusdb *db, const char *key, size_t keylen,
+                  const char *data, size_t datalen, struct cyrusdb_txn **tid);
+
+/* Delete a key.  A missing key gives CYRUSDB_NOTFOUND, or CYRUSDB_OK when
+ * force is non-zero. */
+int cyrusdb_delete(struct cyrusdb *db, const char *key, size_t keylen,
+                   struct cyrusdb_txn **tid, int force);
+
+/* End a transaction.  Commit is durable when it returns OK (except for
+ * no-sync variants).  Abort leaves no trace.  Both free the transaction. */
+int cyrusdb_commit(struct cyrusdb *db, struct cyrusdb_txn *tid);
+int cyrusdb_abort(struct cyrusdb *db, struct cyrusdb_txn *tid);
+
+/* Print every record (detail 0) or the internal structure (detail 1). */
+int cyrusdb_dump(struct cyrusdb *db, FILE *out, int detail);
+
+/* Check the whole file; CYRUSDB_OK or CYRUSDB_IOERROR with details logged. */
+int cyrusdb_consistent(struct cyrusdb *db);
+
+/* Rewrite / compact the file (skiplist repack, flat rewrite, db3 log
+ * checkpoint, lmdb copy); NOTIMPLEMENTED where meaningless. */
+int cyrusdb_checkpoint(struct cyrusdb *db);
+
+/*
+ * Which backend format wrote `fname`?  *format_r gets "flat", "skiplist",
+ * "db3", "lmdb", or another known name such as "twoskip" for files we
+ * recognise but cannot open.  CYRUSDB_NOTFOUND if the file is missing,
+ * CYRUSDB_BADFORMAT if it is not recognised.  An empty file is "flat".
+ */
+int cyrusdb_detect(const char *fname, const char **format_r);
+
+/* Run every backend's recover (resp. checkpoint_dir) over `dir`. */
+int cyrusdb_recover(const char *dir);
+int cyrusdb_checkpoint_dir(const char *dir);
+
+/* Key comparison used by all backends: plain byte order, or mailbox order
+ * when CYRUSDB_MBOXSORT is set.  A shorter key that is a prefix of a longer
+ * one sorts first. */
+int cyrusdb_compare(int flags, const char *a, size_t alen,
+                    const char *b, size_t blen);
+
+/* Does key start with prefix? */
+int cyrusdb_has_prefix(const char *key, size_t keylen,
+                       const char *prefix, size_t prefixlen);
+
+#endif

@@ -1,0 +1,16 @@
+/* placeholder: the db3 backend is being written */
+#include "config.h"
+#include "cyrusdb/cyrusdb_backends.h"
+
+static int db3_open_placeholder(const char *fname, int flags, int variant,
+                                 struct cyrusdb **db_r, const char **error_r)
+{
+    (void)fname; (void)flags; (void)variant; (void)db_r;
+    *error_r = "backend not written yet";
+    return CYRUSDB_NOTIMPLEMENTED;
+}
+
+const struct cyrusdb_backend cyrusdb_db3 = {
+    .name = "db3",
+    .open = db3_open_placeholder,
+};

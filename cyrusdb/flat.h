@@ -1,0 +1,4 @@
+/* placeholder */
+#ifndef CYRUSDB_FLAT_H
+#define CYRUSDB_FLAT_H
+#endif

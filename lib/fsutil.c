@@ -1,0 +1,176 @@
+/*
+ * fsutil.c - file-system helpers; see fsutil.h.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "lib/fsutil.h"
+
+int fs_write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int fs_pwrite_all(int fd, const void *data, size_t len, off_t offset)
+{
+    const char *p = data;
+
+    while (len) {
+        ssize_t n = pwrite(fd, p, len, offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+        offset += n;
+    }
+    return 0;
+}
+
+int fs_pread_all(int fd, void *data, size_t len, off_t offset)
+{
+    char *p = data;
+
+    while (len) {
+        ssize_t n = pread(fd, p, len, offset);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (n == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+        offset += n;
+    }
+    return 0;
+}
+
+int fs_lock(int fd, int type, int wait)
+{
+    struct flock fl;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = (short)type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 0;
+    fl.l_len = 0;
+    for (;;) {
+        if (fcntl(fd, wait ? F_SETLKW : F_SETLK, &fl) == 0)
+            return 0;
+        if (errno == EINTR && wait)
+            continue;
+        if (errno == EACCES)
+            errno = EAGAIN;
+        return -1;
+    }
+}
+
+int fs_fsync_dir(const char *dir)
+{
+    int fd, r, saved;
+
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    r = fsync(fd);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return r;
+}
+
+int fs_fsync_parent(const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n;
+
+    if (!slash)
+        return fs_fsync_dir(".");
+    n = (size_t)(slash - path);
+    if (n == 0)
+        return fs_fsync_dir("/");
+    if (n >= sizeof(dir)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return fs_fsync_dir(dir);
+}
+
+int fs_mkdir_p(const char *dir, int mode)
+{
+    char path[PATH_MAX];
+    size_t len = strlen(dir);
+    char *p;
+
+    if (len == 0 || len >= sizeof(path)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(path, dir, len + 1);
+    for (p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(path, (mode_t)mode) < 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(path, (mode_t)mode) < 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+int fs_mkdir_parent(const char *path, int mode)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n;
+
+    if (!slash || slash == path)
+        return 0;
+    n = (size_t)(slash - path);
+    if (n >= sizeof(dir)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return fs_mkdir_p(dir, mode);
+}
+
+int fs_datasync(int fd)
+{
+#ifdef HAVE_FDATASYNC
+    return fdatasync(fd);
+#else
+    return fsync(fd);
+#endif
+}

@@ -1,0 +1,37 @@
+/*
+ * fsutil.h - small file-system helpers shared by the storage code:
+ * complete reads and writes that retry on EINTR and short counts, fcntl
+ * record locks, directory sync, and mkdir -p.
+ * All return 0 on success and -1 with errno set on failure.
+ */
+#ifndef LIB_FSUTIL_H
+#define LIB_FSUTIL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+int fs_write_all(int fd, const void *data, size_t len);
+int fs_pwrite_all(int fd, const void *data, size_t len, off_t offset);
+/* Read exactly len bytes; -1 with errno EIO on a short file. */
+int fs_pread_all(int fd, void *data, size_t len, off_t offset);
+
+/* fcntl lock on the whole file.  type: F_RDLCK, F_WRLCK or F_UNLCK.
+ * wait != 0 blocks (retrying on EINTR); wait == 0 fails with EAGAIN when
+ * another process holds a conflicting lock. */
+int fs_lock(int fd, int type, int wait);
+
+/* fsync the directory that holds `path` (path names a file in it). */
+int fs_fsync_parent(const char *path);
+/* fsync the directory `dir` itself. */
+int fs_fsync_dir(const char *dir);
+
+/* Create dir and its missing parents with mode. */
+int fs_mkdir_p(const char *dir, int mode);
+
+/* Create the parent directories of the file `path`. */
+int fs_mkdir_parent(const char *path, int mode);
+
+/* fdatasync where available, fsync otherwise. */
+int fs_datasync(int fd);
+
+#endif

@@ -1,0 +1,3 @@
+/* placeholder */
+#include "config.h"
+#include "lib/imapconf.h"

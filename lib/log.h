@@ -1,0 +1,42 @@
+/*
+ * log.h - one set of logging functions for every program.
+ *
+ * Messages go to syslog (facility mail) or to stderr, chosen once by
+ * log_init().  Style: one line per event, key=<value> pairs, e.g.
+ *   log_error("cyrusdb: open failed file=<%s> error=<%s>", fname, msg);
+ * Never log message bodies; pass client bytes through log_sanitize() first.
+ * Library code logs and returns an error; only main() exits (log_fatal).
+ */
+#ifndef LIB_LOG_H
+#define LIB_LOG_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+enum log_target {
+    LOG_TO_STDERR = 0,   /* the default before log_init() */
+    LOG_TO_SYSLOG = 1,
+    LOG_TO_NONE = 2      /* tests that provoke errors on purpose */
+};
+
+/* Set the program name shown in each line and where lines go. */
+void log_init(const char *progname, enum log_target target);
+
+/* Log at the given severity.  Format strings are checked by the compiler. */
+void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Log and exit(code).  For main() and the master only. */
+void log_fatal(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3), noreturn));
+
+/* Enable or disable log_debug output (off by default). */
+void log_set_debug(int on);
+
+/* Copy at most outlen-1 bytes of (s, len) into out, replacing control and
+ * non-ASCII bytes with '?', and NUL-terminate.  Returns out. */
+char *log_sanitize(const char *s, size_t len, char *out, size_t outlen);
+
+#endif

@@ -1,0 +1,117 @@
+/*
+ * testhelp.c - see testhelp.h.
+ */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cyrusdb/cyrusdb.h"
+#include "lib/fsutil.h"
+#include "tests/testhelp.h"
+
+char *th_mkdtemp(const char *tag)
+{
+    const char *base = getenv("TEST_TMPDIR");
+    const char *top = getenv("top_builddir");
+    char tmpl[4096];
+    char *d;
+
+    if (!base || !*base) {
+        snprintf(tmpl, sizeof(tmpl), "%s/tests/tmp", top && *top ? top : ".");
+        base = tmpl;
+    }
+    if (fs_mkdir_p(base, 0755) < 0) {
+        fprintf(stderr, "cannot create %s: %s\n", base, strerror(errno));
+        abort();
+    }
+    if (asprintf(&d, "%s/%s.XXXXXX", base, tag ? tag : "t") < 0)
+        abort();
+    if (!mkdtemp(d)) {
+        fprintf(stderr, "mkdtemp %s: %s\n", d, strerror(errno));
+        abort();
+    }
+    return d;
+}
+
+void th_rmrf(const char *path)
+{
+    struct stat st;
+    DIR *dir;
+    struct dirent *de;
+
+    if (lstat(path, &st) < 0)
+        return;
+    if (!S_ISDIR(st.st_mode)) {
+        unlink(path);
+        return;
+    }
+    dir = opendir(path);
+    if (dir) {
+        while ((de = readdir(dir)) != NULL) {
+            char *sub;
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+                continue;
+            sub = th_path(path, de->d_name);
+            th_rmrf(sub);
+            free(sub);
+        }
+        closedir(dir);
+    }
+    rmdir(path);
+}
+
+char *th_path(const char *dir, const char *name)
+{
+    char *p;
+
+    if (asprintf(&p, "%s/%s", dir, name) < 0)
+        abort();
+    return p;
+}
+
+const char *const *th_backends(void)
+{
+    static const char *list[32];
+    static char envcopy[512];
+    const struct cyrusdb_registry_entry *e;
+    const char *env = getenv("TEST_BACKENDS");
+    size_t n = 0;
+
+    if (list[0])
+        return list;
+    if (env && *env) {
+        char *tok, *save = NULL;
+        snprintf(envcopy, sizeof(envcopy), "%s", env);
+        for (tok = strtok_r(envcopy, " ,", &save); tok && n < 31;
+             tok = strtok_r(NULL, " ,", &save))
+            list[n++] = tok;
+    } else {
+        for (e = cyrusdb_registry; e->name && n < 31; e++) {
+            if (!strncmp(e->name, "berkeley", 8))
+                continue;   /* aliases of db3 */
+            list[n++] = e->name;
+        }
+    }
+    list[n] = NULL;
+    return list;
+}
+
+void th_fill(void *buf, size_t len, unsigned seed)
+{
+    unsigned char *p = buf;
+    unsigned x = seed * 2654435761u + 1;
+    size_t i;
+
+    for (i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        p[i] = (unsigned char)x;
+    }
+}

@@ -1,0 +1,3 @@
+/* placeholder: being written */
+#include <stdio.h>
+int main(void) { fputs("not written yet\n", stderr); return 1; }
