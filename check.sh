@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# check.sh - build the project and run every test.
+#   ./check.sh              normal build in ./build (-Wall -Wextra -Werror)
+#   ./check.sh --sanitize   the same tests in ./build-san with ASan + UBSan
+# Prints each test program's cmocka summary and a closing
+# "N passed, N failed" line; exits non-zero if anything failed.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+"$here/scripts/deps.sh"
+
+build="$here/build"
+confopts=(--enable-werror)
+if [[ ${1:-} == --sanitize ]]; then
+  build="$here/build-san"
+  confopts+=(--enable-sanitizers)
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+fi
+
+cd "$here"
+if [[ ! -x configure || configure.ac -nt configure || Makefile.am -nt configure ]]; then
+  autoreconf -fi
+fi
+mkdir -p "$build"
+cd "$build"
+[[ -f Makefile ]] || "$here/configure" -q "${confopts[@]}"
+make -j"$(nproc)" >/dev/null
+
+rc=0
+make -j"$(nproc)" check >make-check.out 2>&1 || rc=$?
+
+# Summaries: cmocka's lines from each test program's log, then totals.
+passed=0 failed=0 skipped=0
+while IFS= read -r log; do
+  name=${log%.log}
+  res=$(sed -n 's/^:test-result: //p' "${name}.trs" 2>/dev/null | head -1)
+  echo "== ${name#./}: ${res:-UNKNOWN}"
+  grep -E '^\[ *(=+|PASSED|FAILED|SKIPPED) *\]' "$log" || true
+  grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" || true
+  case $res in
+    PASS) p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+          s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+          sp=$(sed -n 's/^\([0-9]*\) passed, [0-9]* failed.*/\1/p' "$log" | tail -1)
+          passed=$((passed + ${p:-0} + ${sp:-0}))
+          skipped=$((skipped + ${s:-0})) ;;
+    SKIP) skipped=$((skipped + 1)) ;;
+    *)    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+          sf=$(sed -n 's/^[0-9]* passed, \([0-9]*\) failed.*/\1/p' "$log" | tail -1)
+          n=$(( ${f:-0} + ${sf:-0} ))
+          failed=$((failed + (n > 0 ? n : 1)))
+          echo "---- ${name#./}: last lines of its log:"
+          tail -40 "$log" ;;
+  esac
+done < <(find . -path ./tests/tmp -prune -o -name 'test_*.log' -print | sort)
+
+if [[ $rc -ne 0 ]]; then
+  grep -E '^(FAIL|ERROR|XPASS):' make-check.out || tail -30 make-check.out
+fi
+echo "check: build=${build#$here/}"
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+exit $rc

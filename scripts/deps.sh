@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# deps.sh - install the Debian packages the project builds and tests with.
+# Installs only what is missing; as root it runs apt-get, otherwise it names
+# the packages and stops.  Package installs never start system services:
+# a policy-rc.d that forbids them is in place for the duration.
+set -euo pipefail
+
+packages=(
+  build-essential autoconf automake libtool pkg-config   # the build
+  libdb5.3-dev db5.3-util liblmdb-dev lmdb-utils           # cyrusdb engines
+  libssl-dev libsasl2-dev                                  # TLS and SASL
+  libcmocka-dev                                            # unit tests
+  cyrus-imapd cyrus-clients                                # compatibility tests against Cyrus 3.6
+  python3                                                  # integration tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  [[ $p == \#* ]] && continue
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ $status == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "deps: missing Debian packages: ${missing[*]}" >&2
+  echo "deps: as root, run: apt-get update && apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+policy=/usr/sbin/policy-rc.d
+made_policy=no
+if [[ ! -e $policy ]]; then
+  printf '#!/bin/sh\nexit 101\n' > "$policy"
+  chmod 755 "$policy"
+  made_policy=yes
+fi
+trap '[[ $made_policy == yes ]] && rm -f "$policy"' EXIT
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"
