@@ -1,6 +1,7 @@
 /*
  * buf.c - growable byte buffer.  Invariant: once allocated, alloc > len, so
  * s[len] can always hold a NUL.  All growth goes through buf_ensure().
+ * Appending bytes that lie inside the buffer itself is allowed.
  */
 #include "config.h"
 
@@ -12,9 +13,13 @@
 
 #include "lib/buf.h"
 
+/* The largest allowed len.  Kept below SIZE_MAX so that len + more + 1
+ * (the spare NUL) cannot wrap even when max is set to SIZE_MAX. */
 static size_t buf_limit(const struct buf *b)
 {
-    return b->max ? b->max : BUF_DEFAULT_MAX;
+    size_t limit = b->max ? b->max : BUF_DEFAULT_MAX;
+
+    return limit < SIZE_MAX ? limit : SIZE_MAX - 1;
 }
 
 int buf_ensure(struct buf *b, size_t more)
@@ -57,10 +62,22 @@ void buf_set_max(struct buf *b, size_t max)
 
 int buf_append(struct buf *b, const void *data, size_t len)
 {
-    if (buf_ensure(b, len) < 0)
+    uintptr_t d = (uintptr_t)data, base = (uintptr_t)b->s;
+
+    /* data may lie inside the buffer itself (appending its own bytes, or
+     * buf_setmap() from a piece of it): buf_ensure() may move the memory,
+     * so re-find the bytes afterwards, and copy with memmove. */
+    if (b->s && d >= base && d < base + b->alloc) {
+        size_t off = (size_t)(d - base);
+
+        if (buf_ensure(b, len) < 0)
+            return -1;
+        data = b->s + off;
+    } else if (buf_ensure(b, len) < 0) {
         return -1;
+    }
     if (len)
-        memcpy(b->s + b->len, data, len);
+        memmove(b->s + b->len, data, len);
     b->len += len;
     return 0;
 }

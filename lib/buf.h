@@ -31,7 +31,8 @@ int buf_ensure(struct buf *b, size_t more);
 void buf_set_max(struct buf *b, size_t max);
 
 /* Append bytes / a C string / one byte / printf output.  0 or -1 as
- * buf_ensure.  On -1 nothing is appended. */
+ * buf_ensure.  On -1 nothing is appended.  buf_append may be given bytes of
+ * the same buffer; buf_printf arguments must not point into the buffer. */
 int buf_append(struct buf *b, const void *data, size_t len);
 int buf_appendcstr(struct buf *b, const char *s);
 int buf_putc(struct buf *b, int c);

@@ -1,3 +1,769 @@
-/* placeholder */
+/*
+ * imapconf.c - the imapd.conf reader.
+ *
+ * One static table (imapconf_options[]) drives everything: the names of the
+ * known keys, their types, defaults, integer ranges, enum words and the
+ * one-line descriptions printed by imapconf_print_table().  A loaded
+ * configuration is an array parallel to that table plus a list of "extra"
+ * keys whose names are open-ended (partition-NAME, sasl_*).
+ *
+ * Invariants of a struct imapconf: every table slot holds a parsed value
+ * (the file's or the default's; defaults go through the same parser as file
+ * values, so a bad default is caught by imapconf_defaults()); string-valued
+ * slots (STRING, DBNAME, ENUM) hold an owned, non-NULL copy.  Keys are
+ * stored lower-cased, as Cyrus does, so lookups ignore case.
+ *
+ * Parsing works on (pointer, length) cursors over the whole text; no line
+ * length limit, and a NUL byte inside a line is an error rather than a
+ * silent truncation.  Library code: errors are returned, never fatal.
+ */
 #include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cyrusdb/cyrusdb.h"
+#include "lib/buf.h"
 #include "lib/imapconf.h"
+#include "lib/log.h"
+
+/* Database backends by default: the one place to revise them. */
+#define IMAPCONF_DEFAULT_MBOXLIST_DB      "skiplist"
+#define IMAPCONF_DEFAULT_DUPLICATE_DB     "skiplist"
+#define IMAPCONF_DEFAULT_SEENSTATE_DB     "skiplist"
+#define IMAPCONF_DEFAULT_SUBSCRIPTION_DB  "flat"
+#define IMAPCONF_DEFAULT_QUOTA_DB         "skiplist"
+
+/* Largest configuration file read (a sanity bound, not a line limit). */
+#define IMAPCONF_MAX_FILE ((size_t)64 << 20)
+
+/* Longest excerpt of an offending value quoted in an error message. */
+#define IMAPCONF_QUOTE_MAX 80
+
+#define IMAPCONF_PARTITION_PREFIX "partition-"
+#define IMAPCONF_SASL_PREFIX "sasl_"
+
+struct imapconf_option {
+    const char *name;
+    enum imapconf_type type;
+    const char *def;               /* default, as it would be written */
+    long min, max;                 /* IMAPCONF_INT only */
+    const char *const *words;      /* IMAPCONF_ENUM only, NULL-terminated */
+    const char *desc;
+};
+
+static const char *const imapconf_virtdomains_words[] = {
+    "off", "userid", "on", NULL
+};
+
+static const struct imapconf_option imapconf_options[] = {
+    { .name = "configdirectory", .type = IMAPCONF_STRING,
+      .def = "/var/lib/cyrusdeliver",
+      .desc = "directory of the databases and other state files" },
+    { .name = "defaultpartition", .type = IMAPCONF_STRING,
+      .def = "default",
+      .desc = "partition for new mailboxes when none is named" },
+    { .name = "mboxlist_db", .type = IMAPCONF_DBNAME,
+      .def = IMAPCONF_DEFAULT_MBOXLIST_DB,
+      .desc = "cyrusdb backend of the mailbox list" },
+    { .name = "duplicate_db", .type = IMAPCONF_DBNAME,
+      .def = IMAPCONF_DEFAULT_DUPLICATE_DB,
+      .desc = "cyrusdb backend of the duplicate delivery database" },
+    { .name = "seenstate_db", .type = IMAPCONF_DBNAME,
+      .def = IMAPCONF_DEFAULT_SEENSTATE_DB,
+      .desc = "cyrusdb backend of the per-user seen state" },
+    { .name = "subscription_db", .type = IMAPCONF_DBNAME,
+      .def = IMAPCONF_DEFAULT_SUBSCRIPTION_DB,
+      .desc = "cyrusdb backend of the per-user subscription lists" },
+    { .name = "quota_db", .type = IMAPCONF_DBNAME,
+      .def = IMAPCONF_DEFAULT_QUOTA_DB,
+      .desc = "cyrusdb backend of the quota database" },
+    { .name = "hashimapspool", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "spread mailbox directories over hashed subdirectories "
+              "of each partition" },
+    { .name = "unixhierarchysep", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "use / instead of . as the hierarchy separator in "
+              "mailbox names" },
+    { .name = "duplicatesuppression", .type = IMAPCONF_SWITCH, .def = "yes",
+      .desc = "deliver a message-id at most once to each mailbox" },
+    { .name = "maxmessagesize", .type = IMAPCONF_INT, .def = "0",
+      .min = 0, .max = LONG_MAX,
+      .desc = "largest message accepted by LMTP, in bytes; 0 = unlimited" },
+    { .name = "quotawarn", .type = IMAPCONF_INT, .def = "90",
+      .min = 0, .max = 100,
+      .desc = "percentage of the quota at which users are warned" },
+    { .name = "lmtp_downcase_rcpt", .type = IMAPCONF_SWITCH, .def = "yes",
+      .desc = "lower-case the local part of LMTP recipients" },
+    { .name = "lmtp_over_quota_perm_failure", .type = IMAPCONF_SWITCH,
+      .def = "no",
+      .desc = "refuse over-quota deliveries permanently (5xx) instead of "
+              "temporarily (4xx)" },
+    { .name = "virtdomains", .type = IMAPCONF_ENUM, .def = "off",
+      .words = imapconf_virtdomains_words,
+      .desc = "virtual domains: off; userid = domain from user@domain; "
+              "on = also from the server address" },
+    { .name = "admins", .type = IMAPCONF_STRING, .def = "",
+      .desc = "space-separated user ids of the administrators" },
+    { .name = "servername", .type = IMAPCONF_STRING, .def = "",
+      .desc = "this server's name in replies and headers; empty = the "
+              "host name" },
+    { .name = "allowplaintext", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "allow plaintext passwords on unencrypted connections" },
+    { .name = "tls_server_cert", .type = IMAPCONF_STRING, .def = "",
+      .desc = "file with the server's TLS certificate (PEM)" },
+    { .name = "tls_server_key", .type = IMAPCONF_STRING, .def = "",
+      .desc = "file with the server's TLS private key (PEM)" },
+    { .name = "syslog_prefix", .type = IMAPCONF_STRING, .def = "",
+      .desc = "string put before the program name in syslog lines" },
+};
+
+#define IMAPCONF_NOPTIONS (sizeof(imapconf_options) / sizeof(imapconf_options[0]))
+
+struct imapconf_value {
+    char *str;          /* STRING, DBNAME, ENUM: owned, never NULL */
+    long num;           /* INT, SWITCH (0/1), ENUM (index into words) */
+    unsigned long line; /* the line that set it; 0 = the default */
+};
+
+/* A key outside the table: partition-NAME or sasl_*. */
+struct imapconf_extra {
+    char *key;          /* lower-cased, with its prefix */
+    char *value;
+    unsigned long line;
+};
+
+struct imapconf {
+    struct imapconf_value values[IMAPCONF_NOPTIONS];
+    struct imapconf_extra *extras;
+    size_t nextras;
+    size_t extras_alloc;
+};
+
+/* ---- small helpers ----------------------------------------------------- */
+
+static int imapconf_isspace(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static int imapconf_iskeychar(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
+
+static char imapconf_lower(char c)
+{
+    return (c >= 'A' && c <= 'Z') ? (char)(c - 'A' + 'a') : c;
+}
+
+/* ASCII case-insensitive equality, independent of the locale. */
+static int imapconf_caseeq(const char *a, const char *b)
+{
+    while (*a && imapconf_lower(*a) == imapconf_lower(*b)) {
+        a++;
+        b++;
+    }
+    return imapconf_lower(*a) == imapconf_lower(*b);
+}
+
+static int imapconf_hasprefix(const char *s, const char *prefix)
+{
+    return !strncmp(s, prefix, strlen(prefix));
+}
+
+/* Append a printable excerpt of s to b, in single quotes. */
+static void imapconf_quote(struct buf *b, const char *s)
+{
+    char out[IMAPCONF_QUOTE_MAX + 1];
+    size_t len = strlen(s);
+
+    log_sanitize(s, len, out, sizeof(out));
+    buf_printf(b, "'%s%s'", out, len > IMAPCONF_QUOTE_MAX ? "..." : "");
+}
+
+static const struct imapconf_option *imapconf_option_find(const char *key,
+                                                          size_t *index_r)
+{
+    size_t i;
+
+    for (i = 0; i < IMAPCONF_NOPTIONS; i++) {
+        if (!strcmp(imapconf_options[i].name, key)) {
+            if (index_r)
+                *index_r = i;
+            return &imapconf_options[i];
+        }
+    }
+    return NULL;
+}
+
+/* ---- value parsing ----------------------------------------------------- */
+
+static int imapconf_parse_switch(const char *val, long *num_r)
+{
+    static const char *const yes[] = { "yes", "on", "true", "1", NULL };
+    static const char *const no[] = { "no", "off", "false", "0", NULL };
+    size_t i;
+
+    for (i = 0; yes[i]; i++) {
+        if (imapconf_caseeq(val, yes[i])) {
+            *num_r = 1;
+            return 0;
+        }
+        if (imapconf_caseeq(val, no[i])) {
+            *num_r = 0;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/*
+ * Parse `val` for `opt` into *out (whose str the caller frees).  On a
+ * malformed value returns -1 and appends what is wrong to `why`.
+ */
+static int imapconf_parse_value(const struct imapconf_option *opt,
+                                const char *val, struct imapconf_value *out,
+                                struct buf *why)
+{
+    const char *canon = val;
+    char *end;
+    size_t i;
+
+    out->str = NULL;
+    out->num = 0;
+
+    switch (opt->type) {
+    case IMAPCONF_STRING:
+        break;
+
+    case IMAPCONF_INT:
+        if (!*val || !((*val >= '0' && *val <= '9') || *val == '-' ||
+                       *val == '+')) {
+            imapconf_quote(why, val);
+            buf_appendcstr(why, " is not a decimal number");
+            return -1;
+        }
+        errno = 0;
+        out->num = strtol(val, &end, 10);
+        if (end == val || *end) {
+            imapconf_quote(why, val);
+            buf_appendcstr(why, " is not a decimal number");
+            return -1;
+        }
+        if (errno == ERANGE || out->num < opt->min || out->num > opt->max) {
+            imapconf_quote(why, val);
+            buf_printf(why, " is out of range %ld..%ld", opt->min, opt->max);
+            return -1;
+        }
+        return 0;
+
+    case IMAPCONF_SWITCH:
+        if (imapconf_parse_switch(val, &out->num) < 0) {
+            imapconf_quote(why, val);
+            buf_appendcstr(why, " is not a boolean "
+                           "(yes/no, on/off, true/false, 1/0)");
+            return -1;
+        }
+        return 0;
+
+    case IMAPCONF_DBNAME: {
+        const struct cyrusdb_registry_entry *e = cyrusdb_lookup(val);
+        if (!e) {
+            buf_appendcstr(why, "unknown database backend ");
+            imapconf_quote(why, val);
+            buf_printf(why, " (known: %s)", cyrusdb_names());
+            return -1;
+        }
+        canon = e->name;
+        break;
+    }
+
+    case IMAPCONF_ENUM:
+        for (i = 0; opt->words[i]; i++)
+            if (imapconf_caseeq(val, opt->words[i]))
+                break;
+        if (!opt->words[i]) {
+            imapconf_quote(why, val);
+            buf_appendcstr(why, " is not one of:");
+            for (i = 0; opt->words[i]; i++)
+                buf_printf(why, " %s", opt->words[i]);
+            return -1;
+        }
+        out->num = (long)i;
+        canon = opt->words[i];
+        break;
+    }
+
+    out->str = strdup(canon);
+    if (!out->str) {
+        buf_appendcstr(why, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the configuration object ------------------------------------------ */
+
+struct imapconf *imapconf_defaults(void)
+{
+    struct imapconf *conf = calloc(1, sizeof(*conf));
+    struct buf why = BUF_INITIALIZER;
+    size_t i;
+
+    if (!conf)
+        return NULL;
+    for (i = 0; i < IMAPCONF_NOPTIONS; i++) {
+        const struct imapconf_option *opt = &imapconf_options[i];
+        if (imapconf_parse_value(opt, opt->def, &conf->values[i], &why) < 0) {
+            log_error("imapconf: bad default key=<%s> error=<%s>",
+                      opt->name, buf_cstring(&why));
+            buf_free(&why);
+            imapconf_free(&conf);
+            return NULL;
+        }
+    }
+    buf_free(&why);
+    return conf;
+}
+
+void imapconf_free(struct imapconf **confp)
+{
+    struct imapconf *conf = confp ? *confp : NULL;
+    size_t i;
+
+    if (!conf)
+        return;
+    for (i = 0; i < IMAPCONF_NOPTIONS; i++)
+        free(conf->values[i].str);
+    for (i = 0; i < conf->nextras; i++) {
+        free(conf->extras[i].key);
+        free(conf->extras[i].value);
+    }
+    free(conf->extras);
+    free(conf);
+    *confp = NULL;
+}
+
+static struct imapconf_extra *imapconf_extra_find(const struct imapconf *conf,
+                                                  const char *key)
+{
+    size_t i;
+
+    for (i = 0; i < conf->nextras; i++)
+        if (imapconf_caseeq(conf->extras[i].key, key))
+            return &conf->extras[i];
+    return NULL;
+}
+
+/* Add a new extra key (which must not be there yet); takes key and value. */
+static int imapconf_extra_add(struct imapconf *conf, char *key, char *value,
+                              unsigned long line)
+{
+    if (conf->nextras == conf->extras_alloc) {
+        size_t n = conf->extras_alloc ? conf->extras_alloc * 2 : 8;
+        struct imapconf_extra *p;
+
+        if (n > SIZE_MAX / sizeof(*p) ||
+            !(p = realloc(conf->extras, n * sizeof(*p)))) {
+            free(key);
+            free(value);
+            return -1;
+        }
+        conf->extras = p;
+        conf->extras_alloc = n;
+    }
+    conf->extras[conf->nextras].key = key;
+    conf->extras[conf->nextras].value = value;
+    conf->extras[conf->nextras].line = line;
+    conf->nextras++;
+    return 0;
+}
+
+/* ---- the parser -------------------------------------------------------- */
+
+/* Build "NAME:LINE: " at the start of a message. */
+static void imapconf_where(struct buf *b, const char *name, unsigned long line)
+{
+    buf_printf(b, "%s:%lu: ", name, line);
+}
+
+/* Hand the message in b to *error_r (or drop it). */
+static void imapconf_set_error(struct buf *b, char **error_r)
+{
+    if (error_r)
+        *error_r = buf_release(b);
+    buf_free(b);
+}
+
+/*
+ * Handle one line (already free of its '\n'); `key` and `val` are scratch
+ * buffers.  Returns 0, or -1 with the message in `err`.
+ */
+static int imapconf_line(struct imapconf *conf, const char *name,
+                         unsigned long lineno, const char *p, size_t len,
+                         struct buf *key, struct buf *val, struct buf *err)
+{
+    const struct imapconf_option *opt;
+    const char *colon;
+    size_t keylen, i, index;
+
+    if (memchr(p, '\0', len)) {
+        imapconf_where(err, name, lineno);
+        buf_appendcstr(err, "NUL byte in line");
+        return -1;
+    }
+    while (len && imapconf_isspace(*p)) {
+        p++;
+        len--;
+    }
+    while (len && imapconf_isspace(p[len - 1]))
+        len--;
+    if (!len || *p == '#')
+        return 0;
+
+    colon = memchr(p, ':', len);
+    if (!colon) {
+        imapconf_where(err, name, lineno);
+        buf_appendcstr(err, "malformed line (no colon); expected \"key: value\"");
+        return -1;
+    }
+    keylen = (size_t)(colon - p);
+    while (keylen && imapconf_isspace(p[keylen - 1]))
+        keylen--;
+    if (!keylen) {
+        imapconf_where(err, name, lineno);
+        buf_appendcstr(err, "malformed line (no key before the colon)");
+        return -1;
+    }
+    buf_reset(key);
+    for (i = 0; i < keylen; i++) {
+        if (!imapconf_iskeychar(p[i])) {
+            char out[IMAPCONF_QUOTE_MAX + 1];
+            imapconf_where(err, name, lineno);
+            buf_printf(err, "malformed line (invalid key '%s'; keys are "
+                       "letters, digits, '-' and '_')",
+                       log_sanitize(p, keylen, out, sizeof(out)));
+            return -1;
+        }
+        if (buf_putc(key, imapconf_lower(p[i])) < 0)
+            goto nomem;
+    }
+    len -= (size_t)(colon + 1 - p);
+    p = colon + 1;
+    while (len && imapconf_isspace(*p)) {
+        p++;
+        len--;
+    }
+    if (buf_setmap(val, p, len) < 0)
+        goto nomem;
+
+    opt = imapconf_option_find(buf_cstring(key), &index);
+    if (opt) {
+        struct imapconf_value v;
+        struct imapconf_value *slot = &conf->values[index];
+
+        struct buf why = BUF_INITIALIZER;
+
+        if (imapconf_parse_value(opt, buf_cstring(val), &v, &why) < 0) {
+            imapconf_where(err, name, lineno);
+            buf_printf(err, "key %s: %s", opt->name, buf_cstring(&why));
+            buf_free(&why);
+            return -1;
+        }
+        buf_free(&why);
+        if (slot->line)
+            log_warning("%s:%lu: key %s given again (first on line %lu); "
+                        "the last one counts", name, lineno, opt->name,
+                        slot->line);
+        free(slot->str);
+        *slot = v;
+        slot->line = lineno;
+        return 0;
+    }
+
+    if ((imapconf_hasprefix(buf_cstring(key), IMAPCONF_PARTITION_PREFIX) &&
+         key->len > strlen(IMAPCONF_PARTITION_PREFIX)) ||
+        (imapconf_hasprefix(buf_cstring(key), IMAPCONF_SASL_PREFIX) &&
+         key->len > strlen(IMAPCONF_SASL_PREFIX))) {
+        struct imapconf_extra *x = imapconf_extra_find(conf, buf_cstring(key));
+        char *value, *keycopy;
+
+        if (!val->len &&
+            imapconf_hasprefix(buf_cstring(key), IMAPCONF_PARTITION_PREFIX)) {
+            imapconf_where(err, name, lineno);
+            buf_printf(err, "key %s: empty path", buf_cstring(key));
+            return -1;
+        }
+        value = strdup(buf_cstring(val));
+        if (!value)
+            goto nomem;
+        if (x) {
+            log_warning("%s:%lu: key %s given again (first on line %lu); "
+                        "the last one counts", name, lineno, x->key, x->line);
+            free(x->value);
+            x->value = value;
+            x->line = lineno;
+            return 0;
+        }
+        keycopy = buf_release(key);
+        if (!keycopy) {
+            free(value);
+            goto nomem;
+        }
+        if (imapconf_extra_add(conf, keycopy, value, lineno) < 0)
+            goto nomem;
+        return 0;
+    }
+
+    log_warning("%s:%lu: unknown key %s", name, lineno, buf_cstring(key));
+    return 0;
+
+nomem:
+    buf_reset(err);
+    imapconf_where(err, name, lineno);
+    buf_appendcstr(err, "out of memory");
+    return -1;
+}
+
+int imapconf_load_string(const char *name, const char *text, size_t len,
+                         struct imapconf **conf_r, char **error_r)
+{
+    struct buf key = BUF_INITIALIZER, val = BUF_INITIALIZER;
+    struct buf err = BUF_INITIALIZER;
+    struct imapconf *conf;
+    unsigned long lineno = 0;
+    size_t pos = 0;
+    int r = 0;
+
+    *conf_r = NULL;
+    if (error_r)
+        *error_r = NULL;
+    if (!name)
+        name = "(config)";
+    conf = imapconf_defaults();
+    if (!conf) {
+        buf_printf(&err, "%s: out of memory", name);
+        imapconf_set_error(&err, error_r);
+        return -1;
+    }
+    while (pos < len) {
+        const char *line = text + pos;
+        const char *nl = memchr(line, '\n', len - pos);
+        size_t linelen = nl ? (size_t)(nl - line) : len - pos;
+
+        lineno++;
+        pos += linelen + (nl ? 1 : 0);
+        if (imapconf_line(conf, name, lineno, line, linelen,
+                          &key, &val, &err) < 0) {
+            r = -1;
+            break;
+        }
+    }
+    buf_free(&key);
+    buf_free(&val);
+    if (r < 0) {
+        imapconf_free(&conf);
+        imapconf_set_error(&err, error_r);
+        return -1;
+    }
+    buf_free(&err);
+    *conf_r = conf;
+    return 0;
+}
+
+int imapconf_load(const char *path, struct imapconf **conf_r, char **error_r)
+{
+    struct buf text = BUF_INITIALIZER;
+    struct buf err = BUF_INITIALIZER;
+    int fd, r;
+
+    *conf_r = NULL;
+    if (error_r)
+        *error_r = NULL;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        buf_printf(&err, "%s: cannot open: %s", path, strerror(errno));
+        imapconf_set_error(&err, error_r);
+        return -1;
+    }
+    buf_set_max(&text, IMAPCONF_MAX_FILE);
+    for (;;) {
+        ssize_t n;
+
+        if (buf_ensure(&text, 65536) < 0) {
+            if (errno == EOVERFLOW)
+                buf_printf(&err, "%s: file too large (limit %zu MiB)", path,
+                           IMAPCONF_MAX_FILE >> 20);
+            else
+                buf_printf(&err, "%s: out of memory", path);
+            goto fail;
+        }
+        n = read(fd, text.s + text.len, 65536);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            buf_printf(&err, "%s: cannot read: %s", path, strerror(errno));
+            goto fail;
+        }
+        if (n == 0)
+            break;
+        text.len += (size_t)n;
+    }
+    close(fd);
+    r = imapconf_load_string(path, text.s ? text.s : "", text.len,
+                             conf_r, error_r);
+    buf_free(&text);
+    buf_free(&err);
+    return r;
+
+fail:
+    close(fd);
+    buf_free(&text);
+    imapconf_set_error(&err, error_r);
+    return -1;
+}
+
+/* ---- getters ----------------------------------------------------------- */
+
+static const char *imapconf_typename(enum imapconf_type t)
+{
+    switch (t) {
+    case IMAPCONF_STRING: return "string";
+    case IMAPCONF_INT:    return "int";
+    case IMAPCONF_SWITCH: return "switch";
+    case IMAPCONF_DBNAME: return "dbname";
+    case IMAPCONF_ENUM:   return "enum";
+    }
+    return "?";
+}
+
+/* The slot of `key` if it exists and has one of the types in `mask`
+ * (bits 1 << type); otherwise log the programming error and return NULL. */
+static const struct imapconf_value *imapconf_get(const struct imapconf *conf,
+                                                 const char *key,
+                                                 unsigned mask,
+                                                 const char *getter)
+{
+    const struct imapconf_option *opt;
+    size_t index;
+
+    if (!conf || !key) {
+        log_error("imapconf: %s called without %s", getter,
+                  conf ? "a key" : "a configuration");
+        return NULL;
+    }
+    opt = imapconf_option_find(key, &index);
+    if (!opt) {
+        log_error("imapconf: %s of a key not in the table key=<%s>",
+                  getter, key);
+        return NULL;
+    }
+    if (!(mask & (1u << opt->type))) {
+        log_error("imapconf: %s of a key of another type key=<%s> type=<%s>",
+                  getter, key, imapconf_typename(opt->type));
+        return NULL;
+    }
+    return &conf->values[index];
+}
+
+const char *imapconf_getstring(const struct imapconf *conf, const char *key)
+{
+    const struct imapconf_value *v =
+        imapconf_get(conf, key, (1u << IMAPCONF_STRING) |
+                     (1u << IMAPCONF_DBNAME) | (1u << IMAPCONF_ENUM),
+                     "imapconf_getstring");
+    return v ? v->str : NULL;
+}
+
+long imapconf_getint(const struct imapconf *conf, const char *key)
+{
+    const struct imapconf_value *v =
+        imapconf_get(conf, key, 1u << IMAPCONF_INT, "imapconf_getint");
+    return v ? v->num : 0;
+}
+
+int imapconf_getswitch(const struct imapconf *conf, const char *key)
+{
+    const struct imapconf_value *v =
+        imapconf_get(conf, key, 1u << IMAPCONF_SWITCH, "imapconf_getswitch");
+    return v ? (int)v->num : 0;
+}
+
+int imapconf_getenum(const struct imapconf *conf, const char *key)
+{
+    const struct imapconf_value *v =
+        imapconf_get(conf, key, 1u << IMAPCONF_ENUM, "imapconf_getenum");
+    return v ? (int)v->num : 0;
+}
+
+const char *imapconf_partition(const struct imapconf *conf, const char *name)
+{
+    const struct imapconf_extra *x;
+    size_t plen = strlen(IMAPCONF_PARTITION_PREFIX);
+    size_t i;
+
+    if (!conf || !name || !*name)
+        return NULL;
+    for (i = 0; i < conf->nextras; i++) {
+        x = &conf->extras[i];
+        if (!strncmp(x->key, IMAPCONF_PARTITION_PREFIX, plen) &&
+            imapconf_caseeq(x->key + plen, name))
+            return x->value;
+    }
+    return NULL;
+}
+
+const char *imapconf_getsasl(const struct imapconf *conf, const char *key)
+{
+    const struct imapconf_extra *x;
+
+    if (!conf || !key || !imapconf_hasprefix(key, IMAPCONF_SASL_PREFIX))
+        return NULL;
+    x = imapconf_extra_find(conf, key);
+    return x ? x->value : NULL;
+}
+
+/* ---- documentation ----------------------------------------------------- */
+
+void imapconf_print_table(void)
+{
+    size_t i, j;
+
+    for (i = 0; i < IMAPCONF_NOPTIONS; i++) {
+        const struct imapconf_option *opt = &imapconf_options[i];
+
+        printf("%s: %s  # %s", opt->name, opt->def, opt->desc);
+        switch (opt->type) {
+        case IMAPCONF_INT:
+            printf(" (%ld..%ld)", opt->min, opt->max);
+            break;
+        case IMAPCONF_SWITCH:
+            printf(" (yes/no)");
+            break;
+        case IMAPCONF_DBNAME:
+            printf(" (one of: %s)", cyrusdb_names());
+            break;
+        case IMAPCONF_ENUM:
+            printf(" (one of:");
+            for (j = 0; opt->words[j]; j++)
+                printf(" %s", opt->words[j]);
+            printf(")");
+            break;
+        case IMAPCONF_STRING:
+            break;
+        }
+        printf("\n");
+    }
+    printf("%sNAME:   # directory of the mail partition NAME\n",
+           IMAPCONF_PARTITION_PREFIX);
+    printf("%s*:   # passed to the SASL library unchanged\n",
+           IMAPCONF_SASL_PREFIX);
+}

@@ -6,8 +6,18 @@
  * table (imapconf.c) with their type and default; an unknown key gives a
  * warning naming file and line; a malformed value (bad number, bad boolean,
  * unknown backend name, unknown enum word) is an error naming file, line
- * and key.  Booleans: yes/no, on/off, true/false, 1/0.  Keys of the form
- * "partition-NAME" are accepted for any NAME.
+ * and key.  Booleans: yes/no, on/off, true/false, 1/0 (any case).  Keys are
+ * letters, digits, '-' and '_', and case-insensitive (stored lower-cased,
+ * as Cyrus does).  Only whole lines starting with '#' are comments: a '#'
+ * inside a value is part of it.  CRLF line endings are accepted.  A key
+ * given twice: the last one counts, with a warning.
+ *
+ * Open-ended keys: "partition-NAME" for any NAME (the partition's
+ * directory; an empty value is an error) and "sasl_*" (any name, any value,
+ * kept for the SASL library; see imapconf_getsasl()).
+ *
+ * A loaded configuration is read-only and may be shared between threads
+ * and inherited across fork().
  */
 #ifndef LIB_IMAPCONF_H
 #define LIB_IMAPCONF_H
@@ -25,10 +35,15 @@ enum imapconf_type {
 struct imapconf;   /* a loaded configuration: opaque */
 
 /*
- * Read `path`.  Returns 0 and *conf_r, or -1 with a message in *error_r
- * (caller frees) of the form "FILE:LINE: key KEY: ..." for a malformed value,
- * or "FILE: ..." when the file cannot be read.  Warnings for unknown keys go
- * to log_warning() as "FILE:LINE: unknown key KEY".
+ * Read `path`.  Returns 0 and *conf_r (free with imapconf_free()), or -1
+ * with *conf_r = NULL and a message in *error_r (caller frees) of the form
+ * "FILE:LINE: key KEY: ..." for a malformed value, "FILE:LINE: ..." for a
+ * malformed line (no colon, invalid key, NUL byte), or "FILE: ..." when the
+ * file cannot be read.  *error_r is NULL on success, and may be NULL on
+ * failure only if memory ran out; error_r itself may be NULL.  Warnings
+ * (unknown key, key given twice) go to log_warning() as
+ * "FILE:LINE: unknown key KEY".  Files over 64 MiB are refused; there is
+ * no limit on the length of a line.
  */
 int imapconf_load(const char *path, struct imapconf **conf_r, char **error_r);
 
@@ -36,23 +51,38 @@ int imapconf_load(const char *path, struct imapconf **conf_r, char **error_r);
 int imapconf_load_string(const char *name, const char *text, size_t len,
                          struct imapconf **conf_r, char **error_r);
 
-/* A configuration with every default and no file. */
+/* A configuration with every default and no file (NULL only when memory
+ * runs out or a default in the table does not parse, which is logged). */
 struct imapconf *imapconf_defaults(void);
 
 /* Values: the file's value or the table's default.  Asking for a key not in
  * the table, or with the wrong type, is a programming error: it logs and
- * returns the zero value (NULL / 0). */
+ * returns the zero value (NULL / 0).  Returned strings belong to conf.
+ * imapconf_getstring() serves STRING keys, DBNAME keys (the backend name,
+ * as in the registry) and ENUM keys (the word as spelt in the table, even
+ * if the file used another case); imapconf_getenum() gives an ENUM key's
+ * word as its index in the table's word list. */
 const char *imapconf_getstring(const struct imapconf *conf, const char *key);
 long imapconf_getint(const struct imapconf *conf, const char *key);
 int imapconf_getswitch(const struct imapconf *conf, const char *key);
+int imapconf_getenum(const struct imapconf *conf, const char *key);
 
-/* partition-NAME lookup: the path, or NULL if not configured. */
+/* partition-NAME lookup (NAME case-insensitive): the path, or NULL if not
+ * configured. */
 const char *imapconf_partition(const struct imapconf *conf, const char *name);
 
-/* Write every known key with its value and default to stdout ("key: value"),
- * for the tools' --help and the documentation. */
+/* A sasl_* key's value, e.g. imapconf_getsasl(conf, "sasl_pwcheck_method"):
+ * the string (owned by conf), or NULL when the file does not set it or the
+ * key does not start with "sasl_". */
+const char *imapconf_getsasl(const struct imapconf *conf, const char *key);
+
+/* Write every known key to stdout as "key: default  # description", the
+ * description followed by the range or the allowed words, then one line
+ * each for partition-NAME and sasl_*; for the tools' --help and the
+ * documentation. */
 void imapconf_print_table(void);
 
+/* Free a configuration and set *confp to NULL (no-op when NULL). */
 void imapconf_free(struct imapconf **confp);
 
 #endif
