@@ -102,7 +102,7 @@ int cyrusdb_notimplemented(struct cyrusdb *db)
 /* ---- key order ------------------------------------------------------- */
 
 /* Mailbox order: '.' ranks below every other byte (including NUL), so
- * "user.alice" < "user.alice.Sent" < "user.alice2" < "user.alice-x". */
+ * "user.alice" < "user.alice.Sent" < "user.alice-x" < "user.alice2". */
 static inline int cyrusdb_mboxrank(unsigned char c)
 {
     return c == '.' ? 0 : (int)c + 1;
