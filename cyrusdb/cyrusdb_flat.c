@@ -5,8 +5,8 @@
  *
  * On disk: FNAME holds the records, one "key<TAB>value<LF>" line each,
  * sorted in Cyrus's order (flat.h: the order of the encoded keys, which for
- * keys holding NUL, TAB, LF or CR differs from cyrusdb_compare(); walks
- * follow the file); FNAME.NEW exists only while a writer is replacing FNAME
+ * keys holding NUL, TAB, LF or CR differs from cyrusdb_compare(); a walk
+ * over a range holding such a key sorts it, see flat_foreach); FNAME.NEW exists only while a writer is replacing FNAME
  * (or after a crash, as a stray).  No other file.
  *
  * Reads: the handle maps FNAME read-only and binary-searches the map.
