@@ -18,6 +18,7 @@
 
 #include "cyrusdb/cyrusdb.h"
 #include "cyrusdb/cyrusdb_backends.h"
+#include "lib/buf.h"
 #include "lib/log.h"
 
 const struct cyrusdb_registry_entry cyrusdb_registry[] = {
@@ -289,15 +290,78 @@ int cyrusdb_fetchlock(struct cyrusdb *db, const char *key, size_t keylen,
     return db->backend->fetchlock(db, key, keylen, data_r, datalen_r, tid);
 }
 
+/*
+ * Every walk passes through this guard: each record must come after the one
+ * before it in the handle's order.  A file opened with another sort order
+ * than it was written in (flat and skiplist files do not record it) or a
+ * damaged file could otherwise send a backend's "resume after this key"
+ * round in circles; the guard turns that into CYRUSDB_IOERROR.
+ */
+struct cyrusdb_walk {
+    struct cyrusdb *db;
+    cyrusdb_filter_fn *filter;
+    cyrusdb_cb_fn *cb;
+    void *rock;
+    struct buf prev;
+    int have_prev;
+    int disorder;
+};
+
+static int cyrusdb_walk_filter(void *rock, const char *key, size_t keylen,
+                               const char *data, size_t datalen)
+{
+    struct cyrusdb_walk *w = rock;
+
+    if (w->have_prev &&
+        cyrusdb_compare(w->db->flags, w->prev.s, w->prev.len, key, keylen) >= 0) {
+        w->disorder = 1;
+        return 1;   /* let the callback wrapper stop the walk */
+    }
+    if (buf_setmap(&w->prev, key, keylen) < 0) {
+        w->disorder = -1;
+        return 1;
+    }
+    w->have_prev = 1;
+    return w->filter ? w->filter(w->rock, key, keylen, data, datalen) : 1;
+}
+
+static int cyrusdb_walk_cb(void *rock, const char *key, size_t keylen,
+                           const char *data, size_t datalen)
+{
+    struct cyrusdb_walk *w = rock;
+
+    if (w->disorder)
+        return CYRUSDB_IOERROR;
+    return w->cb(w->rock, key, keylen, data, datalen);
+}
+
 int cyrusdb_foreach(struct cyrusdb *db, const char *prefix, size_t prefixlen,
                     cyrusdb_filter_fn *filter, cyrusdb_cb_fn *cb, void *rock,
                     struct cyrusdb_txn **tid)
 {
+    struct cyrusdb_walk w = {
+        .db = db, .filter = filter, .cb = cb, .rock = rock,
+        .prev = BUF_INITIALIZER, .have_prev = 0, .disorder = 0
+    };
+    int r;
+
     if (!cb)
         return CYRUSDB_INTERNAL;
     if (!prefix)
         prefixlen = 0;
-    return db->backend->foreach(db, prefix, prefixlen, filter, cb, rock, tid);
+    r = db->backend->foreach(db, prefix, prefixlen, cyrusdb_walk_filter,
+                             cyrusdb_walk_cb, &w, tid);
+    if (w.disorder > 0) {
+        log_error("cyrusdb: walk met keys out of order backend=<%s> "
+                  "error=<damaged file, or opened with another sort order "
+                  "(CYRUSDB_MBOXSORT) than it was written with>",
+                  db->backend->name);
+        r = CYRUSDB_IOERROR;
+    } else if (w.disorder < 0) {
+        r = CYRUSDB_INTERNAL;
+    }
+    buf_free(&w.prev);
+    return r;
 }
 
 int cyrusdb_create(struct cyrusdb *db, const char *key, size_t keylen,

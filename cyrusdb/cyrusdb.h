@@ -52,7 +52,12 @@ enum {
 
 /* cyrusdb_open() flags */
 #define CYRUSDB_CREATE    0x01  /* create the file (and its directory) if missing */
-#define CYRUSDB_MBOXSORT  0x02  /* mailbox-name order: '.' sorts before every other byte */
+#define CYRUSDB_MBOXSORT  0x02  /* mailbox-name order: '.' sorts before every other byte.
+                                 * The order is part of the file but not recorded
+                                 * in it (Cyrus's formats have no room for it):
+                                 * always open a database with the same setting.
+                                 * A walk that meets keys out of the handle's
+                                 * order stops with CYRUSDB_IOERROR. */
 #define CYRUSDB_RDONLY    0x04  /* open for reading only */
 #define CYRUSDB_NOCOMPACT 0x08  /* never checkpoint automatically (tests, tools) */
 

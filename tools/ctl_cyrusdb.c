@@ -1,3 +1,299 @@
-/* placeholder: being written */
+/*
+ * ctl_cyrusdb.c - recover or checkpoint every database of a directory.
+ *
+ *   ctl_cyrusdb [-C imapd.conf] [-d DIR] [-q] -r | -c
+ *
+ * -r (recover) runs each backend's whole-directory recovery
+ * (cyrusdb_recover: Berkeley DB environment recovery and the like), then
+ * takes every regular file directly in DIR that cyrusdb_detect()
+ * recognises, opens it with its own backend (skiplist replays or cuts off
+ * an interrupted commit on open), checks it with cyrusdb_consistent() and
+ * closes it.  -c (checkpoint) runs cyrusdb_checkpoint_dir() and then
+ * cyrusdb_checkpoint() on each such file (skiplist repack, flat rewrite,
+ * Berkeley DB log checkpoint).  One line per file goes to stdout.
+ *
+ * Recovery must run while no other process uses the databases: the master
+ * runs "ctl_cyrusdb -r" before it starts any worker.
+ *
+ * DIR is the configdirectory of imapd.conf unless -d names it.  Files that
+ * are not databases (lock files, logs) are listed as skipped, as are files
+ * of formats this program recognises but cannot open (twoskip).  Any failure
+ * on a database makes the exit status 1; the other files are still done.
+ */
+#include "config.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
-int main(void) { fputs("not written yet\n", stderr); return 1; }
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cyrusdb/cyrusdb.h"
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "lib/log.h"
+
+#define CTL_EXIT_OK 0
+#define CTL_EXIT_ERROR 1
+#define CTL_EXIT_USAGE 2
+
+#define CTL_DEFAULT_CONFIG "/etc/imapd.conf"
+
+static const char *ctl_progname = "ctl_cyrusdb";
+
+static void ctl_usage(FILE *out)
+{
+    fprintf(out,
+"Usage: %s [-C imapd.conf] [-d DIR] [-q] -r | -c\n"
+"\n"
+"Recover (-r) or checkpoint (-c) every cyrusdb database in a directory.\n"
+"\n"
+"  -r        recovery: run each backend's directory recovery (Berkeley DB\n"
+"            environments), then open every database file in DIR with the\n"
+"            backend that wrote it (which finishes or cuts off an\n"
+"            interrupted commit), check it, and close it.  Run it only\n"
+"            while no other process uses the databases (the master runs it\n"
+"            at start-up, before any worker).\n"
+"  -c        checkpoint: flush and trim Berkeley DB logs, then compact each\n"
+"            database file (skiplist repack, flat rewrite, ...).\n"
+"  -d DIR    the directory (default: configdirectory from imapd.conf)\n"
+"  -C FILE   the imapd.conf to read (default %s; when that file does not\n"
+"            exist, the built-in defaults are used)\n"
+"  -q        print only failures\n"
+"  -h, --help  this text\n"
+"\n"
+"Only regular files directly in DIR are looked at; each one's backend is\n"
+"found from its contents.  Files that are not databases are skipped.\n"
+"One line per file: FILE: BACKEND: what was done.\n"
+"Exit status: 0 all went well, 1 some database failed (each failure is\n"
+"reported on stderr), 2 usage error.\n"
+"Example:\n"
+"  %s -C /etc/imapd.conf -r\n",
+            ctl_progname, CTL_DEFAULT_CONFIG, ctl_progname);
+}
+
+struct ctl_counts {
+    unsigned done, skipped, failed;
+};
+
+static int ctl_quiet;
+
+static void ctl_say(const char *path, const char *format, const char *what)
+{
+    if (!ctl_quiet)
+        printf("%s: %s: %s\n", path, format, what);
+}
+
+static void ctl_failed(struct ctl_counts *n, const char *path,
+                       const char *format, const char *what, int r)
+{
+    fprintf(stderr, "%s: %s: %s: %s: %s\n", ctl_progname, path, format, what,
+            cyrusdb_strerror(r));
+    n->failed++;
+}
+
+/* Recover or checkpoint one file of DIR. */
+static void ctl_one(const char *path, int checkpoint, struct ctl_counts *n)
+{
+    const struct cyrusdb_registry_entry *e;
+    const char *format = NULL, *err = NULL;
+    struct cyrusdb *db = NULL;
+    int r;
+
+    r = cyrusdb_detect(path, &format);
+    if (r == CYRUSDB_BADFORMAT) {
+        ctl_say(path, "-", "not a database, skipped");
+        n->skipped++;
+        return;
+    }
+    if (r != CYRUSDB_OK) {
+        ctl_failed(n, path, "-", "cannot read", r);
+        return;
+    }
+    e = cyrusdb_lookup(format);
+    if (!e) {
+        ctl_say(path, format, "format not supported here, skipped");
+        n->skipped++;
+        return;
+    }
+
+    r = cyrusdb_open(e->name, path, 0, &db, &err);
+    if (r != CYRUSDB_OK) {
+        fprintf(stderr, "%s: %s\n", ctl_progname,
+                err && *err ? err : cyrusdb_strerror(r));
+        n->failed++;
+        return;
+    }
+    if (checkpoint) {
+        r = cyrusdb_checkpoint(db);
+        if (r == CYRUSDB_NOTIMPLEMENTED) {
+            ctl_say(path, format, "nothing to checkpoint");
+        } else if (r != CYRUSDB_OK) {
+            ctl_failed(n, path, format, "checkpoint failed", r);
+            cyrusdb_close(&db);
+            return;
+        }
+    } else {
+        r = cyrusdb_consistent(db);
+        if (r != CYRUSDB_OK && r != CYRUSDB_NOTIMPLEMENTED) {
+            ctl_failed(n, path, format, "not consistent after recovery", r);
+            cyrusdb_close(&db);
+            return;
+        }
+    }
+    r = cyrusdb_close(&db);
+    if (r != CYRUSDB_OK) {
+        ctl_failed(n, path, format, "close failed", r);
+        return;
+    }
+    if (checkpoint)
+        ctl_say(path, format, "checkpointed");
+    else
+        ctl_say(path, format, "recovered, consistent");
+    n->done++;
+}
+
+static int ctl_scan(const char *dir, int checkpoint, struct ctl_counts *n)
+{
+    struct dirent **names = NULL;
+    struct buf path = BUF_INITIALIZER;
+    int count, i;
+
+    count = scandir(dir, &names, NULL, alphasort);
+    if (count < 0) {
+        fprintf(stderr, "%s: %s: cannot read directory: %s\n", ctl_progname,
+                dir, strerror(errno));
+        return -1;
+    }
+    for (i = 0; i < count; i++) {
+        struct stat st;
+
+        buf_reset(&path);
+        buf_printf(&path, "%s/%s", dir, names[i]->d_name);
+        if (lstat(buf_cstring(&path), &st) == 0 && S_ISREG(st.st_mode))
+            ctl_one(buf_cstring(&path), checkpoint, n);
+        free(names[i]);
+    }
+    free(names);
+    buf_free(&path);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    const char *config = NULL, *dir = NULL;
+    struct imapconf *conf = NULL;
+    struct ctl_counts n = { 0, 0, 0 };
+    char *cdir = NULL;
+    int mode = 0, opt, r;
+    struct stat st;
+
+    log_init(argv[0], LOG_TO_STDERR);
+    if (argv[0])
+        ctl_progname = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+
+    while ((opt = getopt_long(argc, argv, "C:d:rcqh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'C': config = optarg; break;
+        case 'd': dir = optarg; break;
+        case 'q': ctl_quiet = 1; break;
+        case 'r':
+        case 'c':
+            if (mode && mode != opt) {
+                fprintf(stderr, "%s: give either -r or -c, not both\n", ctl_progname);
+                return CTL_EXIT_USAGE;
+            }
+            mode = opt;
+            break;
+        case 'h': ctl_usage(stdout); return CTL_EXIT_OK;
+        default:
+            fprintf(stderr, "Try '%s --help' for more information.\n", ctl_progname);
+            return CTL_EXIT_USAGE;
+        }
+    }
+    if (!mode || optind != argc) {
+        fprintf(stderr, "%s: %s\nTry '%s --help' for more information.\n",
+                ctl_progname, mode ? "unexpected argument" : "need -r or -c",
+                ctl_progname);
+        return CTL_EXIT_USAGE;
+    }
+
+    if (!dir) {
+        char *cerr = NULL;
+        const char *cfile = config ? config : CTL_DEFAULT_CONFIG;
+
+        if (!config && stat(cfile, &st) < 0 && errno == ENOENT) {
+            conf = imapconf_defaults();
+        } else if (imapconf_load(cfile, &conf, &cerr) < 0) {
+            fprintf(stderr, "%s: %s\n", ctl_progname, cerr ? cerr : cfile);
+            free(cerr);
+            return CTL_EXIT_ERROR;
+        }
+        if (!conf || !imapconf_getstring(conf, "configdirectory")) {
+            fprintf(stderr, "%s: no configdirectory\n", ctl_progname);
+            imapconf_free(&conf);
+            return CTL_EXIT_ERROR;
+        }
+        cdir = strdup(imapconf_getstring(conf, "configdirectory"));
+        imapconf_free(&conf);
+        if (!cdir) {
+            fprintf(stderr, "%s: out of memory\n", ctl_progname);
+            return CTL_EXIT_ERROR;
+        }
+        dir = cdir;
+    } else if (config) {
+        char *cerr = NULL;
+        if (imapconf_load(config, &conf, &cerr) < 0) {
+            fprintf(stderr, "%s: %s\n", ctl_progname, cerr ? cerr : config);
+            free(cerr);
+            return CTL_EXIT_ERROR;
+        }
+        imapconf_free(&conf);
+    }
+
+    if (stat(dir, &st) < 0) {
+        fprintf(stderr, "%s: %s: %s\n", ctl_progname, dir, strerror(errno));
+        free(cdir);
+        return CTL_EXIT_ERROR;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "%s: %s: not a directory\n", ctl_progname, dir);
+        free(cdir);
+        return CTL_EXIT_ERROR;
+    }
+
+    if (mode == 'r') {
+        r = cyrusdb_recover(dir);
+        if (r != CYRUSDB_OK) {
+            fprintf(stderr, "%s: %s: directory recovery failed: %s\n",
+                    ctl_progname, dir, cyrusdb_strerror(r));
+            n.failed++;
+        }
+    } else {
+        r = cyrusdb_checkpoint_dir(dir);
+        if (r != CYRUSDB_OK) {
+            fprintf(stderr, "%s: %s: directory checkpoint failed: %s\n",
+                    ctl_progname, dir, cyrusdb_strerror(r));
+            n.failed++;
+        }
+    }
+    if (ctl_scan(dir, mode == 'c', &n) < 0)
+        n.failed++;
+
+    if (!ctl_quiet || n.failed)
+        printf("%s: %s dir=<%s>: %u databases done, %u files skipped, "
+               "%u failures\n", ctl_progname,
+               mode == 'r' ? "recovery" : "checkpoint", dir, n.done,
+               n.skipped, n.failed);
+    free(cdir);
+    if (fflush(stdout) == EOF)
+        return CTL_EXIT_ERROR;
+    return n.failed ? CTL_EXIT_ERROR : CTL_EXIT_OK;
+}

@@ -1,2 +1,768 @@
-/* placeholder: this test program is being written; 77 = skipped */
-int main(void) { return 77; }
+/*
+ * test_crash.c - a writer SIGKILLed at many moments, every backend.
+ *
+ * For each backend (narrowed by $TEST_BACKENDS), on ONE database file that
+ * lives through all the kills, so that damage would accumulate:
+ *
+ *   writer (forked): opens the file, then runs transactions n = L+1, L+2,
+ *   ... where L is the value of the "last" key.  Transaction n stores
+ *   K keys "n:<n>:<j>" (values derived from n and j, some of them several
+ *   KiB), overwrites "last" with n, deletes what transaction n-2 wrote
+ *   (all of it, or all but key 0 when n-2 is a multiple of 8, so that old
+ *   records stay around), commits, and only then writes n to a pipe.
+ *   Every 25th transaction it also calls cyrusdb_checkpoint(), so kills
+ *   land inside checkpoints too.
+ *
+ *   parent: SIGKILLs the writer after a delay that differs per round,
+ *   spread logarithmically from ~10 us to ~50 ms (mostly counted from the
+ *   moment the writer has opened the file, sometimes from fork()), so the
+ *   kill lands before, inside and after commits.
+ *
+ *   checker (forked): cyrusdb_recover(dir) (what ctl_cyrusdb -r does at
+ *   system start; a no-op for backends that need none), reopen, and check
+ *   the state is exactly "all transactions up to L", where L is read from
+ *   "last": every transaction the writer reported is there, at most the
+ *   one in flight beyond it (entirely, never in part), nothing later; the
+ *   whole walk holds exactly the expected records with the expected
+ *   values; cyrusdb_consistent() passes; a store + commit still works.
+ *
+ * db3-nosync does not sync at commit: a process crash may lose recently
+ * committed transactions (Berkeley DB keeps them in its log buffer), so
+ * for it L may lie below what the writer reported; the state must still be
+ * exactly some whole prefix of the transactions.  For every other backend
+ * a reported commit must survive.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cyrusdb/cyrusdb.h"
+#include "lib/log.h"
+#include "tests/testhelp.h"
+
+#define CRASH_STEPS 60           /* distinct delay steps */
+#define CRASH_MIN_ROUNDS 60      /* kills per backend, at least */
+#define CRASH_MAX_ROUNDS 400     /* ... and more while time is left */
+#define CRASH_BUDGET_S 7.0       /* per backend */
+#define CRASH_KEYS 4             /* keys stored per transaction */
+#define CRASH_MIN_DELAY_US 10.0
+#define CRASH_CHECKPOINT_EVERY 25
+#define CRASH_VALUE_MAX 8192
+
+/* What the checker hands back to the parent (MAP_SHARED). */
+struct crash_shared {
+    long found_last;     /* "last" after recovery, -1 if unknown */
+    long records;        /* records met by the walk */
+};
+
+static double crash_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void crash_child_fail(const char *who, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void crash_child_fail(const char *who, const char *fmt, ...)
+{
+    va_list ap;
+
+    fprintf(stderr, "crash: %s[%ld]: ", who, (long)getpid());
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+
+/* cmocka catches SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGSYS in the test
+ * runner and longjmps back into it: a forked child that crashed would go
+ * on running the rest of the suite.  Every child restores the defaults
+ * first, so a crash kills it and shows in its wait status. */
+static void crash_child_signals(void)
+{
+    static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGABRT, SIGALRM };
+    size_t i;
+
+    for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        signal(sigs[i], SIG_DFL);
+}
+
+/* Send this child's stderr (its own messages and the backend's log lines)
+ * to `path`, replaced every round: a passing run stays quiet, a failing
+ * one prints the files of the round that failed. */
+static void crash_child_stderr(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+    if (fd >= 0) {
+        dup2(fd, STDERR_FILENO);
+        close(fd);
+    }
+}
+
+/* Print the last bytes of a child's log file. */
+static void crash_show_log(const char *what, const char *path)
+{
+    char buf[4096];
+    ssize_t n;
+    off_t size;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return;
+    size = lseek(fd, 0, SEEK_END);
+    if (size > (off_t)sizeof(buf) - 1)
+        lseek(fd, size - (off_t)sizeof(buf) + 1, SEEK_SET);
+    else
+        lseek(fd, 0, SEEK_SET);
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = '\0';
+    printf("---- %s (%s) ----\n%s", what, path, buf);
+    if (buf[n - 1] != '\n')
+        putchar('\n');
+}
+
+/* ---- the data model ----------------------------------------------------- */
+
+static size_t crash_key(char *buf, unsigned long m, unsigned j)
+{
+    return (size_t)snprintf(buf, 32, "n:%08lu:%u", m, j);
+}
+
+/* Value of key j of transaction m: a readable head, then pseudo-random
+ * bytes (NULs included); key 0 of every 5th transaction is ~6 KiB. */
+static size_t crash_value(char *buf, unsigned long m, unsigned j)
+{
+    size_t len = 24 + (m * 131 + j * 71) % 400;
+    int n;
+
+    if (j == 0 && m % 5 == 0)
+        len += 6000;
+    n = snprintf(buf, 24, "%lu/%u:", m, j);
+    th_fill(buf + n, len - (size_t)n, (unsigned)(m * 8 + j));
+    return len;
+}
+
+/* Should key j of transaction m exist once transaction L committed? */
+static int crash_present(unsigned long m, unsigned j, unsigned long L)
+{
+    if (m < 1 || m > L)
+        return 0;
+    if (m + 2 > L)          /* not yet deleted by transaction m + 2 */
+        return 1;
+    return m % 8 == 0 && j != 0;
+}
+
+static long crash_expected_records(unsigned long L)
+{
+    long n = 2;             /* "last" and "probe" */
+    unsigned long m;
+    unsigned j;
+
+    for (m = 1; m <= L; m++)
+        for (j = 0; j < CRASH_KEYS; j++)
+            n += crash_present(m, j, L);
+    return n;
+}
+
+static long crash_parse(const char *data, size_t len)
+{
+    long v = 0;
+    size_t i;
+
+    if (!data || len == 0 || len > 18)
+        return -1;
+    for (i = 0; i < len; i++) {
+        if (data[i] < '0' || data[i] > '9')
+            return -1;
+        v = v * 10 + (data[i] - '0');
+    }
+    return v;
+}
+
+/* ---- writer --------------------------------------------------------------- */
+
+static int crash_txn(struct cyrusdb *db, unsigned long n, const char **why_r)
+{
+    struct cyrusdb_txn *tid = NULL;
+    char key[32], val[CRASH_VALUE_MAX], num[32];
+    size_t kl, vl;
+    unsigned j;
+    int r = CYRUSDB_OK;
+
+    for (j = 0; j < CRASH_KEYS && r == CYRUSDB_OK; j++) {
+        kl = crash_key(key, n, j);
+        vl = crash_value(val, n, j);
+        *why_r = "store";
+        r = cyrusdb_store(db, key, kl, val, vl, &tid);
+    }
+    if (r == CYRUSDB_OK) {
+        int nl = snprintf(num, sizeof(num), "%lu", n);
+        *why_r = "store last";
+        r = cyrusdb_store(db, "last", 4, num, (size_t)nl, &tid);
+    }
+    if (r == CYRUSDB_OK && n >= 3) {
+        unsigned long m = n - 2;
+        for (j = 0; j < CRASH_KEYS && r == CYRUSDB_OK; j++) {
+            if (m % 8 == 0 && j != 0)
+                continue;
+            kl = crash_key(key, m, j);
+            *why_r = "delete (force=0) a record of transaction n-2";
+            r = cyrusdb_delete(db, key, kl, &tid, 0);
+        }
+    }
+    if (r != CYRUSDB_OK) {
+        if (tid)
+            cyrusdb_abort(db, tid);
+        return r;
+    }
+    if (!tid) {
+        *why_r = "stores returned OK without a transaction";
+        return CYRUSDB_INTERNAL;
+    }
+    *why_r = "commit";
+    return cyrusdb_commit(db, tid);
+}
+
+static int crash_write_all(int fd, const void *p, size_t len)
+{
+    const char *c = p;
+
+    while (len) {
+        ssize_t w = write(fd, c, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        c += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Runs until killed; returns only on failure. */
+static int crash_writer(const char *backend, const char *fname, unsigned long start,
+                        int fd)
+{
+    struct cyrusdb *db = NULL;
+    const char *err = NULL, *why = NULL;
+    unsigned long n = start, ready = 0;
+    double t0 = crash_now();
+    int r;
+
+    r = cyrusdb_open(backend, fname, 0, &db, &err);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("writer", "open: %s (%s)", cyrusdb_strerror(r), err ? err : "");
+        return 1;
+    }
+    if (crash_write_all(fd, &ready, sizeof(ready)) < 0)
+        return 1;
+    while (crash_now() - t0 < 30) {
+        r = crash_txn(db, n, &why);
+        if (r == CYRUSDB_AGAIN)
+            continue;
+        if (r != CYRUSDB_OK) {
+            crash_child_fail("writer", "transaction %lu: %s: %s", n, why, cyrusdb_strerror(r));
+            return 1;
+        }
+        if (crash_write_all(fd, &n, sizeof(n)) < 0)
+            return 1;
+        if (n % CRASH_CHECKPOINT_EVERY == 0) {
+            r = cyrusdb_checkpoint(db);
+            if (r != CYRUSDB_OK && r != CYRUSDB_NOTIMPLEMENTED) {
+                crash_child_fail("writer", "checkpoint after %lu: %s", n, cyrusdb_strerror(r));
+                return 1;
+            }
+        }
+        n++;
+    }
+    crash_child_fail("writer", "was never killed");
+    return 1;
+}
+
+/* ---- checker ---------------------------------------------------------------- */
+
+struct crash_walk {
+    unsigned long last;
+    long records;
+    char val[CRASH_VALUE_MAX];
+    char problem[256];
+};
+
+static int crash_walk_cb(void *rock, const char *key, size_t keylen,
+                         const char *data, size_t datalen)
+{
+    struct crash_walk *w = rock;
+    unsigned long m = 0;
+    unsigned j;
+    size_t i, vl;
+
+    w->records++;
+    if ((keylen == 4 && !memcmp(key, "last", 4)) || (keylen == 5 && !memcmp(key, "probe", 5)))
+        return 0;   /* checked by fetch */
+    if (keylen != 12 || memcmp(key, "n:", 2) != 0 || key[10] != ':' ||
+        key[11] < '0' || key[11] >= '0' + CRASH_KEYS) {
+        snprintf(w->problem, sizeof(w->problem), "walk met a key that was never written: "
+                 "len %zu \"%.*s\"", keylen, (int)(keylen < 40 ? keylen : 40), key);
+        return 1;
+    }
+    for (i = 2; i < 10; i++) {
+        if (key[i] < '0' || key[i] > '9') {
+            snprintf(w->problem, sizeof(w->problem), "walk met a malformed key \"%.12s\"", key);
+            return 1;
+        }
+        m = m * 10 + (unsigned long)(key[i] - '0');
+    }
+    j = (unsigned)(key[11] - '0');
+    if (!crash_present(m, j, w->last)) {
+        snprintf(w->problem, sizeof(w->problem), "walk met %.12s, which must not exist "
+                 "when last=%lu (%s)", key, w->last,
+                 m > w->last ? "a later transaction in part" : "a deletion was lost");
+        return 1;
+    }
+    vl = crash_value(w->val, m, j);
+    if (datalen != vl || memcmp(data, w->val, vl) != 0) {
+        snprintf(w->problem, sizeof(w->problem), "walk: %.12s has a wrong value "
+                 "(len %zu, expected %zu)", key, datalen, vl);
+        return 1;
+    }
+    return 0;
+}
+
+/* lo..hi: the range "last" may have; round: this checker's number. */
+static int crash_check(const char *backend, const char *dir, const char *fname,
+                       long lo, long hi, int round, int nosync,
+                       struct crash_shared *sh)
+{
+    struct cyrusdb *db = NULL;
+    struct cyrusdb_txn *tid = NULL;
+    struct crash_walk *w;
+    const char *err = NULL, *data;
+    char key[32], probe[32];
+    size_t len, kl, vl;
+    unsigned long m;
+    unsigned j;
+    long L, expect;
+    int r, pl;
+
+    r = cyrusdb_recover(dir);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "recover: %s", cyrusdb_strerror(r));
+        return 1;
+    }
+    r = cyrusdb_open(backend, fname, 0, &db, &err);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "reopen after the kill: %s (%s)", cyrusdb_strerror(r),
+                         err ? err : "");
+        return 1;
+    }
+    w = calloc(1, sizeof(*w));
+    if (!w)
+        return 1;
+    r = cyrusdb_fetch(db, "last", 4, &data, &len, NULL);
+    if (r != CYRUSDB_OK || (L = crash_parse(data, len)) < 0) {
+        crash_child_fail("check", "fetch last: %s", r ? cyrusdb_strerror(r) : "does not parse");
+        goto bad;
+    }
+    sh->found_last = L;
+    if (L < lo || L > hi) {
+        crash_child_fail("check", "last=%ld after recovery, expected %ld..%ld (%s)", L, lo, hi,
+                         L < lo ? "a reported commit was lost" : "a transaction nobody wrote");
+        goto bad;
+    }
+
+    /* the probe of the previous checker (it may be older under nosync) */
+    r = cyrusdb_fetch(db, "probe", 5, &data, &len, NULL);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "fetch probe: %s", cyrusdb_strerror(r));
+        goto bad;
+    }
+    pl = snprintf(probe, sizeof(probe), "probe-%d", round - 1);
+    if (!nosync && (len != (size_t)pl || memcmp(data, probe, len) != 0)) {
+        crash_child_fail("check", "probe is \"%.*s\", expected \"%s\"",
+                         (int)(len < 30 ? len : 30), data, probe);
+        goto bad;
+    }
+
+    /* every record of every transaction up to L, and a little past it */
+    for (m = L > 40 ? (unsigned long)L - 40 : 1; m <= (unsigned long)L + 2; m++) {
+        for (j = 0; j < CRASH_KEYS; j++) {
+            int want = crash_present(m, j, (unsigned long)L);
+            kl = crash_key(key, m, j);
+            r = cyrusdb_fetch(db, key, kl, &data, &len, NULL);
+            if (want && r != CYRUSDB_OK) {
+                crash_child_fail("check", "last=%ld: fetch %s: %s (expected present)",
+                                 L, key, cyrusdb_strerror(r));
+                goto bad;
+            }
+            if (!want && r != CYRUSDB_NOTFOUND) {
+                crash_child_fail("check", "last=%ld: fetch %s: %s (expected NOTFOUND)",
+                                 L, key, cyrusdb_strerror(r));
+                goto bad;
+            }
+            if (want) {
+                vl = crash_value(w->val, m, j);
+                if (len != vl || memcmp(data, w->val, vl) != 0) {
+                    crash_child_fail("check", "last=%ld: %s has a wrong value", L, key);
+                    goto bad;
+                }
+            }
+        }
+    }
+
+    /* the walk must hold exactly the expected records */
+    w->last = (unsigned long)L;
+    r = cyrusdb_foreach(db, NULL, 0, NULL, crash_walk_cb, w, NULL);
+    if (w->problem[0]) {
+        crash_child_fail("check", "%s", w->problem);
+        goto bad;
+    }
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "foreach: %s", cyrusdb_strerror(r));
+        goto bad;
+    }
+    expect = crash_expected_records((unsigned long)L);
+    sh->records = w->records;
+    if (w->records != expect) {
+        crash_child_fail("check", "last=%ld: walk met %ld records, expected %ld",
+                         L, w->records, expect);
+        goto bad;
+    }
+
+    r = cyrusdb_consistent(db);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "consistent after recovery: %s", cyrusdb_strerror(r));
+        goto bad;
+    }
+
+    /* still writable */
+    pl = snprintf(probe, sizeof(probe), "probe-%d", round);
+    r = cyrusdb_store(db, "probe", 5, probe, (size_t)pl, &tid);
+    if (r == CYRUSDB_OK)
+        r = cyrusdb_commit(db, tid);
+    else if (tid)
+        cyrusdb_abort(db, tid);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "store+commit after recovery: %s", cyrusdb_strerror(r));
+        goto bad;
+    }
+    r = cyrusdb_fetch(db, "probe", 5, &data, &len, NULL);
+    if (r != CYRUSDB_OK || len != (size_t)pl || memcmp(data, probe, len) != 0) {
+        crash_child_fail("check", "probe not read back after commit: %s", cyrusdb_strerror(r));
+        goto bad;
+    }
+    free(w);
+    r = cyrusdb_close(&db);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "close: %s", cyrusdb_strerror(r));
+        return 1;
+    }
+    return 0;
+
+bad:
+    free(w);
+    cyrusdb_close(&db);
+    return 1;
+}
+
+static int crash_init(const char *backend, const char *fname)
+{
+    struct cyrusdb *db = NULL;
+    struct cyrusdb_txn *tid = NULL;
+    const char *err = NULL;
+    int r;
+
+    r = cyrusdb_open(backend, fname, CYRUSDB_CREATE, &db, &err);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("init", "open: %s (%s)", cyrusdb_strerror(r), err ? err : "");
+        return 1;
+    }
+    r = cyrusdb_store(db, "last", 4, "0", 1, &tid);
+    if (r == CYRUSDB_OK)
+        r = cyrusdb_store(db, "probe", 5, "probe-0", 7, &tid);
+    if (r == CYRUSDB_OK)
+        r = cyrusdb_commit(db, tid);
+    else if (tid)
+        cyrusdb_abort(db, tid);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("init", "store+commit: %s", cyrusdb_strerror(r));
+        cyrusdb_close(&db);
+        return 1;
+    }
+    return cyrusdb_close(&db) == CYRUSDB_OK ? 0 : 1;
+}
+
+/* ---- parent ------------------------------------------------------------------ */
+
+static const char *crash_status_text(int status, char *buf, size_t len)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, len, "exit %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, len, "signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, len, "status %#x", status);
+    return buf;
+}
+
+/* Wait for pid up to timeout seconds; SIGKILL it past that.  Returns 0, or
+ * -1 when it had to be killed. */
+static int crash_wait(pid_t pid, double timeout, int *status_r)
+{
+    double end = crash_now() + timeout;
+
+    for (;;) {
+        pid_t w = waitpid(pid, status_r, WNOHANG);
+        if (w == pid)
+            return 0;
+        if (w < 0 && errno != EINTR) {
+            *status_r = 0x7f00;
+            return 0;
+        }
+        if (crash_now() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, status_r, 0);
+            return -1;
+        }
+        usleep(1000);
+    }
+}
+
+static void crash_sleep_us(double us)
+{
+    struct timespec ts;
+
+    ts.tv_sec = (time_t)(us / 1e6);
+    ts.tv_nsec = (long)((us - (double)ts.tv_sec * 1e6) * 1000);
+    while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
+        ;
+}
+
+/* Delay of round i: geometric steps from MIN (x1.155 per step: 60 steps
+ * reach ~50 ms), visited in a scrambled order (37 is prime to
+ * CRASH_STEPS) so the file sees short and long runs mixed, with a small
+ * deterministic jitter so no two rounds are equal. */
+static double crash_delay_us(int i)
+{
+    int step = (i * 37) % CRASH_STEPS, k;
+    double d = CRASH_MIN_DELAY_US;
+
+    for (k = 0; k < step; k++)
+        d *= 1.155;
+    return d * (1.0 + 0.1 * (double)((i * 13) % 11) / 11.0 + 0.0097 * (double)(i / CRASH_STEPS));
+}
+
+static void test_crash(void **state)
+{
+    const char *backend = *state;
+    char *dir = th_mkdtemp("crash");
+    char *fname = th_path(dir, "crash.db");
+    char *logdir = th_mkdtemp("crashlog");   /* apart: recover scans dir */
+    char *writer_log = th_path(logdir, "writer.log");
+    char *check_log = th_path(logdir, "check.log");
+    struct crash_shared *sh;
+    char failure[1024] = "";
+    char sbuf[64];
+    int nosync = !strcmp(backend, "db3-nosync");
+    int status, round, i;
+    long base = 0;            /* state verified before the current round */
+    long committed_total = 0, inflight_landed = 0, idle_kills = 0, lost = 0;
+    double t0 = crash_now();
+    pid_t pid;
+
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(sh != MAP_FAILED);
+
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        crash_child_signals();
+        crash_child_stderr(check_log);
+        _exit(crash_init(backend, fname));
+    }
+    if (pid < 0 || crash_wait(pid, 60, &status) < 0 ||
+        !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(failure, sizeof(failure), "%s: creating the database failed (%s)", backend,
+                 pid < 0 ? "fork" : crash_status_text(status, sbuf, sizeof(sbuf)));
+        goto out;
+    }
+
+    for (round = 1; round <= CRASH_MAX_ROUNDS; round++) {
+        double delay = crash_delay_us(round - 1);
+        int from_fork = (round % 4 == 0);
+        unsigned long token, reported = 0;
+        int fds[2], got_ready = 0;
+        long hi;
+
+        if (pipe(fds) < 0) {
+            snprintf(failure, sizeof(failure), "pipe: %s", strerror(errno));
+            goto out;
+        }
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        if (pid == 0) {
+            crash_child_signals();
+            crash_child_stderr(writer_log);
+            close(fds[0]);
+            _exit(crash_writer(backend, fname, (unsigned long)base + 1, fds[1]));
+        }
+        close(fds[1]);
+        if (pid < 0) {
+            close(fds[0]);
+            snprintf(failure, sizeof(failure), "fork: %s", strerror(errno));
+            goto out;
+        }
+        if (!from_fork) {
+            struct pollfd pfd = { .fd = fds[0], .events = POLLIN };
+            if (poll(&pfd, 1, 20000) == 1 &&
+                read(fds[0], &token, sizeof(token)) == (ssize_t)sizeof(token) && token == 0)
+                got_ready = 1;
+        }
+        crash_sleep_us(delay);
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        while (read(fds[0], &token, sizeof(token)) == (ssize_t)sizeof(token)) {
+            if (token == 0) {
+                got_ready = 1;
+                continue;
+            }
+            if (token != (reported ? reported + 1 : (unsigned long)base + 1)) {
+                snprintf(failure, sizeof(failure), "%s: round %d: writer reported %lu "
+                         "out of sequence", backend, round, token);
+                close(fds[0]);
+                goto out;
+            }
+            reported = token;
+        }
+        close(fds[0]);
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
+            snprintf(failure, sizeof(failure), "%s: round %d: the writer died before the "
+                     "kill (%s); its messages follow", backend, round,
+                     crash_status_text(status, sbuf, sizeof(sbuf)));
+            goto out;
+        }
+        if (!from_fork && !got_ready) {
+            snprintf(failure, sizeof(failure), "%s: round %d: writer never opened the file",
+                     backend, round);
+            goto out;
+        }
+        if (reported == 0)
+            reported = (unsigned long)base;
+        hi = (long)reported + 1;
+
+        /* recover and check in a fresh process */
+        sh->found_last = -1;
+        sh->records = 0;
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        if (pid == 0) {
+            crash_child_signals();
+            crash_child_stderr(check_log);
+            _exit(crash_check(backend, dir, fname, nosync ? 0 : (long)reported, hi,
+                              round, nosync, sh));
+        }
+        if (pid < 0 || crash_wait(pid, 60, &status) < 0 ||
+            !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            snprintf(failure, sizeof(failure), "%s: round %d (kill after %.0f us from %s, "
+                     "writer reported up to %lu, started at %ld): check after recovery "
+                     "failed (%s); its messages follow", backend, round, delay,
+                     from_fork ? "fork" : "open", reported, base + 1,
+                     pid < 0 ? "fork" : crash_status_text(status, sbuf, sizeof(sbuf)));
+            goto out;
+        }
+        if (sh->found_last == hi)
+            inflight_landed++;
+        if (sh->found_last < (long)reported)
+            lost += (long)reported - sh->found_last;
+        if ((long)reported == base && sh->found_last == base)
+            idle_kills++;
+        committed_total += sh->found_last - base;
+        base = sh->found_last;
+        if (round >= CRASH_MIN_ROUNDS && crash_now() - t0 > CRASH_BUDGET_S)
+            break;
+    }
+
+    i = round > CRASH_MAX_ROUNDS ? CRASH_MAX_ROUNDS : round;
+    printf("crash backend=<%s> kills=%d elapsed=%.2fs transactions=%ld final_last=%ld "
+           "records=%ld inflight_commit_survived=%ld kills_before_first_commit=%ld "
+           "lost_after_commit=%ld\n", backend, i, crash_now() - t0, committed_total, base,
+           sh->records, inflight_landed, idle_kills, lost);
+    fflush(stdout);
+    /* the kills must have hit a writer that was writing, most of the time */
+    if (committed_total < i)
+        snprintf(failure, sizeof(failure), "%s: only %ld transactions in %d rounds: the "
+                 "writer hardly ran, so the kills tested little", backend, committed_total, i);
+
+out:
+    if (failure[0]) {
+        crash_show_log("writer's messages", writer_log);
+        crash_show_log("checker's messages", check_log);
+        fflush(stdout);
+    }
+    munmap(sh, sizeof(*sh));
+    th_rmrf(dir);
+    th_rmrf(logdir);
+    free(fname);
+    free(dir);
+    free(writer_log);
+    free(check_log);
+    free(logdir);
+    if (failure[0])
+        fail_msg("%s", failure);
+}
+
+int main(void)
+{
+    const char *const *backends = th_backends();
+    struct CMUnitTest *tests;
+    char **names;
+    size_t n = 0, i;
+    int rc;
+
+    log_init("test_crash", LOG_TO_STDERR);
+    while (backends[n])
+        n++;
+    tests = calloc(n ? n : 1, sizeof(*tests));
+    names = calloc(n ? n : 1, sizeof(*names));
+    if (!tests || !names)
+        return 1;
+    for (i = 0; i < n; i++) {
+        if (asprintf(&names[i], "crash/%s", backends[i]) < 0)
+            return 1;
+        tests[i].name = names[i];
+        tests[i].test_func = test_crash;
+        tests[i].initial_state = (void *)(uintptr_t)backends[i];
+    }
+    rc = _cmocka_run_group_tests("crash", tests, n, NULL, NULL);
+    for (i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    free(tests);
+    return rc;
+}
