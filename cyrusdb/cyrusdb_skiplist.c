@@ -14,6 +14,10 @@
  * the map they come from may move or be replaced on the next call.
  * foreach copies the current key and resumes at "first key greater than
  * it", so callbacks may write through the same handle and transaction.
+ * Walks are in cyrusdb_compare() order although the file is in Cyrus's
+ * signed-char order (files without MBOXSORT, see skiplist.c): a walk
+ * streams the file until it meets a key holding a byte >= 0x80, and from
+ * there sorts the rest of its range and visits it by lookup.
  * Engine codes become CYRUSDB_* codes in one place (the engine logged the
  * detail).
  */
@@ -234,6 +238,132 @@ static int cyrusdb_skiplist_fetchlock(struct cyrusdb *db, const char *key, size_
     return cyrusdb_skiplist_fetch(db, key, keylen, data_r, datalen_r, tid);
 }
 
+/*
+ * Walks.  The file is in the engine's order (Cyrus's signed chars unless
+ * MBOXSORT), the walk must be in cyrusdb_compare() order.  The two agree
+ * on every key for which skiplist_key_reorders() is 0, so a walk streams
+ * the file while it meets only such keys: each key visited then is below,
+ * in both orders, every key after it in the file.  At the first key that
+ * the orders place differently, the rest of the walk collects the range's
+ * keys above the last one visited, sorts them with cyrusdb_compare() and
+ * visits each by lookup (skipping keys a callback deleted meanwhile).
+ */
+static int cyrusdb_skiplist_nomem(void)
+{
+    log_error("skiplist: walk failed error=<out of memory>");
+    return SKIPLIST_IOERROR;
+}
+
+struct cyrusdb_skiplist_key {
+    char *key;
+    size_t keylen;
+};
+
+/* qsort order: keys re-sorted here come from files without MBOXSORT (the
+ * only ones whose order differs), so the API's order is plain bytes. */
+static int cyrusdb_skiplist_keycmp(const void *a, const void *b)
+{
+    const struct cyrusdb_skiplist_key *ka = a, *kb = b;
+
+    return cyrusdb_compare(0, ka->key, ka->keylen, kb->key, kb->keylen);
+}
+
+/* The keys of the range above `after` (all of them when after is NULL),
+ * in file order; the caller sorts and frees them. */
+static int cyrusdb_skiplist_collect(struct cyrusdb_skiplist *h,
+                                    const char *prefix, size_t prefixlen,
+                                    const struct buf *after,
+                                    struct cyrusdb_skiplist_key **keys_r,
+                                    size_t *count_r)
+{
+    struct cyrusdb_skiplist_key *keys = NULL;
+    size_t count = 0, alloc = 0;
+    struct buf cur = BUF_INITIALIZER;
+    struct skiplist_record rec;
+    int r;
+
+    r = skiplist_seek(h->sl, prefix, prefixlen, 0, &rec);
+    while (r == SKIPLIST_OK) {
+        if (!cyrusdb_has_prefix(rec.key, rec.keylen, prefix, prefixlen))
+            break;
+        if (buf_setmap(&cur, rec.key, rec.keylen) < 0) {
+            r = cyrusdb_skiplist_nomem();
+            break;
+        }
+        if (!after || cyrusdb_compare(0, cur.s, cur.len, after->s, after->len) > 0) {
+            if (count == alloc) {
+                size_t na = alloc ? alloc * 2 : 64;
+                struct cyrusdb_skiplist_key *nk = realloc(keys, na * sizeof(*keys));
+
+                if (!nk) {
+                    r = cyrusdb_skiplist_nomem();
+                    break;
+                }
+                keys = nk;
+                alloc = na;
+            }
+            keys[count].key = malloc(cur.len ? cur.len : 1);
+            if (!keys[count].key) {
+                r = cyrusdb_skiplist_nomem();
+                break;
+            }
+            memcpy(keys[count].key, cur.s, cur.len);
+            keys[count].keylen = cur.len;
+            count++;
+        }
+        r = skiplist_seek(h->sl, cur.s, cur.len, 1, &rec);
+    }
+    buf_free(&cur);
+    *keys_r = keys;
+    *count_r = count;
+    if (r == SKIPLIST_NOTFOUND)
+        r = SKIPLIST_OK;
+    return r;
+}
+
+/* The rest of a walk in API order, by lookups.  Engine code; the callback's
+ * non-zero return goes to *cb_r. */
+static int cyrusdb_skiplist_walk_sorted(struct cyrusdb_skiplist *h,
+                                        const char *prefix, size_t prefixlen,
+                                        const struct buf *after,
+                                        cyrusdb_filter_fn *filter, cyrusdb_cb_fn *cb,
+                                        void *rock, int *cb_r)
+{
+    struct cyrusdb_skiplist_key *keys = NULL;
+    struct buf data = BUF_INITIALIZER;
+    struct skiplist_record rec;
+    size_t count = 0, i;
+    int r;
+
+    r = cyrusdb_skiplist_collect(h, prefix, prefixlen, after, &keys, &count);
+    if (r == SKIPLIST_OK)
+        qsort(keys, count, sizeof(*keys), cyrusdb_skiplist_keycmp);
+    for (i = 0; r == SKIPLIST_OK && i < count; i++) {
+        r = skiplist_fetch(h->sl, keys[i].key, keys[i].keylen, &rec);
+        if (r == SKIPLIST_NOTFOUND) {
+            r = SKIPLIST_OK;    /* deleted by an earlier callback */
+            continue;
+        }
+        if (r != SKIPLIST_OK)
+            break;
+        if (buf_setmap(&data, rec.data, rec.datalen) < 0) {
+            r = cyrusdb_skiplist_nomem();
+            break;
+        }
+        if (filter && !filter(rock, keys[i].key, keys[i].keylen,
+                              data.s ? data.s : "", data.len))
+            continue;
+        *cb_r = cb(rock, keys[i].key, keys[i].keylen, data.s ? data.s : "", data.len);
+        if (*cb_r)
+            break;
+    }
+    for (i = 0; i < count; i++)
+        free(keys[i].key);
+    free(keys);
+    buf_free(&data);
+    return r;
+}
+
 static int cyrusdb_skiplist_foreach(struct cyrusdb *db, const char *prefix, size_t prefixlen,
                                     cyrusdb_filter_fn *filter, cyrusdb_cb_fn *cb, void *rock,
                                     struct cyrusdb_txn **tid)
@@ -242,7 +372,7 @@ static int cyrusdb_skiplist_foreach(struct cyrusdb *db, const char *prefix, size
     struct buf key = BUF_INITIALIZER, data = BUF_INITIALIZER;
     struct skiplist_record rec;
     enum cyrusdb_skiplist_how how;
-    int r, cb_r = 0;
+    int r, cb_r = 0, have = 0;
 
     if (!prefix)
         prefixlen = 0;
@@ -252,12 +382,18 @@ static int cyrusdb_skiplist_foreach(struct cyrusdb *db, const char *prefix, size
     while (r == SKIPLIST_OK) {
         if (!cyrusdb_has_prefix(rec.key, rec.keylen, prefix, prefixlen))
             break;
+        if (skiplist_key_reorders(h->sl, rec.key, rec.keylen)) {
+            r = cyrusdb_skiplist_walk_sorted(h, prefix, prefixlen, have ? &key : NULL,
+                                             filter, cb, rock, &cb_r);
+            break;
+        }
         /* copies: the callback may write through this handle */
         if (buf_setmap(&key, rec.key, rec.keylen) < 0 ||
             buf_setmap(&data, rec.data, rec.datalen) < 0) {
-            r = SKIPLIST_IOERROR;
+            r = cyrusdb_skiplist_nomem();
             break;
         }
+        have = 1;
         if (!filter || filter(rock, key.s, key.len, data.s ? data.s : "", data.len)) {
             cb_r = cb(rock, key.s, key.len, data.s ? data.s : "", data.len);
             if (cb_r)

@@ -27,9 +27,18 @@
  * then rewrites the 4-byte forward pointers of its predecessors in place
  * (a replacement is a DELETE of the old node and an ADD with the same level
  * and forward pointers).  Readers search by following the pointers in a
- * read-only shared map.  Key order is cyrusdb_compare() (unsigned bytes, or
- * mailbox order with SKIPLIST_MBOXSORT).  Cyrus itself compares as signed
- * chars; the two agree on keys of bytes below 0x80 only.
+ * read-only shared map.
+ *
+ * KEY ORDER (skiplist_cmp) is the file's, everywhere in this engine: search,
+ * insert, seek, consistent(), and the sort of recovery and checkpoint.
+ * Without SKIPLIST_MBOXSORT it is Cyrus's order, bytes compared as signed
+ * chars (0x80..0xff before 0x00..0x7f), so Cyrus and this engine read and
+ * extend each other's files whatever the keys hold.  That is not the API's
+ * cyrusdb_compare() order for keys with bytes >= 0x80
+ * (skiplist_key_reorders()); the adapter re-sorts such ranges for its
+ * walks, and dump detail 0 prints in API order.  With SKIPLIST_MBOXSORT the
+ * order is cyrusdb_compare(CYRUSDB_MBOXSORT), which matches Cyrus's
+ * mailbox order on keys without bytes 0x00..0x0a (skiplist.h).
  *
  * Records read from the map are never trusted: every offset and length is
  * checked against the file size, levels against maxlevel, and every step
@@ -235,11 +244,41 @@ static int skiplist_buf_padded(struct buf *b, const char *s, size_t len)
     return buf_append(b, zeros, (size_t)(SKIPLIST_ROUNDUP(len) - len));
 }
 
+/*
+ * The file's key order.  Without SKIPLIST_MBOXSORT it is Cyrus's: bytes
+ * compared as signed chars (0x80..0xff below 0x00..0x7f), a key before the
+ * longer keys it is a prefix of.  With SKIPLIST_MBOXSORT it is
+ * cyrusdb_compare(CYRUSDB_MBOXSORT) (see skiplist.h for how that relates to
+ * Cyrus's mailbox order).  Equality is byte equality either way.
+ */
 static int skiplist_cmp(const struct skiplist *sl, const char *a, size_t alen,
                         const char *b, size_t blen)
 {
-    return cyrusdb_compare((sl->flags & SKIPLIST_MBOXSORT) ? CYRUSDB_MBOXSORT : 0,
-                           a, alen, b, blen);
+    size_t n = alen < blen ? alen : blen, i;
+
+    if (sl->flags & SKIPLIST_MBOXSORT)
+        return cyrusdb_compare(CYRUSDB_MBOXSORT, a, alen, b, blen);
+    for (i = 0; i < n; i++) {
+        int ca = (signed char)a[i], cb = (signed char)b[i];
+
+        if (ca != cb)
+            return ca < cb ? -1 : 1;
+    }
+    if (alen == blen)
+        return 0;
+    return alen < blen ? -1 : 1;
+}
+
+int skiplist_key_reorders(const struct skiplist *sl, const char *key, size_t keylen)
+{
+    size_t i;
+
+    if (sl->flags & SKIPLIST_MBOXSORT)
+        return 0;
+    for (i = 0; i < keylen; i++)
+        if ((unsigned char)key[i] >= 0x80)
+            return 1;
+    return 0;
 }
 
 static uint32_t skiplist_dummy_end(const struct skiplist *sl)
@@ -1984,10 +2023,21 @@ bad:
     return skiplist_damaged(sl, off, "unparseable record in dump");
 }
 
+/* qsort order for records of a file without SKIPLIST_MBOXSORT: the API's
+ * plain byte order, cyrusdb_compare(0). */
+static int skiplist_record_apicmp(const void *a, const void *b)
+{
+    const struct skiplist_record *ra = a, *rb = b;
+
+    return cyrusdb_compare(0, ra->key, ra->keylen, rb->key, rb->keylen);
+}
+
 int skiplist_dump(struct skiplist *sl, FILE *out, int detail)
 {
-    struct skiplist_record rec;
+    struct skiplist_record rec, *recs = NULL;
     struct buf key = BUF_INITIALIZER;
+    size_t nrecs = 0, alloc = 0, i;
+    int reorder = 0;
     int r;
 
     if ((r = skiplist_read_lock(sl)) != SKIPLIST_OK)
@@ -2001,20 +2051,44 @@ int skiplist_dump(struct skiplist *sl, FILE *out, int detail)
         skiplist_read_unlock(sl);
         return r;
     }
+    /* The records point into the map, which stays put under the lock.
+     * They are printed in cyrusdb_compare() order: the file's order unless
+     * a key holds a byte the file orders differently (see skiplist_cmp). */
     r = skiplist_seek(sl, NULL, 0, 0, &rec);
     while (r == SKIPLIST_OK) {
-        skiplist_escape(out, rec.key, rec.keylen);
-        fputc('\t', out);
-        skiplist_escape(out, rec.data, rec.datalen);
-        fputc('\n', out);
+        if (nrecs == alloc) {
+            size_t na = alloc ? alloc * 2 : 64;
+            struct skiplist_record *nr = realloc(recs, na * sizeof(*recs));
+
+            if (!nr) {
+                errno = ENOMEM;
+                r = skiplist_syserr(sl, "malloc");
+                break;
+            }
+            recs = nr;
+            alloc = na;
+        }
+        recs[nrecs++] = rec;
+        reorder |= skiplist_key_reorders(sl, rec.key, rec.keylen);
         if (buf_setmap(&key, rec.key, rec.keylen) < 0) {
-            r = SKIPLIST_IOERROR;
+            errno = ENOMEM;
+            r = skiplist_syserr(sl, "malloc");
             break;
         }
         r = skiplist_seek(sl, key.s, key.len, 1, &rec);
     }
-    if (r == SKIPLIST_NOTFOUND)
+    if (r == SKIPLIST_NOTFOUND) {
         r = SKIPLIST_OK;
+        if (reorder)
+            qsort(recs, nrecs, sizeof(*recs), skiplist_record_apicmp);
+        for (i = 0; i < nrecs; i++) {
+            skiplist_escape(out, recs[i].key, recs[i].keylen);
+            fputc('\t', out);
+            skiplist_escape(out, recs[i].data, recs[i].datalen);
+            fputc('\n', out);
+        }
+    }
+    free(recs);
     buf_free(&key);
     skiplist_read_unlock(sl);
     return r;

@@ -4,11 +4,19 @@
  * writes.  The cyrusdb adapter is cyrusdb_skiplist.c; this engine knows
  * nothing of cyrusdb transaction handles, only of one file and its locks.
  *
- * Compatibility limit: Cyrus orders skiplist keys as signed chars and has no
- * mailbox order; this engine uses cyrusdb_compare().  Files are exchanged
- * with Cyrus correctly when keys hold no byte >= 0x80 and the file is not
- * opened with SKIPLIST_MBOXSORT.  A file in another order is reported by
- * skiplist_consistent(); recovery or a checkpoint re-sorts it.
+ * Key order in the file.  Without SKIPLIST_MBOXSORT it is Cyrus's: bytes
+ * compared as signed chars, so keys holding bytes >= 0x80 sort before their
+ * 0x00..0x7f neighbours ("\x80" < "\x01" < "a").  This is not the API's
+ * cyrusdb_compare() order; seek() follows the file, and callers that must
+ * present API order (the cyrusdb adapter's foreach) re-sort ranges where
+ * skiplist_key_reorders() says a key is affected.  With SKIPLIST_MBOXSORT
+ * the order is cyrusdb_compare(CYRUSDB_MBOXSORT) in the file as in the API.
+ * Cyrus opened with CYRUSDB_MBOXSORT orders skiplist files by its mailbox
+ * table instead: NUL, then TAB and LF (which it ranks equal), then '.', then
+ * 0x01..0x08, then every other byte by unsigned value.  For keys holding
+ * no byte 0x00..0x0a (every printable mailbox name) the two orders agree.
+ * A file in another order is reported by skiplist_consistent(); recovery
+ * or a checkpoint re-sorts it.
  *
  * A handle belongs to one process and is not thread-safe.  Open it after
  * fork().  fcntl locks belong to the process, not to the handle: two handles
@@ -107,11 +115,18 @@ int skiplist_in_txn(const struct skiplist *sl);
 
 /*
  * Under a lock: the first record whose key is >= key (after == 0) or
- * > key (after != 0).  key may be NULL with keylen 0 for the first record.
+ * > key (after != 0), in the file's key order (see above).  key may be
+ * NULL with keylen 0 for the first record.
  * OK with *rec_r filled, NOTFOUND past the last record, IOERROR, MISUSE.
  */
 int skiplist_seek(struct skiplist *sl, const char *key, size_t keylen,
                   int after, struct skiplist_record *rec_r);
+
+/* Does the file order place this key differently from cyrusdb_compare()?
+ * Nonzero for a key holding a byte >= 0x80 in a file opened without
+ * SKIPLIST_MBOXSORT; a range of keys for which it is 0 everywhere is in
+ * the same order in the file and in the API. */
+int skiplist_key_reorders(const struct skiplist *sl, const char *key, size_t keylen);
 
 /* Under a lock: exact lookup.  OK, NOTFOUND, IOERROR, MISUSE. */
 int skiplist_fetch(struct skiplist *sl, const char *key, size_t keylen,
@@ -136,9 +151,9 @@ int skiplist_checkpoint(struct skiplist *sl);
  * replay of the log yields.  OK or IOERROR (details logged). */
 int skiplist_consistent(struct skiplist *sl);
 
-/* detail 0: "KEY\tVALUE\n" per record in key order, bytes < 0x20, 0x7f,
- * '\\' and >= 0x80 as \xNN.  detail 1: the header and every record in file
- * order with its offsets.  OK, IOERROR. */
+/* detail 0: "KEY\tVALUE\n" per record in cyrusdb_compare() order, bytes
+ * < 0x20, 0x7f, '\\' and >= 0x80 as \xNN.  detail 1: the header and
+ * every record in file order with its offsets.  OK, IOERROR. */
 int skiplist_dump(struct skiplist *sl, FILE *out, int detail);
 
 /* Recover one file now (rewrite from its committed records), whatever its

@@ -396,6 +396,100 @@ static void test_mboxsort_order(void **state)
     buf_free(&b);
 }
 
+/*
+ * Without MBOXSORT the file is in Cyrus's order, bytes compared as signed
+ * chars; walks and dump are in the API's order (unsigned bytes).  The
+ * INORDER records a checkpoint writes are read straight from the file.
+ */
+static void test_high_bytes_signed_order(void **state)
+{
+    struct fixture *f = *state;
+    struct cyrusdb *db = open_db(f->db, CYRUSDB_CREATE | CYRUSDB_NOCOMPACT);
+    /* in signed order, as the file must hold them */
+    static const char *const signed_keys[] = {
+        "\x80", "\xff", "\x01", "a", "b", "b\x80", "b\x7f", "c"
+    };
+    enum { NK = sizeof(signed_keys) / sizeof(signed_keys[0]) };
+    static const char *const insert[NK] = {
+        "b\x7f", "\xff", "a", "c", "b\x80", "\x01", "b", "\x80"
+    };
+    struct buf b = BUF_INITIALIZER;
+    unsigned char *p;
+    char *out = NULL;
+    size_t len = 0, off, i;
+    uint32_t logstart;
+    FILE *fp;
+
+    for (i = 0; i < NK; i++) {
+        char v[2] = { (char)('0' + i), 0 };
+        put(db, insert[i], v);
+    }
+    for (i = 0; i < NK; i++) {
+        char v[2] = { (char)('0' + i), 0 };
+        check_value(db, insert[i], v);
+    }
+    assert_int_equal(cyrusdb_consistent(db), CYRUSDB_OK);
+    assert_int_equal(cyrusdb_checkpoint(db), CYRUSDB_OK);
+    cyrusdb_close(&db);
+
+    /* the checkpointed part: INORDER records in signed-char key order */
+    p = slurp(f->db, &len);
+    logstart = get32(p + 40);
+    assert_int_equal(get32(p + 36), NK);
+    assert_int_equal(logstart, len);
+    for (off = FIRST_REC, i = 0; off < logstart; i++) {
+        uint32_t kl, dl;
+
+        assert_true(i < NK);
+        assert_int_equal(get32(p + off), 1);            /* INORDER */
+        kl = get32(p + off + 4);
+        assert_int_equal(kl, strlen(signed_keys[i]));
+        assert_memory_equal(p + off + 8, signed_keys[i], kl);
+        off += 8 + ((kl + 3) & ~3u);
+        dl = get32(p + off);
+        off += 4 + ((dl + 3) & ~3u);
+        while (get32(p + off) != 0xFFFFFFFFu)           /* forward pointers */
+            off += 4;
+        off += 4;
+    }
+    assert_int_equal(i, NK);
+    assert_int_equal(off, logstart);
+    free(p);
+
+    /* walks: API order, for the whole file and for a prefix range that
+     * starts with keys below 0x80 and goes on into high ones */
+    db = open_db(f->db, 0);
+    assert_int_equal(cyrusdb_consistent(db), CYRUSDB_OK);
+    assert_int_equal(collect(db, NULL, &b), CYRUSDB_OK);
+    assert_string_equal(buf_cstring(&b),
+                        "\x01=5\na=2\nb=6\nb\x7f=0\nb\x80=4\nc=3\n\x80=7\n\xff=1\n");
+    assert_int_equal(collect(db, "b", &b), CYRUSDB_OK);
+    assert_string_equal(buf_cstring(&b), "b=6\nb\x7f=0\nb\x80=4\n");
+    assert_int_equal(collect(db, "\xff", &b), CYRUSDB_OK);
+    assert_string_equal(buf_cstring(&b), "\xff=1\n");
+
+    /* dump detail 0 in API order too */
+    fp = open_memstream(&out, &len);
+    assert_non_null(fp);
+    assert_int_equal(cyrusdb_dump(db, fp, 0), CYRUSDB_OK);
+    fclose(fp);
+    assert_string_equal(out, "\\x01\t5\na\t2\nb\t6\nb\\x7f\t0\nb\\x80\t4\nc\t3\n"
+                             "\\x80\t7\n\\xff\t1\n");
+    free(out);
+
+    /* a log on top of the checkpoint: still found, still walked in order */
+    put(db, "\xfe", "8");
+    assert_int_equal(cyrusdb_delete(db, "b\x7f", 2, NULL, 0), CYRUSDB_OK);
+    check_value(db, "\xfe", "8");
+    check_value(db, "b\x7f", NULL);
+    assert_int_equal(collect(db, NULL, &b), CYRUSDB_OK);
+    assert_string_equal(buf_cstring(&b),
+                        "\x01=5\na=2\nb=6\nb\x80=4\nc=3\n\x80=7\n\xfe=8\n\xff=1\n");
+    assert_int_equal(cyrusdb_consistent(db), CYRUSDB_OK);
+    cyrusdb_close(&db);
+    buf_free(&b);
+}
+
 /* ---- Cyrus 3.6 interoperation --------------------------------------- */
 
 static void test_cyrus_writes_we_read(void **state)
@@ -1056,6 +1150,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_header_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mboxsort_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_high_bytes_signed_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cyrus_writes_we_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_we_write_cyrus_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cyrus_damage_recovered, setup, teardown),
