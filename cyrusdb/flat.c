@@ -603,7 +603,9 @@ int flat_write_merged(int fd, const struct flat_map *map, int flags,
 {
     struct buf out = BUF_INITIALIZER;
     const struct flat_change *c = cs ? flat_changes_seek(cs, NULL, 0, 0) : NULL;
-    size_t offset = 0;
+    size_t offset = 0, checked = 0;
+    struct flat_record prev;
+    int have_prev = 0;
     int r = FLAT_OK;
 
     for (;;) {
@@ -615,6 +617,19 @@ int flat_write_merged(int fd, const struct flat_map *map, int flags,
             break;
         have_line = r == FLAT_OK;
         r = FLAT_OK;
+        /* The merge is only right if the file is in this handle's order
+         * (the order is not recorded in the file): a file opened with the
+         * other CYRUSDB_MBOXSORT setting is refused, not rewritten. */
+        if (have_line && offset >= checked) {
+            if (have_prev && flat_compare_enc_enc(flags, prev.key, prev.keylen,
+                                                  rec.key, rec.keylen) >= 0) {
+                r = FLAT_DAMAGED;
+                break;
+            }
+            prev = rec;
+            have_prev = 1;
+            checked = rec.next;
+        }
         if (!have_line && !c)
             break;
         if (!have_line) {

@@ -1049,12 +1049,58 @@ out:
 }
 
 /* Replay and rewrite, under the exclusive lock. */
+/*
+ * The sort order is not recorded in the file.  Before a rebuild writes the
+ * records in this handle's order, check that the checkpointed part (the
+ * INORDER records, physically in the file's order) agrees with it: a file
+ * opened with the other CYRUSDB_MBOXSORT setting must be refused, never
+ * rewritten in an order its real users cannot search.
+ */
+static int skiplist_order_fits(struct skiplist *sl)
+{
+    struct skiplist_node prev, n;
+    size_t steps = 0, limit = sl->size / 16 + 1;
+    uint32_t off;
+    int have_prev = 0;
+
+    /* follow level 0 as the writers linked it; damage ends the look (the
+     * replay and its checks then decide) */
+    if (skiplist_parse_node(sl, SKIPLIST_DUMMY_OFFSET, &n) < 0)
+        return 1;
+    off = skiplist_fwd(sl, &n, 0);
+    while (off && steps++ < limit) {
+        if (skiplist_parse_node(sl, off, &n) < 0 ||
+            (n.type != SKIPLIST_T_INORDER && n.type != SKIPLIST_T_ADD))
+            return 1;
+        if (have_prev && skiplist_cmp(sl, prev.key, prev.keylen,
+                                      n.key, n.keylen) >= 0)
+            return 0;
+        prev = n;
+        have_prev = 1;
+        off = skiplist_fwd(sl, &n, 0);
+    }
+    return 1;
+}
+
+static int skiplist_check_order(struct skiplist *sl)
+{
+    if (skiplist_order_fits(sl))
+        return SKIPLIST_OK;
+    log_error("skiplist: refusing to rewrite file=<%s> error=<keys out of "
+              "this handle's order: the file was written with the other "
+              "CYRUSDB_MBOXSORT setting>", sl->fname);
+    return SKIPLIST_IOERROR;
+}
+
 static int skiplist_rebuild(struct skiplist *sl, const char *why)
 {
     uint32_t *live = NULL, end = 0;
     size_t n = 0, before = sl->size;
     int r;
 
+    r = skiplist_check_order(sl);
+    if (r != SKIPLIST_OK)
+        return r;
     r = skiplist_replay(sl, &live, &n, &end);
     if (r == SKIPLIST_OK)
         r = skiplist_rewrite(sl, live, n);
@@ -1826,23 +1872,49 @@ int skiplist_checkpoint(struct skiplist *sl)
     return r;
 }
 
-int skiplist_recover_file(const char *fname)
+/*
+ * Recover one file now (rewrite it from its committed records), whatever
+ * its state, for the directory-wide recovery run while no process uses it.
+ * The file's sort order is not recorded: the rebuild is tried in plain
+ * order and, if the checkpointed records are not in that order, in mailbox
+ * order (skiplist_check_order refuses a rebuild in the wrong one).
+ */
+static int skiplist_recover_in_order(const char *fname, int flags,
+                                     int *wrong_order_r)
 {
     struct skiplist *sl;
     const char *err;
     int r;
 
-    r = skiplist_open(fname, 0, &sl, &err);
+    *wrong_order_r = 0;
+    r = skiplist_open(fname, flags, &sl, &err);
     if (r != SKIPLIST_OK)
         return r;
     r = skiplist_setlock(sl, F_WRLCK);
     if (r == SKIPLIST_OK) {
         r = skiplist_refresh(sl);
-        if (r == SKIPLIST_OK && sl->size)
+        if (r == SKIPLIST_OK && sl->size && !skiplist_order_fits(sl))
+            *wrong_order_r = 1;
+        else if (r == SKIPLIST_OK && sl->size)
             r = skiplist_rebuild(sl, "recovered");
         skiplist_release(sl);
     }
     skiplist_close(&sl);
+    return r;
+}
+
+int skiplist_recover_file(const char *fname)
+{
+    int wrong, r;
+
+    r = skiplist_recover_in_order(fname, 0, &wrong);
+    if (r == SKIPLIST_OK && wrong)
+        r = skiplist_recover_in_order(fname, SKIPLIST_MBOXSORT, &wrong);
+    if (r == SKIPLIST_OK && wrong) {
+        log_error("skiplist: recovery failed file=<%s> error=<keys in "
+                  "neither plain nor mailbox order>", fname);
+        r = SKIPLIST_IOERROR;
+    }
     return r;
 }
 

@@ -157,7 +157,9 @@ int skiplist_consistent(struct skiplist *sl);
 int skiplist_dump(struct skiplist *sl, FILE *out, int detail);
 
 /* Recover one file now (rewrite from its committed records), whatever its
- * state; for the directory-wide recovery run when no process uses it. */
+ * state; for the directory-wide recovery run when no process uses it.  The
+ * file is rewritten in the order its checkpointed records are in (plain or
+ * mailbox order), never re-sorted into the other. */
 int skiplist_recover_file(const char *fname);
 
 /* Is this the start of a skiplist file? */

@@ -95,6 +95,34 @@ static void ctl_failed(struct ctl_counts *n, const char *path,
     n->failed++;
 }
 
+/*
+ * The key order (CYRUSDB_MBOXSORT or not) is not recorded in the files, so
+ * a file is opened in the order its name says (mailboxes.db is in mailbox
+ * order, as the mailbox list opens it) and checked; if it is not consistent
+ * in that order it is tried in the other one.  The backends refuse to
+ * rewrite a file in an order it is not in, so a wrong first guess changes
+ * nothing.  On success *db_r is open in the order that fits.
+ */
+static int ctl_open_in_order(const char *path, const char *backend,
+                             struct cyrusdb **db_r, const char **err_r)
+{
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    int first = !strcmp(base, "mailboxes.db") ? CYRUSDB_MBOXSORT : 0;
+    int r;
+
+    /* the first try is quiet: its failure only means "the other order" */
+    log_init(ctl_progname, LOG_TO_NONE);
+    r = cyrusdb_open(backend, path, first, db_r, err_r);
+    if (r == CYRUSDB_OK && cyrusdb_consistent(*db_r) == CYRUSDB_IOERROR)
+        cyrusdb_close(db_r);
+    log_init(ctl_progname, LOG_TO_STDERR);
+    if (r == CYRUSDB_OK && *db_r)
+        return CYRUSDB_OK;
+    if (r != CYRUSDB_OK && r != CYRUSDB_IOERROR)
+        return cyrusdb_open(backend, path, first, db_r, err_r);
+    return cyrusdb_open(backend, path, first ^ CYRUSDB_MBOXSORT, db_r, err_r);
+}
+
 /* Recover or checkpoint one file of DIR. */
 static void ctl_one(const char *path, int checkpoint, struct ctl_counts *n)
 {
@@ -120,7 +148,7 @@ static void ctl_one(const char *path, int checkpoint, struct ctl_counts *n)
         return;
     }
 
-    r = cyrusdb_open(e->name, path, 0, &db, &err);
+    r = ctl_open_in_order(path, e->name, &db, &err);
     if (r != CYRUSDB_OK) {
         fprintf(stderr, "%s: %s\n", ctl_progname,
                 err && *err ? err : cyrusdb_strerror(r));

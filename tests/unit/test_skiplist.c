@@ -1144,6 +1144,46 @@ static void test_damage_sweep(void **state)
     buf_free(&b);
 }
 
+/* The sort order is not recorded in the file: recovery must keep a
+ * mailbox-ordered file in mailbox order, and a handle opened with the other
+ * order must not rewrite it. */
+static void test_recovery_keeps_sort_order(void **state)
+{
+    struct fixture *f = *state;
+    static const char want[] =
+        "user.alice=1\nuser.alice.Sent=2\nuser.alice-old=3\nuser.bob=4\n";
+    struct buf b = BUF_INITIALIZER;
+    struct cyrusdb *db;
+    struct stat before, after;
+
+    db = open_db(f->db, CYRUSDB_CREATE | CYRUSDB_MBOXSORT | CYRUSDB_NOCOMPACT);
+    assert_int_equal(cyrusdb_store(db, "user.bob", 8, "4", 1, NULL), CYRUSDB_OK);
+    assert_int_equal(cyrusdb_store(db, "user.alice-old", 14, "3", 1, NULL), CYRUSDB_OK);
+    assert_int_equal(cyrusdb_store(db, "user.alice.Sent", 15, "2", 1, NULL), CYRUSDB_OK);
+    assert_int_equal(cyrusdb_store(db, "user.alice", 10, "1", 1, NULL), CYRUSDB_OK);
+    cyrusdb_close(&db);
+
+    /* the directory-wide recovery (ctl_cyrusdb -r) keeps mailbox order */
+    assert_int_equal(cyrusdb_recover(f->dir), CYRUSDB_OK);
+    db = open_db(f->db, CYRUSDB_MBOXSORT);
+    assert_int_equal(cyrusdb_consistent(db), CYRUSDB_OK);
+    assert_int_equal(collect(db, NULL, &b), CYRUSDB_OK);
+    assert_string_equal(buf_cstring(&b), want);
+    cyrusdb_close(&db);
+
+    /* a handle in plain order may not rewrite it */
+    assert_int_equal(stat(f->db, &before), 0);
+    db = open_db(f->db, 0);
+    assert_int_equal(cyrusdb_checkpoint(db), CYRUSDB_IOERROR);
+    cyrusdb_close(&db);
+    assert_int_equal(stat(f->db, &after), 0);
+    assert_true(before.st_ino == after.st_ino && before.st_size == after.st_size);
+    db = open_db(f->db, CYRUSDB_MBOXSORT);
+    assert_int_equal(cyrusdb_consistent(db), CYRUSDB_OK);
+    cyrusdb_close(&db);
+    buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1151,6 +1191,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_empty_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mboxsort_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_high_bytes_signed_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recovery_keeps_sort_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cyrus_writes_we_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_we_write_cyrus_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cyrus_damage_recovered, setup, teardown),
