@@ -4,12 +4,16 @@
 #include "config.h"
 
 #include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cmocka.h>
 
 #include "cyrusdb/cyrusdb.h"
 #include "lib/fsutil.h"
@@ -114,4 +118,59 @@ void th_fill(void *buf, size_t len, unsigned seed)
         x ^= x << 5;
         p[i] = (unsigned char)x;
     }
+}
+
+int th_ref_compare(int flags, const char *a, size_t alen,
+                   const char *b, size_t blen)
+{
+    size_t i;
+
+    for (i = 0; i < alen && i < blen; i++) {
+        unsigned ca = (unsigned char)a[i], cb = (unsigned char)b[i];
+        if (ca == cb)
+            continue;
+        if (flags & CYRUSDB_MBOXSORT) {
+            if (ca == '.')
+                return -1;
+            if (cb == '.')
+                return 1;
+        }
+        return ca < cb ? -1 : 1;
+    }
+    if (alen == blen)
+        return 0;
+    return alen < blen ? -1 : 1;
+}
+
+int th_run_per_backend(const char *group, const struct th_case *cases,
+                       size_t ncases)
+{
+    const char *const *backends = th_backends();
+    struct CMUnitTest *tests;
+    char **names;
+    size_t nb = 0, n = 0, i, b;
+    int rc;
+
+    while (backends[nb])
+        nb++;
+    tests = calloc(nb * ncases + 1, sizeof(*tests));
+    names = calloc(nb * ncases + 1, sizeof(*names));
+    if (!tests || !names)
+        return 1;
+    for (i = 0; i < ncases; i++) {
+        for (b = 0; b < nb; b++) {
+            if (asprintf(&names[n], "%s/%s", cases[i].name, backends[b]) < 0)
+                return 1;
+            tests[n].name = names[n];
+            tests[n].test_func = cases[i].fn;
+            tests[n].initial_state = (void *)(uintptr_t)backends[b];
+            n++;
+        }
+    }
+    rc = _cmocka_run_group_tests(group, tests, n, NULL, NULL);
+    for (i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    free(tests);
+    return rc;
 }

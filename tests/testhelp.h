@@ -25,4 +25,24 @@ const char *const *th_backends(void);
 /* Fill buf with len deterministic pseudo-random bytes from seed. */
 void th_fill(void *buf, size_t len, unsigned seed);
 
+/* The documented key order, written independently of cyrusdb.c so that
+ * the suites check the backends against the contract, not against the
+ * code: bytes compare unsigned; with CYRUSDB_MBOXSORT '.' ranks below every
+ * other byte; a proper prefix sorts first. */
+int th_ref_compare(int flags, const char *a, size_t alen,
+                   const char *b, size_t blen);
+
+/* One case of a suite that runs once per backend: the test function gets
+ * the backend name as its initial *state. */
+struct th_case {
+    const char *name;
+    void (*fn)(void **state);
+};
+
+/* Run every case against every backend of th_backends() as a cmocka group
+ * named `group`; tests are named "CASE/BACKEND".  Returns cmocka's result
+ * (the number of failed tests), or 1 when out of memory. */
+int th_run_per_backend(const char *group, const struct th_case *cases,
+                       size_t ncases);
+
 #endif

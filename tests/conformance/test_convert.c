@@ -104,35 +104,12 @@ static const char *cvt_show(const char *s, size_t len)
     return out;
 }
 
-/* The documented order ('.' first under CYRUSDB_MBOXSORT), written here
- * rather than taken from cyrusdb.c. */
-static int cvt_cmp(int flags, const char *a, size_t alen, const char *b, size_t blen)
-{
-    size_t i;
-
-    for (i = 0; i < alen && i < blen; i++) {
-        unsigned ca = (unsigned char)a[i], cb = (unsigned char)b[i];
-        if (ca == cb)
-            continue;
-        if (flags & CYRUSDB_MBOXSORT) {
-            if (ca == '.')
-                return -1;
-            if (cb == '.')
-                return 1;
-        }
-        return ca < cb ? -1 : 1;
-    }
-    if (alen == blen)
-        return 0;
-    return alen < blen ? -1 : 1;
-}
-
 static int cvt_sortflags;
 
 static int cvt_qsort_cmp(const void *pa, const void *pb)
 {
     const struct rec *a = pa, *b = pb;
-    return cvt_cmp(cvt_sortflags, a->k, a->kl, b->k, b->kl);
+    return th_ref_compare(cvt_sortflags, a->k, a->kl, b->k, b->kl);
 }
 
 /* Storage for the generated records. */
@@ -193,7 +170,7 @@ static void cvt_records(struct cvt_data *d, int flags)
     cvt_sortflags = flags;
     qsort(d->recs, d->n, sizeof(d->recs[0]), cvt_qsort_cmp);
     for (i = 1; i < d->n; i++)
-        assert_true(cvt_cmp(flags, d->recs[i - 1].k, d->recs[i - 1].kl,
+        assert_true(th_ref_compare(flags, d->recs[i - 1].k, d->recs[i - 1].kl,
                             d->recs[i].k, d->recs[i].kl) < 0);
 }
 

@@ -1129,43 +1129,13 @@ static void test_magic(void **state)
 
 int main(void)
 {
-    static const struct {
-        const char *name;
-        void (*fn)(void **);
-    } cases[] = {
+    static const struct th_case cases[] = {
         { "truncate", test_truncate },
         { "flip", test_flip },
         { "random", test_random },
         { "magic", test_magic },
     };
-    const size_t ncases = sizeof(cases) / sizeof(cases[0]);
-    const char *const *backends = th_backends();
-    struct CMUnitTest *tests;
-    char **names;
-    size_t nb = 0, n = 0, i, b;
-    int rc;
 
     log_init("test_corrupt", LOG_TO_STDERR);
-    while (backends[nb])
-        nb++;
-    tests = calloc(nb * ncases + 1, sizeof(*tests));
-    names = calloc(nb * ncases + 1, sizeof(*names));
-    if (!tests || !names)
-        return 1;
-    for (i = 0; i < ncases; i++) {
-        for (b = 0; b < nb; b++) {
-            if (asprintf(&names[n], "%s/%s", cases[i].name, backends[b]) < 0)
-                return 1;
-            tests[n].name = names[n];
-            tests[n].test_func = cases[i].fn;
-            tests[n].initial_state = (void *)(uintptr_t)backends[b];
-            n++;
-        }
-    }
-    rc = _cmocka_run_group_tests("corrupt", tests, n, NULL, NULL);
-    for (i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    free(tests);
-    return rc;
+    return th_run_per_backend("corrupt", cases, sizeof(cases) / sizeof(cases[0]));
 }

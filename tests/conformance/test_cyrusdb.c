@@ -150,37 +150,12 @@ static void rc_expect_at(const char *file, int line, const char *what,
 
 #define RC(expr, want) rc_expect_at(__FILE__, __LINE__, #expr, (expr), (want))
 
-/* The documented key order, written independently of cyrusdb.c:
- * bytes compare unsigned; with CYRUSDB_MBOXSORT '.' ranks below every
- * other byte; a proper prefix sorts first. */
-static int test_cmp(int flags, const char *a, size_t alen,
-                    const char *b, size_t blen)
-{
-    size_t i;
-
-    for (i = 0; i < alen && i < blen; i++) {
-        unsigned ca = (unsigned char)a[i], cb = (unsigned char)b[i];
-        if (ca == cb)
-            continue;
-        if (flags & CYRUSDB_MBOXSORT) {
-            if (ca == '.')
-                return -1;
-            if (cb == '.')
-                return 1;
-        }
-        return ca < cb ? -1 : 1;
-    }
-    if (alen == blen)
-        return 0;
-    return alen < blen ? -1 : 1;
-}
-
 static int test_sortflags;
 
 static int test_rec_qsort_cmp(const void *pa, const void *pb)
 {
     const struct rec *a = pa, *b = pb;
-    return test_cmp(test_sortflags, a->k, a->kl, b->k, b->kl);
+    return th_ref_compare(test_sortflags, a->k, a->kl, b->k, b->kl);
 }
 
 static void test_sort_recs(struct rec *recs, size_t n, int flags)
@@ -998,7 +973,7 @@ static void case_binary_keys(struct tcase *tc)
             sorted[i] = base[order[i]];
         /* the hand-written order agrees with the documented rule */
         for (i = 1; i < NB; i++)
-            assert_true(test_cmp(flags, sorted[i - 1].k, sorted[i - 1].kl,
+            assert_true(th_ref_compare(flags, sorted[i - 1].k, sorted[i - 1].kl,
                                  sorted[i].k, sorted[i].kl) < 0);
         /* store in an order unrelated to the sort order */
         for (i = 0; i < NB; i++) {
@@ -1210,7 +1185,7 @@ static int many_cb(void *rock, const char *key, size_t keylen,
         w->bad = "bad key pointer or length";
         return 0;
     }
-    if (w->n && test_cmp(w->flags, w->prev, w->prevlen, key, keylen) >= 0) {
+    if (w->n && th_ref_compare(w->flags, w->prev, w->prevlen, key, keylen) >= 0) {
         w->bad = "keys out of order (this key came after a greater or equal one)";
         snprintf(w->badkey, sizeof(w->badkey), "%.*s after %.*s", (int)keylen,
                  key, (int)w->prevlen, w->prev);
@@ -1360,7 +1335,7 @@ static void case_prefix_walk(struct tcase *tc)
         int round;
 
         for (i = 1; i < NMBOX; i++)
-            assert_true(test_cmp(flags, mbox_recs[order[i - 1]].k, mbox_recs[order[i - 1]].kl,
+            assert_true(th_ref_compare(flags, mbox_recs[order[i - 1]].k, mbox_recs[order[i - 1]].kl,
                                  mbox_recs[order[i]].k, mbox_recs[order[i]].kl) < 0);
         for (i = 0; i < NMBOX; i++) {
             const struct rec *r = &mbox_recs[(i * 5) % NMBOX];

@@ -739,30 +739,10 @@ out:
 
 int main(void)
 {
-    const char *const *backends = th_backends();
-    struct CMUnitTest *tests;
-    char **names;
-    size_t n = 0, i;
-    int rc;
+    static const struct th_case cases[] = {
+        { "crash", test_crash },
+    };
 
     log_init("test_crash", LOG_TO_STDERR);
-    while (backends[n])
-        n++;
-    tests = calloc(n ? n : 1, sizeof(*tests));
-    names = calloc(n ? n : 1, sizeof(*names));
-    if (!tests || !names)
-        return 1;
-    for (i = 0; i < n; i++) {
-        if (asprintf(&names[i], "crash/%s", backends[i]) < 0)
-            return 1;
-        tests[i].name = names[i];
-        tests[i].test_func = test_crash;
-        tests[i].initial_state = (void *)(uintptr_t)backends[i];
-    }
-    rc = _cmocka_run_group_tests("crash", tests, n, NULL, NULL);
-    for (i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    free(tests);
-    return rc;
+    return th_run_per_backend("crash", cases, 1);
 }
