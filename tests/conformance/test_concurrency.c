@@ -3,7 +3,7 @@
  *
  * For each backend of the registry (narrowed by $TEST_BACKENDS):
  *   - 8 forked writers each run 2,000 read-increment-write-commit cycles
- *     (16,000 transactions; flat 1,000 each, see conc_cycles_for()): one
+ *     (16,000 transactions): one
  *     transaction does cyrusdb_fetchlock() on one of 4 counter keys (chosen
  *     pseudo-randomly), stores it + 1, fetches the "total" key inside the
  *     same transaction, stores it + 1, and commits.  A lost update would
@@ -48,8 +48,7 @@
 #define CONC_WRITERS 8
 #define CONC_READERS 2
 #define CONC_COUNTERS 4
-#define CONC_CYCLES 2000          /* per writer: 16,000 transactions in all
-                                   * (flat: see conc_cycles_for()) */
+#define CONC_CYCLES 2000          /* per writer: 16,000 transactions in all */
 #define CONC_TIMEOUT_MS 150000    /* a case that takes longer has hung */
 
 static const char *const conc_keys[CONC_COUNTERS + 1] = {
@@ -581,21 +580,15 @@ static const char *conc_status_text(int status, char *buf, size_t len)
     return buf;
 }
 
-/* Cycles per writer for a backend: 2,000 (16,000 transactions in all)
- * for every backend but flat.  flat gets half that share: each of its
- * commits writes a whole new file, fsyncs it, renames it over the old one
- * and fsyncs the directory, which on this kind of disk makes it the
- * slowest backend by far (2-4x skiplist when the machine is busy), and the
- * program must stay within its time budget.  $TEST_CONC_CYCLES overrides
- * the share of every backend, for experiments. */
+/* Cycles per writer: 2,000 (16,000 transactions in all) for every
+ * backend; $TEST_CONC_CYCLES overrides it, for experiments. */
 static int conc_cycles_for(const char *backend)
 {
     const char *env = getenv("TEST_CONC_CYCLES");
 
+    (void)backend;
     if (env && atoi(env) > 0)
         return atoi(env);
-    if (!strcmp(backend, "flat"))
-        return CONC_CYCLES / 2;
     return CONC_CYCLES;
 }
 
