@@ -930,10 +930,13 @@ static int db3_open(const char *fname, int flags, int variant,
         *error_r = "not a regular file";
         return CYRUSDB_BADFORMAT;
     } else if (st.st_size == 0) {
-        /* an empty file is an empty database not yet written */
-        if (flags & CYRUSDB_RDONLY) {
-            *error_r = "empty file, not yet a database";
-            return CYRUSDB_NOTFOUND;
+        /* A Berkeley DB file is never empty once created: an empty file is
+         * taken as a new database only when the caller asks to create one;
+         * otherwise it is a file cut to nothing, and opening it as an empty
+         * database would lose every record silently. */
+        if (!(flags & CYRUSDB_CREATE) || (flags & CYRUSDB_RDONLY)) {
+            *error_r = "empty file: not a Berkeley DB database (truncated?)";
+            return CYRUSDB_IOERROR;
         }
         if (unlink(fname) < 0 && errno != ENOENT) {
             *error_r = "cannot replace the empty file";
