@@ -11,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -173,4 +176,48 @@ int th_run_per_backend(const char *group, const struct th_case *cases,
     free(names);
     free(tests);
     return rc;
+}
+
+double th_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void th_child_signals(void)
+{
+    static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGABRT, SIGALRM };
+    size_t i;
+
+    for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+        signal(sigs[i], SIG_DFL);
+}
+
+const char *th_status_text(int status, char *buf, size_t len)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, len, "exit %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, len, "signal %d (%s)", WTERMSIG(status),
+                 WTERMSIG(status) == SIGALRM ? "alarm: a hang" : strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, len, "status %#x", status);
+    return buf;
+}
+
+long th_parse_long(const char *data, size_t len)
+{
+    long v = 0;
+    size_t i;
+
+    if (!data || len == 0 || len > 18)
+        return -1;
+    for (i = 0; i < len; i++) {
+        if (data[i] < '0' || data[i] > '9')
+            return -1;
+        v = v * 10 + (data[i] - '0');
+    }
+    return v;
 }

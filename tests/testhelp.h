@@ -32,6 +32,20 @@ void th_fill(void *buf, size_t len, unsigned seed);
 int th_ref_compare(int flags, const char *a, size_t alen,
                    const char *b, size_t blen);
 
+/* Monotonic time in seconds. */
+double th_now(void);
+
+/* In a forked child: give the crash signals back their default action.
+ * cmocka catches them in the test runner, and a child that crashed would
+ * otherwise jump back into the runner and run the rest of the suite. */
+void th_child_signals(void);
+
+/* "exit N" / "signal N (name)" for a wait status, in buf; returns buf. */
+const char *th_status_text(int status, char *buf, size_t len);
+
+/* A decimal counter value: 1..18 digits, nothing else; -1 if malformed. */
+long th_parse_long(const char *data, size_t len);
+
 /* One case of a suite that runs once per backend: the test function gets
  * the backend name as its initial *state. */
 struct th_case {

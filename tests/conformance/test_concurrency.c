@@ -68,14 +68,6 @@ struct conc_shared {
     long reader_last_total[CONC_READERS];
 };
 
-static double conc_now(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Child-side failure report: children never use cmocka assertions (a
  * longjmp there would run the rest of the suite in the child). */
 static void conc_child_fail(const char *who, const char *fmt, ...)
@@ -89,22 +81,6 @@ static void conc_child_fail(const char *who, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
-}
-
-/* A counter value: 1..19 decimal digits, nothing else.  -1 if malformed. */
-static long conc_parse(const char *data, size_t len)
-{
-    long v = 0;
-    size_t i;
-
-    if (!data || len == 0 || len > 18)
-        return -1;
-    for (i = 0; i < len; i++) {
-        if (data[i] < '0' || data[i] > '9')
-            return -1;
-        v = v * 10 + (data[i] - '0');
-    }
-    return v;
 }
 
 static int conc_key_index(const char *key, size_t keylen)
@@ -127,19 +103,6 @@ static int conc_store_long(struct cyrusdb *db, const char *key, long v,
 }
 
 /* ---- children ---------------------------------------------------------- */
-
-/* cmocka catches SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGSYS in the test
- * runner and longjmps back into it: a forked child that crashed would go
- * on running the rest of the suite.  Every child restores the defaults
- * first, so a crash kills it and shows in its wait status. */
-static void conc_child_signals(void)
-{
-    static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGABRT, SIGALRM };
-    size_t i;
-
-    for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
-        signal(sigs[i], SIG_DFL);
-}
 
 static int conc_init(const char *backend, const char *fname)
 {
@@ -191,7 +154,7 @@ static int conc_cycle(struct cyrusdb *db, int k, const char **why_r)
     }
     if (r != CYRUSDB_OK)
         goto fail;
-    if ((v = conc_parse(data, len)) < 0) {
+    if ((v = th_parse_long(data, len)) < 0) {
         *why_r = "counter value does not parse";
         r = CYRUSDB_INTERNAL;
         goto fail;
@@ -204,7 +167,7 @@ static int conc_cycle(struct cyrusdb *db, int k, const char **why_r)
                       &data, &len, &tid);
     if (r != CYRUSDB_OK)
         goto fail;
-    if ((total = conc_parse(data, len)) < 0) {
+    if ((total = th_parse_long(data, len)) < 0) {
         *why_r = "total value does not parse";
         r = CYRUSDB_INTERNAL;
         goto fail;
@@ -294,7 +257,7 @@ static int conc_walk_cb(void *rock, const char *key, size_t keylen,
     memcpy(w->prev, key, keylen);
     w->prevlen = keylen;
     w->seen[i] = 1;
-    if ((w->val[i] = conc_parse(data, datalen)) < 0) {
+    if ((w->val[i] = th_parse_long(data, datalen)) < 0) {
         snprintf(w->problem, sizeof(w->problem), "walk: value of %s does not parse (len %zu)",
                  conc_keys[i], datalen);
         return 1;
@@ -340,7 +303,7 @@ static int conc_reader(const char *backend, const char *fname, int idx,
                 conc_child_fail("reader", "fetch %s: %s", conc_keys[i], cyrusdb_strerror(r));
                 goto bad;
             }
-            if ((v = conc_parse(data, len)) < 0) {
+            if ((v = th_parse_long(data, len)) < 0) {
                 conc_child_fail("reader", "fetch %s: value does not parse (len %zu)",
                                 conc_keys[i], len);
                 goto bad;
@@ -436,7 +399,7 @@ static int conc_verify(const char *backend, const char *fname, struct conc_share
         long expect = 0;
 
         r = cyrusdb_fetch(db, conc_keys[i], strlen(conc_keys[i]), &data, &len, NULL);
-        if (r != CYRUSDB_OK || (v[i] = conc_parse(data, len)) < 0) {
+        if (r != CYRUSDB_OK || (v[i] = th_parse_long(data, len)) < 0) {
             conc_child_fail("verify", "fetch %s: %s", conc_keys[i],
                             r ? cyrusdb_strerror(r) : "value does not parse");
             bad = 1;
@@ -507,7 +470,7 @@ static int conc_reap(struct conc_proc *procs, int n, double deadline,
             __atomic_store_n(&sh->stop, 1, __ATOMIC_RELEASE);
         if (left == 0)
             return killed;
-        if (conc_now() > deadline) {
+        if (th_now() > deadline) {
             for (i = 0; i < n; i++) {
                 if (!procs[i].done) {
                     kill(procs[i].pid, SIGKILL);
@@ -534,7 +497,7 @@ static pid_t conc_spawn(int (*fn)(const char *, const char *, int, struct conc_s
     if (pid == 0) {
         int rc;
 
-        conc_child_signals();
+        th_child_signals();
         rc = fn(backend, fname, idx, sh, arg);
         fflush(stderr);
         _exit(rc);
@@ -567,17 +530,6 @@ static int conc_run_verify(const char *backend, const char *fname, int idx,
 {
     (void)idx;
     return conc_verify(backend, fname, sh, writers);
-}
-
-static const char *conc_status_text(int status, char *buf, size_t len)
-{
-    if (WIFEXITED(status))
-        snprintf(buf, len, "exit %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, len, "signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-    else
-        snprintf(buf, len, "status %#x", status);
-    return buf;
 }
 
 /* Cycles per writer: 2,000 (16,000 transactions in all) for every
@@ -616,15 +568,15 @@ static void test_concurrency(void **state)
     memset(&one, 0, sizeof(one));
     one.pid = conc_spawn(conc_run_init, backend, fname, 0, sh, 0);
     one.role = "init";
-    conc_reap(&one, 1, conc_now() + 60, NULL, 0);
+    conc_reap(&one, 1, th_now() + 60, NULL, 0);
     if (!WIFEXITED(one.status) || WEXITSTATUS(one.status) != 0) {
         snprintf(failure, sizeof(failure), "%s: creating the database failed (%s)",
-                 backend, conc_status_text(one.status, sbuf, sizeof(sbuf)));
+                 backend, th_status_text(one.status, sbuf, sizeof(sbuf)));
         goto out;
     }
 
     /* writers first in procs[], then readers */
-    t0 = conc_now();
+    t0 = th_now();
     for (i = 0; i < CONC_WRITERS; i++) {
         procs[n].pid = conc_spawn(conc_run_writer, backend, fname, i, sh, cycles);
         procs[n].role = "writer";
@@ -648,12 +600,12 @@ static void test_concurrency(void **state)
                  "(a hang or deadlock); killed", backend, CONC_TIMEOUT_MS / 1000);
         goto out;
     }
-    t1 = conc_now();
+    t1 = th_now();
     for (i = 0; i < n; i++) {
         if (!WIFEXITED(procs[i].status) || WEXITSTATUS(procs[i].status) != 0) {
             snprintf(failure, sizeof(failure), "%s: %s %d failed (%s); see its message above",
                      backend, procs[i].role, i < CONC_WRITERS ? i : i - CONC_WRITERS,
-                     conc_status_text(procs[i].status, sbuf, sizeof(sbuf)));
+                     th_status_text(procs[i].status, sbuf, sizeof(sbuf)));
             goto out;
         }
     }
@@ -681,10 +633,10 @@ static void test_concurrency(void **state)
     memset(&one, 0, sizeof(one));
     one.pid = conc_spawn(conc_run_verify, backend, fname, 0, sh, CONC_WRITERS);
     one.role = "verify";
-    conc_reap(&one, 1, conc_now() + 60, NULL, 0);
+    conc_reap(&one, 1, th_now() + 60, NULL, 0);
     if (!WIFEXITED(one.status) || WEXITSTATUS(one.status) != 0)
         snprintf(failure, sizeof(failure), "%s: final check failed (%s); see above",
-                 backend, conc_status_text(one.status, sbuf, sizeof(sbuf)));
+                 backend, th_status_text(one.status, sbuf, sizeof(sbuf)));
 
 out:
     munmap(sh, sizeof(*sh));

@@ -161,19 +161,6 @@ static size_t corr_value(char *buf, unsigned i, unsigned gen)
 
 /* ---- child-side helpers ------------------------------------------------- */
 
-/* cmocka catches SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGSYS in the test
- * runner and longjmps back into it: a forked child that crashed would go
- * on running the rest of the suite.  Every child restores the defaults
- * first, so a crash kills it and shows in its wait status. */
-static void corr_child_signals(void)
-{
-    static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGABRT, SIGALRM };
-    size_t i;
-
-    for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
-        signal(sigs[i], SIG_DFL);
-}
-
 static void corr_child_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void corr_child_note(const char *fmt, ...)
 {
@@ -533,19 +520,6 @@ static int corr_probe(const char *backend, const char *fname, int records,
 
 /* ---- parent-side helpers ---------------------------------------------------- */
 
-static const char *corr_status_text(int status, char *buf, size_t len)
-{
-    if (WIFEXITED(status))
-        snprintf(buf, len, "exit %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, len, "%s (signal %d)",
-                 WTERMSIG(status) == SIGALRM ? "hang: alarm fired" : strsignal(WTERMSIG(status)),
-                 WTERMSIG(status));
-    else
-        snprintf(buf, len, "status %#x", status);
-    return buf;
-}
-
 /* Run fn in a child, wait up to limit seconds.  Returns the wait status
  * (a SIGKILL status if the parent had to kill it). */
 static int corr_run_child(int (*fn)(const char *, const char *, int, struct corr_result *),
@@ -564,7 +538,7 @@ static int corr_run_child(int (*fn)(const char *, const char *, int, struct corr
     if (pid == 0) {
         int rc;
 
-        corr_child_signals();
+        th_child_signals();
         if (!getenv("TEST_VERBOSE"))
             log_init("test_corrupt", LOG_TO_NONE);   /* errors provoked on purpose */
         rc = fn(backend, fname, records, res);
@@ -752,7 +726,7 @@ static int corr_setup(struct corr_ctx *c, const char *backend, int records)
     status = corr_run_child(corr_run_build, backend, c->pristine_db, records, c->res, 60);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         corr_fail(c, "building the database failed (%s)",
-                  corr_status_text(status, sbuf, sizeof(sbuf)));
+                  th_status_text(status, sbuf, sizeof(sbuf)));
         return -1;
     }
     c->orig = corr_read_file(c->pristine_db, &c->origlen);
@@ -792,7 +766,7 @@ static void corr_judge(struct corr_ctx *c, const char *what, int status,
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         corr_fail(c, "%s: the child died: %s, after stage %d (1 open, 2 fetch, 3 walk, "
                   "4 consistent, 5 close)", what,
-                  corr_status_text(status, sbuf, sizeof(sbuf)), res->stage);
+                  th_status_text(status, sbuf, sizeof(sbuf)), res->stage);
         return;
     }
     if (res->bad_code) {
@@ -874,21 +848,13 @@ static void corr_summary(struct corr_ctx *c, const char *test, double secs)
     fflush(stdout);
 }
 
-static double corr_now(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* ---- the cases ------------------------------------------------------------- */
 
 static void test_truncate(void **state)
 {
     const char *backend = *state;
     struct corr_ctx c;
-    double t0 = corr_now();
+    double t0 = th_now();
     size_t cuts[CORR_TRUNCATIONS + 8];
     int ncut = 0, k;
     char what[64];
@@ -919,7 +885,7 @@ static void test_truncate(void **state)
             snprintf(what, sizeof(what), "cut at %zu of %zu", cuts[k], c.origlen);
             corr_case(&c, what, c.orig, cuts[k], strict, c.promise->value_checksums);
         }
-        corr_summary(&c, "truncate", corr_now() - t0);
+        corr_summary(&c, "truncate", th_now() - t0);
     }
     corr_teardown(&c);
     if (c.failures)
@@ -932,7 +898,7 @@ static void test_flip(void **state)
     static const unsigned char masks[] = { 0x01, 0x80, 0xff, 0x10, 0x55, 0x04 };
     static const size_t head[] = { 0, 1, 3, 4, 8, 12, 13, 16, 17, 20, 24, 28, 32, 40, 48, 64 };
     struct corr_ctx c;
-    double t0 = corr_now();
+    double t0 = th_now();
     char what[96];
     char *copy;
     size_t *pos, npos = 0, pages, p, i;
@@ -977,7 +943,7 @@ static void test_flip(void **state)
         }
         free(copy);
         free(pos);
-        corr_summary(&c, "flip", corr_now() - t0);
+        corr_summary(&c, "flip", th_now() - t0);
     }
     corr_teardown(&c);
     if (c.failures)
@@ -1025,7 +991,7 @@ static void test_random(void **state)
         if (!WIFEXITED(r) || WEXITSTATUS(r) != 0) {
             char sbuf[64];
             corr_fail(&c, "%s: the child died: %s, after stage %d", what,
-                      corr_status_text(r, sbuf, sizeof(sbuf)), c.res->stage);
+                      th_status_text(r, sbuf, sizeof(sbuf)), c.res->stage);
         } else if (c.res->open_r == CYRUSDB_OK && strcmp(e->format, "flat") != 0) {
             corr_fail(&c, "%s: a file of random bytes opened as %s", what, backend);
         } else if (c.res->open_r == CYRUSDB_OK &&
@@ -1101,7 +1067,7 @@ static void test_magic(void **state)
                 c.cases++;
                 if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
                     corr_fail(&c, "%s magic + garbage opened as %s: the child died: %s",
-                              backend, o->name, corr_status_text(status, sbuf, sizeof(sbuf)));
+                              backend, o->name, th_status_text(status, sbuf, sizeof(sbuf)));
                 else if (c.res->open_r != CYRUSDB_BADFORMAT)
                     corr_fail(&c, "%s magic + garbage opened as %s: %s, expected BADFORMAT",
                               backend, o->name, cyrusdb_strerror(c.res->open_r));

@@ -72,14 +72,6 @@ struct crash_shared {
     long records;        /* records met by the walk */
 };
 
-static double crash_now(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void crash_child_fail(const char *who, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void crash_child_fail(const char *who, const char *fmt, ...)
@@ -93,19 +85,6 @@ static void crash_child_fail(const char *who, const char *fmt, ...)
     fputc('\n', stderr);
 }
 
-
-/* cmocka catches SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGSYS in the test
- * runner and longjmps back into it: a forked child that crashed would go
- * on running the rest of the suite.  Every child restores the defaults
- * first, so a crash kills it and shows in its wait status. */
-static void crash_child_signals(void)
-{
-    static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGABRT, SIGALRM };
-    size_t i;
-
-    for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
-        signal(sigs[i], SIG_DFL);
-}
 
 /* Send this child's stderr (its own messages and the backend's log lines)
  * to `path`, replaced every round: a passing run stays quiet, a failing
@@ -188,21 +167,6 @@ static long crash_expected_records(unsigned long L)
     return n;
 }
 
-static long crash_parse(const char *data, size_t len)
-{
-    long v = 0;
-    size_t i;
-
-    if (!data || len == 0 || len > 18)
-        return -1;
-    for (i = 0; i < len; i++) {
-        if (data[i] < '0' || data[i] > '9')
-            return -1;
-        v = v * 10 + (data[i] - '0');
-    }
-    return v;
-}
-
 /* ---- writer --------------------------------------------------------------- */
 
 static int crash_txn(struct cyrusdb *db, unsigned long n, const char **why_r)
@@ -270,7 +234,7 @@ static int crash_writer(const char *backend, const char *fname, unsigned long st
     struct cyrusdb *db = NULL;
     const char *err = NULL, *why = NULL;
     unsigned long n = start, ready = 0;
-    double t0 = crash_now();
+    double t0 = th_now();
     int r;
 
     r = cyrusdb_open(backend, fname, 0, &db, &err);
@@ -280,7 +244,7 @@ static int crash_writer(const char *backend, const char *fname, unsigned long st
     }
     if (crash_write_all(fd, &ready, sizeof(ready)) < 0)
         return 1;
-    while (crash_now() - t0 < 30) {
+    while (th_now() - t0 < 30) {
         r = crash_txn(db, n, &why);
         if (r == CYRUSDB_AGAIN)
             continue;
@@ -383,7 +347,7 @@ static int crash_check(const char *backend, const char *dir, const char *fname,
     if (!w)
         return 1;
     r = cyrusdb_fetch(db, "last", 4, &data, &len, NULL);
-    if (r != CYRUSDB_OK || (L = crash_parse(data, len)) < 0) {
+    if (r != CYRUSDB_OK || (L = th_parse_long(data, len)) < 0) {
         crash_child_fail("check", "fetch last: %s", r ? cyrusdb_strerror(r) : "does not parse");
         goto bad;
     }
@@ -517,22 +481,11 @@ static int crash_init(const char *backend, const char *fname)
 
 /* ---- parent ------------------------------------------------------------------ */
 
-static const char *crash_status_text(int status, char *buf, size_t len)
-{
-    if (WIFEXITED(status))
-        snprintf(buf, len, "exit %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, len, "signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-    else
-        snprintf(buf, len, "status %#x", status);
-    return buf;
-}
-
 /* Wait for pid up to timeout seconds; SIGKILL it past that.  Returns 0, or
  * -1 when it had to be killed. */
 static int crash_wait(pid_t pid, double timeout, int *status_r)
 {
-    double end = crash_now() + timeout;
+    double end = th_now() + timeout;
 
     for (;;) {
         pid_t w = waitpid(pid, status_r, WNOHANG);
@@ -542,7 +495,7 @@ static int crash_wait(pid_t pid, double timeout, int *status_r)
             *status_r = 0x7f00;
             return 0;
         }
-        if (crash_now() > end) {
+        if (th_now() > end) {
             kill(pid, SIGKILL);
             waitpid(pid, status_r, 0);
             return -1;
@@ -590,7 +543,7 @@ static void test_crash(void **state)
     int status, round, i;
     long base = 0;            /* state verified before the current round */
     long committed_total = 0, inflight_landed = 0, idle_kills = 0, lost = 0;
-    double t0 = crash_now();
+    double t0 = th_now();
     pid_t pid;
 
     sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -600,14 +553,14 @@ static void test_crash(void **state)
     fflush(stderr);
     pid = fork();
     if (pid == 0) {
-        crash_child_signals();
+        th_child_signals();
         crash_child_stderr(check_log);
         _exit(crash_init(backend, fname));
     }
     if (pid < 0 || crash_wait(pid, 60, &status) < 0 ||
         !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         snprintf(failure, sizeof(failure), "%s: creating the database failed (%s)", backend,
-                 pid < 0 ? "fork" : crash_status_text(status, sbuf, sizeof(sbuf)));
+                 pid < 0 ? "fork" : th_status_text(status, sbuf, sizeof(sbuf)));
         goto out;
     }
 
@@ -626,7 +579,7 @@ static void test_crash(void **state)
         fflush(stderr);
         pid = fork();
         if (pid == 0) {
-            crash_child_signals();
+            th_child_signals();
             crash_child_stderr(writer_log);
             close(fds[0]);
             _exit(crash_writer(backend, fname, (unsigned long)base + 1, fds[1]));
@@ -663,7 +616,7 @@ static void test_crash(void **state)
         if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
             snprintf(failure, sizeof(failure), "%s: round %d: the writer died before the "
                      "kill (%s); its messages follow", backend, round,
-                     crash_status_text(status, sbuf, sizeof(sbuf)));
+                     th_status_text(status, sbuf, sizeof(sbuf)));
             goto out;
         }
         if (!from_fork && !got_ready) {
@@ -682,7 +635,7 @@ static void test_crash(void **state)
         fflush(stderr);
         pid = fork();
         if (pid == 0) {
-            crash_child_signals();
+            th_child_signals();
             crash_child_stderr(check_log);
             _exit(crash_check(backend, dir, fname, nosync ? 0 : (long)reported, hi,
                               round, nosync, sh));
@@ -693,7 +646,7 @@ static void test_crash(void **state)
                      "writer reported up to %lu, started at %ld): check after recovery "
                      "failed (%s); its messages follow", backend, round, delay,
                      from_fork ? "fork" : "open", reported, base + 1,
-                     pid < 0 ? "fork" : crash_status_text(status, sbuf, sizeof(sbuf)));
+                     pid < 0 ? "fork" : th_status_text(status, sbuf, sizeof(sbuf)));
             goto out;
         }
         if (sh->found_last == hi)
@@ -704,14 +657,14 @@ static void test_crash(void **state)
             idle_kills++;
         committed_total += sh->found_last - base;
         base = sh->found_last;
-        if (round >= CRASH_MIN_ROUNDS && crash_now() - t0 > CRASH_BUDGET_S)
+        if (round >= CRASH_MIN_ROUNDS && th_now() - t0 > CRASH_BUDGET_S)
             break;
     }
 
     i = round > CRASH_MAX_ROUNDS ? CRASH_MAX_ROUNDS : round;
     printf("crash backend=<%s> kills=%d elapsed=%.2fs transactions=%ld final_last=%ld "
            "records=%ld inflight_commit_survived=%ld kills_before_first_commit=%ld "
-           "lost_after_commit=%ld\n", backend, i, crash_now() - t0, committed_total, base,
+           "lost_after_commit=%ld\n", backend, i, th_now() - t0, committed_total, base,
            sh->records, inflight_landed, idle_kills, lost);
     fflush(stdout);
     /* the kills must have hit a writer that was writing, most of the time */
