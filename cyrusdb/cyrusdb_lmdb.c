@@ -11,8 +11,15 @@
  * exactly `fname`, the lock file is `fname` + "-lock" (reader table and the
  * process-shared robust writer mutex; it holds no data and may be deleted
  * while no process has the database open).  Records live in LMDB's main
- * (unnamed) database, key and value stored as given, so the LMDB tools
- * (mdb_stat, mdb_dump, mdb_copy -c) work on the file.  The first page is
+ * (unnamed) database.  The key is stored as given; the stored value is the
+ * caller's value bytes followed by a 4-byte checksum: CRC-32C (Castagnoli
+ * polynomial, reflected, initial value and final xor 0xFFFFFFFF) over the
+ * key bytes and then the value bytes, written little-endian.  A stored
+ * value shorter than 4 bytes or with a wrong checksum is damage.  The LMDB
+ * tools (mdb_stat, mdb_dump, mdb_copy -c) work on the file, but mdb_dump
+ * shows the checksum as the last 4 bytes of every value, and a file
+ * written by mdb_load (or any other LMDB writer) must carry the checksum
+ * too, or every record reads as damaged.  The first page is
  * LMDB's meta page: after the page header (pgno, pad, flags, bounds:
  * sizeof(size_t) + 8 bytes) comes the magic 0xBEEFC0DE as a native uint32;
  * lmdb_detect() looks for it (and the P_META page flag).  Key order: LMDB's
@@ -31,9 +38,14 @@
  * file length, then every page of both trees with all offsets, sizes and
  * page numbers bounds-checked, each page used once, all pages accounted
  * for: see lmdb_verify()), and consistent() does again.  This costs one
- * pass over the used part of the file per open.  LMDB keeps no checksums:
- * a changed byte inside a key or value that leaves the structure valid is
- * returned as is (a key changed out of order is caught).
+ * pass over the used part of the file per open.  LMDB keeps no checksums
+ * of its own, so every record carries the CRC-32C described above, checked
+ * on every read of a record (fetch, fetchlock, foreach before the filter,
+ * dump, consistent): a changed byte inside a key or value that leaves the
+ * structure valid gives CYRUSDB_IOERROR and one log line naming the file
+ * and key, never the changed data.  Damage outside the records that
+ * leaves a valid structure (say, a meta page pointing at an older but
+ * intact tree) is not detectable this way.
  *
  * CRASH SAFETY (LMDB's argument, which this adapter keeps intact)
  * LMDB never overwrites a page that the last committed state uses: a write
@@ -213,6 +225,131 @@ struct lmdb_db {
     struct buf cbkey;           /* foreach callback arguments */
     struct buf cbdata;
 };
+
+/* ---- record checksums ---------------------------------------------------- */
+
+/* Bytes of the checksum after every stored value. */
+#define LMDB_SUMLEN 4
+/* CRC-32C (Castagnoli), reflected polynomial. */
+#define LMDB_CRC_POLY 0x82F63B78u
+
+/* Slicing-by-8: lmdb_crc_table[0] is the classic byte-at-a-time table,
+ * lmdb_crc_table[j][i] the CRC of byte i followed by j zero bytes. */
+static uint32_t lmdb_crc_table[8][256];
+static int lmdb_crc_ready;
+
+/* Fill the tables (idempotent: two threads racing write the same values). */
+static void lmdb_crc_init(void)
+{
+    uint32_t i, c;
+    int j, k;
+
+    if (lmdb_crc_ready)
+        return;
+    for (i = 0; i < 256; i++) {
+        c = i;
+        for (k = 0; k < 8; k++)
+            c = (c & 1) ? (c >> 1) ^ LMDB_CRC_POLY : c >> 1;
+        lmdb_crc_table[0][i] = c;
+    }
+    for (i = 0; i < 256; i++)
+        for (j = 1; j < 8; j++) {
+            c = lmdb_crc_table[j - 1][i];
+            lmdb_crc_table[j][i] = (c >> 8) ^ lmdb_crc_table[0][c & 0xffu];
+        }
+    lmdb_crc_ready = 1;
+}
+
+/* Continue a CRC-32C (crc without the final inversion) over p[0..len):
+ * eight bytes per step, then byte by byte.  Bytes are read one at a time,
+ * so alignment and host byte order do not matter. */
+static uint32_t lmdb_crc_update(uint32_t crc, const void *p, size_t len)
+{
+    const unsigned char *b = p;
+
+    for (; len >= 8; len -= 8, b += 8) {
+        crc ^= (uint32_t)b[0] | (uint32_t)b[1] << 8 |
+               (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+        crc = lmdb_crc_table[7][crc & 0xffu] ^
+              lmdb_crc_table[6][(crc >> 8) & 0xffu] ^
+              lmdb_crc_table[5][(crc >> 16) & 0xffu] ^
+              lmdb_crc_table[4][crc >> 24] ^
+              lmdb_crc_table[3][b[4]] ^ lmdb_crc_table[2][b[5]] ^
+              lmdb_crc_table[1][b[6]] ^ lmdb_crc_table[0][b[7]];
+    }
+    while (len--)
+        crc = lmdb_crc_table[0][(crc ^ *b++) & 0xffu] ^ (crc >> 8);
+    return crc;
+}
+
+/* The checksum of a record: CRC-32C over the key, then the value. */
+static uint32_t lmdb_record_sum(const void *key, size_t keylen,
+                                const void *data, size_t datalen)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+
+    crc = lmdb_crc_update(crc, key, keylen);
+    crc = lmdb_crc_update(crc, data, datalen);
+    return crc ^ 0xFFFFFFFFu;
+}
+
+/* Write the record's checksum (little-endian) at out. */
+static void lmdb_sum_put(unsigned char *out, const void *key, size_t keylen,
+                         const void *data, size_t datalen)
+{
+    uint32_t sum = lmdb_record_sum(key, keylen, data, datalen);
+
+    out[0] = (unsigned char)(sum & 0xffu);
+    out[1] = (unsigned char)((sum >> 8) & 0xffu);
+    out[2] = (unsigned char)((sum >> 16) & 0xffu);
+    out[3] = (unsigned char)((sum >> 24) & 0xffu);
+}
+
+/*
+ * Verify a stored record (k, v as LMDB holds them) and give the length of
+ * the caller's value (v without the checksum).  Returns NULL if sound, else
+ * what is wrong.
+ */
+static const char *lmdb_record_check(const MDB_val *k, const MDB_val *v,
+                                     size_t *datalen_r)
+{
+    const unsigned char *p = v->mv_data;
+    size_t len;
+    uint32_t want;
+
+    if (v->mv_size < LMDB_SUMLEN)
+        return "stored value too short for its checksum";
+    len = v->mv_size - LMDB_SUMLEN;
+    want = (uint32_t)p[len] | (uint32_t)p[len + 1] << 8 |
+           (uint32_t)p[len + 2] << 16 | (uint32_t)p[len + 3] << 24;
+    if (lmdb_record_sum(k->mv_data, k->mv_size, p, len) != want)
+        return "record checksum mismatch";
+    *datalen_r = len;
+    return NULL;
+}
+
+/* Log a damaged record: one line naming the file and the key. */
+static void lmdb_record_damaged(const char *fname, const MDB_val *k,
+                                const char *problem)
+{
+    char safe[512];
+
+    log_error("lmdb: damaged record file=<%s> key=<%s> error=<%s>", fname,
+              log_sanitize(k->mv_data, k->mv_size, safe, sizeof(safe)),
+              problem);
+}
+
+/* Verify a record read by a call; CYRUSDB_OK or CYRUSDB_IOERROR (logged). */
+static int lmdb_record_verify(struct lmdb_env *e, const MDB_val *k,
+                              const MDB_val *v, size_t *datalen_r)
+{
+    const char *problem = lmdb_record_check(k, v, datalen_r);
+
+    if (!problem)
+        return CYRUSDB_OK;
+    lmdb_record_damaged(e->fname, k, problem);
+    return CYRUSDB_IOERROR;
+}
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -1112,23 +1249,46 @@ static int lmdb_txn_begin(struct lmdb_db *db, struct cyrusdb_txn *t)
     return CYRUSDB_OK;
 }
 
-/* Apply one operation to an LMDB txn; returns an LMDB code. */
-static int lmdb_op_apply(struct lmdb_env *e, MDB_txn *txn, int op,
-                         const char *key, size_t keylen,
-                         const char *data, size_t datalen)
+/* Put key -> data + checksum: LMDB reserves the space, we fill it. */
+static int lmdb_put(struct lmdb_env *e, MDB_txn *txn,
+                    const char *key, size_t keylen,
+                    const char *data, size_t datalen, unsigned flags)
 {
     MDB_val k, v;
     int rc;
 
+    if (datalen > SIZE_MAX - LMDB_SUMLEN)
+        return MDB_BAD_VALSIZE;
     k.mv_size = keylen;
     k.mv_data = (void *)key;
-    v.mv_size = datalen;
-    v.mv_data = (void *)data;
+    v.mv_size = datalen + LMDB_SUMLEN;
+    v.mv_data = NULL;
+    rc = mdb_put(txn, e->dbi, &k, &v, flags | MDB_RESERVE);
+    if (rc != MDB_SUCCESS)
+        return rc;      /* (on MDB_KEYEXIST v is the existing value) */
+    if (datalen)
+        memcpy(v.mv_data, data, datalen);
+    lmdb_sum_put((unsigned char *)v.mv_data + datalen, key, keylen,
+                 data, datalen);
+    return MDB_SUCCESS;
+}
+
+/* Apply one operation to an LMDB txn (the replay log replays through here
+ * too, so every stored value gets its checksum); returns an LMDB code. */
+static int lmdb_op_apply(struct lmdb_env *e, MDB_txn *txn, int op,
+                         const char *key, size_t keylen,
+                         const char *data, size_t datalen)
+{
+    MDB_val k;
+    int rc;
+
+    k.mv_size = keylen;
+    k.mv_data = (void *)key;
     switch (op) {
     case LMDB_OP_STORE:
-        return mdb_put(txn, e->dbi, &k, &v, 0);
+        return lmdb_put(e, txn, key, keylen, data, datalen, 0);
     case LMDB_OP_CREATE:
-        return mdb_put(txn, e->dbi, &k, &v, MDB_NOOVERWRITE);
+        return lmdb_put(e, txn, key, keylen, data, datalen, MDB_NOOVERWRITE);
     case LMDB_OP_DELETE:
         return mdb_del(txn, e->dbi, &k, NULL);
     case LMDB_OP_DELFORCE:
@@ -1419,6 +1579,7 @@ static int lmdb_open(const char *fname, int flags, int variant,
 
     (void)variant;      /* no-sync variants are a db3 matter */
     *db_r = NULL;
+    lmdb_crc_init();
     if (stat(fname, &st) < 0) {
         if (errno != ENOENT) {
             log_error("lmdb: stat failed file=<%s> error=<%s>", fname,
@@ -1535,9 +1696,15 @@ static int lmdb_fetch_common(struct lmdb_db *db, const char *key,
     k.mv_data = (void *)key;
     rc = mdb_get(t ? t->txn : db->rtxn, db->e->dbi, &k, &v);
     if (rc == MDB_SUCCESS) {
-        if (buf_setmap(&db->data, v.mv_data, v.mv_size) < 0) {
+        size_t len = 0;
+
+        /* damage in one record is an error for this call only: the
+         * transaction may still replace or delete the record */
+        if ((r = lmdb_record_verify(db->e, &k, &v, &len)) != CYRUSDB_OK) {
+            /* nothing to copy */
+        } else if (buf_setmap(&db->data, v.mv_data, len) < 0) {
             log_error("lmdb: out of memory for a value file=<%s> bytes=<%zu>",
-                      db->e->fname, v.mv_size);
+                      db->e->fname, len);
             r = CYRUSDB_INTERNAL;
         }
     } else if (rc == MDB_NOTFOUND) {
@@ -1633,6 +1800,7 @@ static int lmdb_foreach(struct cyrusdb *cdb, const char *prefix,
 
     for (;;) {
         MDB_val k, v;
+        size_t vlen = 0;
 
         /* the cursor lives only inside lmdb_cursor_seek(): the callback may
          * write with t (moving pages, even replacing t->txn and the map) */
@@ -1653,9 +1821,11 @@ static int lmdb_foreach(struct cyrusdb *cdb, const char *prefix,
             r = CYRUSDB_OK;
             break;
         }
+        if ((r = lmdb_record_verify(e, &k, &v, &vlen)) != CYRUSDB_OK)
+            break;
         if (buf_setmap(&resume, k.mv_data, k.mv_size) < 0 ||
             buf_setmap(&db->cbkey, k.mv_data, k.mv_size) < 0 ||
-            buf_setmap(&db->cbdata, v.mv_data, v.mv_size) < 0) {
+            buf_setmap(&db->cbdata, v.mv_data, vlen) < 0) {
             log_error("lmdb: out of memory in foreach file=<%s>", e->fname);
             r = CYRUSDB_INTERNAL;
             break;
@@ -1784,14 +1954,23 @@ static int lmdb_walk(struct lmdb_db *db, MDB_txn *txn,
     return rc == MDB_NOTFOUND ? MDB_SUCCESS : rc;
 }
 
+struct lmdb_dump_state {
+    FILE *out;
+    struct lmdb_env *e;
+};
+
+/* -1: output failed; -2: a damaged record (logged). */
 static int lmdb_dump_one(void *rock, const MDB_val *k, const MDB_val *v)
 {
-    FILE *out = rock;
+    struct lmdb_dump_state *ds = rock;
+    size_t len = 0;
 
-    if (lmdb_dump_bytes(out, k->mv_data, k->mv_size) < 0 ||
-        putc('\t', out) == EOF ||
-        lmdb_dump_bytes(out, v->mv_data, v->mv_size) < 0 ||
-        putc('\n', out) == EOF)
+    if (lmdb_record_verify(ds->e, k, v, &len) != CYRUSDB_OK)
+        return -2;
+    if (lmdb_dump_bytes(ds->out, k->mv_data, k->mv_size) < 0 ||
+        putc('\t', ds->out) == EOF ||
+        lmdb_dump_bytes(ds->out, v->mv_data, len) < 0 ||
+        putc('\n', ds->out) == EOF)
         return -1;
     return 0;
 }
@@ -1800,6 +1979,7 @@ static int lmdb_dump(struct cyrusdb *cdb, FILE *out, int detail)
 {
     struct lmdb_db *db = (struct lmdb_db *)cdb;
     struct lmdb_env *e = db->e;
+    struct lmdb_dump_state ds;
     int rc, r;
 
     if ((r = lmdb_check(db)) != CYRUSDB_OK)
@@ -1827,8 +2007,12 @@ static int lmdb_dump(struct cyrusdb *cdb, FILE *out, int detail)
             return lmdb_error(e, NULL, "dump", rc);
         }
     }
-    rc = lmdb_walk(db, db->rtxn, lmdb_dump_one, out);
+    ds.out = out;
+    ds.e = e;
+    rc = lmdb_walk(db, db->rtxn, lmdb_dump_one, &ds);
     lmdb_read_end(db);
+    if (rc == -2)
+        return CYRUSDB_IOERROR;
     if (rc == -1) {
         log_error("lmdb: dump output failed file=<%s> error=<%s>",
                   e->fname, strerror(errno));
@@ -1845,15 +2029,21 @@ struct lmdb_check_state {
     size_t count;
     size_t maxkey;
     const char *problem;
+    int logged;                 /* problem already logged (with the key) */
 };
 
 static int lmdb_check_one(void *rock, const MDB_val *k, const MDB_val *v)
 {
     struct lmdb_check_state *cs = rock;
+    size_t len = 0;
 
-    (void)v;
     if (k->mv_size == 0 || k->mv_size > cs->maxkey) {
         cs->problem = "key length out of range";
+        return -1;
+    }
+    if ((cs->problem = lmdb_record_check(k, v, &len)) != NULL) {
+        lmdb_record_damaged(cs->db->e->fname, k, cs->problem);
+        cs->logged = 1;
         return -1;
     }
     if (cs->count > 0 &&
@@ -1878,9 +2068,9 @@ static int lmdb_check_one(void *rock, const MDB_val *k, const MDB_val *v)
  * counts, page accounting); then every record through an LMDB cursor: key
  * lengths 1..511, keys strictly increasing by cyrusdb_compare() with this
  * handle's flags across pages (a file opened with the wrong
- * CYRUSDB_MBOXSORT setting fails here), as many records as LMDB's
- * statistics count; any LMDB error met on the way is damage.
- * LMDB keeps no checksums: a changed byte inside a value is not found.
+ * CYRUSDB_MBOXSORT setting fails here), every record's checksum, as many
+ * records as LMDB's statistics count; any LMDB error met on the way is
+ * damage.
  */
 static int lmdb_consistent(struct cyrusdb *cdb)
 {
@@ -1929,6 +2119,8 @@ static int lmdb_consistent(struct cyrusdb *cdb)
     }
     lmdb_read_end(db);
     buf_free(&cs.prev);
+    if (problem && cs.logged)
+        return CYRUSDB_IOERROR;
     if (problem) {
         log_error("lmdb: inconsistent file=<%s> error=<%s>", e->fname,
                   problem);

@@ -33,10 +33,14 @@
  *   skiplist  Cyrus skiplist 1.2 has no record checksums: a changed value
  *             byte is returned as is.  Lengths and pointers are checked,
  *             so only the structural guarantees are asserted.
- *   db3, db3-nosync, lmdb
- *             Berkeley DB (without DB_CHKSUM) and LMDB keep no per-record
- *             checksums either: a changed byte inside a value is returned
- *             as is.  Only the structural guarantees are asserted.
+ *   db3, db3-nosync
+ *             opened with DB_CHKSUM: every page carries a checksum, so a
+ *             changed value byte and every cut are promised to be detected.
+ *   lmdb      LMDB keeps no checksums itself, but the adapter stores a
+ *             CRC-32C over key and value after every value and checks it
+ *             on every read: a changed byte inside a key or value is
+ *             detected (value_checksums).  Cuts: only the structural
+ *             guarantees (the structure check at open).
  * Silently wrong results on those backends are counted and printed, so a
  * regression in what is detected shows in the log.
  *
@@ -100,7 +104,7 @@ static const struct corr_promise corr_promises[] = {
     { .format = "flat",     .value_checksums = 0, .trunc = CORR_TRUNC_UNLESS_LINE },
     { .format = "skiplist", .value_checksums = 0, .trunc = CORR_TRUNC_STRUCTURE },
     { .format = "db3",      .value_checksums = 1, .trunc = CORR_TRUNC_ALWAYS },
-    { .format = "lmdb",     .value_checksums = 0, .trunc = CORR_TRUNC_STRUCTURE },
+    { .format = "lmdb",     .value_checksums = 1, .trunc = CORR_TRUNC_STRUCTURE },
 };
 
 /* $TEST_CORRUPT_STRICT=1 holds every backend to the strictest promise
