@@ -715,6 +715,40 @@ static int flat_fetchlock(struct cyrusdb *cdb, const char *key, size_t keylen,
     return flat_fetch(cdb, key, keylen, data_r, datalen_r, tid);
 }
 
+/* A walk over the keys with a prefix, in file order.  The current key is
+ * copied into `cur` because a callback may change the handle; the next
+ * step resumes after that copy. */
+struct flat_range {
+    struct buf cur;
+    int have;
+    size_t hint;
+    unsigned long hint_gen;
+};
+
+#define FLAT_RANGE_INITIALIZER { BUF_INITIALIZER, 0, 0, 0 }
+
+/* The next record of the range into db->eachkey / db->eachval: OK, DONE at
+ * the end of the range, or an error. */
+static int flat_range_next(struct flat_db *db, struct flat_txn *txn,
+                           const char *prefix, size_t prefixlen,
+                           struct flat_range *w)
+{
+    int r;
+
+    if (w->have)
+        r = flat_view_next(db, txn, w->cur.s, w->cur.len, 1, &w->hint, &w->hint_gen);
+    else
+        r = flat_view_next(db, txn, prefix, prefixlen, 0, &w->hint, &w->hint_gen);
+    if (r != CYRUSDB_OK)
+        return r;
+    if (!cyrusdb_has_prefix(db->eachkey.s, db->eachkey.len, prefix, prefixlen))
+        return CYRUSDB_DONE;
+    if (buf_setmap(&w->cur, db->eachkey.s, db->eachkey.len) < 0)
+        return flat_syserr("malloc", db->fname);
+    w->have = 1;
+    return CYRUSDB_OK;
+}
+
 /*
  * Keys holding NUL, TAB, LF or CR are escaped in the file, and the file is
  * ordered by the escaped bytes (Cyrus's order, kept for compatibility), so
@@ -755,33 +789,19 @@ static int flat_collect_escaped(struct flat_db *db, struct flat_txn *txn,
 {
     struct flat_sortkey *keys = NULL;
     size_t count = 0, alloc = 0, i;
-    size_t hint = 0;
-    unsigned long hint_gen = 0;
-    int escaped = 0, have = 0, r;
-    struct buf cur = BUF_INITIALIZER;
+    struct flat_range w = FLAT_RANGE_INITIALIZER;
+    int escaped = 0, r;
 
     *keys_r = NULL;
     *count_r = 0;
     for (;;) {
-        if (have)
-            r = flat_view_next(db, txn, cur.s, cur.len, 1, &hint, &hint_gen);
-        else
-            r = flat_view_next(db, txn, prefix, prefixlen, 0, &hint, &hint_gen);
-        if (r == CYRUSDB_DONE) {
-            r = CYRUSDB_OK;
+        r = flat_range_next(db, txn, prefix, prefixlen, &w);
+        if (r != CYRUSDB_OK) {
+            if (r == CYRUSDB_DONE)
+                r = CYRUSDB_OK;
             break;
         }
-        if (r != CYRUSDB_OK)
-            break;
-        if (!cyrusdb_has_prefix(db->eachkey.s, db->eachkey.len,
-                                prefix, prefixlen))
-            break;
-        if (buf_setmap(&cur, db->eachkey.s, db->eachkey.len) < 0) {
-            r = flat_syserr("malloc", db->fname);
-            break;
-        }
-        have = 1;
-        escaped |= flat_key_escaped(cur.s, cur.len);
+        escaped |= flat_key_escaped(w.cur.s, w.cur.len);
         if (count == alloc) {
             size_t n = alloc ? alloc * 2 : 64;
             struct flat_sortkey *k = realloc(keys, n * sizeof(*keys));
@@ -792,16 +812,16 @@ static int flat_collect_escaped(struct flat_db *db, struct flat_txn *txn,
             keys = k;
             alloc = n;
         }
-        keys[count].key = malloc(cur.len ? cur.len : 1);
+        keys[count].key = malloc(w.cur.len ? w.cur.len : 1);
         if (!keys[count].key) {
             r = flat_syserr("malloc", db->fname);
             break;
         }
-        memcpy(keys[count].key, cur.s, cur.len);
-        keys[count].keylen = cur.len;
+        memcpy(keys[count].key, w.cur.s, w.cur.len);
+        keys[count].keylen = w.cur.len;
         count++;
     }
-    buf_free(&cur);
+    buf_free(&w.cur);
     if (r != CYRUSDB_OK || !escaped) {
         for (i = 0; i < count; i++)
             free(keys[i].key);
@@ -858,13 +878,10 @@ static int flat_foreach(struct cyrusdb *cdb, const char *prefix,
                         struct cyrusdb_txn **tid)
 {
     struct flat_db *db = (struct flat_db *)cdb;
-    struct buf cur = BUF_INITIALIZER;
+    struct flat_range w = FLAT_RANGE_INITIALIZER;
     struct flat_txn *txn;
     struct flat_sortkey *sorted = NULL;
     size_t nsorted = 0, i;
-    size_t hint = 0;
-    unsigned long hint_gen = 0;
-    int have = 0;
     int r;
 
     r = flat_enter(db, tid, 0, &txn);
@@ -881,25 +898,12 @@ static int flat_foreach(struct cyrusdb *cdb, const char *prefix,
         return flat_leave(db, tid, r);
     }
     for (;;) {
-        if (have)
-            r = flat_view_next(db, txn, cur.s, cur.len, 1, &hint, &hint_gen);
-        else
-            r = flat_view_next(db, txn, prefix, prefixlen, 0, &hint, &hint_gen);
-        if (r == CYRUSDB_DONE) {
-            r = CYRUSDB_OK;
+        r = flat_range_next(db, txn, prefix, prefixlen, &w);
+        if (r != CYRUSDB_OK) {
+            if (r == CYRUSDB_DONE)
+                r = CYRUSDB_OK;
             break;
         }
-        if (r != CYRUSDB_OK)
-            break;
-        if (!cyrusdb_has_prefix(db->eachkey.s, db->eachkey.len,
-                                prefix, prefixlen))
-            break;
-        /* the callback may change the handle: resume after a copy */
-        if (buf_setmap(&cur, db->eachkey.s, db->eachkey.len) < 0) {
-            r = flat_syserr("malloc", db->fname);
-            break;
-        }
-        have = 1;
         if (filter && !filter(rock, buf_cstring(&db->eachkey), db->eachkey.len,
                               buf_cstring(&db->eachval), db->eachval.len))
             continue;
@@ -912,7 +916,7 @@ static int flat_foreach(struct cyrusdb *cdb, const char *prefix,
             break;
         }
     }
-    buf_free(&cur);
+    buf_free(&w.cur);
     return flat_leave(db, tid, r);
 }
 
