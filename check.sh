@@ -26,6 +26,15 @@ cd "$build"
 [[ -f Makefile ]] || "$here/configure" -q "${confopts[@]}"
 make -j"$(nproc)" >/dev/null
 
+# Test files go to a scratch directory on the real disk (not tmpfs) that
+# any user can reach: the compatibility tests run Cyrus's own tools, which
+# switch to the user cyrus, and the checkout may sit below a private
+# directory.
+export TEST_TMPDIR
+TEST_TMPDIR=$(mktemp -d /var/tmp/cyrusdeliver-check.XXXXXX)
+chmod 755 "$TEST_TMPDIR"
+trap 'rm -rf "$TEST_TMPDIR"' EXIT
+
 rc=0
 make -j"$(nproc)" check >make-check.out 2>&1 || rc=$?
 

@@ -41,8 +41,9 @@ if [ "$(id -u)" -eq 0 ] && ! id cyrus >/dev/null 2>&1; then
     exit 77
 fi
 
-mkdir -p "$top_builddir/tests/tmp" || exit 1
-tmp=$(mktemp -d "$top_builddir/tests/tmp/compat.XXXXXX") || exit 1
+base=${TEST_TMPDIR:-$top_builddir/tests/tmp}
+mkdir -p "$base" || exit 1
+tmp=$(mktemp -d "$base/compat.XXXXXX") || exit 1
 tmp=$(cd "$tmp" && pwd)     # Cyrus's tools want absolute names
 trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 trap 'rm -rf "$tmp"; exit 1' INT TERM HUP
