@@ -879,6 +879,7 @@ static int lmdb_verify(struct lmdb_env *e, MDB_txn *txn, int flags,
                        const char **problem_r)
 {
     struct lmdb_verify v;
+    unsigned char metacopy[LMDB_META_END];
     const unsigned char *meta = NULL;
     mdb_filehandle_t fd;
     MDB_envinfo info;
@@ -910,10 +911,18 @@ static int lmdb_verify(struct lmdb_env *e, MDB_txn *txn, int flags,
         return errno == ENOMEM ? CYRUSDB_INTERNAL : CYRUSDB_IOERROR;
     }
     v.map = map;
+    /* The reader pins the pages of its snapshot but not the meta page: a
+     * writer may overwrite it (two commits later) while we look.  Work on a
+     * copy, and make sure the copy was taken before any such overwrite. */
     for (i = 0; i < 2; i++) {
         const unsigned char *m = v.map + (size_t)i * v.psize + LMDB_PAGEHDR;
-        if (lmdb_getw(m + LMDB_META_TXNID) == txnid)
-            meta = m;
+        if (lmdb_getw(m + LMDB_META_TXNID) == txnid) {
+            memcpy(metacopy, m, sizeof(metacopy));
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            if (lmdb_getw(m + LMDB_META_TXNID) == txnid &&
+                lmdb_getw(metacopy + LMDB_META_TXNID) == txnid)
+                meta = metacopy;
+        }
     }
     if (!meta) {
         munmap(map, maplen);
@@ -1141,12 +1150,36 @@ fail:
 
 /* ---- read transactions (tid == NULL) ------------------------------------ */
 
+/*
+ * LMDB 0.9 picks a reader's meta page by the parity of the transaction id
+ * it read from the lock file and copies the roots from it without checking
+ * that the page still holds that transaction: if two commits land in
+ * between, the page already holds a later (or half-written) state.  Seen
+ * here as a reader going back in time under load.  So after a read
+ * transaction starts, the meta page it used must still carry its id; if not,
+ * the transaction is started again.
+ */
+static int lmdb_read_snapshot_ok(struct lmdb_env *e, MDB_txn *txn)
+{
+    MDB_envinfo info;
+    size_t id = mdb_txn_id(txn);
+    uint64_t stored;
+
+    if (mdb_env_info(e->env, &info) != MDB_SUCCESS || !info.me_mapaddr || !e->psize)
+        return 1;
+    /* meta page: page header (sizeof(size_t) + 8 bytes), then MDB_meta,
+     * whose last field (offset 128 on 64-bit) is the transaction id */
+    memcpy(&stored, (const char *)info.me_mapaddr + (id & 1) * (size_t)e->psize +
+                    sizeof(size_t) + 8 + 128, sizeof(stored));
+    return stored == (uint64_t)id;
+}
+
 /* Make db->rtxn live (nested uses share it: a fetch inside a foreach
  * callback must not reset the foreach's snapshot). */
 static int lmdb_read_begin(struct lmdb_db *db)
 {
     struct lmdb_env *e = db->e;
-    int rc = MDB_NOTFOUND;
+    int rc = MDB_NOTFOUND, tries;
 
     if (db->rdepth > 0) {
         db->rdepth++;
@@ -1162,6 +1195,11 @@ static int lmdb_read_begin(struct lmdb_db *db)
     }
     if (rc != MDB_SUCCESS)
         rc = lmdb_env_begin(e, MDB_RDONLY, &db->rtxn);
+    for (tries = 0; rc == MDB_SUCCESS && tries < 100 &&
+                    !lmdb_read_snapshot_ok(e, db->rtxn); tries++) {
+        mdb_txn_reset(db->rtxn);
+        rc = mdb_txn_renew(db->rtxn);
+    }
     if (rc != MDB_SUCCESS)
         return lmdb_error(e, NULL, "begin of a read transaction", rc);
     db->rdepth = 1;
