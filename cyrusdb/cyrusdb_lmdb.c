@@ -1161,17 +1161,17 @@ fail:
  */
 static int lmdb_read_snapshot_ok(struct lmdb_env *e, MDB_txn *txn)
 {
-    MDB_envinfo info;
+    mdb_filehandle_t fd;
     size_t id = mdb_txn_id(txn);
-    uint64_t stored;
+    unsigned char w[LMDB_W];
 
-    if (mdb_env_info(e->env, &info) != MDB_SUCCESS || !info.me_mapaddr || !e->psize)
+    /* read through the descriptor (the page cache LMDB's map shares):
+     * LMDB does not tell where its map is */
+    if (!e->psize || mdb_env_get_fd(e->env, &fd) != MDB_SUCCESS ||
+        fs_pread_all(fd, w, sizeof(w), (off_t)((id & 1) * (size_t)e->psize +
+                                               LMDB_PAGEHDR + LMDB_META_TXNID)) < 0)
         return 1;
-    /* meta page: page header (sizeof(size_t) + 8 bytes), then MDB_meta,
-     * whose last field (offset 128 on 64-bit) is the transaction id */
-    memcpy(&stored, (const char *)info.me_mapaddr + (id & 1) * (size_t)e->psize +
-                    sizeof(size_t) + 8 + 128, sizeof(stored));
-    return stored == (uint64_t)id;
+    return lmdb_getw(w) == id;
 }
 
 /* Make db->rtxn live (nested uses share it: a fetch inside a foreach
