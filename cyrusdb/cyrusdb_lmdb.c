@@ -140,6 +140,7 @@
 #include "cyrusdb/cyrusdb.h"
 #include "cyrusdb/cyrusdb_backends.h"
 #include "lib/buf.h"
+#include "lib/crc32c.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
 
@@ -230,67 +231,16 @@ struct lmdb_db {
 
 /* Bytes of the checksum after every stored value. */
 #define LMDB_SUMLEN 4
-/* CRC-32C (Castagnoli), reflected polynomial. */
-#define LMDB_CRC_POLY 0x82F63B78u
-
-/* Slicing-by-8: lmdb_crc_table[0] is the classic byte-at-a-time table,
- * lmdb_crc_table[j][i] the CRC of byte i followed by j zero bytes. */
-static uint32_t lmdb_crc_table[8][256];
-static int lmdb_crc_ready;
-
-/* Fill the tables (idempotent: two threads racing write the same values). */
-static void lmdb_crc_init(void)
-{
-    uint32_t i, c;
-    int j, k;
-
-    if (lmdb_crc_ready)
-        return;
-    for (i = 0; i < 256; i++) {
-        c = i;
-        for (k = 0; k < 8; k++)
-            c = (c & 1) ? (c >> 1) ^ LMDB_CRC_POLY : c >> 1;
-        lmdb_crc_table[0][i] = c;
-    }
-    for (i = 0; i < 256; i++)
-        for (j = 1; j < 8; j++) {
-            c = lmdb_crc_table[j - 1][i];
-            lmdb_crc_table[j][i] = (c >> 8) ^ lmdb_crc_table[0][c & 0xffu];
-        }
-    lmdb_crc_ready = 1;
-}
-
-/* Continue a CRC-32C (crc without the final inversion) over p[0..len):
- * eight bytes per step, then byte by byte.  Bytes are read one at a time,
- * so alignment and host byte order do not matter. */
-static uint32_t lmdb_crc_update(uint32_t crc, const void *p, size_t len)
-{
-    const unsigned char *b = p;
-
-    for (; len >= 8; len -= 8, b += 8) {
-        crc ^= (uint32_t)b[0] | (uint32_t)b[1] << 8 |
-               (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-        crc = lmdb_crc_table[7][crc & 0xffu] ^
-              lmdb_crc_table[6][(crc >> 8) & 0xffu] ^
-              lmdb_crc_table[5][(crc >> 16) & 0xffu] ^
-              lmdb_crc_table[4][crc >> 24] ^
-              lmdb_crc_table[3][b[4]] ^ lmdb_crc_table[2][b[5]] ^
-              lmdb_crc_table[1][b[6]] ^ lmdb_crc_table[0][b[7]];
-    }
-    while (len--)
-        crc = lmdb_crc_table[0][(crc ^ *b++) & 0xffu] ^ (crc >> 8);
-    return crc;
-}
 
 /* The checksum of a record: CRC-32C over the key, then the value. */
 static uint32_t lmdb_record_sum(const void *key, size_t keylen,
                                 const void *data, size_t datalen)
 {
-    uint32_t crc = 0xFFFFFFFFu;
+    uint32_t crc = CRC32C_INIT;
 
-    crc = lmdb_crc_update(crc, key, keylen);
-    crc = lmdb_crc_update(crc, data, datalen);
-    return crc ^ 0xFFFFFFFFu;
+    crc = crc32c_update(crc, key, keylen);
+    crc = crc32c_update(crc, data, datalen);
+    return crc32c_final(crc);
 }
 
 /* Write the record's checksum (little-endian) at out. */
@@ -1617,7 +1567,6 @@ static int lmdb_open(const char *fname, int flags, int variant,
 
     (void)variant;      /* no-sync variants are a db3 matter */
     *db_r = NULL;
-    lmdb_crc_init();
     if (stat(fname, &st) < 0) {
         if (errno != ENOENT) {
             log_error("lmdb: stat failed file=<%s> error=<%s>", fname,

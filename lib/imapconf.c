@@ -120,6 +120,10 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "file with the server's TLS certificate (PEM)" },
     { .name = "tls_server_key", .type = IMAPCONF_STRING, .def = "",
       .desc = "file with the server's TLS private key (PEM)" },
+    { .name = "stage_dirs", .type = IMAPCONF_INT, .def = "16",
+      .min = 1, .max = 1024,
+      .desc = "staging directories per partition (PARTITION/stage./NN); "
+              "concurrent deliveries are spread over them by process id" },
     { .name = "syslog_prefix", .type = IMAPCONF_STRING, .def = "",
       .desc = "string put before the program name in syslog lines" },
 };

@@ -19,7 +19,9 @@
 #include <cmocka.h>
 
 #include "cyrusdb/cyrusdb.h"
+#include "lib/buf.h"
 #include "lib/fsutil.h"
+#include "lib/imapconf.h"
 #include "tests/testhelp.h"
 
 char *th_mkdtemp(const char *tag)
@@ -220,4 +222,41 @@ long th_parse_long(const char *data, size_t len)
         v = v * 10 + (data[i] - '0');
     }
     return v;
+}
+
+struct imapconf *th_store_conf(const char *dir, const char *backend,
+                               const char *extra)
+{
+    static const char *const keys[] = {
+        "mboxlist_db", "duplicate_db", "seenstate_db", "subscription_db",
+        "quota_db", NULL
+    };
+    struct buf text = BUF_INITIALIZER;
+    struct imapconf *conf = NULL;
+    char *confdir = th_path(dir, "conf");
+    char *spool = th_path(dir, "spool");
+    char *fname = th_path(dir, "imapd.conf");
+    char *err = NULL;
+    FILE *f;
+    int i;
+
+    assert_int_equal(fs_mkdir_p(confdir, 0755), 0);
+    assert_int_equal(fs_mkdir_p(spool, 0755), 0);
+    buf_printf(&text, "configdirectory: %s\npartition-default: %s\n",
+               confdir, spool);
+    for (i = 0; keys[i]; i++)
+        buf_printf(&text, "%s: %s\n", keys[i], backend);
+    if (extra)
+        buf_appendcstr(&text, extra);
+    f = fopen(fname, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text.s, 1, text.len, f), text.len);
+    assert_int_equal(fclose(f), 0);
+    if (imapconf_load(fname, &conf, &err) != 0)
+        fail_msg("th_store_conf: %s", err ? err : "out of memory");
+    buf_free(&text);
+    free(confdir);
+    free(spool);
+    free(fname);
+    return conf;
 }

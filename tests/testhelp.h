@@ -59,4 +59,15 @@ struct th_case {
 int th_run_per_backend(const char *group, const struct th_case *cases,
                        size_t ncases);
 
+/* A store fixture: dir/conf (configdirectory) and dir/spool
+ * (partition-default) are created, and every *_db key (mboxlist_db,
+ * duplicate_db, seenstate_db, subscription_db, quota_db) names `backend`.
+ * `extra` (may be NULL) is further imapd.conf text appended, e.g.
+ * "partition-other: /x\nhashimapspool: yes\n".  The configuration file
+ * is written to dir/imapd.conf (for tools), then loaded; the test fails
+ * when it does not load.  Free with imapconf_free(). */
+struct imapconf;
+struct imapconf *th_store_conf(const char *dir, const char *backend,
+                               const char *extra);
+
 #endif

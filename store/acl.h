@@ -1,0 +1,63 @@
+/*
+ * acl.h - access control lists with Cyrus's rights letters (RFC 4314).
+ *
+ * Rights: l lookup, r read, s keep seen, w write flags, i insert (append),
+ * p post (LMTP delivery to a non-INBOX folder), k create mailboxes,
+ * x delete mailbox, t delete messages, e expunge, a administer; plus the
+ * obsolete c (= k + x) and d (= t + e) accepted on input (RFC 4314 2.1.1).
+ *
+ * An ACL string is Cyrus's: "ID<TAB>RIGHTS<TAB>" repeated, e.g.
+ * "alice\tlrswipkxtea\tanyone\tp\t".  Identifiers: user ids, "anyone",
+ * "anonymous"; a leading '-' marks negative rights (RFC 4314 2.2).
+ * Pure functions, no I/O.
+ */
+#ifndef STORE_ACL_H
+#define STORE_ACL_H
+
+#include "lib/buf.h"
+
+enum acl_right {
+    ACL_LOOKUP = 1 << 0,    /* l */
+    ACL_READ = 1 << 1,      /* r */
+    ACL_SEEN = 1 << 2,      /* s */
+    ACL_WRITE = 1 << 3,     /* w */
+    ACL_INSERT = 1 << 4,    /* i */
+    ACL_POST = 1 << 5,      /* p */
+    ACL_CREATE = 1 << 6,    /* k */
+    ACL_DELETEMBOX = 1 << 7,/* x */
+    ACL_DELETEMSG = 1 << 8, /* t */
+    ACL_EXPUNGE = 1 << 9,   /* e */
+    ACL_ADMIN = 1 << 10     /* a */
+};
+#define ACL_ALL 0x7ff
+/* What a new user's INBOX grants its owner (Cyrus's default). */
+#define ACL_OWNER_DEFAULT "lrswipkxtea"
+
+/* Rights letters -> bit mask in *mask_r.  'c' and 'd' expand as above.
+ * Returns 0, or -1 on an unknown letter. */
+int acl_parse_rights(const char *letters, int *mask_r);
+
+/* Bit mask -> letters in canonical order "lrswipkxtea" (NUL-terminated,
+ * out must hold 12 bytes).  Returns out. */
+char *acl_rights_string(int mask, char out[12]);
+
+/* The rights `userid` has under `acl`: the union of its own entry and
+ * "anyone" ("anonymous" only for userid "anonymous"), minus the negative
+ * entries for the same identifiers.  userid in `admins` (a space-separated
+ * list, may be NULL) additionally gets ACL_LOOKUP|ACL_ADMIN|ACL_CREATE|
+ * ACL_DELETEMBOX, as Cyrus's admins do.  A malformed ACL string gives 0
+ * rights (and is logged once by the caller's check; see acl_check). */
+int acl_rights(const char *acl, const char *userid, const char *admins);
+
+/* Set (mask != 0) or remove (mask == 0) the entry of `identifier` in an ACL
+ * string, writing the new ACL into out (acl may be NULL = empty).  Entries
+ * keep their order; a new one goes at the end.  0, or -1 when acl is
+ * malformed or identifier is empty or holds a TAB/control byte. */
+int acl_set(const char *acl, const char *identifier, int mask,
+            struct buf *out);
+
+/* 0 when acl is well formed (pairs of non-empty id and known letters, each
+ * followed by TAB), -1 otherwise. */
+int acl_check(const char *acl);
+
+#endif

@@ -1,0 +1,46 @@
+/*
+ * duplicate.h - the duplicate delivery database: CONFIGDIR/deliver.db,
+ * backend `duplicate_db`.
+ *
+ * Key: MESSAGE-ID NUL MAILBOX (the Message-ID as found in the header,
+ * angle brackets included, and the internal mailbox name).  Value:
+ * "TIME UID" (decimal seconds since the epoch, and the uid given in that
+ * mailbox, 0 when unknown).  A lost record can only cause a second copy of
+ * a message, never a lost one; that is why a no-sync backend
+ * (db3-nosync) is a sound choice here.
+ */
+#ifndef STORE_DUPLICATE_H
+#define STORE_DUPLICATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "lib/imapconf.h"
+
+#define DUPLICATE_FNAME "deliver.db"
+#define DUPLICATE_ID_MAX 400   /* longer Message-IDs are not tracked */
+
+struct duplicate_db;
+
+int duplicate_open(const struct imapconf *conf, struct duplicate_db **d_r);
+void duplicate_close(struct duplicate_db **dp);
+
+/* Was (id, mailbox) delivered?  STORE_OK with *time_r (and *uid_r when not
+ * NULL) when yes, STORE_NOTFOUND when no (also for an id that is empty or
+ * over DUPLICATE_ID_MAX), STORE_IOERROR. */
+int duplicate_check(struct duplicate_db *d, const char *id, size_t idlen,
+                    const char *mailbox, time_t *time_r, uint32_t *uid_r);
+
+/* Record a delivery (replacing an older record).  STORE_OK, STORE_IOERROR;
+ * an id that is empty or too long is silently not recorded (STORE_OK): it
+ * cannot be checked either. */
+int duplicate_mark(struct duplicate_db *d, const char *id, size_t idlen,
+                   const char *mailbox, time_t when, uint32_t uid);
+
+/* Delete every record older than `days` days; *pruned_r / *kept_r (may be
+ * NULL) get the counts.  STORE_OK, STORE_IOERROR. */
+int duplicate_prune(struct duplicate_db *d, int days,
+                    unsigned long *pruned_r, unsigned long *kept_r);
+
+#endif

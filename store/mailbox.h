@@ -1,0 +1,247 @@
+/*
+ * mailbox.h - one mailbox on disk: its spool directory, message files and
+ * index.  The on-disk format and the crash argument are at the top of
+ * mailbox.c; in short:
+ *
+ * DIRECTORY  mboxname_spool_dir(partition root, name, hashimapspool)
+ *   UID.            one file per message, the message as received (CRLF)
+ *   cyrus.header    text: magic line, "NAME<TAB>UNIQUEID", user flag names
+ *                   (written to a temp file, synced, renamed, dir synced)
+ *   cyrus.index     binary, all integers little-endian:
+ *     [0,4096)      two header slots of 2048 bytes at 0 and 2048; the valid
+ *                   slot (magic, version, CRC-32C) with the higher
+ *                   generation counts; a header write goes to the other
+ *                   slot, so a torn write never loses the header.
+ *     [4096, ...)   records of 128 bytes, in increasing UID order.
+ *
+ * Header slot: magic "CDMBIDX1", version, generation, uidvalidity, uidnext,
+ *   num_records (records in the file it accounts for), visible (records
+ *   [0, visible) are resolved: committed, expunged or aborted; readers look
+ *   at nothing beyond), exists (visible, not expunged/aborted), highest
+ *   modseq, quota_used (bytes of the `exists` messages), last append date,
+ *   dirty (a change was under way), compactions, CRC-32C.
+ * Record: uid, flags (system flags, and MAILBOX_FLAG_EXPUNGED / _PENDING /
+ *   _ABORTED), internal date, size, header size, 128-bit user flag bitmap,
+ *   modseq, last change time, SHA-1 content digest, CRC-32C.
+ *
+ * Locks (fcntl, on cyrus.index): the mailbox lock is byte 0 (shared for
+ * readers, exclusive for writers); an appender also holds an exclusive
+ * lock on its pending record's 128 bytes from reservation to finish, so a
+ * writer can tell a live append (lock held) from a dead one (lock free).
+ * fcntl locks belong to the process and vanish when any descriptor of the
+ * file is closed, so a process has at most one open index descriptor per
+ * mailbox: mailbox_open() of a mailbox this process already has open
+ * returns the same handle with a reference count.
+ *
+ * Reads happen under the shared lock, changes under the exclusive lock.
+ * Handles are per process: open after fork().
+ */
+#ifndef STORE_MAILBOX_H
+#define STORE_MAILBOX_H
+
+#include <stdint.h>
+#include <time.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "store/commit.h"
+
+#define MAILBOX_INDEX_FNAME "cyrus.index"
+#define MAILBOX_HEADER_FNAME "cyrus.header"
+#define MAILBOX_DIGEST_LEN 20   /* SHA-1 */
+#define MAILBOX_USER_FLAGS 128
+
+/* System flags (IMAP) */
+#define MAILBOX_FLAG_ANSWERED  (1u << 0)
+#define MAILBOX_FLAG_FLAGGED   (1u << 1)
+#define MAILBOX_FLAG_DELETED   (1u << 2)
+#define MAILBOX_FLAG_DRAFT     (1u << 3)
+#define MAILBOX_FLAG_SEEN      (1u << 4)
+#define MAILBOX_SYSTEM_FLAGS   0x1fu
+/* Internal states */
+#define MAILBOX_FLAG_EXPUNGED  (1u << 16)  /* gone for IMAP; file removed by cleanup */
+#define MAILBOX_FLAG_PENDING   (1u << 17)  /* reserved by an append in progress */
+#define MAILBOX_FLAG_ABORTED   (1u << 18)  /* an append that never completed */
+
+struct mailbox;   /* an open mailbox: opaque */
+
+/* What the current header says (copied out under the lock). */
+struct mailbox_header {
+    uint32_t uidvalidity;
+    uint32_t uidnext;
+    uint32_t num_records;
+    uint32_t visible;
+    uint32_t exists;
+    uint64_t highestmodseq;
+    uint64_t quota_used;
+    int64_t last_appenddate;
+    uint32_t compactions;    /* bumped each time cleanup rewrote the index:
+                                record numbers from before are stale */
+};
+
+struct mailbox_record {
+    uint32_t uid;
+    uint32_t flags;
+    int64_t internaldate;
+    uint32_t size;
+    uint32_t header_size;
+    uint32_t user_flags[MAILBOX_USER_FLAGS / 32];
+    uint64_t modseq;
+    int64_t last_updated;
+    unsigned char digest[MAILBOX_DIGEST_LEN];
+};
+
+/* What an append knows about the message it stages (append.c fills it). */
+struct mailbox_msginfo {
+    uint32_t size;
+    uint32_t header_size;            /* bytes up to and including the empty
+                                        line ending the header */
+    unsigned char digest[MAILBOX_DIGEST_LEN];
+};
+
+/* Create the spool directory, an empty cyrus.header and cyrus.index
+ * (uidvalidity = `uidvalidity`, or the current time when 0; uidnext 1),
+ * and sync the files and directories.  An existing directory holding no
+ * index is reused (the orphan of an interrupted create); one holding an
+ * index gives STORE_EXISTS.  STORE_OK, STORE_EXISTS, STORE_BADPARTITION,
+ * STORE_BADNAME, STORE_IOERROR, STORE_NOSPACE. */
+int mailbox_create(const struct imapconf *conf, const char *name,
+                   const char *partition, const char *uniqueid,
+                   uint32_t uidvalidity);
+
+/* Remove the spool directory of a mailbox (files, index, then directory;
+ * subdirectories that are other mailboxes' spools are left alone).  The
+ * caller has removed the list entry.  STORE_OK, STORE_IOERROR. */
+int mailbox_delete_spool(const struct imapconf *conf, const char *name,
+                         const char *partition);
+
+/* The spool directory of a name on a partition, into out. */
+int mailbox_spool_dir(const struct imapconf *conf, const char *name,
+                      const char *partition, struct buf *out);
+
+/* Open a mailbox (no lock taken).  STORE_NOTFOUND (no index),
+ * STORE_BADPARTITION, STORE_CORRUPT (no valid header slot), STORE_IOERROR.
+ * Same mailbox already open in this process: the same handle, reference
+ * counted. */
+int mailbox_open(const struct imapconf *conf, const char *name,
+                 const char *partition, struct mailbox **mb_r);
+/* Drop a reference; the last one unlocks and closes. */
+void mailbox_close(struct mailbox **mbp);
+
+enum mailbox_locktype { MAILBOX_LOCK_SHARED = 1, MAILBOX_LOCK_EXCLUSIVE = 2 };
+
+/* Take the mailbox lock (blocking) and read the header.  If cleanup
+ * replaced the index since, the new file is opened first.  An exclusive
+ * lock also runs recovery: appends whose owner died are verified (file
+ * exists, size and digest match) and committed or aborted; a dirty header
+ * is recomputed from the records; the visible prefix advanced.  Then, when
+ * the mailbox has a quota root, the quota database is brought in line with
+ * the header (quota.h).  STORE_OK, STORE_CORRUPT, STORE_IOERROR. */
+int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type);
+
+/* Finish the changes made under an exclusive lock: write the header, make
+ * the changes durable through a commit round (commit.h), update quota, and
+ * release the lock.  Under a shared lock: release it.  STORE_OK, or the
+ * sync's error (the lock is released in every case). */
+int mailbox_unlock(struct mailbox *mb);
+
+/* The header as of the last lock. */
+const struct mailbox_header *mailbox_get_header(const struct mailbox *mb);
+const char *mailbox_name(const struct mailbox *mb);
+const char *mailbox_partition(const struct mailbox *mb);
+const char *mailbox_uniqueid(const struct mailbox *mb);
+const char *mailbox_dir(const struct mailbox *mb);
+
+/* Read record recno (0-based, < num_records) under a lock.  STORE_OK,
+ * STORE_NOTFOUND (recno out of range), STORE_CORRUPT (CRC mismatch),
+ * STORE_IOERROR. */
+int mailbox_read_record(struct mailbox *mb, uint32_t recno,
+                        struct mailbox_record *rec_r);
+
+/* Binary search for uid among the visible records: STORE_OK and *recno_r,
+ * or STORE_NOTFOUND. */
+int mailbox_find_uid(struct mailbox *mb, uint32_t uid, uint32_t *recno_r);
+
+/* Path of a message file "DIR/UID." into out. */
+void mailbox_message_path(const struct mailbox *mb, uint32_t uid,
+                          struct buf *out);
+/* Open a message file read-only: STORE_OK and *fd_r, STORE_NOTFOUND,
+ * STORE_IOERROR. */
+int mailbox_open_message(const struct mailbox *mb, uint32_t uid, int *fd_r);
+
+/* Under the exclusive lock: replace the flags (system flags and user
+ * flags; internal bits of rec->flags are taken from the stored record,
+ * except MAILBOX_FLAG_EXPUNGED, which may be set and never cleared) of
+ * record recno.  The record gets modseq = ++highestmodseq and
+ * last_updated = now; counters follow (expunge: exists - 1, quota_used -
+ * size).  Durable at mailbox_unlock().  STORE_OK, STORE_NOTFOUND,
+ * STORE_CORRUPT, STORE_IOERROR, STORE_INTERNAL (not exclusively locked,
+ * or recno not visible). */
+int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
+                           const struct mailbox_record *rec);
+
+/* User flag names (cyrus.header): the number of `name` (case-insensitive,
+ * as IMAP keywords), creating it when `create` and the exclusive lock is
+ * held.  STORE_OK and *num_r, STORE_NOTFOUND, STORE_OVERQUOTA when all 128
+ * are in use, STORE_BADNAME (not an IMAP atom). */
+int mailbox_user_flag(struct mailbox *mb, const char *name, int create,
+                      int *num_r);
+/* Name of user flag num, or NULL. */
+const char *mailbox_user_flag_name(const struct mailbox *mb, int num);
+
+/* Under the exclusive lock: remove the files of expunged and aborted
+ * records and, when no append is pending, rewrite the index without them
+ * (cyrus.index.NEW, synced, renamed over, directory synced; compactions
+ * + 1).  STORE_OK, STORE_IOERROR, STORE_NOSPACE. */
+int mailbox_cleanup(struct mailbox *mb);
+
+/* ---- append (called by append.c; see the durability argument there) ---- */
+
+/* Phase 1.  Takes and releases the exclusive lock itself: allocates
+ * uid = uidnext, hard-links stage_path to DIR/UID. (copying when the link
+ * crosses file systems), writes a PENDING record after the last one,
+ * updates uidnext and num_records, keeps the lock on the record's bytes,
+ * and adds the index descriptor and the directory to `batch`.  STORE_OK
+ * and *uid_r, STORE_IOERROR, STORE_NOSPACE, STORE_CORRUPT. */
+int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
+                           const struct mailbox_msginfo *info,
+                           int64_t internaldate, uint32_t sysflags,
+                           struct commit_batch *batch, uint32_t *uid_r);
+
+/* Phase 2, after the batch's sync round succeeded: under the exclusive
+ * lock, marks the record committed, advances the visible prefix over every
+ * resolved record, updates the counters and header, releases the record
+ * lock.  The message is then visible to readers.  STORE_OK, STORE_IOERROR,
+ * STORE_NOTFOUND (uid is not this process's pending append). */
+int mailbox_append_finish(struct mailbox *mb, uint32_t uid);
+
+/* Instead of finish (the sync failed, or the caller gives up): marks the
+ * record ABORTED, unlinks DIR/UID., releases the record lock.  The uid is
+ * never reused. */
+int mailbox_append_cancel(struct mailbox *mb, uint32_t uid);
+
+/* ---- checks and repair ---- */
+
+/* Verify everything under a shared lock: header CRC, each record's CRC,
+ * UIDs increasing and < uidnext, counters equal to the records, modseqs
+ * <= highestmodseq, every visible non-expunged message file present with
+ * the recorded size.  STORE_OK, or STORE_CORRUPT with a one-line
+ * description of the first problem in *problem (may be NULL). */
+int mailbox_check(struct mailbox *mb, struct buf *problem);
+
+/* Rebuild cyrus.index from the message files of the directory: each
+ * "N." file becomes a record (size, header size and digest from the file,
+ * internal date from its mtime); flags and modseq are kept from the old
+ * index where its record for that uid is intact and the digest matches.
+ * uidvalidity kept from a valid old header (else now), uidnext =
+ * max(old uidnext, highest uid + 1).  The new index is written beside,
+ * synced and renamed over.  Needs no open handle and takes the exclusive
+ * lock on the old index when there is one.  Quota is recomputed for the
+ * mailbox.  *report_r (may be NULL) gets a summary line ("N messages,
+ * M records dropped, K files added").  STORE_OK, STORE_NOTFOUND (no spool
+ * directory), STORE_IOERROR. */
+int mailbox_reconstruct(const struct imapconf *conf, const char *name,
+                        const char *partition, const char *uniqueid,
+                        struct buf *report_r);
+
+#endif

@@ -1,0 +1,77 @@
+/*
+ * quota.h - quota roots: CONFIGDIR/quotas.db, backend `quota_db`.
+ *
+ * A quota root is a mailbox name; it covers that mailbox and every mailbox
+ * below it, unless a deeper root covers them (the nearest root wins, as
+ * in Cyrus).  Limits: storage in KiB and a message count, each -1 for "no
+ * limit".  Usage is exact under concurrent appends and expunges, and
+ * after a crash, because it is not kept as a running sum that a lost
+ * update would skew.  Records (text values):
+ *
+ *   "R" ROOT             -> "STORAGE_LIMIT_KB MESSAGE_LIMIT USED_BYTES USED_MESSAGES"
+ *   "M" MAILBOX          -> "ROOT USED_BYTES USED_MESSAGES"
+ *
+ * The M record is the mailbox's contribution as of its last update.
+ * quota_update_mailbox() sets it to the index header's current values and
+ * moves the root's usage by the difference, in one cyrusdb transaction:
+ * idempotent, and self-correcting after a crash between an index change
+ * and the quota update (mailbox_lock(EXCLUSIVE) calls it when they
+ * differ).
+ */
+#ifndef STORE_QUOTA_H
+#define STORE_QUOTA_H
+
+#include <stdint.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+
+#define QUOTA_FNAME "quotas.db"
+#define QUOTA_UNLIMITED (-1LL)
+
+struct quota_db;
+
+struct quota {
+    long long storage_limit_kb;   /* QUOTA_UNLIMITED or >= 0 */
+    long long message_limit;      /* QUOTA_UNLIMITED or >= 0 */
+    uint64_t used_bytes;
+    uint64_t used_messages;
+};
+
+/* Open (creating) the quota database.  Per process, after fork(). */
+int quota_open(const struct imapconf *conf, struct quota_db **q_r);
+void quota_close(struct quota_db **qp);
+
+/* The nearest quota root of a mailbox into root (the name itself, or an
+ * ancestor).  STORE_OK, STORE_NOTFOUND (no root covers it). */
+int quota_findroot(struct quota_db *q, const char *mailbox, struct buf *root);
+
+/* Read a root.  STORE_OK, STORE_NOTFOUND, STORE_CORRUPT, STORE_IOERROR. */
+int quota_get(struct quota_db *q, const char *root, struct quota *quota_r);
+
+/* Create a root or change its limits (usage kept).  A new root starts at
+ * zero usage: callers (mbtool) then call quota_update_mailbox() for every
+ * mailbox it covers.  STORE_OK, STORE_BADNAME, STORE_IOERROR. */
+int quota_set(struct quota_db *q, const char *root,
+              long long storage_limit_kb, long long message_limit);
+
+/* Remove a root and the M records that point at it. */
+int quota_remove(struct quota_db *q, const char *root);
+
+/* Would adding (bytes, messages) to the root covering `mailbox` pass a
+ * limit?  STORE_OK (or no root), STORE_OVERQUOTA.  When not NULL,
+ * *warn_r is set to 1 when usage after the addition passes `quotawarn`
+ * percent of a limit. */
+int quota_check(struct quota_db *q, const char *mailbox, uint64_t bytes,
+                uint64_t messages, int *warn_r);
+
+/* Set mailbox's contribution to (used_bytes, used_messages), moving its
+ * root's usage by the difference (one transaction); when the mailbox has
+ * no root, any stale M record is removed.  STORE_OK, STORE_IOERROR. */
+int quota_update_mailbox(struct quota_db *q, const char *mailbox,
+                         uint64_t used_bytes, uint64_t used_messages);
+
+/* Forget a mailbox (deleted or renamed away): its usage leaves its root. */
+int quota_remove_mailbox(struct quota_db *q, const char *mailbox);
+
+#endif
