@@ -34,7 +34,8 @@ enum acl_right {
 #define ACL_OWNER_DEFAULT "lrswipkxtea"
 
 /* Rights letters -> bit mask in *mask_r.  'c' and 'd' expand as above.
- * Returns 0, or -1 on an unknown letter. */
+ * Letters are case-sensitive; "" gives 0.  Returns 0, or -1 on an unknown
+ * letter or NULL (*mask_r untouched). */
 int acl_parse_rights(const char *letters, int *mask_r);
 
 /* Bit mask -> letters in canonical order "lrswipkxtea" (NUL-terminated,
@@ -43,21 +44,30 @@ char *acl_rights_string(int mask, char out[12]);
 
 /* The rights `userid` has under `acl`: the union of its own entry and
  * "anyone" ("anonymous" only for userid "anonymous"), minus the negative
- * entries for the same identifiers.  userid in `admins` (a space-separated
- * list, may be NULL) additionally gets ACL_LOOKUP|ACL_ADMIN|ACL_CREATE|
- * ACL_DELETEMBOX, as Cyrus's admins do.  A malformed ACL string gives 0
- * rights (and is logged once by the caller's check; see acl_check). */
+ * entries for the same identifiers (in any order; identifiers compare
+ * byte-exactly; several entries of one identifier are united).  userid
+ * NULL counts as nobody in particular: "anyone" only.  userid in `admins`
+ * (a list separated by spaces, tabs or commas, may be NULL) additionally
+ * gets ACL_LOOKUP|ACL_ADMIN|ACL_CREATE|ACL_DELETEMBOX, as Cyrus's admins
+ * do, after the negative rights (an admin cannot be locked out).  A
+ * malformed ACL string gives 0 rights, except those of admins (and is
+ * logged once by the caller's check; see acl_check). */
 int acl_rights(const char *acl, const char *userid, const char *admins);
 
 /* Set (mask != 0) or remove (mask == 0) the entry of `identifier` in an ACL
  * string, writing the new ACL into out (acl may be NULL = empty).  Entries
- * keep their order; a new one goes at the end.  0, or -1 when acl is
- * malformed or identifier is empty or holds a TAB/control byte. */
+ * keep their order; a new one goes at the end; a negative entry ("-bob")
+ * is an identifier of its own.  Every entry is written with its rights in
+ * canonical order, and later duplicates of `identifier` are dropped.
+ * 0, or -1 (out emptied) when acl is malformed, identifier is empty, "-",
+ * or holds a TAB/control byte, or mask has bits outside ACL_ALL. */
 int acl_set(const char *acl, const char *identifier, int mask,
             struct buf *out);
 
 /* 0 when acl is well formed (pairs of non-empty id and known letters, each
- * followed by TAB), -1 otherwise. */
+ * followed by TAB), -1 otherwise.  NULL and "" are well formed (empty);
+ * an empty rights field is allowed; ids may not hold control bytes
+ * (0x00-0x1f, 0x7f) nor be "-" alone; c and d are accepted. */
 int acl_check(const char *acl);
 
 #endif

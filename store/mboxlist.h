@@ -26,8 +26,10 @@
  *           partition), then one transaction deletes the old entries and
  *           creates the new ones.  A crash in between leaves entries
  *           pointing at missing directories: mailbox_open() reports
- *           STORE_NOTFOUND, and `mbtool reconstruct` (or renaming back)
- *           repairs it.  Cross-partition rename is STORE_NOTIMPLEMENTED.
+ *           STORE_NOTFOUND; repeating the same rename repairs it (a
+ *           mailbox whose old directory is gone and whose new one exists
+ *           counts as moved).  Cross-partition rename is
+ *           STORE_NOTIMPLEMENTED.
  *
  * Handles are per process: open after fork().
  */
@@ -58,17 +60,28 @@ void mboxlist_close(struct mboxlist **mlp);
 
 /* Look a name up.  On STORE_OK *entry_r is a new entry the caller frees
  * with mboxlist_entry_free(); STORE_NOTFOUND, STORE_BADNAME (name invalid),
- * STORE_IOERROR, STORE_CORRUPT (the stored value does not parse). */
+ * STORE_IOERROR, STORE_BUSY, STORE_CORRUPT (the stored value does not
+ * parse; logged).  An entry whose ACL alone is malformed is returned (and
+ * logged): acl_rights() gives it no rights, so it fails closed and an
+ * admin can replace it with mboxlist_setacl(). */
 int mboxlist_lookup(struct mboxlist *ml, const char *name,
                     struct mboxlist_entry **entry_r);
 void mboxlist_entry_free(struct mboxlist_entry **ep);
 
 /* Create a mailbox: the entry and its spool (mailbox_create()).
  * partition NULL = defaultpartition; acl NULL = for "user.U[.X]" names
- * "U<TAB>lrswipkxtea<TAB>", for other names "" (only admins).  On
- * STORE_OK the new unique id is copied into uniqueid_r when not NULL.
+ * "U<TAB>lrswipkxtea<TAB>" (U the login name: a '^' of the mailbox name
+ * is a '.' in it, "user.a^b" belongs to "a.b"), for other names ""
+ * (only admins).  On
+ * STORE_OK the new unique id is copied into uniqueid_r when not NULL
+ * (untouched otherwise).  A spool directory left by a create that crashed
+ * before its commit is replaced.  Concurrent creators (any process)
+ * serialize on the database write lock; of several creating one name,
+ * exactly one gets STORE_OK, the others STORE_EXISTS.
  * STORE_EXISTS, STORE_BADNAME, STORE_BADPARTITION, STORE_IOERROR,
- * STORE_NOSPACE, STORE_NOMEM. */
+ * STORE_BUSY (the backend kept reporting deadlocks), STORE_NOSPACE,
+ * STORE_NOMEM, STORE_INTERNAL (acl given and not well formed by
+ * acl_check(): a caller's bug, ACLs are built with acl_set()). */
 int mboxlist_create(struct mboxlist *ml, const char *name,
                     const char *partition, const char *acl,
                     struct buf *uniqueid_r);
@@ -77,28 +90,54 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
 
 /* Delete a mailbox (with MBOXLIST_RECURSIVE also every mailbox below it)
  * and its spool.  Without the flag, a mailbox with children is deleted
- * alone (its children stay, as IMAP DELETE does).  Quota roots are not
- * touched (quota.h).  STORE_NOTFOUND, STORE_IOERROR, ... */
+ * alone (its children stay, as IMAP DELETE does; its directory stays while
+ * it holds theirs).  Quota roots are not touched (quota.h).  An entry
+ * whose value does not parse is deleted too (its spool, on an unknown
+ * partition, is left; logged).  Once the entries are committed the delete
+ * has happened: a spool that cannot be removed is logged and left as a
+ * harmless orphan, and the result is still STORE_OK.
+ * STORE_OK, STORE_NOTFOUND, STORE_BADNAME, STORE_IOERROR, STORE_BUSY,
+ * STORE_NOMEM. */
 int mboxlist_delete(struct mboxlist *ml, const char *name, int flags);
 
 /* Rename `oldname` and every mailbox below it to `newname` (children keep
- * their relative names), moving spool directories; unique ids and ACLs
- * stay.  STORE_NOTFOUND (old), STORE_EXISTS (new or one of the new child
- * names exists), STORE_BADNAME (either name, or new below old),
- * STORE_NOTIMPLEMENTED (a mailbox of the tree is on another partition
- * than `newpartition`, when given), STORE_IOERROR. */
+ * their relative names), moving spool directories; unique ids, ACLs and
+ * partitions stay.  Children on other partitions than their parent, and
+ * children whose hashimapspool letter differs from their parent's, are
+ * moved each within their own partition.  A new directory that already
+ * exists and is in use (it holds the spools of surviving children of a
+ * mailbox deleted alone) receives the mailbox's files instead.  Any
+ * failure before the commit moves everything back.
+ * The name line in cyrus.header is not rewritten (it is informational;
+ * the next header write by mailbox.c puts the new name).  Processes that
+ * have a mailbox of the tree open keep using the old path: rename is for
+ * mailboxes not in use (as in Cyrus, where RENAME locks them; here the
+ * caller arranges it).
+ * STORE_NOTFOUND (old), STORE_EXISTS (new or one of the new child
+ * names exists; also newname == oldname), STORE_BADNAME (either name, a
+ * new child name over the limits, or new below old), STORE_BADPARTITION
+ * (newpartition not configured), STORE_NOTIMPLEMENTED (a mailbox of the
+ * tree is on another partition than `newpartition`, when given),
+ * STORE_CORRUPT (an entry of the tree does not parse), STORE_IOERROR,
+ * STORE_NOSPACE, STORE_BUSY, STORE_NOMEM. */
 int mboxlist_rename(struct mboxlist *ml, const char *oldname,
                     const char *newname, const char *newpartition);
 
-/* Replace the ACL string of a mailbox (checked with acl_check()). */
+/* Replace the ACL string of a mailbox (checked with acl_check()).
+ * STORE_OK, STORE_NOTFOUND, STORE_BADNAME, STORE_CORRUPT (the stored value
+ * does not parse), STORE_IOERROR, STORE_BUSY, STORE_NOMEM, STORE_INTERNAL
+ * (acl NULL or not well formed: a caller's bug, ACLs are built with
+ * acl_set()). */
 int mboxlist_setacl(struct mboxlist *ml, const char *name, const char *acl);
 
 /* Call cb for every mailbox whose internal name matches the IMAP pattern
  * (mboxname_match with '.' as separator), in mailbox order.  The entry
- * passed is valid only during the call.  cb returning non-zero stops the
- * walk and that value is returned.  The walk reads a consistent snapshot
- * where the backend gives one; cb must not modify the list.  STORE_OK,
- * STORE_IOERROR, or cb's value. */
+ * passed is valid only during the call (it is a copy: cb may look names
+ * up meanwhile).  cb returning non-zero stops the walk and that value is
+ * returned.  The walk reads a consistent snapshot where the backend gives
+ * one; cb must not modify the list.  Entries whose value does not parse
+ * are skipped (and logged).  STORE_OK, STORE_IOERROR, STORE_NOMEM,
+ * STORE_INTERNAL (pattern or cb NULL), or cb's value. */
 typedef int mboxlist_cb_fn(void *rock, const struct mboxlist_entry *entry);
 int mboxlist_list(struct mboxlist *ml, const char *pattern,
                   mboxlist_cb_fn *cb, void *rock);
