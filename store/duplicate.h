@@ -20,26 +20,41 @@
 
 #define DUPLICATE_FNAME "deliver.db"
 #define DUPLICATE_ID_MAX 400   /* longer Message-IDs are not tracked */
+/* Nor pairs whose key (id, NUL, mailbox) is longer than this: the longest
+ * key every cyrusdb backend takes (LMDB's limit, applied to all). */
+#define DUPLICATE_KEY_MAX 511
 
 struct duplicate_db;
 
+/* Open (creating) CONFIGDIR/deliver.db, plain byte order.  Per process,
+ * after fork().  STORE_OK, STORE_IOERROR, STORE_NOMEM. */
 int duplicate_open(const struct imapconf *conf, struct duplicate_db **d_r);
 void duplicate_close(struct duplicate_db **dp);
 
 /* Was (id, mailbox) delivered?  STORE_OK with *time_r (and *uid_r when not
- * NULL) when yes, STORE_NOTFOUND when no (also for an id that is empty or
- * over DUPLICATE_ID_MAX), STORE_IOERROR. */
+ * NULL) when yes, STORE_NOTFOUND when no (also for an id that is empty,
+ * over DUPLICATE_ID_MAX or holds a NUL byte, for a mailbox that is empty,
+ * when the key would pass DUPLICATE_KEY_MAX, and for a damaged record, which is
+ * logged: a lost record may only cause a second copy), STORE_IOERROR,
+ * STORE_BUSY. */
 int duplicate_check(struct duplicate_db *d, const char *id, size_t idlen,
                     const char *mailbox, time_t *time_r, uint32_t *uid_r);
 
 /* Record a delivery (replacing an older record).  STORE_OK, STORE_IOERROR;
- * an id that is empty or too long is silently not recorded (STORE_OK): it
- * cannot be checked either. */
+ * an id or mailbox that duplicate_check() cannot track (see there) is
+ * silently not recorded (STORE_OK): it cannot be checked either.
+ * STORE_INTERNAL for when < 0. */
 int duplicate_mark(struct duplicate_db *d, const char *id, size_t idlen,
                    const char *mailbox, time_t when, uint32_t uid);
 
-/* Delete every record older than `days` days; *pruned_r / *kept_r (may be
- * NULL) get the counts.  STORE_OK, STORE_IOERROR. */
+/* Delete every record older than `days` days (TIME < now - days * 86400),
+ * and every damaged record; *pruned_r / *kept_r (may be NULL) get the
+ * counts.  Deletes run in transactions of at most 1000 records, so
+ * deliveries wait at most one batch, and memory is bounded (a few MiB of
+ * keys at a time) whatever the size of the database.  A record marked
+ * again while the prune runs is kept.  On error, the batches committed
+ * before it stay pruned.  STORE_OK, STORE_IOERROR, STORE_BUSY, STORE_NOMEM,
+ * STORE_INTERNAL (days < 0). */
 int duplicate_prune(struct duplicate_db *d, int days,
                     unsigned long *pruned_r, unsigned long *kept_r);
 

@@ -28,6 +28,10 @@
 
 #define QUOTA_FNAME "quotas.db"
 #define QUOTA_UNLIMITED (-1LL)
+/* Largest limits quota_set() takes (the storage limit in bytes then fits a
+ * long long). */
+#define QUOTA_STORAGE_MAX_KB (9223372036854775807LL / 1024)
+#define QUOTA_MESSAGE_MAX 9223372036854775807LL
 
 struct quota_db;
 
@@ -38,12 +42,19 @@ struct quota {
     uint64_t used_messages;
 };
 
-/* Open (creating) the quota database.  Per process, after fork(). */
+/* Open (creating) the quota database, CYRUSDB_MBOXSORT order (the file is
+ * always opened so).  Per process, after fork().  STORE_OK, STORE_IOERROR
+ * (configdirectory unset, file unusable), STORE_NOMEM.
+ *
+ * Every function below takes names of 1..MBOXNAME_MAX bytes and gives
+ * STORE_BADNAME for others; STORE_BUSY when the database stayed locked
+ * (a transaction that lost a deadlock is retried a few times first). */
 int quota_open(const struct imapconf *conf, struct quota_db **q_r);
 void quota_close(struct quota_db **qp);
 
 /* The nearest quota root of a mailbox into root (the name itself, or an
- * ancestor).  STORE_OK, STORE_NOTFOUND (no root covers it). */
+ * ancestor: "user.a.b", then "user.a", then "user").  STORE_OK,
+ * STORE_NOTFOUND (no root covers it), STORE_IOERROR. */
 int quota_findroot(struct quota_db *q, const char *mailbox, struct buf *root);
 
 /* Read a root.  STORE_OK, STORE_NOTFOUND, STORE_CORRUPT, STORE_IOERROR. */
@@ -51,27 +62,46 @@ int quota_get(struct quota_db *q, const char *root, struct quota *quota_r);
 
 /* Create a root or change its limits (usage kept).  A new root starts at
  * zero usage: callers (mbtool) then call quota_update_mailbox() for every
- * mailbox it covers.  STORE_OK, STORE_BADNAME, STORE_IOERROR. */
+ * mailbox it covers (which moves each mailbox's usage over from the root
+ * that covered it before).  A damaged R record is rewritten with zero
+ * usage (logged).  STORE_OK, STORE_BADNAME (root fails mboxname_check),
+ * STORE_INTERNAL (a limit below -1 or above QUOTA_STORAGE_MAX_KB /
+ * QUOTA_MESSAGE_MAX: callers validate user input), STORE_IOERROR. */
 int quota_set(struct quota_db *q, const char *root,
               long long storage_limit_kb, long long message_limit);
 
-/* Remove a root and the M records that point at it. */
+/* Remove a root and the M records that point at it, in one transaction.
+ * The mailboxes it covered count toward the next root up (if any) from
+ * their next quota_update_mailbox().  STORE_OK, STORE_NOTFOUND (no such
+ * root), STORE_IOERROR. */
 int quota_remove(struct quota_db *q, const char *root);
 
 /* Would adding (bytes, messages) to the root covering `mailbox` pass a
- * limit?  STORE_OK (or no root), STORE_OVERQUOTA.  When not NULL,
- * *warn_r is set to 1 when usage after the addition passes `quotawarn`
- * percent of a limit. */
+ * limit?  STORE_OK (or no root), STORE_OVERQUOTA, STORE_CORRUPT (the root
+ * record is damaged), STORE_IOERROR.  As in Cyrus, a resource is over
+ * when the addition is positive and usage + addition is greater than the
+ * limit (storage limit * 1024 bytes; message limit): reaching the limit
+ * exactly is allowed, and an addition of zero never fails even when usage
+ * is already above the limit.  A limit of -1 is never passed.  When not
+ * NULL, *warn_r is set to 1 when usage after the addition reaches (>=)
+ * `quotawarn` percent of a positive limit, else 0. */
 int quota_check(struct quota_db *q, const char *mailbox, uint64_t bytes,
                 uint64_t messages, int *warn_r);
 
 /* Set mailbox's contribution to (used_bytes, used_messages), moving its
  * root's usage by the difference (one transaction); when the mailbox has
- * no root, any stale M record is removed.  STORE_OK, STORE_IOERROR. */
+ * no root, any stale M record is removed.  Same values as last time: no
+ * write at all.  When the M record names another root than the nearest
+ * one now, its old contribution leaves that root and the new one joins
+ * the nearest.  A usage that would go below zero is clamped (logged).  A
+ * damaged M record is replaced (logged; its old share of the root is
+ * unknown).  STORE_OK, STORE_CORRUPT (the root record is damaged),
+ * STORE_IOERROR. */
 int quota_update_mailbox(struct quota_db *q, const char *mailbox,
                          uint64_t used_bytes, uint64_t used_messages);
 
-/* Forget a mailbox (deleted or renamed away): its usage leaves its root. */
+/* Forget a mailbox (deleted or renamed away): its usage leaves its root.
+ * STORE_OK (also when the mailbox had no M record), STORE_IOERROR. */
 int quota_remove_mailbox(struct quota_db *q, const char *mailbox);
 
 #endif

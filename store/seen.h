@@ -18,6 +18,10 @@
 
 struct seen_db;
 
+#define SEEN_UNIQUEID_MAX 255   /* bytes of a mailbox unique id (the key) */
+
+/* Initialise with memset(0) (or { 0, 0, 0, BUF_INITIALIZER }) before the
+ * first seen_read(); free with seen_data_free(). */
 struct seen_data {
     time_t lastread;
     uint32_t lastuid;
@@ -25,31 +29,48 @@ struct seen_data {
     struct buf seenuids;    /* the sequence set text */
 };
 
-/* Open (creating) the seen file of `userid`.  STORE_OK, STORE_BADNAME
- * (userid empty, with '/', or control bytes), STORE_IOERROR. */
+/* Open (creating, with its directory) the seen file of `userid`, plain
+ * byte order.  Per process, after fork().  STORE_OK, STORE_BADNAME (userid
+ * empty, longer than STORE_USERID_MAX, "." or "..", with '/' or control
+ * bytes), STORE_IOERROR. */
 int seen_open(const struct imapconf *conf, const char *userid,
               struct seen_db **s_r);
 void seen_close(struct seen_db **sp);
 
-/* Read a mailbox's state.  Unknown mailbox: STORE_OK with everything
- * zero and an empty set.  STORE_CORRUPT for a value that does not parse. */
+/* Read a mailbox's state into *d (replacing what it held).  Unknown
+ * mailbox: STORE_OK with everything zero and an empty set.  STORE_CORRUPT
+ * (logged; *d zeroed) for a value that does not parse: a version other
+ * than 1, a malformed number or a malformed sequence set.  STORE_BADNAME
+ * for a uniqueid that is empty or over SEEN_UNIQUEID_MAX bytes (all
+ * functions taking a uniqueid).  STORE_IOERROR. */
 int seen_read(struct seen_db *s, const char *uniqueid, struct seen_data *d);
-/* Write it (one committed transaction). */
+/* Write it (one committed transaction).  STORE_INTERNAL (logged, nothing
+ * written) when the set is malformed or a time is negative: the reader
+ * would refuse it.  STORE_IOERROR. */
 int seen_write(struct seen_db *s, const char *uniqueid,
                const struct seen_data *d);
-/* Remove a mailbox's state. */
+/* Remove a mailbox's state (STORE_OK also when there was none). */
 int seen_delete(struct seen_db *s, const char *uniqueid);
 void seen_data_free(struct seen_data *d);
 
-/* Sequence sets: 1 when uid is in set (well-formed sets only, as written
- * by seen_set_add; any malformed set contains nothing). */
+/* Sequence sets: items "N" or "N:M" separated by ',', 1 <= N <= M <=
+ * 4294967295, no leading zeros, ascending and not overlapping; "" is the
+ * empty set.  seen_set_contains(): 1 when uid is in set (well-formed sets
+ * only; any malformed set contains nothing). */
 int seen_set_contains(const char *set, uint32_t uid);
 /* Add (add != 0) or remove uid to/from the set in buf, keeping it sorted
- * and merged into ranges.  STORE_OK, STORE_NOMEM. */
+ * and merged into ranges; the result is canonical (adjacent ranges joined,
+ * "N" for a single uid).  STORE_OK, STORE_NOMEM, STORE_CORRUPT (the set
+ * in buf is malformed; left unchanged), STORE_INTERNAL (uid 0). */
 int seen_set_update(struct buf *set, uint32_t uid, int add);
 
 /* Remove the seen file of a user (user deletion), and rename it (user
- * rename).  STORE_OK, STORE_NOTFOUND, STORE_IOERROR. */
+ * rename).  No process may have the files open.  Rename copies every
+ * record into the new user's file (created if missing; records of the same
+ * uniqueid replaced) in one transaction, then removes the old file: after
+ * a crash in between, running it again finishes the job.  STORE_OK,
+ * STORE_NOTFOUND (the old user has no seen file), STORE_BADNAME,
+ * STORE_IOERROR. */
 int seen_delete_user(const struct imapconf *conf, const char *userid);
 int seen_rename_user(const struct imapconf *conf, const char *olduser,
                      const char *newuser);

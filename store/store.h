@@ -40,14 +40,65 @@ const char *store_strerror(int r);
  * over-quota as permanent, which the caller decides), 0 when permanent. */
 int store_is_temporary(int r);
 
-/* Map a cyrusdb return code to a store code (CYRUSDB_NOTFOUND ->
- * STORE_NOTFOUND, CYRUSDB_EXISTS -> STORE_EXISTS, CYRUSDB_AGAIN/LOCKED ->
- * STORE_BUSY, CYRUSDB_NOMEM -> STORE_NOMEM, everything else IOERROR). */
+/* Map a cyrusdb return code to a store code (CYRUSDB_OK and CYRUSDB_DONE
+ * -> STORE_OK, CYRUSDB_NOTFOUND -> STORE_NOTFOUND, CYRUSDB_EXISTS ->
+ * STORE_EXISTS, CYRUSDB_AGAIN/LOCKED -> STORE_BUSY, CYRUSDB_FULL (disk or
+ * map space) -> STORE_NOSPACE, everything else IOERROR).  cyrusdb has no
+ * out-of-memory code: its backends report allocation failure as IOERROR or
+ * INTERNAL, which both map to STORE_IOERROR. */
 int store_from_cyrusdb(int r);
 
 /* Map an errno value to a store code (ENOSPC/EDQUOT -> STORE_NOSPACE,
  * ENOMEM -> STORE_NOMEM, ENOENT -> STORE_NOTFOUND, EEXIST -> STORE_EXISTS,
  * EAGAIN/EWOULDBLOCK/EINTR -> STORE_BUSY, everything else IOERROR). */
 int store_from_errno(int e);
+
+/* ---- helpers shared by the store's small databases ------------------- */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+
+/* Parse the decimal number that is exactly the bytes (p, len): 1 to 20
+ * digits, no sign, no space, no leading zero (except "0" itself), value at
+ * most `max`.  Returns 0 and *v_r, or -1 (nothing stored) for anything
+ * else.  Never reads past p + len. */
+int store_parse_u64(const char *p, size_t len, uint64_t max, uint64_t *v_r);
+
+/* Longest user id accepted for a per-user file name. */
+#define STORE_USERID_MAX 200
+
+/* The per-user database file CONFIGDIR/user/H/USERID.SUFFIX into path
+ * (replacing its contents), H = mboxname_hash_letter() of the user's INBOX
+ * "user.USERID", i.e. the first letter of the user id lower-cased, 'q' for
+ * a non-letter (Cyrus's layout for .seen and .sub files).  The user id must
+ * be 1..STORE_USERID_MAX bytes without '/' or control bytes and not "." or
+ * "..".  STORE_OK, STORE_BADNAME (userid refused, logged), STORE_IOERROR
+ * (configdirectory not set), STORE_NOMEM. */
+int store_user_path(const struct imapconf *conf, const char *userid,
+                    const char *suffix, struct buf *path);
+
+/* Remove a database file and the files a backend keeps beside it (the
+ * "-lock" file of lmdb), as Cyrus does when a user is deleted.  No process
+ * may have the file open.  STORE_OK, STORE_NOTFOUND (no such file),
+ * STORE_IOERROR. */
+int store_db_unlink(const char *fname);
+
+/* Copy every record of database `from` into database `to` (created when
+ * missing; records of the same key are replaced), both opened with
+ * `backend` and `flags` (CYRUSDB_MBOXSORT or 0; CYRUSDB_CREATE is added
+ * for `to`), in one transaction on `to`.  When rekey is not NULL it is
+ * called for every key and puts the key to write into *newkey (it starts
+ * as a copy of the key); it returns 0, or -1 to fail the copy
+ * (STORE_NOMEM).  The caller then removes `from`: a crash in between
+ * leaves both files, and copying again is harmless, which makes a user
+ * rename restartable.  STORE_OK, STORE_NOTFOUND (`from` does not exist),
+ * STORE_IOERROR, STORE_NOMEM. */
+typedef int store_rekey_fn(void *rock, const char *key, size_t keylen,
+                           struct buf *newkey);
+int store_db_copy(const char *backend, int flags, const char *from,
+                  const char *to, store_rekey_fn *rekey, void *rekey_rock);
 
 #endif

@@ -1,0 +1,384 @@
+/*
+ * duplicate.c - the duplicate delivery database, CONFIGDIR/deliver.db.
+ *
+ * ON-DISK FORMAT (cyrusdb backend `duplicate_db`, plain byte order):
+ *
+ *   MESSAGE-ID NUL MAILBOX  ->  "TIME UID"
+ *
+ * TIME is decimal seconds since the epoch, UID the decimal uid the message
+ * got in MAILBOX (0 when unknown), one space between.  The Message-ID is
+ * 1..DUPLICATE_ID_MAX bytes without NUL, so the first NUL of a key ends
+ * it; the mailbox is at least one byte, the whole key at most
+ * DUPLICATE_KEY_MAX bytes.
+ *
+ * CRASH SAFETY: every mark is one cyrusdb write of its own, so a crash
+ * leaves a record either written or not; a record lost (a no-sync backend,
+ * a crash) can only let a second copy of a message through, never lose
+ * one.  For the same reason a damaged record reads as absent (logged), and
+ * prune deletes it.
+ *
+ * PRUNE: one read-only walk collects the keys of expired (and damaged)
+ * records into a buffer of at most DUPLICATE_PRUNE_MEM bytes; they are
+ * then deleted in transactions of at most DUPLICATE_PRUNE_BATCH deletes
+ * each, every record re-read under the write lock first so that a record
+ * marked again since the walk is kept.  So the write lock is never held
+ * for more than one batch, and memory stays bounded however large the
+ * database: when the buffer fills, the walk stops, the batch is deleted
+ * and a new walk starts (it meets fewer expired records each time).
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cyrusdb/cyrusdb.h"
+#include "lib/buf.h"
+#include "lib/log.h"
+#include "store/duplicate.h"
+#include "store/store.h"
+
+#define DUPLICATE_PRUNE_BATCH 1000
+#define DUPLICATE_PRUNE_MEM (4u << 20)
+#define DUPLICATE_RETRIES 5
+#define DUPLICATE_TIME_MAX ((uint64_t)INT64_MAX)
+
+struct duplicate_db {
+    struct cyrusdb *db;
+    char *fname;
+};
+
+/* ---- encoding --------------------------------------------------------- */
+
+/* id NUL mailbox into key; -1 when the pair cannot be tracked. */
+static int duplicate_key(struct buf *key, const char *id, size_t idlen,
+                         const char *mailbox)
+{
+    size_t mlen;
+
+    if (!id || idlen == 0 || idlen > DUPLICATE_ID_MAX ||
+        memchr(id, '\0', idlen))
+        return -1;
+    mlen = mailbox ? strnlen(mailbox, DUPLICATE_KEY_MAX) : 0;
+    if (mlen == 0 || idlen + 1 + mlen > DUPLICATE_KEY_MAX)
+        return -1;
+    buf_reset(key);
+    if (buf_append(key, id, idlen) < 0 || buf_putc(key, '\0') < 0 ||
+        buf_append(key, mailbox, mlen) < 0)
+        return -2;
+    return 0;
+}
+
+/* "TIME UID" */
+static int duplicate_parse(const char *p, size_t len, time_t *time_r,
+                           uint32_t *uid_r)
+{
+    const char *sp = memchr(p, ' ', len);
+    uint64_t t, u;
+
+    if (!sp)
+        return -1;
+    if (store_parse_u64(p, (size_t)(sp - p), DUPLICATE_TIME_MAX, &t) < 0 ||
+        store_parse_u64(sp + 1, len - (size_t)(sp - p) - 1, UINT32_MAX,
+                        &u) < 0)
+        return -1;
+    if ((uint64_t)(time_t)t != t)
+        return -1;
+    *time_r = (time_t)t;
+    *uid_r = (uint32_t)u;
+    return 0;
+}
+
+/* A key for a log line: the Message-ID part, sanitized. */
+static const char *duplicate_logkey(const char *key, size_t keylen,
+                                    char *out, size_t outlen)
+{
+    const char *nul = memchr(key, '\0', keylen);
+
+    return log_sanitize(key, nul ? (size_t)(nul - key) : keylen, out, outlen);
+}
+
+/* ---- open / close ----------------------------------------------------- */
+
+int duplicate_open(const struct imapconf *conf, struct duplicate_db **d_r)
+{
+    const char *confdir = imapconf_getstring(conf, "configdirectory");
+    const char *backend = imapconf_getstring(conf, "duplicate_db");
+    struct duplicate_db *d;
+    struct buf fname = BUF_INITIALIZER;
+    int r;
+
+    *d_r = NULL;
+    if (!confdir || !*confdir || !backend) {
+        log_error("duplicate: configdirectory or duplicate_db not set");
+        return STORE_IOERROR;
+    }
+    d = calloc(1, sizeof(*d));
+    if (!d || buf_printf(&fname, "%s/%s", confdir, DUPLICATE_FNAME) < 0) {
+        free(d);
+        buf_free(&fname);
+        return STORE_NOMEM;
+    }
+    d->fname = buf_release(&fname);
+    r = cyrusdb_open(backend, d->fname, CYRUSDB_CREATE, &d->db, NULL);
+    if (r != CYRUSDB_OK) {
+        free(d->fname);
+        free(d);
+        return r == CYRUSDB_NOTFOUND ? STORE_IOERROR : store_from_cyrusdb(r);
+    }
+    *d_r = d;
+    return STORE_OK;
+}
+
+void duplicate_close(struct duplicate_db **dp)
+{
+    struct duplicate_db *d = dp ? *dp : NULL;
+
+    if (!d)
+        return;
+    cyrusdb_close(&d->db);
+    free(d->fname);
+    free(d);
+    *dp = NULL;
+}
+
+/* ---- check / mark ----------------------------------------------------- */
+
+int duplicate_check(struct duplicate_db *d, const char *id, size_t idlen,
+                    const char *mailbox, time_t *time_r, uint32_t *uid_r)
+{
+    struct buf key = BUF_INITIALIZER;
+    const char *data;
+    size_t datalen;
+    time_t t;
+    uint32_t uid;
+    char safe[128];
+    int r;
+
+    r = duplicate_key(&key, id, idlen, mailbox);
+    if (r < 0) {
+        buf_free(&key);
+        return r == -2 ? STORE_NOMEM : STORE_NOTFOUND;
+    }
+    r = cyrusdb_fetch(d->db, key.s, key.len, &data, &datalen, NULL);
+    if (r == CYRUSDB_NOTFOUND) {
+        r = STORE_NOTFOUND;
+    } else if (r != CYRUSDB_OK) {
+        log_error("duplicate: fetch failed file=<%s> id=<%s> error=<%s>",
+                  d->fname, duplicate_logkey(key.s, key.len, safe,
+                                             sizeof(safe)),
+                  cyrusdb_strerror(r));
+        r = store_from_cyrusdb(r);
+    } else if (duplicate_parse(data, datalen, &t, &uid) < 0) {
+        log_error("duplicate: damaged record read as absent file=<%s> "
+                  "id=<%s>", d->fname,
+                  duplicate_logkey(key.s, key.len, safe, sizeof(safe)));
+        r = STORE_NOTFOUND;
+    } else {
+        if (time_r)
+            *time_r = t;
+        if (uid_r)
+            *uid_r = uid;
+        r = STORE_OK;
+    }
+    buf_free(&key);
+    return r;
+}
+
+int duplicate_mark(struct duplicate_db *d, const char *id, size_t idlen,
+                   const char *mailbox, time_t when, uint32_t uid)
+{
+    struct buf key = BUF_INITIALIZER;
+    char val[48];
+    char safe[128];
+    int r, n;
+
+    if (when < 0) {
+        log_error("duplicate: negative time refused file=<%s>", d->fname);
+        return STORE_INTERNAL;
+    }
+    r = duplicate_key(&key, id, idlen, mailbox);
+    if (r < 0) {
+        buf_free(&key);
+        return r == -2 ? STORE_NOMEM : STORE_OK;   /* not trackable */
+    }
+    n = snprintf(val, sizeof(val), "%lld %u", (long long)when, uid);
+    r = cyrusdb_store(d->db, key.s, key.len, val, (size_t)n, NULL);
+    if (r != CYRUSDB_OK) {
+        log_error("duplicate: store failed file=<%s> id=<%s> error=<%s>",
+                  d->fname, duplicate_logkey(key.s, key.len, safe,
+                                             sizeof(safe)),
+                  cyrusdb_strerror(r));
+        r = store_from_cyrusdb(r);
+    }
+    buf_free(&key);
+    return r;
+}
+
+/* ---- prune ------------------------------------------------------------ */
+
+struct duplicate_walk {
+    time_t cutoff;
+    struct buf keys;          /* collected keys: size_t length, then bytes */
+    unsigned long nkeys;
+    unsigned long kept;
+    unsigned long damaged;
+    int full;                 /* the walk stopped on the memory bound */
+    int nomem;
+};
+
+/* Is the record (data, datalen) to be pruned?  *damaged_r for bad ones. */
+static int duplicate_expired(time_t cutoff, const char *key, size_t keylen,
+                             const char *data, size_t datalen, int *damaged_r)
+{
+    const char *nul = memchr(key, '\0', keylen);
+    time_t t;
+    uint32_t uid;
+
+    *damaged_r = 0;
+    if (!nul || nul == key || (size_t)(nul - key) == keylen - 1 ||
+        duplicate_parse(data, datalen, &t, &uid) < 0) {
+        *damaged_r = 1;
+        return 1;
+    }
+    return t < cutoff;
+}
+
+static int duplicate_walk_cb(void *rock, const char *key, size_t keylen,
+                             const char *data, size_t datalen)
+{
+    struct duplicate_walk *w = rock;
+    int damaged;
+
+    if (!duplicate_expired(w->cutoff, key, keylen, data, datalen, &damaged)) {
+        w->kept++;
+        return 0;
+    }
+    if (buf_append(&w->keys, &keylen, sizeof(keylen)) < 0 ||
+        buf_append(&w->keys, key, keylen) < 0) {
+        w->nomem = 1;
+        return 1;
+    }
+    w->nkeys++;
+    w->damaged += (unsigned long)damaged;
+    if (w->keys.len >= DUPLICATE_PRUNE_MEM) {
+        w->full = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* Delete the collected keys from *pos on, at most one batch, in one
+ * transaction.  Adds to *pruned / *kept. */
+static int duplicate_delete_batch(struct duplicate_db *d,
+                                  const struct duplicate_walk *w, size_t *pos,
+                                  unsigned long *pruned, unsigned long *kept)
+{
+    struct cyrusdb_txn *tid = NULL;
+    size_t p = *pos;
+    unsigned long n = 0, del = 0, keep = 0;
+    int r = CYRUSDB_OK, damaged;
+
+    while (p < w->keys.len && n < DUPLICATE_PRUNE_BATCH) {
+        size_t keylen;
+        const char *key, *data;
+        size_t datalen;
+
+        memcpy(&keylen, w->keys.s + p, sizeof(keylen));
+        key = w->keys.s + p + sizeof(keylen);
+        p += sizeof(keylen) + keylen;
+        n++;
+        r = cyrusdb_fetchlock(d->db, key, keylen, &data, &datalen, &tid);
+        if (r == CYRUSDB_NOTFOUND) {
+            r = CYRUSDB_OK;    /* gone already */
+            continue;
+        }
+        if (r != CYRUSDB_OK)
+            break;
+        if (!duplicate_expired(w->cutoff, key, keylen, data, datalen,
+                               &damaged)) {
+            keep++;            /* marked again since the walk */
+            continue;
+        }
+        r = cyrusdb_delete(d->db, key, keylen, &tid, 1);
+        if (r != CYRUSDB_OK)
+            break;
+        del++;
+    }
+    if (r == CYRUSDB_OK && tid)
+        r = cyrusdb_commit(d->db, tid);
+    else if (tid)
+        cyrusdb_abort(d->db, tid);
+    if (r != CYRUSDB_OK)
+        return r;
+    *pos = p;
+    *pruned += del;
+    *kept += keep;
+    return CYRUSDB_OK;
+}
+
+int duplicate_prune(struct duplicate_db *d, int days,
+                    unsigned long *pruned_r, unsigned long *kept_r)
+{
+    struct duplicate_walk w;
+    unsigned long pruned = 0, kept_late = 0, damaged = 0;
+    int r, attempt;
+
+    if (pruned_r)
+        *pruned_r = 0;
+    if (kept_r)
+        *kept_r = 0;
+    if (days < 0) {
+        log_error("duplicate: prune with negative age days=<%d>", days);
+        return STORE_INTERNAL;
+    }
+    memset(&w, 0, sizeof(w));
+    w.cutoff = time(NULL) - (time_t)days * 86400;
+    for (;;) {
+        size_t pos = 0;
+
+        buf_reset(&w.keys);
+        kept_late = 0;   /* the last (complete) walk counts what is kept */
+        w.nkeys = w.kept = 0;
+        w.full = w.nomem = 0;
+        w.damaged = 0;
+        r = cyrusdb_foreach(d->db, NULL, 0, NULL, duplicate_walk_cb, &w, NULL);
+        if (w.nomem) {
+            buf_free(&w.keys);
+            return STORE_NOMEM;
+        }
+        if (r < 0) {
+            log_error("duplicate: prune walk failed file=<%s> error=<%s>",
+                      d->fname, cyrusdb_strerror(r));
+            buf_free(&w.keys);
+            return store_from_cyrusdb(r);
+        }
+        damaged += w.damaged;
+        while (pos < w.keys.len) {
+            for (attempt = 0;; attempt++) {
+                r = duplicate_delete_batch(d, &w, &pos, &pruned, &kept_late);
+                if (r != CYRUSDB_AGAIN || attempt >= DUPLICATE_RETRIES)
+                    break;
+            }
+            if (r != CYRUSDB_OK) {
+                log_error("duplicate: prune delete failed file=<%s> "
+                          "error=<%s>", d->fname, cyrusdb_strerror(r));
+                buf_free(&w.keys);
+                return store_from_cyrusdb(r);
+            }
+        }
+        if (!w.full)
+            break;
+    }
+    buf_free(&w.keys);
+    if (damaged)
+        log_warning("duplicate: damaged records pruned file=<%s> count=<%lu>",
+                    d->fname, damaged);
+    log_info("duplicate: pruned file=<%s> days=<%d> pruned=<%lu> kept=<%lu>",
+             d->fname, days, pruned, w.kept + kept_late);
+    if (pruned_r)
+        *pruned_r = pruned;
+    if (kept_r)
+        *kept_r = w.kept + kept_late;
+    return STORE_OK;
+}

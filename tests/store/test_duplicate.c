@@ -1,0 +1,451 @@
+/*
+ * test_duplicate.c - the duplicate delivery database (store/duplicate.c)
+ * against every cyrusdb backend: check, mark and re-mark; ids and
+ * mailboxes that cannot be tracked; prune by age with controlled times
+ * (records marked with old `when` values) and its counts; damaged
+ * records; a 20,000-record prune within a time bound; and a prune racing
+ * a process that marks records again, which must never lose a fresh mark.
+ *
+ * Large data sets are loaded through cyrusdb in one transaction with the
+ * documented record format (ID NUL MAILBOX -> "TIME UID"), with the
+ * duplicate handle closed meanwhile.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "cyrusdb/cyrusdb.h"
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "lib/log.h"
+#include "store/duplicate.h"
+#include "store/store.h"
+#include "tests/testhelp.h"
+
+#define DAY 86400
+
+struct fx {
+    const char *backend;
+    char *dir;
+    struct imapconf *conf;
+    struct duplicate_db *d;
+};
+
+static void fx_init(struct fx *f, void **state)
+{
+    memset(f, 0, sizeof(*f));
+    f->backend = *state;
+    f->dir = th_mkdtemp("duplicate");
+    assert_non_null(f->dir);
+    f->conf = th_store_conf(f->dir, f->backend, NULL);
+    assert_int_equal(duplicate_open(f->conf, &f->d), STORE_OK);
+    assert_non_null(f->d);
+}
+
+static void fx_done(struct fx *f)
+{
+    duplicate_close(&f->d);
+    assert_null(f->d);
+    imapconf_free(&f->conf);
+    th_rmrf(f->dir);
+    free(f->dir);
+}
+
+#define ID(s) (s), (sizeof(s) - 1)
+
+static void expect_dup(struct fx *f, const char *id, size_t idlen,
+                       const char *mbox, time_t when, uint32_t uid)
+{
+    time_t t = (time_t)-7;
+    uint32_t u = 0xdeadbeef;
+
+    assert_int_equal(duplicate_check(f->d, id, idlen, mbox, &t, &u), STORE_OK);
+    assert_int_equal(t, when);
+    assert_int_equal(u, uid);
+}
+
+static void expect_none(struct fx *f, const char *id, size_t idlen,
+                        const char *mbox)
+{
+    time_t t = (time_t)-7;
+    uint32_t u = 0xdeadbeef;
+
+    assert_int_equal(duplicate_check(f->d, id, idlen, mbox, &t, &u),
+                     STORE_NOTFOUND);
+}
+
+/* How many records are there?  (A prune that keeps everything counts.) */
+static unsigned long count_records(struct fx *f)
+{
+    unsigned long pruned = 99, kept = 99;
+
+    assert_int_equal(duplicate_prune(f->d, 3650, &pruned, &kept), STORE_OK);
+    assert_int_equal(pruned, 0);
+    return kept;
+}
+
+/* Load n records "<msg-I@test>" NUL "user.x" -> "when(I) I" in one
+ * transaction; when(I) = old for I % 4 != 0, fresh otherwise. */
+static void load_records(struct fx *f, unsigned n, time_t old, time_t fresh)
+{
+    struct cyrusdb *db = NULL;
+    struct cyrusdb_txn *tid = NULL;
+    char *conf = th_path(f->dir, "conf");
+    char *path = th_path(conf, DUPLICATE_FNAME);
+    char key[64], val[64];
+    unsigned i;
+
+    duplicate_close(&f->d);
+    assert_int_equal(cyrusdb_open(f->backend, path, CYRUSDB_CREATE, &db, NULL),
+                     CYRUSDB_OK);
+    for (i = 0; i < n; i++) {
+        int kl = snprintf(key, sizeof(key), "<msg-%u@test>", i);
+        int vl = snprintf(val, sizeof(val), "%lld %u",
+                          (long long)(i % 4 ? old : fresh), i);
+        memcpy(key + kl, "\0user.x", 7);
+        kl += 7;
+        assert_int_equal(cyrusdb_store(db, key, (size_t)kl, val, (size_t)vl,
+                                       &tid), CYRUSDB_OK);
+    }
+    assert_int_equal(cyrusdb_commit(db, tid), CYRUSDB_OK);
+    cyrusdb_close(&db);
+    free(path);
+    free(conf);
+    assert_int_equal(duplicate_open(f->conf, &f->d), STORE_OK);
+}
+
+/* ---- cases -------------------------------------------------------------- */
+
+static void test_check_mark(void **state)
+{
+    struct fx f;
+    time_t t;
+
+    fx_init(&f, state);
+    expect_none(&f, ID("<a@b>"), "user.a");
+    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), "user.a", 1000, 5),
+                     STORE_OK);
+    expect_dup(&f, ID("<a@b>"), "user.a", 1000, 5);
+    /* uid_r may be NULL */
+    t = 0;
+    assert_int_equal(duplicate_check(f.d, ID("<a@b>"), "user.a", &t, NULL),
+                     STORE_OK);
+    assert_int_equal(t, 1000);
+    /* other mailbox, prefix ids, longer mailbox: all distinct */
+    expect_none(&f, ID("<a@b>"), "user.b");
+    expect_none(&f, ID("<a@b"), "user.a");
+    expect_none(&f, ID("<a@b>x"), "user.a");
+    expect_none(&f, ID("<a@b>"), "user.a.x");
+    /* re-mark replaces */
+    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), "user.a", 2000, 6),
+                     STORE_OK);
+    expect_dup(&f, ID("<a@b>"), "user.a", 2000, 6);
+    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), "user.b", 3000, 0),
+                     STORE_OK);
+    expect_dup(&f, ID("<a@b>"), "user.b", 3000, 0);
+    expect_dup(&f, ID("<a@b>"), "user.a", 2000, 6);
+    /* big values round-trip */
+    assert_int_equal(duplicate_mark(f.d, ID("<big@x>"), "user.a",
+                                    (time_t)4102444800LL, UINT32_MAX),
+                     STORE_OK);
+    expect_dup(&f, ID("<big@x>"), "user.a", (time_t)4102444800LL, UINT32_MAX);
+    assert_int_equal(duplicate_mark(f.d, ID("<neg@x>"), "user.a", -1, 1),
+                     STORE_INTERNAL);
+    expect_none(&f, ID("<neg@x>"), "user.a");
+
+    /* survives a reopen */
+    duplicate_close(&f.d);
+    assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+    expect_dup(&f, ID("<a@b>"), "user.a", 2000, 6);
+    fx_done(&f);
+}
+
+static void test_bad_ids(void **state)
+{
+    struct fx f;
+    char id[DUPLICATE_ID_MAX + 2];
+    char mbox[DUPLICATE_KEY_MAX + 2];
+    time_t now = time(NULL);
+
+    fx_init(&f, state);
+    memset(id, 'i', sizeof(id));
+    id[0] = '<';
+    memset(mbox, 'm', sizeof(mbox));
+    mbox[sizeof(mbox) - 1] = '\0';
+
+    /* empty: not tracked */
+    assert_int_equal(duplicate_mark(f.d, "", 0, "user.a", now, 1), STORE_OK);
+    expect_none(&f, "", 0, "user.a");
+    /* exactly the maximum: tracked */
+    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX, "user.a", now,
+                                    2), STORE_OK);
+    expect_dup(&f, id, DUPLICATE_ID_MAX, "user.a", now, 2);
+    /* one more: not tracked, and not confused with the shorter one */
+    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX + 1, "user.a",
+                                    now, 3), STORE_OK);
+    expect_none(&f, id, DUPLICATE_ID_MAX + 1, "user.a");
+    /* a NUL inside the id: not tracked */
+    assert_int_equal(duplicate_mark(f.d, ID("<a\0b>"), "user.a", now, 4),
+                     STORE_OK);
+    expect_none(&f, ID("<a\0b>"), "user.a");
+    expect_none(&f, ID("<a"), "user.a");
+    /* mailbox empty or too long: not tracked */
+    assert_int_equal(duplicate_mark(f.d, ID("<m@x>"), "", now, 5), STORE_OK);
+    expect_none(&f, ID("<m@x>"), "");
+    assert_int_equal(duplicate_mark(f.d, ID("<m@x>"), mbox, now, 6), STORE_OK);
+    expect_none(&f, ID("<m@x>"), mbox);
+    /* the longest key: id + NUL + mailbox = DUPLICATE_KEY_MAX */
+    mbox[DUPLICATE_KEY_MAX - 6] = '\0';
+    assert_int_equal(duplicate_mark(f.d, ID("<m@x>"), mbox, now, 7), STORE_OK);
+    expect_dup(&f, ID("<m@x>"), mbox, now, 7);
+    /* one byte more, or the longest id with a long mailbox: not tracked */
+    assert_int_equal(duplicate_mark(f.d, ID("<m@xy>"), mbox, now, 8),
+                     STORE_OK);
+    expect_none(&f, ID("<m@xy>"), mbox);
+    mbox[DUPLICATE_KEY_MAX - DUPLICATE_ID_MAX - 1] = '\0';
+    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX, mbox, now, 9),
+                     STORE_OK);
+    expect_dup(&f, id, DUPLICATE_ID_MAX, mbox, now, 9);
+    mbox[DUPLICATE_KEY_MAX - DUPLICATE_ID_MAX - 1] = 'm';
+    mbox[DUPLICATE_KEY_MAX - DUPLICATE_ID_MAX] = '\0';
+    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX, mbox, now, 10),
+                     STORE_OK);
+    expect_none(&f, id, DUPLICATE_ID_MAX, mbox);
+
+    assert_int_equal(count_records(&f), 3);
+    fx_done(&f);
+}
+
+static void test_prune(void **state)
+{
+    struct fx f;
+    time_t now = time(NULL);
+    unsigned long pruned = 99, kept = 99;
+    char id[32];
+    int i, n;
+
+    fx_init(&f, state);
+    for (i = 0; i < 5; i++) {
+        n = snprintf(id, sizeof(id), "<old-%d>", i);
+        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, "user.a",
+                                        now - 10 * DAY, (uint32_t)i),
+                         STORE_OK);
+    }
+    for (i = 0; i < 3; i++) {
+        n = snprintf(id, sizeof(id), "<mid-%d>", i);
+        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, "user.a",
+                                        now - 2 * DAY, (uint32_t)i),
+                         STORE_OK);
+    }
+    for (i = 0; i < 2; i++) {
+        n = snprintf(id, sizeof(id), "<new-%d>", i);
+        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, "user.a",
+                                        now + DAY, (uint32_t)i), STORE_OK);
+    }
+    /* re-marking an old one makes it fresh */
+    assert_int_equal(duplicate_mark(f.d, ID("<old-4>"), "user.a", now, 44),
+                     STORE_OK);
+
+    assert_int_equal(duplicate_prune(f.d, 5, &pruned, &kept), STORE_OK);
+    assert_int_equal(pruned, 4);
+    assert_int_equal(kept, 6);
+    expect_none(&f, ID("<old-0>"), "user.a");
+    expect_none(&f, ID("<old-3>"), "user.a");
+    expect_dup(&f, ID("<old-4>"), "user.a", now, 44);
+    expect_dup(&f, ID("<mid-2>"), "user.a", now - 2 * DAY, 2);
+
+    /* again: nothing more */
+    assert_int_equal(duplicate_prune(f.d, 5, &pruned, &kept), STORE_OK);
+    assert_int_equal(pruned, 0);
+    assert_int_equal(kept, 6);
+    /* NULL counters allowed */
+    assert_int_equal(duplicate_prune(f.d, 5, NULL, NULL), STORE_OK);
+
+    assert_int_equal(duplicate_prune(f.d, 1, &pruned, &kept), STORE_OK);
+    assert_int_equal(pruned, 3);
+    assert_int_equal(kept, 3);
+    expect_none(&f, ID("<mid-0>"), "user.a");
+    /* days 0: everything before now goes, the future stays */
+    assert_int_equal(duplicate_mark(f.d, ID("<past>"), "user.a", now - 10, 1),
+                     STORE_OK);
+    assert_int_equal(duplicate_prune(f.d, 0, &pruned, &kept), STORE_OK);
+    assert_int_equal(pruned >= 1 && pruned <= 2, 1);   /* "<old-4>" at now */
+    assert_int_equal(pruned + kept, 4);
+    expect_none(&f, ID("<past>"), "user.a");
+    expect_dup(&f, ID("<new-1>"), "user.a", now + DAY, 1);
+
+    assert_int_equal(duplicate_prune(f.d, -1, &pruned, &kept), STORE_INTERNAL);
+    fx_done(&f);
+}
+
+static void test_damaged(void **state)
+{
+    struct fx f;
+    struct cyrusdb *db = NULL;
+    char *conf, *path;
+    unsigned long pruned = 99, kept = 99;
+    time_t now = time(NULL);
+    static const char *const bad[] = {
+        "", "x", "12", "12 ", " 12 3", "12 3 4", "12 -3", "12 4294967296",
+        "012 3", "-5 3", NULL
+    };
+    char key[32];
+    int i, kl;
+
+    fx_init(&f, state);
+    assert_int_equal(duplicate_mark(f.d, ID("<good>"), "user.a", now, 1),
+                     STORE_OK);
+    duplicate_close(&f.d);
+    conf = th_path(f.dir, "conf");
+    path = th_path(conf, DUPLICATE_FNAME);
+    assert_int_equal(cyrusdb_open(f.backend, path, 0, &db, NULL), CYRUSDB_OK);
+    for (i = 0; bad[i]; i++) {
+        kl = snprintf(key, sizeof(key), "<bad-%d>", i);
+        memcpy(key + kl, "\0user.a", 7);
+        assert_int_equal(cyrusdb_store(db, key, (size_t)kl + 7, bad[i],
+                                       strlen(bad[i]), NULL), CYRUSDB_OK);
+    }
+    /* a key without the NUL separator is not ours either */
+    assert_int_equal(cyrusdb_store(db, "nonul", 5, "1 1", 3, NULL),
+                     CYRUSDB_OK);
+    cyrusdb_close(&db);
+    free(path);
+    free(conf);
+    assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+
+    for (i = 0; bad[i]; i++) {
+        kl = snprintf(key, sizeof(key), "<bad-%d>", i);
+        expect_none(&f, key, (size_t)kl, "user.a");   /* read as absent */
+    }
+    assert_int_equal(duplicate_prune(f.d, 3, &pruned, &kept), STORE_OK);
+    assert_int_equal(pruned, 11);
+    assert_int_equal(kept, 1);
+    expect_dup(&f, ID("<good>"), "user.a", now, 1);
+    fx_done(&f);
+}
+
+#define BIG 20000
+
+static void test_prune_big(void **state)
+{
+    struct fx f;
+    time_t now = time(NULL);
+    unsigned long pruned = 0, kept = 0;
+    double t0, t1;
+    char id[32];
+    int n;
+
+    fx_init(&f, state);
+    load_records(&f, BIG, now - 30 * DAY, now - DAY);
+    t0 = th_now();
+    assert_int_equal(duplicate_prune(f.d, 3, &pruned, &kept), STORE_OK);
+    t1 = th_now();
+    assert_int_equal(pruned, BIG / 4 * 3);
+    assert_int_equal(kept, BIG / 4);
+    if (t1 - t0 > 15.0)
+        fail_msg("prune of %d records took %.1f s", BIG, t1 - t0);
+    n = snprintf(id, sizeof(id), "<msg-%u@test>", 0u);
+    expect_dup(&f, id, (size_t)n, "user.x", now - DAY, 0);
+    n = snprintf(id, sizeof(id), "<msg-%u@test>", (unsigned)BIG - 4);
+    expect_dup(&f, id, (size_t)n, "user.x", now - DAY, BIG - 4);
+    n = snprintf(id, sizeof(id), "<msg-%u@test>", 1u);
+    expect_none(&f, id, (size_t)n, "user.x");
+    n = snprintf(id, sizeof(id), "<msg-%u@test>", (unsigned)BIG - 1);
+    expect_none(&f, id, (size_t)n, "user.x");
+    assert_int_equal(count_records(&f), BIG / 4);
+    fx_done(&f);
+}
+
+/* While the parent prunes, a child marks old records again (with the
+ * current time); every record it marked must survive. */
+#define RACE_N 4000
+#define RACE_MARK 1200
+
+static void test_prune_race(void **state)
+{
+    struct fx f;
+    time_t now = time(NULL);
+    unsigned long pruned = 0, kept = 0;
+    pid_t pid;
+    int status, i, p[2];
+    char st[64], c;
+
+    fx_init(&f, state);
+    load_records(&f, RACE_N, now - 30 * DAY, now - DAY);
+    duplicate_close(&f.d);
+    assert_int_equal(pipe(p), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct duplicate_db *d = NULL;
+        char id[32];
+        int n, rc = 0;
+
+        th_child_signals();
+        close(p[0]);
+        if (duplicate_open(f.conf, &d) != STORE_OK)
+            _exit(2);
+        if (write(p[1], "g", 1) != 1)
+            _exit(3);
+        for (i = 0; i < RACE_MARK && !rc; i++) {
+            /* only the old ones: I % 4 != 0 */
+            unsigned k = (unsigned)(i / 3) * 4u + (unsigned)(i % 3) + 1u;
+            n = snprintf(id, sizeof(id), "<msg-%u@test>", k);
+            if (duplicate_mark(d, id, (size_t)n, "user.x", time(NULL),
+                               900000u + k) != STORE_OK)
+                rc = 4;
+        }
+        duplicate_close(&d);
+        _exit(rc);
+    }
+    close(p[1]);
+    assert_int_equal(read(p[0], &c, 1), 1);   /* the child is running */
+    close(p[0]);
+    assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+    assert_int_equal(duplicate_prune(f.d, 3, &pruned, &kept), STORE_OK);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("child: %s", th_status_text(status, st, sizeof(st)));
+    for (i = 0; i < RACE_MARK; i++) {
+        unsigned k = (unsigned)(i / 3) * 4u + (unsigned)(i % 3) + 1u;
+        char id[32];
+        time_t t = 0;
+        uint32_t uid = 0;
+        int n = snprintf(id, sizeof(id), "<msg-%u@test>", k);
+        int r = duplicate_check(f.d, id, (size_t)n, "user.x", &t, &uid);
+        if (r != STORE_OK)
+            fail_msg("fresh mark of %s lost by prune", id);
+        assert_int_equal(uid, 900000u + k);
+    }
+    /* everything old the child did not touch is gone */
+    assert_int_equal(count_records(&f), RACE_N / 4 + RACE_MARK);
+    fx_done(&f);
+}
+
+static const struct th_case cases[] = {
+    { "check_mark", test_check_mark },
+    { "bad_ids", test_bad_ids },
+    { "prune", test_prune },
+    { "damaged", test_damaged },
+    { "prune_big", test_prune_big },
+    { "prune_race", test_prune_race },
+};
+
+int main(void)
+{
+    log_init("test_duplicate",
+             getenv("TEST_LOG") ? LOG_TO_STDERR : LOG_TO_NONE);
+    return th_run_per_backend("duplicate", cases,
+                              sizeof(cases) / sizeof(cases[0]));
+}
