@@ -15,6 +15,7 @@
 static const char *log_progname = "cyrusdeliver";
 static enum log_target log_where = LOG_TO_STDERR;
 static int log_debug_on;
+static int log_info_off;
 
 void log_init(const char *progname, enum log_target target)
 {
@@ -32,6 +33,11 @@ void log_init(const char *progname, enum log_target target)
 void log_set_debug(int on)
 {
     log_debug_on = on;
+}
+
+void log_set_info(int on)
+{
+    log_info_off = !on;
 }
 
 static void log_vemit(int prio, const char *level, const char *fmt, va_list ap)
@@ -61,7 +67,17 @@ static void log_vemit(int prio, const char *level, const char *fmt, va_list ap)
         va_end(ap);                             \
     }
 
-LOG_FUNCTION(log_info, LOG_INFO, "info")
+void log_info(const char *fmt, ...)
+{
+    va_list ap;
+
+    if (log_info_off)
+        return;
+    va_start(ap, fmt);
+    log_vemit(LOG_INFO, "info", fmt, ap);
+    va_end(ap);
+}
+
 LOG_FUNCTION(log_warning, LOG_WARNING, "warning")
 LOG_FUNCTION(log_error, LOG_ERR, "error")
 

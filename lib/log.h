@@ -35,6 +35,11 @@ void log_fatal(int code, const char *fmt, ...)
 /* Enable or disable log_debug output (off by default). */
 void log_set_debug(int on);
 
+/* Enable or disable log_info output (on by default).  Interactive tools
+ * turn it off so that their own output is not drowned in event lines;
+ * warnings and errors are always shown. */
+void log_set_info(int on);
+
 /* Copy at most outlen-1 bytes of (s, len) into out, replacing control and
  * non-ASCII bytes with '?', and NUL-terminate.  Returns out. */
 char *log_sanitize(const char *s, size_t len, char *out, size_t outlen);

@@ -215,6 +215,51 @@ int duplicate_mark(struct duplicate_db *d, const char *id, size_t idlen,
     return r;
 }
 
+int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
+                        const char *const *mailboxes, const uint32_t *uids,
+                        size_t n, time_t when)
+{
+    struct cyrusdb_txn *tid = NULL;
+    struct buf key = BUF_INITIALIZER;
+    char val[48];
+    char safe[128];
+    size_t i;
+    int r = STORE_OK, k, len;
+
+    if (when < 0) {
+        log_error("duplicate: negative time refused file=<%s>", d->fname);
+        return STORE_INTERNAL;
+    }
+    for (i = 0; i < n && r == STORE_OK; i++) {
+        k = duplicate_key(&key, id, idlen, mailboxes[i]);
+        if (k == -2)
+            r = STORE_NOMEM;
+        if (k < 0)
+            continue;   /* not trackable */
+        len = snprintf(val, sizeof(val), "%lld %u", (long long)when, uids[i]);
+        k = cyrusdb_store(d->db, key.s, key.len, val, (size_t)len, &tid);
+        if (k != CYRUSDB_OK) {
+            log_error("duplicate: store failed file=<%s> id=<%s> error=<%s>",
+                      d->fname, duplicate_logkey(key.s, key.len, safe,
+                                                 sizeof(safe)),
+                      cyrusdb_strerror(k));
+            r = store_from_cyrusdb(k);
+        }
+    }
+    if (tid && r == STORE_OK) {
+        k = cyrusdb_commit(d->db, tid);
+        if (k != CYRUSDB_OK) {
+            log_error("duplicate: commit failed file=<%s> error=<%s>",
+                      d->fname, cyrusdb_strerror(k));
+            r = store_from_cyrusdb(k);
+        }
+    } else if (tid) {
+        cyrusdb_abort(d->db, tid);
+    }
+    buf_free(&key);
+    return r;
+}
+
 /* ---- prune ------------------------------------------------------------ */
 
 struct duplicate_walk {

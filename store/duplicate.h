@@ -47,6 +47,15 @@ int duplicate_check(struct duplicate_db *d, const char *id, size_t idlen,
 int duplicate_mark(struct duplicate_db *d, const char *id, size_t idlen,
                    const char *mailbox, time_t when, uint32_t uid);
 
+/* Record one message's delivery to n mailboxes (uids[i] in mailboxes[i])
+ * in ONE transaction: one durable commit instead of n, which is what a
+ * multi-recipient delivery needs.  All or nothing: on error no record of
+ * the call is written.  Untrackable keys are skipped as in
+ * duplicate_mark().  STORE_OK, STORE_IOERROR, STORE_BUSY, STORE_NOMEM. */
+int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
+                        const char *const *mailboxes, const uint32_t *uids,
+                        size_t n, time_t when);
+
 /* Delete every record older than `days` days (TIME < now - days * 86400),
  * and every damaged record; *pruned_r / *kept_r (may be NULL) get the
  * counts.  Deletes run in transactions of at most 1000 records, so

@@ -171,6 +171,40 @@ static void test_check_mark(void **state)
     fx_done(&f);
 }
 
+static void test_mark_many(void **state)
+{
+    static const char *const boxes[] = { "user.a", "user.b", "user.c.d" };
+    static const uint32_t uids[] = { 7, 8, 9 };
+    const char *bad[2];
+    uint32_t baduids[2] = { 1, 2 };
+    char longbox[600];
+    struct fx f;
+
+    fx_init(&f, state);
+    assert_int_equal(duplicate_mark_many(f.d, ID("<m@x>"), boxes, uids, 3,
+                                         5000), STORE_OK);
+    expect_dup(&f, ID("<m@x>"), "user.a", 5000, 7);
+    expect_dup(&f, ID("<m@x>"), "user.b", 5000, 8);
+    expect_dup(&f, ID("<m@x>"), "user.c.d", 5000, 9);
+    expect_none(&f, ID("<m@x>"), "user.c");
+    /* nothing to do is fine */
+    assert_int_equal(duplicate_mark_many(f.d, ID("<m@x>"), boxes, uids, 0,
+                                         5000), STORE_OK);
+    /* an untrackable mailbox is skipped, the other one recorded */
+    memset(longbox, 'x', sizeof(longbox) - 1);
+    longbox[sizeof(longbox) - 1] = '\0';
+    bad[0] = longbox;
+    bad[1] = "user.e";
+    assert_int_equal(duplicate_mark_many(f.d, ID("<n@x>"), bad, baduids, 2,
+                                         6000), STORE_OK);
+    expect_dup(&f, ID("<n@x>"), "user.e", 6000, 2);
+    /* a negative time records nothing */
+    assert_int_equal(duplicate_mark_many(f.d, ID("<o@x>"), boxes, uids, 3, -1),
+                     STORE_INTERNAL);
+    expect_none(&f, ID("<o@x>"), "user.a");
+    fx_done(&f);
+}
+
 static void test_bad_ids(void **state)
 {
     struct fx f;
@@ -435,6 +469,7 @@ static void test_prune_race(void **state)
 
 static const struct th_case cases[] = {
     { "check_mark", test_check_mark },
+    { "mark_many", test_mark_many },
     { "bad_ids", test_bad_ids },
     { "prune", test_prune },
     { "damaged", test_damaged },

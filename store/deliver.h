@@ -1,0 +1,60 @@
+/*
+ * deliver.h - one message to a list of mailboxes: the work a delivery
+ * agent (lmtpd, mbtool deliver, the append benchmark) does per message.
+ *
+ * For each recipient mailbox: look it up in the mailbox list, skip it
+ * when duplicate suppression finds (Message-ID, mailbox) delivered before,
+ * check quota, reserve the message (append_add).  Then one durable commit
+ * for all of them (append_commit), and only after that the duplicate
+ * records are written: a duplicate record never exists for mail that was
+ * not stored.  Each recipient gets its own result.
+ *
+ * A context keeps the per-process handles (mailbox list, duplicate
+ * database, open mailboxes) between messages; create it after fork().
+ */
+#ifndef STORE_DELIVER_H
+#define STORE_DELIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "store/append.h"
+
+struct deliver_ctx;
+
+/* STORE_OK, STORE_IOERROR (a database did not open), STORE_NOMEM. */
+int deliver_ctx_new(const struct imapconf *conf, struct deliver_ctx **ctx_r);
+void deliver_ctx_free(struct deliver_ctx **ctxp);
+
+struct deliver_rcpt {
+    const char *mailbox;   /* in: internal mailbox name */
+    int result;            /* out: STORE_OK, or the error for this one */
+    int duplicate;         /* out: 1 when suppressed as a duplicate
+                              (result is STORE_OK, nothing stored) */
+    uint32_t uid;          /* out: the uid given, when stored */
+};
+
+#define DELIVER_IGNORE_QUOTA 1   /* as Cyrus deliver -q */
+#define DELIVER_NO_DUPCHECK  2   /* ignore duplicatesuppression */
+
+/* Deliver the staged message (closed with append_stage_close()) to every
+ * recipient.  msgid (may be NULL/0) is the Message-ID for duplicate
+ * suppression, which applies when `duplicatesuppression` is on and
+ * DELIVER_NO_DUPCHECK is not given.  A recipient listed twice is stored
+ * once (the second gets the first's result).  Returns STORE_OK when the
+ * call itself worked (look at each rcpt's result), or an error that
+ * applies to all (then every result is that error). */
+int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
+                    const char *msgid, size_t msgidlen,
+                    struct deliver_rcpt *rcpts, size_t nrcpts, int flags);
+
+/* Find the Message-ID field in a message header (hdr, len: the header
+ * bytes, or the whole message; the search stops at the first empty line).
+ * The field name matches case-insensitively, folded continuation lines are
+ * joined, surrounding white space dropped; the value is copied into id.
+ * Returns 1 when found with a non-empty value, 0 otherwise. */
+int deliver_find_msgid(const char *hdr, size_t len, struct buf *id);
+
+#endif

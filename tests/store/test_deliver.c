@@ -1,0 +1,250 @@
+/*
+ * test_deliver.c - one message to many mailboxes through store/deliver.c:
+ * unknown recipients, repeated recipients, duplicate suppression (and its
+ * switch), quota refusal per recipient, and the Message-ID parser.
+ * The store cases run once per cyrusdb backend.
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "lib/log.h"
+#include "store/append.h"
+#include "store/deliver.h"
+#include "store/mailbox.h"
+#include "store/mboxlist.h"
+#include "store/quota.h"
+#include "store/store.h"
+#include "tests/testhelp.h"
+
+static const char test_msg[] =
+    "From: a@example.org\r\n"
+    "Subject: test\r\n"
+    "Message-ID: <1@example.org>\r\n"
+    "\r\n"
+    "body line\r\n";
+
+static struct append_stage *test_stage(const struct imapconf *conf,
+                                       const char *text)
+{
+    struct append_stage *st = NULL;
+
+    assert_int_equal(append_stage_open(conf, NULL, &st), STORE_OK);
+    assert_int_equal(append_stage_write(st, text, strlen(text)), STORE_OK);
+    assert_int_equal(append_stage_close(st), STORE_OK);
+    return st;
+}
+
+/* exists of a mailbox, read under a shared lock */
+static uint32_t test_exists(const struct imapconf *conf, const char *name)
+{
+    struct mailbox *mb = NULL;
+    uint32_t n;
+
+    assert_int_equal(mailbox_open(conf, name, NULL, &mb), STORE_OK);
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
+    n = mailbox_get_header(mb)->exists;
+    mailbox_unlock(mb);
+    mailbox_close(&mb);
+    return n;
+}
+
+struct fixture {
+    char *dir;
+    struct imapconf *conf;
+    struct deliver_ctx *ctx;
+};
+
+static void fixture_up(struct fixture *f, const char *backend, const char *extra)
+{
+    struct mboxlist *ml = NULL;
+
+    f->dir = th_mkdtemp("deliver");
+    f->conf = th_store_conf(f->dir, backend, extra);
+    assert_int_equal(mboxlist_open(f->conf, &ml), STORE_OK);
+    assert_int_equal(mboxlist_create(ml, "user.alice", NULL, NULL, NULL), STORE_OK);
+    assert_int_equal(mboxlist_create(ml, "user.bob", NULL, NULL, NULL), STORE_OK);
+    mboxlist_close(&ml);
+    assert_int_equal(deliver_ctx_new(f->conf, &f->ctx), STORE_OK);
+}
+
+static void fixture_down(struct fixture *f)
+{
+    deliver_ctx_free(&f->ctx);
+    imapconf_free(&f->conf);
+    th_rmrf(f->dir);
+    free(f->dir);
+}
+
+static void test_rcpts(void **state)
+{
+    struct fixture f;
+    struct append_stage *st;
+    struct deliver_rcpt r[4] = {
+        { .mailbox = "user.alice" }, { .mailbox = "user.nobody" },
+        { .mailbox = "user.bob" }, { .mailbox = "user.alice" },
+    };
+
+    fixture_up(&f, *state, NULL);
+    st = test_stage(f.conf, test_msg);
+    assert_int_equal(deliver_message(f.ctx, st, "<1@example.org>", 15, r, 4, 0),
+                     STORE_OK);
+    assert_int_equal(r[0].result, STORE_OK);
+    assert_int_equal(r[0].duplicate, 0);
+    assert_int_equal(r[0].uid, 1);
+    assert_int_equal(r[1].result, STORE_NOTFOUND);
+    assert_int_equal(r[2].result, STORE_OK);
+    assert_int_equal(r[2].uid, 1);
+    /* the repeated recipient shares the first one's outcome, stored once */
+    assert_int_equal(r[3].result, STORE_OK);
+    assert_int_equal(r[3].uid, 1);
+    append_stage_free(&st);
+    assert_int_equal(test_exists(f.conf, "user.alice"), 1);
+    assert_int_equal(test_exists(f.conf, "user.bob"), 1);
+    fixture_down(&f);
+}
+
+static void test_duplicates(void **state)
+{
+    struct fixture f;
+    struct append_stage *st;
+    struct deliver_rcpt r[2] = { { .mailbox = "user.alice" },
+                                 { .mailbox = "user.bob" } };
+    int i;
+
+    fixture_up(&f, *state, NULL);
+    for (i = 0; i < 3; i++) {
+        st = test_stage(f.conf, test_msg);
+        /* the second and third time only bob is new the second time */
+        assert_int_equal(deliver_message(f.ctx, st, "<1@example.org>", 15, r,
+                                         i == 0 ? 1 : 2, 0), STORE_OK);
+        append_stage_free(&st);
+        assert_int_equal(r[0].result, STORE_OK);
+        assert_int_equal(r[0].duplicate, i > 0);
+        if (i == 1) {
+            assert_int_equal(r[1].result, STORE_OK);
+            assert_int_equal(r[1].duplicate, 0);
+        }
+        if (i == 2)
+            assert_int_equal(r[1].duplicate, 1);
+    }
+    assert_int_equal(test_exists(f.conf, "user.alice"), 1);
+    assert_int_equal(test_exists(f.conf, "user.bob"), 1);
+    /* another Message-ID is delivered; DELIVER_NO_DUPCHECK stores again */
+    st = test_stage(f.conf, test_msg);
+    assert_int_equal(deliver_message(f.ctx, st, "<2@example.org>", 15, r, 1, 0),
+                     STORE_OK);
+    assert_int_equal(r[0].duplicate, 0);
+    assert_int_equal(deliver_message(f.ctx, st, "<1@example.org>", 15, r, 1,
+                                     DELIVER_NO_DUPCHECK), STORE_OK);
+    assert_int_equal(r[0].duplicate, 0);
+    assert_int_equal(r[0].result, STORE_OK);
+    append_stage_free(&st);
+    assert_int_equal(test_exists(f.conf, "user.alice"), 3);
+    fixture_down(&f);
+}
+
+static void test_suppression_off(void **state)
+{
+    struct fixture f;
+    struct append_stage *st;
+    struct deliver_rcpt r[1] = { { .mailbox = "user.alice" } };
+    int i;
+
+    fixture_up(&f, *state, "duplicatesuppression: no\n");
+    for (i = 0; i < 2; i++) {
+        st = test_stage(f.conf, test_msg);
+        assert_int_equal(deliver_message(f.ctx, st, "<1@example.org>", 15, r,
+                                         1, 0), STORE_OK);
+        assert_int_equal(r[0].result, STORE_OK);
+        assert_int_equal(r[0].duplicate, 0);
+        append_stage_free(&st);
+    }
+    assert_int_equal(test_exists(f.conf, "user.alice"), 2);
+    fixture_down(&f);
+}
+
+static void test_quota(void **state)
+{
+    struct fixture f;
+    struct quota_db *q = NULL;
+    struct append_stage *st;
+    struct deliver_rcpt r[2] = { { .mailbox = "user.alice" },
+                                 { .mailbox = "user.bob" } };
+
+    fixture_up(&f, *state, NULL);
+    assert_int_equal(quota_open(f.conf, &q), STORE_OK);
+    assert_int_equal(quota_set(q, "user.alice", QUOTA_UNLIMITED, 1), STORE_OK);
+    quota_close(&q);
+    st = test_stage(f.conf, test_msg);
+    assert_int_equal(deliver_message(f.ctx, st, NULL, 0, r, 2, 0), STORE_OK);
+    assert_int_equal(r[0].result, STORE_OK);
+    assert_int_equal(deliver_message(f.ctx, st, NULL, 0, r, 2, 0), STORE_OK);
+    /* alice is full (1 message), bob still gets it */
+    assert_int_equal(r[0].result, STORE_OVERQUOTA);
+    assert_int_equal(r[1].result, STORE_OK);
+    assert_int_equal(deliver_message(f.ctx, st, NULL, 0, r, 1,
+                                     DELIVER_IGNORE_QUOTA), STORE_OK);
+    assert_int_equal(r[0].result, STORE_OK);
+    append_stage_free(&st);
+    assert_int_equal(test_exists(f.conf, "user.alice"), 2);
+    assert_int_equal(test_exists(f.conf, "user.bob"), 2);
+    fixture_down(&f);
+}
+
+static void test_find_msgid(void **state)
+{
+    struct buf id = BUF_INITIALIZER;
+    static const char folded[] =
+        "Subject: x\r\nmessage-id:\r\n  <folded@example.org>  \r\nTo: y\r\n\r\n";
+    static const char inbody[] =
+        "Subject: x\r\n\r\nMessage-ID: <body@example.org>\r\n";
+    static const char lf[] = "Message-Id : <lf@x>\nX: y\n\nbody\n";
+    static const char empty[] = "Message-ID:   \r\n\r\n";
+    static const char first[] =
+        "Message-ID: <a@x>\r\nMessage-ID: <b@x>\r\n\r\n";
+
+    (void)state;
+    assert_int_equal(deliver_find_msgid(test_msg, sizeof(test_msg) - 1, &id), 1);
+    assert_string_equal(buf_cstring(&id), "<1@example.org>");
+    assert_int_equal(deliver_find_msgid(folded, sizeof(folded) - 1, &id), 1);
+    assert_string_equal(buf_cstring(&id), "<folded@example.org>");
+    assert_int_equal(deliver_find_msgid(inbody, sizeof(inbody) - 1, &id), 0);
+    assert_int_equal(deliver_find_msgid(lf, sizeof(lf) - 1, &id), 1);
+    assert_string_equal(buf_cstring(&id), "<lf@x>");
+    assert_int_equal(deliver_find_msgid(empty, sizeof(empty) - 1, &id), 0);
+    assert_int_equal(deliver_find_msgid(first, sizeof(first) - 1, &id), 1);
+    assert_string_equal(buf_cstring(&id), "<a@x>");
+    /* cut in the middle of the field name: not found, no overread */
+    assert_int_equal(deliver_find_msgid("Message-I", 9, &id), 0);
+    assert_int_equal(deliver_find_msgid("", 0, &id), 0);
+    buf_free(&id);
+}
+
+int main(void)
+{
+    static const struct th_case cases[] = {
+        { "rcpts", test_rcpts },
+        { "duplicates", test_duplicates },
+        { "suppression_off", test_suppression_off },
+        { "quota", test_quota },
+    };
+    const struct CMUnitTest plain[] = {
+        cmocka_unit_test(test_find_msgid),
+    };
+    int failed;
+
+    log_init("test_deliver", LOG_TO_NONE);
+    failed = cmocka_run_group_tests_name("deliver_parse", plain, NULL, NULL);
+    failed += th_run_per_backend("deliver", cases, sizeof(cases) / sizeof(cases[0]));
+    return failed;
+}

@@ -1,0 +1,875 @@
+/*
+ * mbtool - the mailbox administration tool.
+ *
+ *   mbtool [-C imapd.conf] COMMAND [ARGS]
+ *
+ * Creates, deletes, renames and lists mailboxes, sets ACLs and quotas,
+ * checks and reconstructs indexes, removes expunged messages, prunes the
+ * duplicate database, and delivers a message file into mailboxes (like
+ * Cyrus's deliver), so that an admin, the demo and the tests can set
+ * users up without IMAP.  Every command goes through the store's public
+ * interfaces (the store headers); nothing here touches files directly.
+ *
+ * Exit status: 0 success, 1 the operation failed (message on stderr),
+ * 2 usage error, 3 delivery: some recipients failed temporarily,
+ * 4 delivery: some failed permanently (when both, 3).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "lib/log.h"
+#include "lib/strarray.h"
+#include "store/acl.h"
+#include "store/append.h"
+#include "store/deliver.h"
+#include "store/duplicate.h"
+#include "store/mailbox.h"
+#include "store/mboxlist.h"
+#include "store/mboxname.h"
+#include "store/quota.h"
+#include "store/store.h"
+
+#define MBTOOL_DEFAULT_CONFIG "/etc/imapd.conf"
+#define MBTOOL_EXIT_OK 0
+#define MBTOOL_EXIT_FAIL 1
+#define MBTOOL_EXIT_USAGE 2
+#define MBTOOL_EXIT_TEMPFAIL 3
+#define MBTOOL_EXIT_PERMFAIL 4
+
+static const char *mbtool_progname = "mbtool";
+static const struct imapconf *mbtool_conf;
+
+static void mbtool_usage(FILE *out)
+{
+    fprintf(out,
+"Usage: %s [-C imapd.conf] COMMAND [ARGS]\n"
+"\n"
+"Mailbox administration.  Names are internal (user.alice, user.alice.Sent,\n"
+"shared.news); a user's INBOX is user.USER.\n"
+"\n"
+"  create NAME [PARTITION]       create a mailbox (owner ACL for user.*)\n"
+"  delete [-r] NAME              delete it (-r: with every mailbox below)\n"
+"  rename OLD NEW [PARTITION]    rename a mailbox and the ones below it\n"
+"  list [PATTERN]                list mailboxes (IMAP pattern, default *):\n"
+"                                name, partition, messages, uidnext\n"
+"  info NAME                     the list entry and the index header\n"
+"  setacl NAME ID RIGHTS         set ID's rights (letters lrswipkxtea;\n"
+"                                \"none\" removes the entry)\n"
+"  quota set ROOT STORAGE_KB MESSAGES\n"
+"                                create or change a quota root (\"none\" =\n"
+"                                no limit); usage is computed from the\n"
+"                                mailboxes it covers\n"
+"  quota show [ROOT]             limits and usage of one or every root\n"
+"  quota remove ROOT             remove a quota root\n"
+"  check [-r] NAME               verify an index (-r: and the ones below)\n"
+"  reconstruct [-r] NAME         rebuild an index from the message files\n"
+"  cleanup NAME                  remove expunged messages for good\n"
+"  prune DAYS                    drop duplicate records older than DAYS\n"
+"  deliver [-q] [-D] [-m FOLDER] [-M MAILBOX] [-f FILE] [USER...]\n"
+"                                deliver a message (FILE or stdin, LF or\n"
+"                                CRLF lines) to each USER's INBOX (or its\n"
+"                                FOLDER, when that exists) and to MAILBOX;\n"
+"                                -q ignores quota, -D skips duplicate\n"
+"                                suppression\n"
+"\n"
+"  -C FILE   the imapd.conf (default %s)\n"
+"  -h        this text\n"
+"Exit status: 0 done, 1 failed, 2 usage; deliver: 3 some recipient failed\n"
+"temporarily, 4 some failed permanently.\n",
+            mbtool_progname, MBTOOL_DEFAULT_CONFIG);
+}
+
+static int mbtool_usage_error(const char *what)
+{
+    fprintf(stderr, "%s: %s\nTry '%s -h' for more information.\n",
+            mbtool_progname, what, mbtool_progname);
+    return MBTOOL_EXIT_USAGE;
+}
+
+static int mbtool_fail(const char *what, const char *name, int r)
+{
+    fprintf(stderr, "%s: %s %s: %s\n", mbtool_progname, what,
+            name ? name : "", store_strerror(r));
+    return MBTOOL_EXIT_FAIL;
+}
+
+static int mbtool_open_list(struct mboxlist **ml_r)
+{
+    int r = mboxlist_open(mbtool_conf, ml_r);
+
+    if (r)
+        mbtool_fail("cannot open the mailbox list", NULL, r);
+    return r;
+}
+
+/* Parse a non-negative decimal or "none" (-1). */
+static int mbtool_parse_limit(const char *s, long long *out)
+{
+    char *end;
+    long long v;
+
+    if (strcmp(s, "none") == 0) {
+        *out = QUOTA_UNLIMITED;
+        return 0;
+    }
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < 0 || s[0] == '-' || s[0] == '+')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* ---- create / delete / rename / setacl ---- */
+
+static int mbtool_create(int argc, char **argv)
+{
+    struct mboxlist *ml;
+    struct buf uid = BUF_INITIALIZER;
+    int r;
+
+    if (argc < 2 || argc > 3)
+        return mbtool_usage_error("create NAME [PARTITION]");
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    r = mboxlist_create(ml, argv[1], argc == 3 ? argv[2] : NULL, NULL, &uid);
+    mboxlist_close(&ml);
+    if (r) {
+        buf_free(&uid);
+        return mbtool_fail("cannot create", argv[1], r);
+    }
+    printf("%s: created uniqueid=%s\n", argv[1], buf_cstring(&uid));
+    buf_free(&uid);
+    return MBTOOL_EXIT_OK;
+}
+
+static int mbtool_delete(int argc, char **argv)
+{
+    struct mboxlist *ml;
+    int flags = 0, r;
+
+    if (argc == 3 && strcmp(argv[1], "-r") == 0) {
+        flags = MBOXLIST_RECURSIVE;
+        argv++;
+        argc--;
+    }
+    if (argc != 2)
+        return mbtool_usage_error("delete [-r] NAME");
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    r = mboxlist_delete(ml, argv[1], flags);
+    mboxlist_close(&ml);
+    if (r)
+        return mbtool_fail("cannot delete", argv[1], r);
+    printf("%s: deleted\n", argv[1]);
+    return MBTOOL_EXIT_OK;
+}
+
+static int mbtool_rename(int argc, char **argv)
+{
+    struct mboxlist *ml;
+    int r;
+
+    if (argc < 3 || argc > 4)
+        return mbtool_usage_error("rename OLD NEW [PARTITION]");
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    r = mboxlist_rename(ml, argv[1], argv[2], argc == 4 ? argv[3] : NULL);
+    mboxlist_close(&ml);
+    if (r)
+        return mbtool_fail("cannot rename", argv[1], r);
+    printf("%s: renamed to %s\n", argv[1], argv[2]);
+    return MBTOOL_EXIT_OK;
+}
+
+static int mbtool_setacl(int argc, char **argv)
+{
+    struct mboxlist *ml;
+    struct mboxlist_entry *e = NULL;
+    struct buf acl = BUF_INITIALIZER;
+    int mask = 0, r;
+
+    if (argc != 4)
+        return mbtool_usage_error("setacl NAME ID RIGHTS");
+    if (strcmp(argv[3], "none") != 0 && acl_parse_rights(argv[3], &mask) != 0) {
+        fprintf(stderr, "%s: unknown rights letters \"%s\" (use lrswipkxtea)\n",
+                mbtool_progname, argv[3]);
+        return MBTOOL_EXIT_USAGE;
+    }
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    r = mboxlist_lookup(ml, argv[1], &e);
+    if (r == STORE_OK && acl_set(e->acl, argv[2], mask, &acl) != 0) {
+        fprintf(stderr, "%s: bad identifier \"%s\"\n", mbtool_progname, argv[2]);
+        mboxlist_entry_free(&e);
+        mboxlist_close(&ml);
+        buf_free(&acl);
+        return MBTOOL_EXIT_FAIL;
+    }
+    if (r == STORE_OK)
+        r = mboxlist_setacl(ml, argv[1], buf_cstring(&acl));
+    mboxlist_entry_free(&e);
+    mboxlist_close(&ml);
+    buf_free(&acl);
+    if (r)
+        return mbtool_fail("cannot set the ACL of", argv[1], r);
+    printf("%s: acl set\n", argv[1]);
+    return MBTOOL_EXIT_OK;
+}
+
+/* ---- list / info ---- */
+
+static void mbtool_print_acl(const char *acl)
+{
+    const char *p = acl, *tab;
+    int first = 1;
+
+    /* "id\trights\t..." shown as "id=rights id=rights" */
+    while (*p) {
+        tab = strchr(p, '\t');
+        if (!tab)
+            break;
+        printf("%s%.*s=", first ? "" : " ", (int)(tab - p), p);
+        p = tab + 1;
+        tab = strchr(p, '\t');
+        if (!tab)
+            break;
+        printf("%.*s", (int)(tab - p), p);
+        p = tab + 1;
+        first = 0;
+    }
+}
+
+static int mbtool_list_cb(void *rock, const struct mboxlist_entry *e)
+{
+    struct mailbox *mb = NULL;
+    int r;
+
+    (void)rock;
+    r = mailbox_open(mbtool_conf, e->name, e->partition, &mb);
+    if (r == STORE_OK)
+        r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        const struct mailbox_header *h = mailbox_get_header(mb);
+
+        printf("%s %s messages=%u uidnext=%u\n", e->name, e->partition,
+               h->exists, h->uidnext);
+        mailbox_unlock(mb);
+    } else {
+        printf("%s %s (index: %s)\n", e->name, e->partition,
+               store_strerror(r));
+    }
+    if (mb)
+        mailbox_close(&mb);
+    return 0;
+}
+
+static int mbtool_list(int argc, char **argv)
+{
+    struct mboxlist *ml;
+    int r;
+
+    if (argc > 2)
+        return mbtool_usage_error("list [PATTERN]");
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    r = mboxlist_list(ml, argc == 2 ? argv[1] : "*", mbtool_list_cb, NULL);
+    mboxlist_close(&ml);
+    if (r)
+        return mbtool_fail("cannot list", NULL, r);
+    return MBTOOL_EXIT_OK;
+}
+
+static int mbtool_info(int argc, char **argv)
+{
+    struct mboxlist *ml;
+    struct mboxlist_entry *e = NULL;
+    struct mailbox *mb = NULL;
+    int r;
+
+    if (argc != 2)
+        return mbtool_usage_error("info NAME");
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    r = mboxlist_lookup(ml, argv[1], &e);
+    mboxlist_close(&ml);
+    if (r)
+        return mbtool_fail("no mailbox", argv[1], r);
+    printf("name: %s\npartition: %s\nuniqueid: %s\ntype: %c\nacl: ",
+           e->name, e->partition, e->uniqueid, e->type);
+    mbtool_print_acl(e->acl);
+    printf("\n");
+    r = mailbox_open(mbtool_conf, e->name, e->partition, &mb);
+    if (r == STORE_OK)
+        r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        const struct mailbox_header *h = mailbox_get_header(mb);
+
+        printf("directory: %s\nuidvalidity: %u\nuidnext: %u\nmessages: %u\n"
+               "records: %u\nhighestmodseq: %llu\nquota_used: %llu\n",
+               mailbox_dir(mb), h->uidvalidity, h->uidnext, h->exists,
+               h->num_records, (unsigned long long)h->highestmodseq,
+               (unsigned long long)h->quota_used);
+        mailbox_unlock(mb);
+    }
+    if (mb)
+        mailbox_close(&mb);
+    mboxlist_entry_free(&e);
+    if (r)
+        return mbtool_fail("cannot read the index of", argv[1], r);
+    return MBTOOL_EXIT_OK;
+}
+
+/* ---- quota ---- */
+
+struct mbtool_names {
+    struct strarray names;
+    struct strarray partitions;
+};
+
+static int mbtool_collect_cb(void *rock, const struct mboxlist_entry *e)
+{
+    struct mbtool_names *n = rock;
+
+    strarray_append(&n->names, e->name);
+    strarray_append(&n->partitions, e->partition);
+    return 0;
+}
+
+/* `name` and every mailbox below it, with their partitions. */
+static int mbtool_collect_tree(struct mboxlist *ml, const char *name,
+                               struct mbtool_names *n)
+{
+    struct buf pat = BUF_INITIALIZER;
+    struct mboxlist_entry *e = NULL;
+    int r;
+
+    r = mboxlist_lookup(ml, name, &e);
+    if (r == STORE_OK) {
+        strarray_append(&n->names, e->name);
+        strarray_append(&n->partitions, e->partition);
+        mboxlist_entry_free(&e);
+    } else if (r != STORE_NOTFOUND) {
+        return r;
+    }
+    buf_printf(&pat, "%s.*", name);
+    r = mboxlist_list(ml, buf_cstring(&pat), mbtool_collect_cb, n);
+    buf_free(&pat);
+    return r;
+}
+
+/* Bring the quota records of every mailbox below `root` in line with
+ * their index headers (taking each one's exclusive lock does that). */
+static int mbtool_quota_recount(struct mboxlist *ml, const char *root)
+{
+    struct mbtool_names n = { STRARRAY_INITIALIZER, STRARRAY_INITIALIZER };
+    struct mailbox *mb;
+    size_t i;
+    int r;
+
+    r = mbtool_collect_tree(ml, root, &n);
+    for (i = 0; r == STORE_OK && i < n.names.count; i++) {
+        mb = NULL;
+        r = mailbox_open(mbtool_conf, n.names.data[i], n.partitions.data[i], &mb);
+        if (r == STORE_OK)
+            r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+        if (r == STORE_OK)
+            r = mailbox_unlock(mb);
+        if (mb)
+            mailbox_close(&mb);
+        if (r)
+            mbtool_fail("cannot count the usage of", n.names.data[i], r);
+    }
+    strarray_fini(&n.names);
+    strarray_fini(&n.partitions);
+    return r;
+}
+
+static void mbtool_print_quota(const char *root, const struct quota *q)
+{
+    printf("%s", root);
+    if (q->storage_limit_kb == QUOTA_UNLIMITED)
+        printf(" storage=%llu KiB (no limit)",
+               (unsigned long long)((q->used_bytes + 1023) / 1024));
+    else
+        printf(" storage=%llu/%lld KiB",
+               (unsigned long long)((q->used_bytes + 1023) / 1024),
+               q->storage_limit_kb);
+    if (q->message_limit == QUOTA_UNLIMITED)
+        printf(" messages=%llu (no limit)\n",
+               (unsigned long long)q->used_messages);
+    else
+        printf(" messages=%llu/%lld\n", (unsigned long long)q->used_messages,
+               q->message_limit);
+}
+
+static int mbtool_quota_show_cb(void *rock, const struct mboxlist_entry *e)
+{
+    struct quota_db *qdb = rock;
+    struct quota q;
+
+    if (quota_get(qdb, e->name, &q) == STORE_OK)
+        mbtool_print_quota(e->name, &q);
+    return 0;
+}
+
+static int mbtool_quota(int argc, char **argv)
+{
+    struct quota_db *qdb = NULL;
+    struct mboxlist *ml = NULL;
+    struct quota q;
+    long long storage, messages;
+    int r;
+
+    if (argc < 2)
+        return mbtool_usage_error("quota set|show|remove ...");
+    if (strcmp(argv[1], "set") == 0) {
+        if (argc != 5)
+            return mbtool_usage_error("quota set ROOT STORAGE_KB MESSAGES");
+        if (mbtool_parse_limit(argv[3], &storage) ||
+            mbtool_parse_limit(argv[4], &messages))
+            return mbtool_usage_error("limits are numbers or \"none\"");
+    } else if (strcmp(argv[1], "show") == 0) {
+        if (argc > 3)
+            return mbtool_usage_error("quota show [ROOT]");
+    } else if (strcmp(argv[1], "remove") == 0) {
+        if (argc != 3)
+            return mbtool_usage_error("quota remove ROOT");
+    } else {
+        return mbtool_usage_error("quota set|show|remove ...");
+    }
+
+    r = quota_open(mbtool_conf, &qdb);
+    if (r)
+        return mbtool_fail("cannot open the quota database", NULL, r);
+    if (strcmp(argv[1], "set") == 0) {
+        r = mboxname_check(argv[2], NULL);
+        if (r == STORE_OK)
+            r = quota_set(qdb, argv[2], storage, messages);
+        quota_close(&qdb);
+        if (r)
+            return mbtool_fail("cannot set quota", argv[2], r);
+        if (mbtool_open_list(&ml))
+            return MBTOOL_EXIT_FAIL;
+        r = mbtool_quota_recount(ml, argv[2]);
+        mboxlist_close(&ml);
+        if (r)
+            return MBTOOL_EXIT_FAIL;
+        if ((r = quota_open(mbtool_conf, &qdb)) == STORE_OK) {
+            r = quota_get(qdb, argv[2], &q);
+            if (r == STORE_OK)
+                mbtool_print_quota(argv[2], &q);
+            quota_close(&qdb);
+        }
+        return r ? mbtool_fail("cannot read quota", argv[2], r) : MBTOOL_EXIT_OK;
+    }
+    if (strcmp(argv[1], "remove") == 0) {
+        r = quota_remove(qdb, argv[2]);
+        quota_close(&qdb);
+        if (r)
+            return mbtool_fail("cannot remove quota", argv[2], r);
+        printf("%s: quota removed\n", argv[2]);
+        return MBTOOL_EXIT_OK;
+    }
+    if (argc == 3) {
+        r = quota_get(qdb, argv[2], &q);
+        if (r == STORE_OK)
+            mbtool_print_quota(argv[2], &q);
+        quota_close(&qdb);
+        return r ? mbtool_fail("no quota root", argv[2], r) : MBTOOL_EXIT_OK;
+    }
+    /* every root: quota roots are mailbox names, so walk the list */
+    if (mbtool_open_list(&ml)) {
+        quota_close(&qdb);
+        return MBTOOL_EXIT_FAIL;
+    }
+    r = mboxlist_list(ml, "*", mbtool_quota_show_cb, qdb);
+    mboxlist_close(&ml);
+    quota_close(&qdb);
+    return r ? mbtool_fail("cannot list", NULL, r) : MBTOOL_EXIT_OK;
+}
+
+/* ---- check / reconstruct / cleanup ---- */
+
+static int mbtool_tree_op(int argc, char **argv, const char *usage,
+                          int (*op)(const char *name, const char *part))
+{
+    struct mbtool_names n = { STRARRAY_INITIALIZER, STRARRAY_INITIALIZER };
+    struct mboxlist *ml;
+    struct mboxlist_entry *e = NULL;
+    int recursive = 0, r, failed = 0;
+    size_t i;
+
+    if (argc == 3 && strcmp(argv[1], "-r") == 0) {
+        recursive = 1;
+        argv++;
+        argc--;
+    }
+    if (argc != 2)
+        return mbtool_usage_error(usage);
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    if (recursive) {
+        r = mbtool_collect_tree(ml, argv[1], &n);
+    } else {
+        r = mboxlist_lookup(ml, argv[1], &e);
+        if (r == STORE_OK) {
+            strarray_append(&n.names, e->name);
+            strarray_append(&n.partitions, e->partition);
+            mboxlist_entry_free(&e);
+        }
+    }
+    mboxlist_close(&ml);
+    if (r == STORE_OK && n.names.count == 0)
+        r = STORE_NOTFOUND;
+    if (r) {
+        strarray_fini(&n.names);
+        strarray_fini(&n.partitions);
+        return mbtool_fail("no mailbox", argv[1], r);
+    }
+    for (i = 0; i < n.names.count; i++)
+        if (op(n.names.data[i], n.partitions.data[i]) != 0)
+            failed = 1;
+    strarray_fini(&n.names);
+    strarray_fini(&n.partitions);
+    return failed ? MBTOOL_EXIT_FAIL : MBTOOL_EXIT_OK;
+}
+
+static int mbtool_check_one(const char *name, const char *part)
+{
+    struct buf problem = BUF_INITIALIZER;
+    struct mailbox *mb = NULL;
+    int r;
+
+    r = mailbox_open(mbtool_conf, name, part, &mb);
+    if (r == STORE_OK) {
+        r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);
+        if (r == STORE_OK) {
+            r = mailbox_check(mb, &problem);
+            mailbox_unlock(mb);
+        }
+        mailbox_close(&mb);
+    }
+    if (r == STORE_OK)
+        printf("%s: ok\n", name);
+    else
+        printf("%s: %s%s%s\n", name, store_strerror(r),
+               problem.len ? ": " : "", buf_cstring(&problem));
+    buf_free(&problem);
+    return r;
+}
+
+static int mbtool_reconstruct_one(const char *name, const char *part)
+{
+    struct mboxlist *ml;
+    struct mboxlist_entry *e = NULL;
+    struct buf report = BUF_INITIALIZER;
+    int r;
+
+    r = mboxlist_open(mbtool_conf, &ml);
+    if (r == STORE_OK) {
+        r = mboxlist_lookup(ml, name, &e);
+        mboxlist_close(&ml);
+    }
+    if (r == STORE_OK)
+        r = mailbox_reconstruct(mbtool_conf, name, part, e->uniqueid, &report);
+    mboxlist_entry_free(&e);
+    if (r == STORE_OK)
+        printf("%s: reconstructed: %s\n", name, buf_cstring(&report));
+    else
+        fprintf(stderr, "%s: cannot reconstruct %s: %s\n", mbtool_progname,
+                name, store_strerror(r));
+    buf_free(&report);
+    return r;
+}
+
+static int mbtool_cleanup_one(const char *name, const char *part)
+{
+    struct mailbox *mb = NULL;
+    int r, r2;
+
+    r = mailbox_open(mbtool_conf, name, part, &mb);
+    if (r == STORE_OK) {
+        r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+        if (r == STORE_OK) {
+            r = mailbox_cleanup(mb);
+            r2 = mailbox_unlock(mb);
+            if (!r)
+                r = r2;
+        }
+        mailbox_close(&mb);
+    }
+    if (r == STORE_OK)
+        printf("%s: cleaned up\n", name);
+    else
+        fprintf(stderr, "%s: cannot clean up %s: %s\n", mbtool_progname,
+                name, store_strerror(r));
+    return r;
+}
+
+/* ---- prune ---- */
+
+static int mbtool_prune(int argc, char **argv)
+{
+    struct duplicate_db *d;
+    unsigned long pruned = 0, kept = 0;
+    long long days;
+    int r;
+
+    if (argc != 2 || mbtool_parse_limit(argv[1], &days) || days < 0 ||
+        days > 100000)
+        return mbtool_usage_error("prune DAYS");
+    r = duplicate_open(mbtool_conf, &d);
+    if (r)
+        return mbtool_fail("cannot open the duplicate database", NULL, r);
+    r = duplicate_prune(d, (int)days, &pruned, &kept);
+    duplicate_close(&d);
+    if (r)
+        return mbtool_fail("cannot prune", NULL, r);
+    printf("duplicate records: %lu pruned, %lu kept\n", pruned, kept);
+    return MBTOOL_EXIT_OK;
+}
+
+/* ---- deliver ---- */
+
+/* Read all of `in` into b. */
+static int mbtool_read_all(FILE *in, struct buf *b)
+{
+    char chunk[65536];
+    size_t n;
+
+    while ((n = fread(chunk, 1, sizeof(chunk), in)) > 0)
+        if (buf_append(b, chunk, n) != 0)
+            return -1;
+    return ferror(in) ? -1 : 0;
+}
+
+/* Stage msg with CRLF line ends (a bare LF becomes CRLF). */
+static int mbtool_stage(const struct buf *msg, struct append_stage *st)
+{
+    size_t i, start = 0;
+    int r;
+
+    for (i = 0; i < msg->len; i++) {
+        if (msg->s[i] != '\n' || (i > 0 && msg->s[i - 1] == '\r'))
+            continue;
+        if ((r = append_stage_write(st, msg->s + start, i - start)) ||
+            (r = append_stage_write(st, "\r\n", 2)))
+            return r;
+        start = i + 1;
+    }
+    if (start < msg->len &&
+        (r = append_stage_write(st, msg->s + start, msg->len - start)))
+        return r;
+    return append_stage_close(st);
+}
+
+static int mbtool_deliver(int argc, char **argv)
+{
+    struct strarray targets = STRARRAY_INITIALIZER;
+    struct buf msg = BUF_INITIALIZER, id = BUF_INITIALIZER, name = BUF_INITIALIZER;
+    struct deliver_rcpt *rcpts = NULL;
+    struct deliver_ctx *ctx = NULL;
+    struct append_stage *st = NULL;
+    struct mboxlist *ml = NULL;
+    struct mboxlist_entry *e = NULL;
+    const char *file = NULL, *folder = NULL;
+    FILE *in = stdin;
+    int flags = 0, opt, r, ret = MBTOOL_EXIT_OK, temp = 0, perm = 0;
+    size_t i;
+
+    optind = 1;
+    while ((opt = getopt(argc, argv, "qDm:M:f:")) != -1) {
+        switch (opt) {
+        case 'q': flags |= DELIVER_IGNORE_QUOTA; break;
+        case 'D': flags |= DELIVER_NO_DUPCHECK; break;
+        case 'm': folder = optarg; break;
+        case 'M': strarray_append(&targets, optarg); break;
+        case 'f': file = optarg; break;
+        default:
+            strarray_fini(&targets);
+            return mbtool_usage_error("deliver [-q] [-D] [-m FOLDER] "
+                                      "[-M MAILBOX] [-f FILE] [USER...]");
+        }
+    }
+    if (optind == argc && targets.count == 0) {
+        strarray_fini(&targets);
+        return mbtool_usage_error("deliver: no recipient");
+    }
+    if (mbtool_open_list(&ml)) {
+        strarray_fini(&targets);
+        return MBTOOL_EXIT_FAIL;
+    }
+    /* USER -> user.USER.FOLDER when that exists, else user.USER */
+    for (i = (size_t)optind; i < (size_t)argc; i++) {
+        r = mboxname_user_inbox(argv[i], &name);
+        if (r) {
+            fprintf(stderr, "%s: bad user name \"%s\"\n", mbtool_progname,
+                    argv[i]);
+            ret = MBTOOL_EXIT_FAIL;
+            continue;
+        }
+        if (folder) {
+            struct buf sub = BUF_INITIALIZER;
+
+            buf_printf(&sub, "%s.%s", buf_cstring(&name), folder);
+            if (mboxlist_lookup(ml, buf_cstring(&sub), &e) == STORE_OK) {
+                buf_setcstr(&name, buf_cstring(&sub));
+                mboxlist_entry_free(&e);
+            }
+            buf_free(&sub);
+        }
+        strarray_append(&targets, buf_cstring(&name));
+    }
+    mboxlist_close(&ml);
+    if (ret != MBTOOL_EXIT_OK)
+        goto out;
+
+    if (file && !(in = fopen(file, "rb"))) {
+        fprintf(stderr, "%s: %s: %s\n", mbtool_progname, file, strerror(errno));
+        ret = MBTOOL_EXIT_FAIL;
+        goto out;
+    }
+    r = mbtool_read_all(in, &msg);
+    if (file)
+        fclose(in);
+    if (r) {
+        fprintf(stderr, "%s: cannot read the message: %s\n", mbtool_progname,
+                strerror(errno ? errno : EIO));
+        ret = MBTOOL_EXIT_FAIL;
+        goto out;
+    }
+    deliver_find_msgid(msg.s ? msg.s : "", msg.len, &id);
+
+    r = deliver_ctx_new(mbtool_conf, &ctx);
+    if (r == STORE_OK)
+        r = append_stage_open(mbtool_conf, NULL, &st);
+    if (r == STORE_OK)
+        r = mbtool_stage(&msg, st);
+    if (r) {
+        mbtool_fail("cannot stage the message", NULL, r);
+        ret = store_is_temporary(r) ? MBTOOL_EXIT_TEMPFAIL : MBTOOL_EXIT_PERMFAIL;
+        goto out;
+    }
+    rcpts = calloc(targets.count, sizeof(*rcpts));
+    if (!rcpts) {
+        ret = MBTOOL_EXIT_TEMPFAIL;
+        goto out;
+    }
+    for (i = 0; i < targets.count; i++)
+        rcpts[i].mailbox = targets.data[i];
+    deliver_message(ctx, st, id.len ? id.s : NULL, id.len, rcpts,
+                    targets.count, flags);
+    for (i = 0; i < targets.count; i++) {
+        if (rcpts[i].result == STORE_OK && rcpts[i].duplicate)
+            printf("%s: duplicate, not delivered again\n", rcpts[i].mailbox);
+        else if (rcpts[i].result == STORE_OK)
+            printf("%s: delivered uid=%u\n", rcpts[i].mailbox, rcpts[i].uid);
+        else {
+            printf("%s: not delivered: %s\n", rcpts[i].mailbox,
+                   store_strerror(rcpts[i].result));
+            if (store_is_temporary(rcpts[i].result))
+                temp = 1;
+            else
+                perm = 1;
+        }
+    }
+    ret = temp ? MBTOOL_EXIT_TEMPFAIL : perm ? MBTOOL_EXIT_PERMFAIL : MBTOOL_EXIT_OK;
+
+out:
+    free(rcpts);
+    if (st)
+        append_stage_free(&st);
+    if (ctx)
+        deliver_ctx_free(&ctx);
+    strarray_fini(&targets);
+    buf_free(&msg);
+    buf_free(&id);
+    buf_free(&name);
+    return ret;
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = NULL, *cmd;
+    struct imapconf *conf = NULL;
+    char *err = NULL;
+    struct stat st;
+    int opt, ret;
+
+    if (argv[0])
+        mbtool_progname = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
+    log_init(mbtool_progname, LOG_TO_STDERR);
+    log_set_info(0);
+    /* options before the command only */
+    while ((opt = getopt(argc, argv, "+C:h")) != -1) {
+        switch (opt) {
+        case 'C': config = optarg; break;
+        case 'h': mbtool_usage(stdout); return MBTOOL_EXIT_OK;
+        default: return mbtool_usage_error("unknown option");
+        }
+    }
+    if (optind >= argc)
+        return mbtool_usage_error("no command");
+    cmd = argv[optind];
+    if (strcmp(cmd, "help") == 0) {
+        mbtool_usage(stdout);
+        return MBTOOL_EXIT_OK;
+    }
+    if (!config)
+        config = MBTOOL_DEFAULT_CONFIG;
+    if (stat(config, &st) < 0) {
+        fprintf(stderr, "%s: %s: %s\n", mbtool_progname, config, strerror(errno));
+        return MBTOOL_EXIT_FAIL;
+    }
+    if (imapconf_load(config, &conf, &err) != 0) {
+        fprintf(stderr, "%s: %s\n", mbtool_progname, err ? err : "out of memory");
+        free(err);
+        return MBTOOL_EXIT_FAIL;
+    }
+    mbtool_conf = conf;
+    argc -= optind;
+    argv += optind;
+
+    if (strcmp(cmd, "create") == 0)
+        ret = mbtool_create(argc, argv);
+    else if (strcmp(cmd, "delete") == 0)
+        ret = mbtool_delete(argc, argv);
+    else if (strcmp(cmd, "rename") == 0)
+        ret = mbtool_rename(argc, argv);
+    else if (strcmp(cmd, "list") == 0)
+        ret = mbtool_list(argc, argv);
+    else if (strcmp(cmd, "info") == 0)
+        ret = mbtool_info(argc, argv);
+    else if (strcmp(cmd, "setacl") == 0)
+        ret = mbtool_setacl(argc, argv);
+    else if (strcmp(cmd, "quota") == 0)
+        ret = mbtool_quota(argc, argv);
+    else if (strcmp(cmd, "check") == 0)
+        ret = mbtool_tree_op(argc, argv, "check [-r] NAME", mbtool_check_one);
+    else if (strcmp(cmd, "reconstruct") == 0)
+        ret = mbtool_tree_op(argc, argv, "reconstruct [-r] NAME",
+                             mbtool_reconstruct_one);
+    else if (strcmp(cmd, "cleanup") == 0)
+        ret = mbtool_tree_op(argc, argv, "cleanup NAME", mbtool_cleanup_one);
+    else if (strcmp(cmd, "prune") == 0)
+        ret = mbtool_prune(argc, argv);
+    else if (strcmp(cmd, "deliver") == 0)
+        ret = mbtool_deliver(argc, argv);
+    else {
+        fprintf(stderr, "%s: unknown command \"%s\"\n", mbtool_progname, cmd);
+        ret = MBTOOL_EXIT_USAGE;
+    }
+    imapconf_free(&conf);
+    return ret;
+}
