@@ -3,9 +3,11 @@
  *
  * The single path every delivery and IMAP APPEND takes:
  *
- *   append_stage_open()      staging file PARTITION/stage./NN/PID-SEQ
- *                            (NN = pid mod stage_dirs, so concurrent
- *                            workers write into different directories)
+ *   append_stage_open()      staging file PARTITION/stage./NN/PID-SEQ-TIME
+ *                            (NN = pid mod stage_dirs in lower-case hex,
+ *                            at least two digits, so concurrent workers
+ *                            write into different directories; created on
+ *                            demand, mode 0750; files O_EXCL, mode 0600)
  *   append_stage_write() ... the message, streamed; size, header size and
  *                            SHA-1 digest computed on the way
  *   append_stage_close()     end of data
@@ -22,7 +24,17 @@
  * On any error before that, append_abort() cancels what was reserved.
  * Messages for mailboxes on another partition than the stage get their
  * own staging copy on that partition (single-instance store holds per
- * partition).
+ * partition), made once per partition per stage.
+ *
+ * Lifetimes: a stage must stay alive (not append_stage_free()d) until
+ * every transaction that added it has been committed, aborted or freed:
+ * the transaction's sync round uses the stage's descriptors.  Likewise the
+ * mailbox handles.  Stages and transactions are per process (create them
+ * after fork()) and not thread-safe.
+ *
+ * Staging files of a process killed while delivering stay behind in
+ * PARTITION/stage./NN (nothing refers to them); removing files there
+ * older than a day is safe.
  */
 #ifndef STORE_APPEND_H
 #define STORE_APPEND_H
@@ -41,35 +53,69 @@ int append_stage_open(const struct imapconf *conf, const char *partition,
                       struct append_stage **st_r);
 /* Append message bytes (CRLF line ends expected; not checked here).
  * STORE_OK, STORE_TOOBIG (over 4 GiB - 1 or over maxmessagesize when that
- * is set), STORE_IOERROR, STORE_NOSPACE. */
+ * is set; checked before anything of the call is taken), STORE_IOERROR,
+ * STORE_NOSPACE.  Writes are buffered (64 KiB), so a disk error may
+ * only show at a later write or at append_stage_close().  Every error is
+ * sticky: later writes, close and append_add() return it again (a
+ * message refused in part is never stored).  STORE_INTERNAL after
+ * close. */
 int append_stage_write(struct append_stage *st, const void *data, size_t len);
-/* End of the message: finalizes size, header size and digest. */
+/* End of the message: writes what is buffered and finalizes size, header
+ * size and digest (the staging file stays open, unsynced, for the commit
+ * round).  The header size counts the bytes up to and including the first
+ * empty line (CRLF CRLF or LF LF; a message starting with an empty line
+ * has a header of that line); a message without an empty line is all
+ * header.  STORE_OK, the sticky error of a write, STORE_IOERROR,
+ * STORE_NOSPACE, STORE_INTERNAL when already closed. */
 int append_stage_close(struct append_stage *st);
+/* Size, header size and digest; meaningful after a successful
+ * append_stage_close() (zeros before).  Owned by the stage. */
 const struct mailbox_msginfo *append_stage_info(const struct append_stage *st);
-/* Unlink the staging file(s) and free; sets *stp NULL. */
+/* Close and unlink the staging file(s) and free; sets *stp NULL (no-op
+ * when NULL).  The mailboxes' hard links keep the message. */
 void append_stage_free(struct append_stage **stp);
 
 struct append_txn;
 
+/* A new, empty transaction.  STORE_OK or STORE_NOMEM.  The quota
+ * database is opened on the transaction's first quota check and closed by
+ * append_free(). */
 int append_begin(const struct imapconf *conf, struct append_txn **t_r);
 
 #define APPEND_IGNORE_QUOTA 1
 
 /* Reserve the message in mailbox mb (an open, unlocked handle the caller
  * keeps open until append_free()).  internaldate 0 = now.  sysflags: IMAP
- * system flags to set.  Checks quota first unless APPEND_IGNORE_QUOTA
- * (STORE_OVERQUOTA).  STORE_OK and *uid_r (may be NULL), or an error (the
- * txn stays usable for other mailboxes; nothing was reserved in mb). */
+ * system flags to set (bits outside MAILBOX_SYSTEM_FLAGS: STORE_INTERNAL).
+ * Checks quota first unless APPEND_IGNORE_QUOTA: the root covering mb
+ * must take the message's size and one more message (STORE_OVERQUOTA); a
+ * mailbox no root covers passes.  The check is advisory as in Cyrus:
+ * reservations not yet committed (of this or other processes) are not
+ * counted, so concurrent deliveries may pass a limit by a little.  The
+ * stage must be closed (else STORE_INTERNAL, or its sticky error).  A
+ * mailbox on another partition than the stage gets the stage's copy on
+ * that partition (made now if needed: STORE_BADPARTITION, STORE_IOERROR,
+ * STORE_NOSPACE).  The same mailbox may be added several times (one uid
+ * each).  STORE_OK and *uid_r (may be NULL), or an error and *uid_r = 0
+ * (the txn stays usable for other mailboxes; nothing was reserved in mb):
+ * also mailbox_append_reserve()'s errors, STORE_NOMEM. */
 int append_add(struct append_txn *t, struct mailbox *mb,
                struct append_stage *st, int64_t internaldate,
                uint32_t sysflags, int flags, uint32_t *uid_r);
 
 /* One sync round, then every reserved record made visible.  STORE_OK, or
  * the sync's error, after which every reservation has been cancelled (the
- * caller answers 4xx). */
+ * caller answers 4xx).  Nothing reserved: STORE_OK without a round.  If
+ * making one record visible fails (mailbox_append_finish(): an I/O error
+ * on that index), that reservation is cancelled, the others still become
+ * visible, and the first such error is returned: the caller answers 4xx
+ * for all and a retry may store a second copy in the other mailboxes,
+ * never lose one.  Afterwards the txn is empty and can take new
+ * append_add() calls. */
 int append_commit(struct append_txn *t);
 
-/* Cancel every reservation not yet committed. */
+/* Cancel every reservation not yet committed (the uids are not reused);
+ * the txn is empty afterwards and can be used again. */
 void append_abort(struct append_txn *t);
 
 /* Free (aborting first if needed); sets *tp NULL. */

@@ -19,7 +19,11 @@
  *   [0, visible) are resolved: committed, expunged or aborted; readers look
  *   at nothing beyond), exists (visible, not expunged/aborted), highest
  *   modseq, quota_used (bytes of the `exists` messages), last append date,
- *   dirty (a change was under way), compactions, CRC-32C.
+ *   dirty (bit 1: records of the visible prefix being changed in place,
+ *   counters to be recomputed; bit 2: counters moved, quota not yet told),
+ *   compactions, synced (records [0, synced) are known durable in their
+ *   resolved state: recovery re-examines only [synced, end)), CRC-32C.
+ *   Exact byte offsets at the top of mailbox.c.
  * Record: uid, flags (system flags, and MAILBOX_FLAG_EXPUNGED / _PENDING /
  *   _ABORTED), internal date, size, header size, 128-bit user flag bitmap,
  *   modseq, last change time, SHA-1 content digest, CRC-32C.
@@ -102,16 +106,22 @@ struct mailbox_msginfo {
 /* Create the spool directory, an empty cyrus.header and cyrus.index
  * (uidvalidity = `uidvalidity`, or the current time when 0; uidnext 1),
  * and sync the files and directories.  An existing directory holding no
- * index is reused (the orphan of an interrupted create); one holding an
- * index gives STORE_EXISTS.  STORE_OK, STORE_EXISTS, STORE_BADPARTITION,
+ * index is reused (the orphan of an interrupted create or delete: message
+ * files left in it are removed); one holding an index gives STORE_EXISTS.
+ * uniqueid may be NULL (empty); one with control bytes, spaces or over
+ * 256 bytes gives STORE_BADNAME.  STORE_OK, STORE_EXISTS, STORE_BADPARTITION,
  * STORE_BADNAME, STORE_IOERROR, STORE_NOSPACE. */
 int mailbox_create(const struct imapconf *conf, const char *name,
                    const char *partition, const char *uniqueid,
                    uint32_t uidvalidity);
 
-/* Remove the spool directory of a mailbox (files, index, then directory;
- * subdirectories that are other mailboxes' spools are left alone).  The
- * caller has removed the list entry.  STORE_OK, STORE_IOERROR. */
+/* Remove the spool directory of a mailbox (index first, so that nobody
+ * opens it any more, then the other files, then the directory;
+ * subdirectories that are other mailboxes' spools are left alone, and
+ * parent directories left empty below the partition root are removed).
+ * A directory that does not exist is not an error.  The caller has
+ * removed the list entry.  STORE_OK, STORE_IOERROR (also
+ * STORE_BADPARTITION, STORE_BADNAME). */
 int mailbox_delete_spool(const struct imapconf *conf, const char *name,
                          const char *partition);
 
@@ -122,7 +132,7 @@ int mailbox_spool_dir(const struct imapconf *conf, const char *name,
 /* Open a mailbox (no lock taken).  STORE_NOTFOUND (no index),
  * STORE_BADPARTITION, STORE_CORRUPT (no valid header slot), STORE_IOERROR.
  * Same mailbox already open in this process: the same handle, reference
- * counted. */
+ * counted.  The handle borrows conf: it must outlive the handle. */
 int mailbox_open(const struct imapconf *conf, const char *name,
                  const char *partition, struct mailbox **mb_r);
 /* Drop a reference; the last one unlocks and closes. */
@@ -136,13 +146,16 @@ enum mailbox_locktype { MAILBOX_LOCK_SHARED = 1, MAILBOX_LOCK_EXCLUSIVE = 2 };
  * exists, size and digest match) and committed or aborted; a dirty header
  * is recomputed from the records; the visible prefix advanced.  Then, when
  * the mailbox has a quota root, the quota database is brought in line with
- * the header (quota.h).  STORE_OK, STORE_CORRUPT, STORE_IOERROR. */
+ * the header (quota.h).  STORE_OK, STORE_CORRUPT, STORE_IOERROR,
+ * STORE_NOTFOUND (the index was removed: mailbox deleted meanwhile),
+ * STORE_INTERNAL (the handle is already locked: locks do not nest). */
 int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type);
 
 /* Finish the changes made under an exclusive lock: write the header, make
  * the changes durable through a commit round (commit.h), update quota, and
  * release the lock.  Under a shared lock: release it.  STORE_OK, or the
- * sync's error (the lock is released in every case). */
+ * sync's error (the lock is released in every case); STORE_INTERNAL when
+ * not locked.  A lock that changed nothing runs no commit round. */
 int mailbox_unlock(struct mailbox *mb);
 
 /* The header as of the last lock. */
@@ -154,7 +167,9 @@ const char *mailbox_dir(const struct mailbox *mb);
 
 /* Read record recno (0-based, < num_records) under a lock.  STORE_OK,
  * STORE_NOTFOUND (recno out of range), STORE_CORRUPT (CRC mismatch),
- * STORE_IOERROR. */
+ * STORE_IOERROR, STORE_INTERNAL (not locked).  A record of the visible
+ * prefix never shows MAILBOX_FLAG_PENDING (it is committed by position;
+ * a crash may have lost the write that cleared the bit). */
 int mailbox_read_record(struct mailbox *mb, uint32_t recno,
                         struct mailbox_record *rec_r);
 
@@ -176,14 +191,19 @@ int mailbox_open_message(const struct mailbox *mb, uint32_t uid, int *fd_r);
  * last_updated = now; counters follow (expunge: exists - 1, quota_used -
  * size).  Durable at mailbox_unlock().  STORE_OK, STORE_NOTFOUND,
  * STORE_CORRUPT, STORE_IOERROR, STORE_INTERNAL (not exclusively locked,
- * or recno not visible). */
+ * or recno not visible); STORE_NOTFOUND also for an ABORTED record (no
+ * message).  The first change under a lock makes the dirty bit durable
+ * (one fdatasync) before any record is touched. */
 int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
                            const struct mailbox_record *rec);
 
 /* User flag names (cyrus.header): the number of `name` (case-insensitive,
  * as IMAP keywords), creating it when `create` and the exclusive lock is
  * held.  STORE_OK and *num_r, STORE_NOTFOUND, STORE_OVERQUOTA when all 128
- * are in use, STORE_BADNAME (not an IMAP atom). */
+ * are in use, STORE_BADNAME (not an IMAP atom, starts with '\', or over
+ * 100 bytes), STORE_INTERNAL (create of a new name without the exclusive
+ * lock).  A new name is durable (cyrus.header rewritten and synced) when
+ * this returns. */
 int mailbox_user_flag(struct mailbox *mb, const char *name, int create,
                       int *num_r);
 /* Name of user flag num, or NULL. */
@@ -192,7 +212,9 @@ const char *mailbox_user_flag_name(const struct mailbox *mb, int num);
 /* Under the exclusive lock: remove the files of expunged and aborted
  * records and, when no append is pending, rewrite the index without them
  * (cyrus.index.NEW, synced, renamed over, directory synced; compactions
- * + 1).  STORE_OK, STORE_IOERROR, STORE_NOSPACE. */
+ * + 1).  Other processes' handles move to the new file at their next
+ * lock.  STORE_OK, STORE_IOERROR, STORE_NOSPACE, STORE_CORRUPT,
+ * STORE_INTERNAL (not exclusively locked). */
 int mailbox_cleanup(struct mailbox *mb);
 
 /* ---- append (called by append.c; see the durability argument there) ---- */
@@ -202,7 +224,9 @@ int mailbox_cleanup(struct mailbox *mb);
  * crosses file systems), writes a PENDING record after the last one,
  * updates uidnext and num_records, keeps the lock on the record's bytes,
  * and adds the index descriptor and the directory to `batch`.  STORE_OK
- * and *uid_r, STORE_IOERROR, STORE_NOSPACE, STORE_CORRUPT. */
+ * and *uid_r, STORE_IOERROR, STORE_NOSPACE, STORE_CORRUPT, STORE_INTERNAL
+ * (the handle is locked, or was opened by another process).  batch may be
+ * NULL (the caller then syncs by other means). */
 int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
                            const struct mailbox_msginfo *info,
                            int64_t internaldate, uint32_t sysflags,
@@ -211,13 +235,18 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
 /* Phase 2, after the batch's sync round succeeded: under the exclusive
  * lock, marks the record committed, advances the visible prefix over every
  * resolved record, updates the counters and header, releases the record
- * lock.  The message is then visible to readers.  STORE_OK, STORE_IOERROR,
- * STORE_NOTFOUND (uid is not this process's pending append). */
+ * lock, and tells quota (under the lock).  The message is then visible to
+ * readers, or will be as soon as every older pending append of this
+ * mailbox is resolved.  STORE_OK, STORE_IOERROR, STORE_NOTFOUND (uid is
+ * not this process's pending append).  A record that reconstruct already
+ * committed gives STORE_OK. */
 int mailbox_append_finish(struct mailbox *mb, uint32_t uid);
 
 /* Instead of finish (the sync failed, or the caller gives up): marks the
- * record ABORTED, unlinks DIR/UID., releases the record lock.  The uid is
- * never reused. */
+ * record ABORTED (synced), unlinks DIR/UID., releases the record lock.
+ * The uid is never reused.  STORE_OK, STORE_NOTFOUND (not this process's
+ * pending append), STORE_IOERROR.  mailbox_close() of the last reference
+ * cancels the appends still pending on the handle. */
 int mailbox_append_cancel(struct mailbox *mb, uint32_t uid);
 
 /* ---- checks and repair ---- */
@@ -225,7 +254,12 @@ int mailbox_append_cancel(struct mailbox *mb, uint32_t uid);
 /* Verify everything under a shared lock: header CRC, each record's CRC,
  * UIDs increasing and < uidnext, counters equal to the records, modseqs
  * <= highestmodseq, every visible non-expunged message file present with
- * the recorded size.  STORE_OK, or STORE_CORRUPT with a one-line
+ * the recorded size; both header slots are checked, so a damaged older
+ * slot (which open survives) is reported too.  Takes the shared lock
+ * itself when the handle is not locked.  Counters are not compared while
+ * the dirty bit says a recomputation is due; a PENDING flag inside the
+ * visible prefix is accepted beyond `synced` (a lost write that the next
+ * writer repairs).  STORE_OK, or STORE_CORRUPT with a one-line
  * description of the first problem in *problem (may be NULL). */
 int mailbox_check(struct mailbox *mb, struct buf *problem);
 
@@ -239,7 +273,13 @@ int mailbox_check(struct mailbox *mb, struct buf *problem);
  * lock on the old index when there is one.  Quota is recomputed for the
  * mailbox.  *report_r (may be NULL) gets a summary line ("N messages,
  * M records dropped, K files added").  STORE_OK, STORE_NOTFOUND (no spool
- * directory), STORE_IOERROR. */
+ * directory), STORE_IOERROR, STORE_INTERNAL (this process holds the
+ * mailbox under a shared lock).  When this process has the mailbox open,
+ * its handle is used (and moved to the new index); an append pending at
+ * that moment whose file exists ends up committed.  cyrus.header is kept
+ * when it parses (rewritten with `uniqueid` when that differs; uniqueid
+ * NULL keeps the old one), else rewritten without user flags.
+ * compactions + 1: record numbers from before are stale. */
 int mailbox_reconstruct(const struct imapconf *conf, const char *name,
                         const char *partition, const char *uniqueid,
                         struct buf *report_r);

@@ -36,6 +36,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cyrusdb/cyrusdb.h"
 #include "lib/log.h"
@@ -361,6 +362,52 @@ void quota_close(struct quota_db **qp)
     free(q->fname);
     free(q);
     *qp = NULL;
+}
+
+/* The process-wide handle of quota_shared(): which process opened it, and
+ * for which configuration ("CONFIGDIR\nBACKEND"). */
+static struct quota_db *quota_shared_db;
+static pid_t quota_shared_pid;
+static char *quota_shared_key;
+
+int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
+{
+    struct buf key = BUF_INITIALIZER;
+    int r;
+
+    *q_r = NULL;
+    if (buf_printf(&key, "%s\n%s", imapconf_getstring(conf, "configdirectory"),
+                   imapconf_getstring(conf, "quota_db")) < 0)
+        return STORE_NOMEM;
+    if (quota_shared_db && quota_shared_pid == getpid() &&
+        strcmp(quota_shared_key, buf_cstring(&key)) != 0)
+        quota_shared_close();   /* another configuration */
+    if (!quota_shared_db || quota_shared_pid != getpid()) {
+        /* one inherited over fork() belongs to the parent: leave it */
+        quota_shared_db = NULL;
+        quota_shared_key = NULL;
+        r = quota_open(conf, &quota_shared_db);
+        if (r) {
+            quota_shared_db = NULL;
+            buf_free(&key);
+            return r;
+        }
+        quota_shared_pid = getpid();
+        quota_shared_key = buf_release(&key);
+    }
+    buf_free(&key);
+    *q_r = quota_shared_db;
+    return STORE_OK;
+}
+
+void quota_shared_close(void)
+{
+    if (quota_shared_db && quota_shared_pid == getpid()) {
+        quota_close(&quota_shared_db);
+        free(quota_shared_key);
+    }
+    quota_shared_db = NULL;
+    quota_shared_key = NULL;
 }
 
 /* ---- reads ------------------------------------------------------------ */

@@ -52,6 +52,17 @@ struct quota {
 int quota_open(const struct imapconf *conf, struct quota_db **q_r);
 void quota_close(struct quota_db **qp);
 
+/* The process's shared handle, opened on first use: what the mailbox
+ * engine and appends use, so that a process never has two handles on
+ * quotas.db at once (LMDB in particular must not see one environment
+ * opened twice in a process).  The caller must not close it.  Reopened
+ * when the configuration (configdirectory, quota_db) differs from the
+ * last call's, and in a child after fork() (the parent's handle is left
+ * alone, never used).  STORE_OK, or quota_open()'s errors. */
+int quota_shared(const struct imapconf *conf, struct quota_db **q_r);
+/* Close the shared handle (no-op when none is open in this process). */
+void quota_shared_close(void);
+
 /* The nearest quota root of a mailbox into root (the name itself, or an
  * ancestor: "user.a.b", then "user.a", then "user").  STORE_OK,
  * STORE_NOTFOUND (no root covers it), STORE_IOERROR. */
