@@ -41,8 +41,10 @@
  */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -663,4 +665,92 @@ void append_free(struct append_txn **tp)
     free(t->resv);
     free(t);
     *tp = NULL;
+}
+
+/* ---- leftover staging files ------------------------------------------ */
+
+/* Is the staging file `name` (PID-SEQ-TIME) in `dir` to be removed: its
+ * writer is gone, or it is older than max_age seconds? */
+static int append_stage_stale(const char *dir, const char *name, long max_age,
+                              time_t now)
+{
+    char path[4096];
+    struct stat st;
+    char *end;
+    long pid;
+
+    errno = 0;
+    pid = strtol(name, &end, 10);
+    if (errno || end == name || *end != '-' || pid <= 0)
+        return 0;   /* not ours: leave it */
+    if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path))
+        return 0;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    if (now - st.st_mtime > max_age)
+        return 1;
+    if ((pid_t)pid == getpid())
+        return 0;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+int append_stage_cleanup(const struct imapconf *conf, const char *partition,
+                         long max_age, unsigned long *removed_r)
+{
+    struct buf top = BUF_INITIALIZER, sub = BUF_INITIALIZER,
+               path = BUF_INITIALIZER;
+    const char *root;
+    DIR *d = NULL, *sd;
+    struct dirent *de, *fe;
+    time_t now = time(NULL);
+    int r = STORE_OK;
+
+    if (removed_r)
+        *removed_r = 0;
+    if (!partition)
+        partition = imapconf_getstring(conf, "defaultpartition");
+    root = imapconf_partition(conf, partition);
+    if (!root)
+        return STORE_BADPARTITION;
+    if (buf_printf(&top, "%s/%s", root, APPEND_STAGE_DIR) != 0)
+        return STORE_NOMEM;
+    d = opendir(buf_cstring(&top));
+    if (!d) {
+        r = errno == ENOENT ? STORE_OK : append_errno(errno);
+        goto out;
+    }
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.')
+            continue;
+        buf_reset(&sub);
+        buf_printf(&sub, "%s/%s", buf_cstring(&top), de->d_name);
+        sd = opendir(buf_cstring(&sub));
+        if (!sd)
+            continue;   /* not a directory */
+        while ((fe = readdir(sd)) != NULL) {
+            if (fe->d_name[0] == '.' ||
+                !append_stage_stale(buf_cstring(&sub), fe->d_name, max_age, now))
+                continue;
+            buf_reset(&path);
+            buf_printf(&path, "%s/%s", buf_cstring(&sub), fe->d_name);
+            if (unlink(buf_cstring(&path)) == 0) {
+                if (removed_r)
+                    (*removed_r)++;
+                log_info("append: removed leftover staging file path=<%s>",
+                         buf_cstring(&path));
+            } else if (errno != ENOENT) {
+                log_error("append: cannot remove staging file path=<%s> "
+                          "error=<%s>", buf_cstring(&path), strerror(errno));
+                r = append_errno(errno);
+            }
+        }
+        closedir(sd);
+    }
+out:
+    if (d)
+        closedir(d);
+    buf_free(&top);
+    buf_free(&sub);
+    buf_free(&path);
+    return r;
 }

@@ -121,4 +121,14 @@ void append_abort(struct append_txn *t);
 /* Free (aborting first if needed); sets *tp NULL. */
 void append_free(struct append_txn **tp);
 
+/* Remove the staging files a killed writer left on `partition` (NULL =
+ * defaultpartition): those whose writer process no longer exists, and any
+ * older than max_age seconds.  A staging file is never needed after its
+ * writer is gone (the mailboxes hold their own hard links), so removing it
+ * only frees space.  Files not named PID-SEQ-TIME are left alone.
+ * *removed_r (may be NULL) gets the count.  STORE_OK, STORE_BADPARTITION,
+ * STORE_IOERROR. */
+int append_stage_cleanup(const struct imapconf *conf, const char *partition,
+                         long max_age, unsigned long *removed_r);
+
 #endif

@@ -75,6 +75,8 @@ static void mbtool_usage(FILE *out)
 "  reconstruct [-r] NAME         rebuild an index from the message files\n"
 "  cleanup NAME                  remove expunged messages for good\n"
 "  prune DAYS                    drop duplicate records older than DAYS\n"
+"  stage-cleanup [PARTITION]     remove staging files of delivery processes\n"
+"                                that are gone (or older than a day)\n"
 "  deliver [-q] [-D] [-m FOLDER] [-M MAILBOX] [-f FILE] [USER...]\n"
 "                                deliver a message (FILE or stdin, LF or\n"
 "                                CRLF lines) to each USER's INBOX (or its\n"
@@ -640,6 +642,26 @@ static int mbtool_prune(int argc, char **argv)
     return MBTOOL_EXIT_OK;
 }
 
+/* ---- stage-cleanup ---- */
+
+#define MBTOOL_STAGE_MAX_AGE 86400L
+
+static int mbtool_stage_cleanup(int argc, char **argv)
+{
+    unsigned long removed = 0;
+    int r;
+
+    if (argc > 2)
+        return mbtool_usage_error("stage-cleanup [PARTITION]");
+    r = append_stage_cleanup(mbtool_conf, argc == 2 ? argv[1] : NULL,
+                             MBTOOL_STAGE_MAX_AGE, &removed);
+    if (r)
+        return mbtool_fail("cannot clean the staging directories of",
+                           argc == 2 ? argv[1] : "the default partition", r);
+    printf("staging files removed: %lu\n", removed);
+    return MBTOOL_EXIT_OK;
+}
+
 /* ---- deliver ---- */
 
 /* Read all of `in` into b. */
@@ -864,6 +886,8 @@ int main(int argc, char **argv)
         ret = mbtool_tree_op(argc, argv, "cleanup NAME", mbtool_cleanup_one);
     else if (strcmp(cmd, "prune") == 0)
         ret = mbtool_prune(argc, argv);
+    else if (strcmp(cmd, "stage-cleanup") == 0)
+        ret = mbtool_stage_cleanup(argc, argv);
     else if (strcmp(cmd, "deliver") == 0)
         ret = mbtool_deliver(argc, argv);
     else {

@@ -154,6 +154,23 @@ for b in $BACKENDS; do
     expect_out 0 "cleaned up" "$b: cleanup" $M cleanup user.alice
     expect_out 0 "pruned" "$b: prune" $M prune 0
 
+    # ---- leftover staging files: a dead writer's go, a live one's stay
+    sdir="$d/spool/stage./00"
+    mkdir -p "$sdir"
+    sleep 60 & live=$!
+    sh -c 'exit 0' & dead=$!
+    wait $dead
+    : >"$sdir/$dead-1-1"; : >"$sdir/$live-1-1"; : >"$sdir/notours"
+    run $M stage-cleanup
+    if [ "$rc" -eq 0 ] && grep -q "removed: 1" "$OUT" && [ ! -e "$sdir/$dead-1-1" ] && [ -e "$sdir/$live-1-1" ] && [ -e "$sdir/notours" ]; then
+        pass "$b: stage-cleanup removes only a dead writer's staging file"
+    else
+        fail "$b: stage-cleanup (exit $rc)"
+    fi
+    kill $live; wait $live 2>/dev/null
+    rm -f "$sdir/$live-1-1" "$sdir/notours"
+    expect_out 1 "cannot clean" "$b: stage-cleanup of an unknown partition" $M stage-cleanup nopart
+
     # ---- rename and delete
     expect_out 0 "renamed" "$b: rename user.bob with its children" $M rename user.bob user.robert
     run $M list 'user.robert*'
