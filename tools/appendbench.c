@@ -481,15 +481,19 @@ int main(int argc, char **argv)
     defm = imapconf_getstring(defaults, "mboxlist_db");
     defd = imapconf_getstring(defaults, "duplicate_db");
     if (o.mboxlist_dbs.count == 0 && o.duplicate_dbs.count == 0) {
-        const char *all = cyrusdb_names();   /* "a b c" */
-        char *copy = strdup(all), *tok, *save = NULL;
+        /* every distinct backend of the registry (aliases left out: an
+         * alias has the same table and variant as an earlier row) */
+        const struct cyrusdb_registry_entry *e, *f;
 
-        for (tok = strtok_r(copy, " ,", &save); tok;
-             tok = strtok_r(NULL, " ,", &save)) {
-            strarray_append(&o.mboxlist_dbs, tok);
-            strarray_append(&o.duplicate_dbs, tok);
+        for (e = cyrusdb_registry; e->name; e++) {
+            for (f = cyrusdb_registry; f < e; f++)
+                if (f->backend == e->backend && f->variant == e->variant)
+                    break;
+            if (f < e)
+                continue;
+            strarray_append(&o.mboxlist_dbs, e->name);
+            strarray_append(&o.duplicate_dbs, e->name);
         }
-        free(copy);
     }
 
     uname(&un);

@@ -97,8 +97,8 @@ static void ctl_failed(struct ctl_counts *n, const char *path,
 
 /*
  * The key order (CYRUSDB_MBOXSORT or not) is not recorded in the files, so
- * a file is opened in the order its name says (mailboxes.db is in mailbox
- * order, as the mailbox list opens it) and checked; if it is not consistent
+ * a file is opened in the order its name says (mailboxes.db and quotas.db
+ * are in mailbox order, as the store opens them) and checked; if it is not consistent
  * in that order it is tried in the other one.  The backends refuse to
  * rewrite a file in an order it is not in, so a wrong first guess changes
  * nothing.  On success *db_r is open in the order that fits.
@@ -107,7 +107,12 @@ static int ctl_open_in_order(const char *path, const char *backend,
                              struct cyrusdb **db_r, const char **err_r)
 {
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    int first = !strcmp(base, "mailboxes.db") ? CYRUSDB_MBOXSORT : 0;
+    /* the store opens these in mailbox order (store/mboxlist.c,
+     * store/quota.c, store/subs.c); everything else in byte order */
+    size_t blen = strlen(base);
+    int first = (!strcmp(base, "mailboxes.db") || !strcmp(base, "quotas.db") ||
+                 (blen > 4 && !strcmp(base + blen - 4, ".sub")))
+                    ? CYRUSDB_MBOXSORT : 0;
     int r;
 
     /* the first try is quiet: its failure only means "the other order" */
@@ -210,6 +215,57 @@ static int ctl_scan(const char *dir, int checkpoint, struct ctl_counts *n)
     return 0;
 }
 
+/* Directory-wide recovery or checkpoint of dir, then every file in it. */
+static void ctl_dir(const char *dir, int checkpoint, struct ctl_counts *n)
+{
+    int r;
+
+    r = checkpoint ? cyrusdb_checkpoint_dir(dir) : cyrusdb_recover(dir);
+    if (r != CYRUSDB_OK) {
+        fprintf(stderr, "%s: %s: directory %s failed: %s\n", ctl_progname,
+                dir, checkpoint ? "checkpoint" : "recovery",
+                cyrusdb_strerror(r));
+        n->failed++;
+    }
+    if (ctl_scan(dir, checkpoint, n) < 0)
+        n->failed++;
+}
+
+/* The per-user databases of the mailbox store (seen state, subscriptions)
+ * live in DIR/user/H/: each such directory is handled like DIR. */
+static void ctl_user_dirs(const char *dir, int checkpoint, struct ctl_counts *n)
+{
+    struct dirent **names = NULL;
+    struct buf user = BUF_INITIALIZER, sub = BUF_INITIALIZER;
+    struct stat st;
+    int count, i;
+
+    buf_printf(&user, "%s/user", dir);
+    if (lstat(buf_cstring(&user), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        buf_free(&user);
+        return;
+    }
+    count = scandir(buf_cstring(&user), &names, NULL, alphasort);
+    if (count < 0) {
+        fprintf(stderr, "%s: %s: cannot read directory: %s\n", ctl_progname,
+                buf_cstring(&user), strerror(errno));
+        n->failed++;
+        buf_free(&user);
+        return;
+    }
+    for (i = 0; i < count; i++) {
+        buf_reset(&sub);
+        buf_printf(&sub, "%s/%s", buf_cstring(&user), names[i]->d_name);
+        if (names[i]->d_name[0] != '.' &&
+            lstat(buf_cstring(&sub), &st) == 0 && S_ISDIR(st.st_mode))
+            ctl_dir(buf_cstring(&sub), checkpoint, n);
+        free(names[i]);
+    }
+    free(names);
+    buf_free(&user);
+    buf_free(&sub);
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -220,7 +276,7 @@ int main(int argc, char **argv)
     struct imapconf *conf = NULL;
     struct ctl_counts n = { 0, 0, 0 };
     char *cdir = NULL;
-    int mode = 0, opt, r;
+    int mode = 0, opt;
     struct stat st;
 
     log_init(argv[0], LOG_TO_STDERR);
@@ -297,23 +353,8 @@ int main(int argc, char **argv)
         return CTL_EXIT_ERROR;
     }
 
-    if (mode == 'r') {
-        r = cyrusdb_recover(dir);
-        if (r != CYRUSDB_OK) {
-            fprintf(stderr, "%s: %s: directory recovery failed: %s\n",
-                    ctl_progname, dir, cyrusdb_strerror(r));
-            n.failed++;
-        }
-    } else {
-        r = cyrusdb_checkpoint_dir(dir);
-        if (r != CYRUSDB_OK) {
-            fprintf(stderr, "%s: %s: directory checkpoint failed: %s\n",
-                    ctl_progname, dir, cyrusdb_strerror(r));
-            n.failed++;
-        }
-    }
-    if (ctl_scan(dir, mode == 'c', &n) < 0)
-        n.failed++;
+    ctl_dir(dir, mode == 'c', &n);
+    ctl_user_dirs(dir, mode == 'c', &n);
 
     if (!ctl_quiet || n.failed)
         printf("%s: %s dir=<%s>: %u databases done, %u files skipped, "

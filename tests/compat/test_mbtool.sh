@@ -188,6 +188,19 @@ for b in $BACKENDS; do
     expect_out 1 "cannot delete" "$b: delete of a missing mailbox fails" $M delete user.robert
 done
 
+# ---- ctl_cyrusdb also recovers the per-user databases in CONFIGDIR/user/H/
+CTL="$top_builddir/tools/ctl_cyrusdb"
+DBTOOL="$top_builddir/tools/cyr_dbtool"
+mkdir -p "$d/conf/user/a"
+"$DBTOOL" -n "$d/conf/user/a/alice.seen" skiplist set k v >/dev/null 2>&1
+"$DBTOOL" -n -M "$d/conf/user/a/alice.sub" skiplist set user.alice "" >/dev/null 2>&1
+run "$CTL" -C "$conf" -r
+if [ "$rc" -eq 0 ] && grep -q "user/a/alice.seen: skiplist: recovered" "$OUT" && grep -q "user/a/alice.sub: skiplist: recovered" "$OUT" && grep -q "mailboxes.db: " "$OUT"; then
+    pass "ctl_cyrusdb -r covers mailboxes.db and the per-user databases"
+else
+    fail "ctl_cyrusdb -r per-user databases (exit $rc)"
+fi
+
 # ---- usage errors
 expect 2 "no command" "$MBTOOL" -C "$conf"
 expect 2 "unknown command" "$MBTOOL" -C "$conf" frobnicate
