@@ -282,39 +282,18 @@ static void seen_data_clear(struct seen_data *d)
 int seen_open(const struct imapconf *conf, const char *userid,
               struct seen_db **s_r)
 {
-    const char *backend = imapconf_getstring(conf, "seenstate_db");
-    struct buf path = BUF_INITIALIZER;
     struct seen_db *s;
     int r;
 
     *s_r = NULL;
-    r = store_user_path(conf, userid, SEEN_SUFFIX, &path);
-    if (r != STORE_OK) {
-        buf_free(&path);
-        return r;
-    }
-    if (!backend) {
-        buf_free(&path);
-        return STORE_IOERROR;
-    }
-    if (fs_mkdir_parent(buf_cstring(&path), 0755) < 0) {
-        log_error("seen: mkdir failed file=<%s> error=<%s>",
-                  buf_cstring(&path), strerror(errno));
-        buf_free(&path);
-        return STORE_IOERROR;
-    }
     s = calloc(1, sizeof(*s));
-    if (!s) {
-        buf_free(&path);
+    if (!s)
         return STORE_NOMEM;
-    }
-    s->fname = buf_release(&path);
-    r = cyrusdb_open(backend, s->fname, CYRUSDB_CREATE | SEEN_DBFLAGS, &s->db,
-                     NULL);
-    if (r != CYRUSDB_OK) {
-        free(s->fname);
+    r = store_user_db_open(conf, userid, SEEN_SUFFIX, "seenstate_db",
+                           SEEN_DBFLAGS, &s->db, &s->fname);
+    if (r != STORE_OK) {
         free(s);
-        return r == CYRUSDB_NOTFOUND ? STORE_IOERROR : store_from_cyrusdb(r);
+        return r;
     }
     *s_r = s;
     return STORE_OK;
@@ -431,42 +410,12 @@ void seen_data_free(struct seen_data *d)
 
 int seen_delete_user(const struct imapconf *conf, const char *userid)
 {
-    struct buf path = BUF_INITIALIZER;
-    int r;
-
-    r = store_user_path(conf, userid, SEEN_SUFFIX, &path);
-    if (r == STORE_OK)
-        r = store_db_unlink(buf_cstring(&path));
-    buf_free(&path);
-    return r;
+    return store_user_db_delete(conf, userid, SEEN_SUFFIX);
 }
 
 int seen_rename_user(const struct imapconf *conf, const char *olduser,
                      const char *newuser)
 {
-    const char *backend = imapconf_getstring(conf, "seenstate_db");
-    struct buf from = BUF_INITIALIZER, to = BUF_INITIALIZER;
-    int r;
-
-    r = store_user_path(conf, olduser, SEEN_SUFFIX, &from);
-    if (r == STORE_OK)
-        r = store_user_path(conf, newuser, SEEN_SUFFIX, &to);
-    if (r == STORE_OK && !strcmp(buf_cstring(&from), buf_cstring(&to)))
-        goto out;    /* same user: nothing to do */
-    if (r == STORE_OK && fs_mkdir_parent(buf_cstring(&to), 0755) < 0) {
-        log_error("seen: mkdir failed file=<%s> error=<%s>",
-                  buf_cstring(&to), strerror(errno));
-        r = STORE_IOERROR;
-    }
-    if (r == STORE_OK)
-        r = store_db_copy(backend, SEEN_DBFLAGS, buf_cstring(&from),
-                          buf_cstring(&to), NULL, NULL);
-    if (r == STORE_OK)
-        r = store_db_unlink(buf_cstring(&from));
-    if (r == STORE_OK)
-        log_info("seen: user renamed from=<%s> to=<%s>", olduser, newuser);
-out:
-    buf_free(&from);
-    buf_free(&to);
-    return r;
+    return store_user_db_rename(conf, olduser, newuser, SEEN_SUFFIX,
+                                "seenstate_db", SEEN_DBFLAGS, NULL, NULL);
 }

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "cyrusdb/cyrusdb.h"
+#include "lib/buf.h"
+#include "lib/fsutil.h"
 #include "lib/log.h"
 #include "store/mboxname.h"
 #include "store/store.h"
@@ -290,4 +292,84 @@ int store_db_copy(const char *backend, int flags, const char *from,
     if (r != CYRUSDB_OK)
         return r == CYRUSDB_NOTFOUND ? STORE_IOERROR : store_from_cyrusdb(r);
     return STORE_OK;
+}
+
+/* ---- per-user databases --------------------------------------------- */
+
+int store_user_db_open(const struct imapconf *conf, const char *userid,
+                       const char *suffix, const char *backend_key, int flags,
+                       struct cyrusdb **db_r, char **fname_r)
+{
+    const char *backend = imapconf_getstring(conf, backend_key);
+    struct buf path = BUF_INITIALIZER;
+    int r;
+
+    *db_r = NULL;
+    *fname_r = NULL;
+    if (!backend)
+        return STORE_IOERROR;
+    r = store_user_path(conf, userid, suffix, &path);
+    if (r == STORE_OK && fs_mkdir_parent(buf_cstring(&path), 0755) < 0) {
+        log_error("store: mkdir failed file=<%s> error=<%s>",
+                  buf_cstring(&path), strerror(errno));
+        r = STORE_IOERROR;
+    }
+    if (r == STORE_OK) {
+        r = cyrusdb_open(backend, buf_cstring(&path), CYRUSDB_CREATE | flags,
+                         db_r, NULL);
+        if (r != CYRUSDB_OK) {
+            *db_r = NULL;
+            r = r == CYRUSDB_NOTFOUND ? STORE_IOERROR : store_from_cyrusdb(r);
+        }
+    }
+    if (r == STORE_OK)
+        *fname_r = buf_release(&path);
+    buf_free(&path);
+    return r;
+}
+
+int store_user_db_delete(const struct imapconf *conf, const char *userid,
+                         const char *suffix)
+{
+    struct buf path = BUF_INITIALIZER;
+    int r;
+
+    r = store_user_path(conf, userid, suffix, &path);
+    if (r == STORE_OK)
+        r = store_db_unlink(buf_cstring(&path));
+    buf_free(&path);
+    return r;
+}
+
+int store_user_db_rename(const struct imapconf *conf, const char *olduser,
+                         const char *newuser, const char *suffix,
+                         const char *backend_key, int flags,
+                         store_rekey_fn *rekey, void *rekey_rock)
+{
+    const char *backend = imapconf_getstring(conf, backend_key);
+    struct buf from = BUF_INITIALIZER, to = BUF_INITIALIZER;
+    int r;
+
+    r = store_user_path(conf, olduser, suffix, &from);
+    if (r == STORE_OK)
+        r = store_user_path(conf, newuser, suffix, &to);
+    if (r == STORE_OK && !strcmp(buf_cstring(&from), buf_cstring(&to)))
+        goto out;    /* same user: nothing to do */
+    if (r == STORE_OK && fs_mkdir_parent(buf_cstring(&to), 0755) < 0) {
+        log_error("store: mkdir failed file=<%s> error=<%s>",
+                  buf_cstring(&to), strerror(errno));
+        r = STORE_IOERROR;
+    }
+    if (r == STORE_OK)
+        r = store_db_copy(backend, flags, buf_cstring(&from),
+                          buf_cstring(&to), rekey, rekey_rock);
+    if (r == STORE_OK)
+        r = store_db_unlink(buf_cstring(&from));
+    if (r == STORE_OK)
+        log_info("store: user database renamed from=<%s> to=<%s>",
+                 buf_cstring(&from), buf_cstring(&to));
+out:
+    buf_free(&from);
+    buf_free(&to);
+    return r;
 }

@@ -101,4 +101,26 @@ typedef int store_rekey_fn(void *rock, const char *key, size_t keylen,
 int store_db_copy(const char *backend, int flags, const char *from,
                   const char *to, store_rekey_fn *rekey, void *rekey_rock);
 
+/* The per-user databases (seen state, subscriptions) share these three.
+ * Open (creating it and its directory) the database USERID.SUFFIX with the
+ * backend the configuration key `backend_key` names, opened with `flags`
+ * (always the same for a given suffix); on STORE_OK *db_r is open and
+ * *fname_r its path (the caller frees it).  STORE_BADNAME (user id),
+ * STORE_IOERROR, STORE_NOMEM. */
+struct cyrusdb;
+int store_user_db_open(const struct imapconf *conf, const char *userid,
+                       const char *suffix, const char *backend_key, int flags,
+                       struct cyrusdb **db_r, char **fname_r);
+/* Remove a user's database (store_db_unlink()). */
+int store_user_db_delete(const struct imapconf *conf, const char *userid,
+                         const char *suffix);
+/* Move a user's database to another user: store_db_copy() (merging into an
+ * existing one, keys passed through rekey when not NULL), then the old file
+ * is removed; restartable after a crash.  Same user: nothing done.
+ * STORE_OK, STORE_NOTFOUND (no old file), STORE_IOERROR, STORE_NOMEM. */
+int store_user_db_rename(const struct imapconf *conf, const char *olduser,
+                         const char *newuser, const char *suffix,
+                         const char *backend_key, int flags,
+                         store_rekey_fn *rekey, void *rekey_rock);
+
 #endif

@@ -40,39 +40,18 @@ struct subs_db {
 int subs_open(const struct imapconf *conf, const char *userid,
               struct subs_db **s_r)
 {
-    const char *backend = imapconf_getstring(conf, "subscription_db");
-    struct buf path = BUF_INITIALIZER;
     struct subs_db *s;
     int r;
 
     *s_r = NULL;
-    r = store_user_path(conf, userid, SUBS_SUFFIX, &path);
-    if (r != STORE_OK) {
-        buf_free(&path);
-        return r;
-    }
-    if (!backend) {
-        buf_free(&path);
-        return STORE_IOERROR;
-    }
-    if (fs_mkdir_parent(buf_cstring(&path), 0755) < 0) {
-        log_error("subs: mkdir failed file=<%s> error=<%s>",
-                  buf_cstring(&path), strerror(errno));
-        buf_free(&path);
-        return STORE_IOERROR;
-    }
     s = calloc(1, sizeof(*s));
-    if (!s) {
-        buf_free(&path);
+    if (!s)
         return STORE_NOMEM;
-    }
-    s->fname = buf_release(&path);
-    r = cyrusdb_open(backend, s->fname, CYRUSDB_CREATE | SUBS_DBFLAGS, &s->db,
-                     NULL);
-    if (r != CYRUSDB_OK) {
-        free(s->fname);
+    r = store_user_db_open(conf, userid, SUBS_SUFFIX, "subscription_db",
+                           SUBS_DBFLAGS, &s->db, &s->fname);
+    if (r != STORE_OK) {
         free(s);
-        return r == CYRUSDB_NOTFOUND ? STORE_IOERROR : store_from_cyrusdb(r);
+        return r;
     }
     *s_r = s;
     return STORE_OK;
@@ -211,14 +190,7 @@ int subs_list(struct subs_db *s, const char *pattern, subs_cb_fn *cb,
 
 int subs_delete_user(const struct imapconf *conf, const char *userid)
 {
-    struct buf path = BUF_INITIALIZER;
-    int r;
-
-    r = store_user_path(conf, userid, SUBS_SUFFIX, &path);
-    if (r == STORE_OK)
-        r = store_db_unlink(buf_cstring(&path));
-    buf_free(&path);
-    return r;
+    return store_user_db_delete(conf, userid, SUBS_SUFFIX);
 }
 
 struct subs_rename {
@@ -247,34 +219,16 @@ int subs_rename_user(const struct imapconf *conf, const char *olduser,
                      const char *newuser)
 {
     struct subs_rename rr = { BUF_INITIALIZER, BUF_INITIALIZER };
-    const char *backend = imapconf_getstring(conf, "subscription_db");
-    struct buf from = BUF_INITIALIZER, to = BUF_INITIALIZER;
-    int r;
+    int r = STORE_OK;
 
-    r = store_user_path(conf, olduser, SUBS_SUFFIX, &from);
-    if (r == STORE_OK)
-        r = store_user_path(conf, newuser, SUBS_SUFFIX, &to);
-    if (r == STORE_OK && !strcmp(buf_cstring(&from), buf_cstring(&to)))
-        goto out;
-    if (r == STORE_OK && fs_mkdir_parent(buf_cstring(&to), 0755) < 0) {
-        log_error("subs: mkdir failed file=<%s> error=<%s>",
-                  buf_cstring(&to), strerror(errno));
-        r = STORE_IOERROR;
-    }
-    if (r == STORE_OK &&
-        (buf_printf(&rr.oldinbox, MBOXNAME_USER_PREFIX "%s", olduser) < 0 ||
-         buf_printf(&rr.newinbox, MBOXNAME_USER_PREFIX "%s", newuser) < 0))
+    /* subscriptions to the old user's mailboxes follow them */
+    if (buf_printf(&rr.oldinbox, MBOXNAME_USER_PREFIX "%s", olduser) < 0 ||
+        buf_printf(&rr.newinbox, MBOXNAME_USER_PREFIX "%s", newuser) < 0)
         r = STORE_NOMEM;
     if (r == STORE_OK)
-        r = store_db_copy(backend, SUBS_DBFLAGS, buf_cstring(&from),
-                          buf_cstring(&to), subs_rekey, &rr);
-    if (r == STORE_OK)
-        r = store_db_unlink(buf_cstring(&from));
-    if (r == STORE_OK)
-        log_info("subs: user renamed from=<%s> to=<%s>", olduser, newuser);
-out:
-    buf_free(&from);
-    buf_free(&to);
+        r = store_user_db_rename(conf, olduser, newuser, SUBS_SUFFIX,
+                                 "subscription_db", SUBS_DBFLAGS, subs_rekey,
+                                 &rr);
     buf_free(&rr.oldinbox);
     buf_free(&rr.newinbox);
     return r;
