@@ -58,6 +58,44 @@
  * blocked on a lock of a dead process waits until some process opens a
  * database of the directory or requests a conflicting lock.
  *
+ * Opening and closing the environment (DIR/db/cyrusdb.lock).  Berkeley DB
+ * 5.3 takes region mutexes (process-shared pthread mutexes) while it joins
+ * or leaves an environment; a process SIGKILLed there leaves one held for
+ * good.  DB_REGISTER notices the dead process, but with DB_FAILCHK it
+ * first joins the regions to run failchk, blocks on that very mutex
+ * before failchk can run, and every later opener queues up behind it.
+ * Recovery (DB_RECOVER) takes no mutex: it removes and rebuilds the
+ * regions.  So environment open and close are bracketed by a protocol of
+ * fcntl locks on DIR/db/cyrusdb.lock (fcntl locks vanish with their
+ * process, so a dead process can hold none of them):
+ *   - byte 0, the gate: held exclusively around env->open and env->close;
+ *   - byte 2, the mark: set to '1' on taking the gate and back to '0' on
+ *     leaving it, so a holder of the gate that finds it '1' knows the
+ *     previous holder died inside an open or close;
+ *   - byte 1, users: held shared by every process for as long as it has
+ *     the environment open.  A holder of the gate that can lock it
+ *     exclusively (without waiting) knows that no live process has the
+ *     environment open, and that none can join before it leaves the gate.
+ * An opener that is alone opens with DB_REGISTER | DB_RECOVER and without
+ * DB_FAILCHK: if some process died with the environment open (the
+ * register says so) or inside an open or close (the mark says so; it then
+ * removes __db.register to force it), Berkeley DB runs full recovery,
+ * which joins no mutex, and nobody is there to disturb.  An opener that is
+ * not alone and finds the mark set also opens without DB_FAILCHK: the
+ * dead process is in the register, so Berkeley DB's register protocol
+ * panics the environment of the live processes (their calls fail with
+ * DB_RUNRECOVERY, mapped to CYRUSDB_IOERROR until they reopen) and
+ * recovers.  Otherwise (not alone, mark clear) it opens with
+ * DB_REGISTER | DB_FAILCHK | DB_RECOVER as described above, so a worker
+ * killed outside the library disturbs nobody.  db3_recover takes the gate
+ * too and refuses (CYRUSDB_LOCKED) when another process has the
+ * environment open.  Limitation (Berkeley DB 5.3 has no way out of it): a
+ * process killed inside the library while other processes keep the
+ * environment open may leave a region mutex held; a live process that
+ * then needs that mutex (even in env->close) blocks for good, and the
+ * gate then makes later openers wait behind it.  Only stopping every
+ * process and running ctl_cyrusdb -r clears that.
+ *
  * Checkpoints (db3_checkpoint, db3_checkpoint_dir, and the close of a
  * writable handle when enough log has built up) write the cache to the
  * files and remove the log files no longer needed for recovery.
@@ -66,6 +104,7 @@
 
 #include <db.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -91,12 +130,17 @@
 #define DB3_FILE_MODE 0644
 #define DB3_DIR_MODE 0755
 #define DB3_MAX_KEY 512                    /* keys are at most 511 bytes */
+#define DB3_GATE_FILE "cyrusdb.lock"       /* in DIR/db: see "Opening" above */
+#define DB3_GATE_BYTE 0                    /* exclusive around env open/close */
+#define DB3_USERS_BYTE 1                   /* shared while the env is open */
+#define DB3_MARK_BYTE 2                    /* '1' while an open/close runs */
 
 /* One open environment of this process (one per directory). */
 struct db3_env {
     struct db3_env *next;
     char *home;            /* absolute path of DIR/db */
     DB_ENV *env;
+    int gatefd;            /* DIR/db/cyrusdb.lock, holding our users lock */
     pid_t pid;             /* the process that opened it */
     int refcount;          /* handles using it (and directory calls) */
     int txns_open;         /* explicit transactions open on its handles */
@@ -231,6 +275,102 @@ static int db3_env_create(const char *home, DB_ENV **env_r)
 #define DB3_ENV_FLAGS \
     (DB_CREATE | DB_INIT_TXN | DB_INIT_LOCK | DB_INIT_LOG | DB_INIT_MPOOL)
 
+/* fcntl lock (F_RDLCK, F_WRLCK, F_UNLCK) of one byte of the gate file. */
+static int db3_gate_lock(int fd, short type, off_t byte, int wait)
+{
+    struct flock fl;
+    int r;
+
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = byte;
+    fl.l_len = 1;
+    do {
+        r = fcntl(fd, wait ? F_SETLKW : F_SETLK, &fl);
+    } while (r < 0 && errno == EINTR);
+    return r;
+}
+
+/* Set or clear the mark that an environment open or close is under way. */
+static int db3_gate_mark(int fd, int on)
+{
+    char c = on ? '1' : '0';
+
+    return pwrite(fd, &c, 1, DB3_MARK_BYTE) == 1 ? 0 : -1;
+}
+
+/* Open DIR/db/cyrusdb.lock; -1 (logged) on failure.  One descriptor per
+ * environment and process: closing any descriptor of the file would drop
+ * every fcntl lock the process holds on it. */
+static int db3_gate_open(const char *home)
+{
+    char *path = malloc(strlen(home) + sizeof("/" DB3_GATE_FILE));
+    int fd;
+
+    if (!path)
+        return -1;
+    strcpy(path, home);
+    strcat(path, "/" DB3_GATE_FILE);
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, DB3_FILE_MODE);
+    if (fd < 0)
+        log_error("db3: cannot open file=<%s> error=<%s>", path, strerror(errno));
+    free(path);
+    return fd;
+}
+
+/* Take the gate (waiting for it).  *dirty_r: the mark was left set, i.e.
+ * the previous holder of the gate died inside an environment open or
+ * close.  Then set the mark for ourselves. */
+static int db3_gate_enter(int fd, const char *home, int *dirty_r)
+{
+    char c = '0';
+
+    *dirty_r = 0;
+    if (db3_gate_lock(fd, F_WRLCK, DB3_GATE_BYTE, 1) < 0 ||
+        pread(fd, &c, 1, DB3_MARK_BYTE) < 0 || db3_gate_mark(fd, 1) < 0) {
+        log_error("db3: cannot take the open gate home=<%s> error=<%s>",
+                  home, strerror(errno));
+        db3_gate_lock(fd, F_UNLCK, DB3_GATE_BYTE, 0);
+        return -1;
+    }
+    *dirty_r = c == '1';
+    return 0;
+}
+
+/* Clear the mark and release the gate (the descriptor stays open). */
+static void db3_gate_leave(int fd, const char *home)
+{
+    if (db3_gate_mark(fd, 0) < 0 ||
+        db3_gate_lock(fd, F_UNLCK, DB3_GATE_BYTE, 0) < 0)
+        log_error("db3: cannot release the open gate home=<%s> error=<%s>",
+                  home, strerror(errno));
+}
+
+/* Holding the gate: does no other live process have the environment
+ * open?  On success we hold the users byte exclusively (the caller turns
+ * that into a shared lock or drops it). */
+static int db3_gate_alone(int fd)
+{
+    return db3_gate_lock(fd, F_WRLCK, DB3_USERS_BYTE, 0) == 0;
+}
+
+/* Remove DIR/db/__db.register: the next DB_REGISTER open then runs
+ * recovery.  Only while holding the gate and alone. */
+static void db3_register_remove(const char *home)
+{
+    char *reg = malloc(strlen(home) + sizeof("/__db.register"));
+
+    if (!reg)
+        return;
+    strcpy(reg, home);
+    strcat(reg, "/__db.register");
+    if (unlink(reg) < 0 && errno != ENOENT)
+        log_warning("db3: cannot remove file=<%s> error=<%s>",
+                    reg, strerror(errno));
+    free(reg);
+}
+
 /* Find or open this process's environment at `home` and count a user. */
 static int db3_env_get(const char *home, struct db3_env **env_r,
                        const char **error_r)
@@ -238,7 +378,8 @@ static int db3_env_get(const char *home, struct db3_env **env_r,
     struct db3_env *e;
     DB_ENV *env = NULL;
     pid_t pid = getpid();
-    int ret;
+    u_int32_t oflags;
+    int ret, fd, dirty, alone;
 
     *env_r = NULL;
     for (e = db3_envs; e; e = e->next) {
@@ -265,18 +406,38 @@ static int db3_env_get(const char *home, struct db3_env **env_r,
         *error_r = "cannot create a database environment handle";
         return db3_map(NULL, home, ret, "env_create");
     }
-    /* DB_REGISTER: find processes that died with the environment open
-     * (their slot in __db.register is no longer locked).  DB_FAILCHK: then
-     * release their locks and abort their transactions, which leaves the
-     * live processes undisturbed; only when that is impossible (it died
-     * inside the engine, holding a mutex) or on the very first use, run
-     * full recovery (DB_RECOVER), which makes the live processes' calls
-     * fail with DB_RUNRECOVERY. */
-    ret = env->open(env, home,
-                    DB3_ENV_FLAGS | DB_REGISTER | DB_FAILCHK | DB_RECOVER,
-                    DB3_FILE_MODE);
+    fd = db3_gate_open(home);
+    if (fd < 0 || db3_gate_enter(fd, home, &dirty) < 0) {
+        if (fd >= 0)
+            close(fd);
+        env->close(env, 0);
+        *error_r = "cannot lock the database environment";
+        return CYRUSDB_IOERROR;
+    }
+    alone = db3_gate_alone(fd);
+    /* See "Opening" at the top of this file. */
+    oflags = DB3_ENV_FLAGS | DB_REGISTER | DB_RECOVER;
+    if (dirty && alone) {
+        log_warning("db3: a process died while opening or closing the "
+                    "environment home=<%s> action=<recovery>", home);
+        db3_register_remove(home);
+    } else if (dirty) {
+        log_warning("db3: a process died while opening or closing the "
+                    "environment home=<%s> action=<recovery; other processes "
+                    "must reopen their databases>", home);
+    } else if (!alone) {
+        oflags |= DB_FAILCHK;
+    }
+    ret = env->open(env, home, oflags, DB3_FILE_MODE);
+    if (ret == 0 && db3_gate_lock(fd, F_RDLCK, DB3_USERS_BYTE, 1) < 0) {
+        log_error("db3: cannot lock the environment home=<%s> error=<%s>",
+                  home, strerror(errno));
+        ret = EIO;
+    }
     if (ret != 0) {
         env->close(env, 0);
+        db3_gate_leave(fd, home);
+        close(fd);   /* drops the users byte too, if we held it */
         *error_r = ret == DB_RUNRECOVERY
             ? "database environment needs recovery (run ctl_cyrusdb -r)"
             : "cannot open the database environment";
@@ -287,11 +448,15 @@ static int db3_env_get(const char *home, struct db3_env **env_r,
     if (!e || !(e->home = strdup(home))) {
         free(e);
         env->close(env, 0);
+        db3_gate_leave(fd, home);
+        close(fd);
         *error_r = "out of memory";
         return CYRUSDB_INTERNAL;
     }
+    db3_gate_leave(fd, home);
     env->set_errpfx(env, e->home);
     e->env = env;
+    e->gatefd = fd;
     e->pid = pid;
     e->refcount = 1;
     e->next = db3_envs;
@@ -315,11 +480,20 @@ static void db3_env_put(struct db3_env *e)
         }
     }
     if (e->pid == getpid()) {
+        /* under the gate, so that dying inside close is noticed */
+        int dirty, gated = db3_gate_enter(e->gatefd, e->home, &dirty) == 0;
+
+        if (e->dead)   /* recovered under us: wait on none of its mutexes */
+            e->env->set_flags(e->env, DB_NOLOCKING, 1);
         ret = e->env->close(e->env, 0);
         if (ret != 0 && !e->dead)
             log_error("db3: closing environment failed home=<%s> error=<%s>",
                       e->home, db_strerror(ret));
+        db3_gate_lock(e->gatefd, F_UNLCK, DB3_USERS_BYTE, 0);
+        if (gated)
+            db3_gate_leave(e->gatefd, e->home);
     }
+    close(e->gatefd);   /* a child's copy holds no lock: closing drops none */
     free(e->home);
     free(e);
 }
@@ -367,10 +541,10 @@ static int db3_env_checkpoint(DB_ENV *env, unsigned kbyte, const char *name,
 
 static int db3_recover(const char *dir, int variant)
 {
-    char *home, *reg;
+    char *home;
     struct stat st;
     DB_ENV *env = NULL;
-    int ret, r;
+    int ret, r, fd, dirty;
 
     (void)variant;
     home = db3_env_home(dir);
@@ -383,6 +557,22 @@ static int db3_recover(const char *dir, int variant)
     if (db3_env_find(home)) {
         log_error("db3: recovery refused home=<%s> "
                   "error=<environment open in this process>", home);
+        free(home);
+        return CYRUSDB_LOCKED;
+    }
+    fd = db3_gate_open(home);
+    if (fd < 0 || db3_gate_enter(fd, home, &dirty) < 0) {
+        if (fd >= 0)
+            close(fd);
+        free(home);
+        return CYRUSDB_IOERROR;
+    }
+    if (!db3_gate_alone(fd)) {
+        /* rebuilding the regions under a live process is never safe */
+        log_error("db3: recovery refused home=<%s> "
+                  "error=<environment open in another process>", home);
+        db3_gate_leave(fd, home);
+        close(fd);
         free(home);
         return CYRUSDB_LOCKED;
     }
@@ -399,17 +589,13 @@ static int db3_recover(const char *dir, int variant)
     if (r == CYRUSDB_OK) {
         /* The register lists the processes of before the recovery; they
          * are gone (recovery runs alone), so start it afresh. */
-        reg = malloc(strlen(home) + sizeof("/__db.register"));
-        if (reg) {
-            strcpy(reg, home);
-            strcat(reg, "/__db.register");
-            if (unlink(reg) < 0 && errno != ENOENT)
-                log_warning("db3: cannot remove file=<%s> error=<%s>",
-                            reg, strerror(errno));
-            free(reg);
-        }
+        db3_register_remove(home);
         log_info("db3: recovered environment home=<%s>", home);
     }
+    /* a failed recovery leaves the mark set: the next opener recovers */
+    if (r == CYRUSDB_OK)
+        db3_gate_leave(fd, home);
+    close(fd);
     free(home);
     return r;
 }

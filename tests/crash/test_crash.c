@@ -26,6 +26,12 @@
  *   whole walk holds exactly the expected records with the expected
  *   values; cyrusdb_consistent() passes; a store + commit still works.
  *
+ * open-kill (second case, every backend): openers that open, store one
+ * record and close in a loop are SIGKILLed 30 us .. ~6 ms after fork(),
+ * most of the time inside their first open (for db3: inside Berkeley DB's
+ * environment open).  After every kill a fresh process, with no recovery
+ * run, must open, write and read back within 10 s.
+ *
  * db3-nosync does not sync at commit: a process crash may lose recently
  * committed transactions (Berkeley DB keeps them in its log buffer), so
  * for it L may lie below what the writer reported; the state must still be
@@ -690,12 +696,237 @@ out:
         fail_msg("%s", failure);
 }
 
+/* ---- kills inside open and close ----------------------------------------- */
+
+#define OPENKILL_MIN_ROUNDS 40    /* kills per backend, at least */
+#define OPENKILL_MAX_ROUNDS 300   /* ... and more while time is left */
+#define OPENKILL_BUDGET_S 3.0     /* per backend */
+#define OPENKILL_STEPS 24         /* distinct delay steps, 30 us .. ~6 ms */
+#define OPENKILL_MIN_DELAY_US 30.0
+#define OPENKILL_CHECK_S 10.0     /* a check that takes longer hangs */
+
+/* Opener (forked): open, store one small record, close, again and again,
+ * until killed; each cycle is reported on the pipe.  Returns only on
+ * failure. */
+static int openkill_opener(const char *backend, const char *fname, int fd)
+{
+    char key[32];
+    unsigned long n = 0;
+    double t0 = th_now();
+    int kl, r;
+
+    kl = snprintf(key, sizeof(key), "opener-%ld", (long)getpid());
+    while (th_now() - t0 < 30) {
+        struct cyrusdb *db = NULL;
+        const char *err = NULL;
+
+        r = cyrusdb_open(backend, fname, CYRUSDB_CREATE, &db, &err);
+        if (r != CYRUSDB_OK) {
+            crash_child_fail("opener", "open (cycle %lu): %s (%s)", n, cyrusdb_strerror(r),
+                             err ? err : "");
+            return 1;
+        }
+        r = cyrusdb_store(db, key, (size_t)kl, "x", 1, NULL);
+        if (r != CYRUSDB_OK && r != CYRUSDB_AGAIN) {
+            crash_child_fail("opener", "store (cycle %lu): %s", n, cyrusdb_strerror(r));
+            cyrusdb_close(&db);
+            return 1;
+        }
+        r = cyrusdb_close(&db);
+        if (r != CYRUSDB_OK) {
+            crash_child_fail("opener", "close (cycle %lu): %s", n, cyrusdb_strerror(r));
+            return 1;
+        }
+        n++;
+        if (crash_write_all(fd, &n, sizeof(n)) < 0)
+            return 1;
+    }
+    crash_child_fail("opener", "was never killed");
+    return 1;
+}
+
+/* Checker (forked, no recovery run): open, write, read back, close. */
+static int openkill_check(const char *backend, const char *fname, int round)
+{
+    struct cyrusdb *db = NULL;
+    const char *err = NULL, *data;
+    char val[32];
+    size_t len;
+    int vl, r;
+
+    r = cyrusdb_open(backend, fname, 0, &db, &err);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "open: %s (%s)", cyrusdb_strerror(r), err ? err : "");
+        return 1;
+    }
+    vl = snprintf(val, sizeof(val), "round-%d", round);
+    r = cyrusdb_store(db, "probe", 5, val, (size_t)vl, NULL);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "store: %s", cyrusdb_strerror(r));
+        cyrusdb_close(&db);
+        return 1;
+    }
+    r = cyrusdb_fetch(db, "probe", 5, &data, &len, NULL);
+    if (r != CYRUSDB_OK || len != (size_t)vl || memcmp(data, val, len) != 0) {
+        crash_child_fail("check", "probe not read back: %s", cyrusdb_strerror(r));
+        cyrusdb_close(&db);
+        return 1;
+    }
+    r = cyrusdb_close(&db);
+    if (r != CYRUSDB_OK) {
+        crash_child_fail("check", "close: %s", cyrusdb_strerror(r));
+        return 1;
+    }
+    return 0;
+}
+
+/* Delay of round i: geometric steps (x1.25) from MIN, counted from fork(),
+ * scrambled (7 is prime to OPENKILL_STEPS), with a small jitter. */
+static double openkill_delay_us(int i)
+{
+    int step = (i * 7) % OPENKILL_STEPS, k;
+    double d = OPENKILL_MIN_DELAY_US;
+
+    for (k = 0; k < step; k++)
+        d *= 1.25;
+    return d * (1.0 + 0.3 * (double)((i * 13) % 11) / 11.0);
+}
+
+/*
+ * Processes SIGKILLed while they open or close a database (for db3: while
+ * Berkeley DB creates, joins or leaves the environment shared by the whole
+ * directory), without any recovery run in between: after every kill a fresh process must open the database,
+ * write and read back within OPENKILL_CHECK_S.  One mail delivery worker
+ * killed at the wrong moment must not hang or break every other one.
+ */
+static void test_open_kill(void **state)
+{
+    const char *backend = *state;
+    char *dir = th_mkdtemp("openkill");
+    char *fname = th_path(dir, "open.db");
+    char *logdir = th_mkdtemp("openkilllog");
+    char *opener_log = th_path(logdir, "opener.log");
+    char *check_log = th_path(logdir, "check.log");
+    char failure[1024] = "";
+    char sbuf[64];
+    long cycles = 0, mid_open = 0;
+    double t0 = th_now();
+    int status, round;
+    pid_t pid;
+
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        th_child_signals();
+        crash_child_stderr(check_log);
+        _exit(crash_init(backend, fname));
+    }
+    if (pid < 0 || crash_wait(pid, 60, &status) < 0 ||
+        !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(failure, sizeof(failure), "%s: creating the database failed (%s)", backend,
+                 pid < 0 ? "fork" : th_status_text(status, sbuf, sizeof(sbuf)));
+        goto out;
+    }
+    for (round = 1; round <= OPENKILL_MAX_ROUNDS; round++) {
+        double delay = openkill_delay_us(round - 1);
+        unsigned long token, reported = 0;
+        int fds[2], hung;
+
+        if (pipe(fds) < 0) {
+            snprintf(failure, sizeof(failure), "pipe: %s", strerror(errno));
+            goto out;
+        }
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        if (pid == 0) {
+            th_child_signals();
+            crash_child_stderr(opener_log);
+            close(fds[0]);
+            _exit(openkill_opener(backend, fname, fds[1]));
+        }
+        close(fds[1]);
+        if (pid < 0) {
+            close(fds[0]);
+            snprintf(failure, sizeof(failure), "fork: %s", strerror(errno));
+            goto out;
+        }
+        crash_sleep_us(delay);
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        while (read(fds[0], &token, sizeof(token)) == (ssize_t)sizeof(token))
+            reported = token;
+        close(fds[0]);
+        if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
+            snprintf(failure, sizeof(failure), "%s: round %d: the opener died before the "
+                     "kill (%s); its messages follow", backend, round,
+                     th_status_text(status, sbuf, sizeof(sbuf)));
+            goto out;
+        }
+        cycles += (long)reported;
+        if (reported == 0)
+            mid_open++;     /* killed inside its first open (or before) */
+
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        if (pid == 0) {
+            th_child_signals();
+            crash_child_stderr(check_log);
+            _exit(openkill_check(backend, fname, round));
+        }
+        if (pid < 0) {
+            snprintf(failure, sizeof(failure), "fork: %s", strerror(errno));
+            goto out;
+        }
+        hung = crash_wait(pid, OPENKILL_CHECK_S, &status) < 0;
+        if (hung || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            snprintf(failure, sizeof(failure), "%s: round %d (opener killed %.0f us after "
+                     "fork, after %lu open/store/close cycles): the next open %s; its "
+                     "messages follow", backend, round, delay, reported,
+                     hung ? "hung (killed after 10 s)"
+                          : th_status_text(status, sbuf, sizeof(sbuf)));
+            goto out;
+        }
+        if (round >= OPENKILL_MIN_ROUNDS && th_now() - t0 > OPENKILL_BUDGET_S)
+            break;
+    }
+    if (round > OPENKILL_MAX_ROUNDS)
+        round = OPENKILL_MAX_ROUNDS;
+    printf("open-kill backend=<%s> kills=%d elapsed=%.2fs cycles=%ld "
+           "kills_in_first_open=%ld\n", backend, round, th_now() - t0, cycles, mid_open);
+    fflush(stdout);
+    /* most kills must land after the opener got going, some inside its
+     * first open: otherwise the delays missed what they are meant to hit */
+    if (mid_open == 0 || mid_open == round)
+        snprintf(failure, sizeof(failure), "%s: %ld of %d kills landed before the first "
+                 "open completed: the delays do not cover open", backend, mid_open, round);
+
+out:
+    if (failure[0]) {
+        crash_show_log("opener's messages", opener_log);
+        crash_show_log("checker's messages", check_log);
+        fflush(stdout);
+    }
+    th_rmrf(dir);
+    th_rmrf(logdir);
+    free(fname);
+    free(dir);
+    free(opener_log);
+    free(check_log);
+    free(logdir);
+    if (failure[0])
+        fail_msg("%s", failure);
+}
+
 int main(void)
 {
     static const struct th_case cases[] = {
         { "crash", test_crash },
+        { "open-kill", test_open_kill },
     };
 
     log_init("test_crash", LOG_TO_STDERR);
-    return th_run_per_backend("crash", cases, 1);
+    return th_run_per_backend("crash", cases, sizeof(cases) / sizeof(cases[0]));
 }
