@@ -1,7 +1,7 @@
 /*
  * appendbench.c - delivery throughput of the mailbox store.
  *
- *   appendbench [-m LIST] [-D LIST] [-p LIST] [-R LIST] [-n MSGS] [-s SIZE]
+ *   appendbench [-m LIST] [-D LIST] [-Q LIST] [-p LIST] [-R LIST] [-n MSGS] [-s SIZE]
  *               [-u USERS] [-r RUNS] [-d DIR] [--markdown]
  *
  * A benchmark, not a test.  Each cell delivers messages of SIZE bytes
@@ -18,7 +18,8 @@
  *
  * Configurations: every backend of -m as mboxlist_db (with duplicate_db
  * at its default), then every backend of -D as duplicate_db (mboxlist_db
- * at its default).
+ * at its default), then every backend of -Q as quota_db with every
+ * mailbox a quota root (without roots, quota costs nothing).
  */
 #include "config.h"
 
@@ -46,6 +47,7 @@
 #include "store/commit.h"
 #include "store/deliver.h"
 #include "store/mboxlist.h"
+#include "store/quota.h"
 #include "store/store.h"
 
 #define AB_EXIT_OK 0
@@ -61,6 +63,7 @@ static const char *ab_progname = "appendbench";
 struct ab_opts {
     struct strarray mboxlist_dbs;
     struct strarray duplicate_dbs;
+    struct strarray quota_dbs;
     int procs[8], nprocs;
     int rcpts[8], nrcpts;
     int msgs;          /* per process */
@@ -69,6 +72,11 @@ struct ab_opts {
     int runs;
     const char *dir;
     int markdown;
+};
+
+/* The databases of one configuration; qdb NULL = no quota roots. */
+struct ab_dbs {
+    const char *mdb, *ddb, *qdb;
 };
 
 /* What a child reports through its pipe. */
@@ -81,12 +89,14 @@ struct ab_child_report {
 static void ab_usage(FILE *out)
 {
     fprintf(out,
-"Usage: %s [-m LIST] [-D LIST] [-p LIST] [-R LIST] [-n MSGS] [-s SIZE]\n"
+"Usage: %s [-m LIST] [-D LIST] [-Q LIST] [-p LIST] [-R LIST] [-n MSGS] [-s SIZE]\n"
 "          [-u USERS] [-r RUNS] [-d DIR] [--markdown]\n"
 "\n"
 "Delivery throughput of the mailbox store: messages/second, median of RUNS.\n"
 "  -m LIST   mboxlist_db backends to measure (default: all), comma-separated\n"
 "  -D LIST   duplicate_db backends to measure (default: all)\n"
+"  -Q LIST   quota_db backends to measure, with every mailbox a quota root\n"
+"            (default: all; without roots quota costs nothing)\n"
 "  -p LIST   process counts (default 1,8)\n"
 "  -R LIST   recipients per message (default 1,10)\n"
 "  -n MSGS   messages per process per run (default 200)\n"
@@ -162,8 +172,7 @@ static double ab_now(void)
 }
 
 /* Write DIR/imapd.conf and load it. */
-static struct imapconf *ab_config(const char *dir, const char *mboxlist_db,
-                                  const char *duplicate_db)
+static struct imapconf *ab_config(const char *dir, const struct ab_dbs *dbs)
 {
     struct buf text = BUF_INITIALIZER, path = BUF_INITIALIZER;
     struct imapconf *conf = NULL;
@@ -172,7 +181,9 @@ static struct imapconf *ab_config(const char *dir, const char *mboxlist_db,
 
     buf_printf(&text, "configdirectory: %s/conf\npartition-default: %s/spool\n"
                "mboxlist_db: %s\nduplicate_db: %s\n",
-               dir, dir, mboxlist_db, duplicate_db);
+               dir, dir, dbs->mdb, dbs->ddb);
+    if (dbs->qdb)
+        buf_printf(&text, "quota_db: %s\n", dbs->qdb);
     buf_printf(&path, "%s/conf", dir);
     fs_mkdir_p(buf_cstring(&path), 0755);
     buf_reset(&path);
@@ -283,7 +294,7 @@ static void ab_child(const struct ab_opts *o, const struct imapconf *conf,
 
 /* One run: fresh directory, USERS mailboxes, P processes.  Returns
  * messages/second (or -1) and the syncs per message in *syncs_r. */
-static double ab_run(const struct ab_opts *o, const char *mdb, const char *ddb,
+static double ab_run(const struct ab_opts *o, const struct ab_dbs *dbs,
                      int nproc, int nrcpt, double *syncs_r)
 {
     char tmpl[4096];
@@ -302,9 +313,25 @@ static double ab_run(const struct ab_opts *o, const char *mdb, const char *ddb,
         fprintf(stderr, "%s: %s: %s\n", ab_progname, tmpl, strerror(errno));
         return -1;
     }
-    conf = ab_config(tmpl, mdb, ddb);
+    conf = ab_config(tmpl, dbs);
     if (!conf || mboxlist_open(conf, &ml) != STORE_OK)
         goto out;
+    if (dbs->qdb) {
+        /* every mailbox its own quota root, limits far away: each delivery
+         * checks and updates its recipients' roots */
+        struct quota_db *q = NULL;
+
+        if (quota_open(conf, &q) != STORE_OK)
+            goto out;
+        for (i = 0; i < o->users; i++) {
+            snprintf(name, sizeof(name), "user.u%d", i);
+            if (quota_set(q, name, 1LL << 40, 1LL << 40) != STORE_OK) {
+                quota_close(&q);
+                goto out;
+            }
+        }
+        quota_close(&q);
+    }
     for (i = 0; i < o->users; i++) {
         snprintf(name, sizeof(name), "user.u%d", i);
         if (mboxlist_create(ml, name, NULL, NULL, NULL) != STORE_OK) {
@@ -374,14 +401,22 @@ static int ab_cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void ab_cell(const struct ab_opts *o, const char *label, const char *mdb,
-                    const char *ddb, int nproc, int nrcpt)
+static void ab_cell(const struct ab_opts *o, const struct ab_dbs *dbs,
+                    int nproc, int nrcpt)
 {
     double rates[AB_MAX_RUNS], syncs[AB_MAX_RUNS], s = 0;
+    char label[160];
     int i, n = 0;
 
+    if (dbs->qdb)
+        snprintf(label, sizeof(label), "mboxlist_db=%s dup=%s quota=%s",
+                 dbs->mdb, dbs->ddb, dbs->qdb);
+    else
+        snprintf(label, sizeof(label), "mboxlist_db=%s dup=%s", dbs->mdb,
+                 dbs->ddb);
+
     for (i = 0; i < o->runs; i++) {
-        double r = ab_run(o, mdb, ddb, nproc, nrcpt, &s);
+        double r = ab_run(o, dbs, nproc, nrcpt, &s);
 
         if (r < 0)
             break;
@@ -416,18 +451,18 @@ int main(int argc, char **argv)
         { NULL, 0, NULL, 0 }
     };
     struct ab_opts o = { STRARRAY_INITIALIZER, STRARRAY_INITIALIZER,
+                         STRARRAY_INITIALIZER,
                          { 1, 8 }, 2, { 1, 10 }, 2, 200, 13870, 100, 3,
                          AB_DEFAULT_DIR, 0 };
     struct imapconf *defaults;
     const char *defm, *defd;
     struct utsname un;
-    struct buf label = BUF_INITIALIZER;
     size_t b;
     int opt, p, q;
 
     log_init(ab_progname, LOG_TO_STDERR);
     log_set_info(0);
-    while ((opt = getopt_long(argc, argv, "m:D:p:R:n:s:u:r:d:h", longopts,
+    while ((opt = getopt_long(argc, argv, "m:D:Q:p:R:n:s:u:r:d:h", longopts,
                               NULL)) != -1) {
         switch (opt) {
         case 'm':
@@ -436,6 +471,10 @@ int main(int argc, char **argv)
             break;
         case 'D':
             if (ab_parse_backends(optarg, &o.duplicate_dbs))
+                return AB_EXIT_USAGE;
+            break;
+        case 'Q':
+            if (ab_parse_backends(optarg, &o.quota_dbs))
                 return AB_EXIT_USAGE;
             break;
         case 'p':
@@ -480,7 +519,8 @@ int main(int argc, char **argv)
         return AB_EXIT_ERROR;
     defm = imapconf_getstring(defaults, "mboxlist_db");
     defd = imapconf_getstring(defaults, "duplicate_db");
-    if (o.mboxlist_dbs.count == 0 && o.duplicate_dbs.count == 0) {
+    if (o.mboxlist_dbs.count == 0 && o.duplicate_dbs.count == 0 &&
+        o.quota_dbs.count == 0) {
         /* every distinct backend of the registry (aliases left out: an
          * alias has the same table and variant as an earlier row) */
         const struct cyrusdb_registry_entry *e, *f;
@@ -493,6 +533,7 @@ int main(int argc, char **argv)
                 continue;
             strarray_append(&o.mboxlist_dbs, e->name);
             strarray_append(&o.duplicate_dbs, e->name);
+            strarray_append(&o.quota_dbs, e->name);
         }
     }
 
@@ -508,31 +549,33 @@ int main(int argc, char **argv)
     else
         printf("%-32s %5s %5s %9s %15s %10s %7s\n", "configuration", "procs",
                "rcpts", "msgs/s", "range", "deliv/s", "syncs");
-    for (b = 0; b < o.mboxlist_dbs.count; b++)
+    for (b = 0; b < o.mboxlist_dbs.count; b++) {
+        struct ab_dbs dbs = { o.mboxlist_dbs.data[b], defd, NULL };
+
         for (p = 0; p < o.nprocs; p++)
-            for (q = 0; q < o.nrcpts; q++) {
-                buf_reset(&label);
-                buf_printf(&label, "mboxlist_db=%s dup=%s",
-                           o.mboxlist_dbs.data[b], defd);
-                ab_cell(&o, buf_cstring(&label), o.mboxlist_dbs.data[b], defd,
-                        o.procs[p], o.rcpts[q]);
-            }
+            for (q = 0; q < o.nrcpts; q++)
+                ab_cell(&o, &dbs, o.procs[p], o.rcpts[q]);
+    }
     for (b = 0; b < o.duplicate_dbs.count; b++) {
+        struct ab_dbs dbs = { defm, o.duplicate_dbs.data[b], NULL };
+
         if (strcmp(o.duplicate_dbs.data[b], defd) == 0 &&
             o.mboxlist_dbs.count > 0)
             continue;   /* that configuration was measured above */
         for (p = 0; p < o.nprocs; p++)
-            for (q = 0; q < o.nrcpts; q++) {
-                buf_reset(&label);
-                buf_printf(&label, "mboxlist_db=%s dup=%s", defm,
-                           o.duplicate_dbs.data[b]);
-                ab_cell(&o, buf_cstring(&label), defm, o.duplicate_dbs.data[b],
-                        o.procs[p], o.rcpts[q]);
-            }
+            for (q = 0; q < o.nrcpts; q++)
+                ab_cell(&o, &dbs, o.procs[p], o.rcpts[q]);
+    }
+    for (b = 0; b < o.quota_dbs.count; b++) {
+        struct ab_dbs dbs = { defm, defd, o.quota_dbs.data[b] };
+
+        for (p = 0; p < o.nprocs; p++)
+            for (q = 0; q < o.nrcpts; q++)
+                ab_cell(&o, &dbs, o.procs[p], o.rcpts[q]);
     }
     imapconf_free(&defaults);
-    buf_free(&label);
     strarray_fini(&o.mboxlist_dbs);
+    strarray_fini(&o.quota_dbs);
     strarray_fini(&o.duplicate_dbs);
     return AB_EXIT_OK;
 

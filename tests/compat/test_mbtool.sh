@@ -212,8 +212,8 @@ expect_out 0 "deliver" "-h prints the usage" "$MBTOOL" -h
 
 # ---- appendbench, a tiny run
 b1=$(echo $BACKENDS | cut -d' ' -f1)
-run "$BENCH" -m "$b1" -D "$b1" -p 1,2 -R 1,3 -n 5 -u 5 -r 1 -d "$tmp" --markdown
-if [ "$rc" -eq 0 ] && grep -q "^| mboxlist_db=$b1 " "$OUT" && ! grep -q failed "$OUT"; then
+run "$BENCH" -m "$b1" -D "$b1" -Q "$b1" -p 1,2 -R 1,3 -n 5 -u 5 -r 1 -d "$tmp" --markdown
+if [ "$rc" -eq 0 ] && grep -q "^| mboxlist_db=$b1 " "$OUT" && grep -q "quota=$b1 | 2 | 3 | " "$OUT" && ! grep -q failed "$OUT"; then
     pass "appendbench runs a small table"
 else
     fail "appendbench runs a small table (exit $rc)"

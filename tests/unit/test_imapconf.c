@@ -198,7 +198,7 @@ static const struct {
     { "duplicate_db", IMAPCONF_DBNAME, "skiplist" },
     { "seenstate_db", IMAPCONF_DBNAME, "skiplist" },
     { "subscription_db", IMAPCONF_DBNAME, "flat" },
-    { "quota_db", IMAPCONF_DBNAME, "skiplist" },
+    { "quota_db", IMAPCONF_DBNAME, "lmdb" },
     { "hashimapspool", IMAPCONF_SWITCH, "no" },
     { "unixhierarchysep", IMAPCONF_SWITCH, "no" },
     { "duplicatesuppression", IMAPCONF_SWITCH, "yes" },
