@@ -28,10 +28,12 @@
  * mailbox (uid, link, PENDING record: mailbox_append_reserve()) and puts
  * the staging file's descriptor into the transaction's commit batch;
  * append_commit() runs ONE sync round for everything reserved and then
- * makes each record visible (mailbox_append_finish()), or cancels every
- * reservation when the round failed.  The durability argument (why a crash
- * at any instant leaves each message absent or complete, and never loses
- * an acknowledged one) is at the top of commit.c.
+ * makes every record visible with one mailbox_append_finish_many() (all
+ * the mailboxes locked together, ONE quota transaction for all of them),
+ * or cancels every reservation when the round failed.  The durability
+ * argument (why a crash at any instant leaves each message absent or
+ * complete, and never loses an acknowledged one) is at the top of
+ * commit.c.
  *
  * Invariants: a stage's descriptors stay open until append_stage_free();
  * a transaction's batch holds only descriptors of stages and mailboxes
@@ -606,6 +608,9 @@ int append_add(struct append_txn *t, struct mailbox *mb,
 
 int append_commit(struct append_txn *t)
 {
+    struct mailbox **mbs = NULL;
+    uint32_t *uids = NULL;
+    int *rs = NULL;
     size_t i;
     int r, first = STORE_OK;
 
@@ -624,8 +629,24 @@ int append_commit(struct append_txn *t)
         t->nresv = 0;
         return r;
     }
+    /* all reservations at once: every mailbox locked in the global order,
+     * one quota transaction for all of them (mailbox.h) */
+    mbs = calloc(t->nresv, sizeof(*mbs));
+    uids = calloc(t->nresv, sizeof(*uids));
+    rs = calloc(t->nresv, sizeof(*rs));
+    if (mbs && uids && rs) {
+        for (i = 0; i < t->nresv; i++) {
+            mbs[i] = t->resv[i].mb;
+            uids[i] = t->resv[i].uid;
+        }
+        (void)mailbox_append_finish_many(mbs, uids, t->nresv, rs);
+    } else if (rs) {
+        for (i = 0; i < t->nresv; i++)
+            rs[i] = mailbox_append_finish(t->resv[i].mb, t->resv[i].uid);
+    }
     for (i = 0; i < t->nresv; i++) {
-        r = mailbox_append_finish(t->resv[i].mb, t->resv[i].uid);
+        r = rs ? rs[i]
+               : mailbox_append_finish(t->resv[i].mb, t->resv[i].uid);
         if (r) {
             /* durable but not made visible: give it up rather than
              * acknowledge something readers cannot see */
@@ -637,6 +658,9 @@ int append_commit(struct append_txn *t)
                 first = r;
         }
     }
+    free(mbs);
+    free(uids);
+    free(rs);
     t->nresv = 0;
     return first;
 }

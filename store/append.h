@@ -15,8 +15,9 @@
  *   append_add()  per mailbox: quota check, then mailbox_append_reserve():
  *                            uid allocated, hard link, PENDING record
  *   append_commit()          ONE sync round for everything above (commit.h),
- *                            then mailbox_append_finish() per mailbox: the
- *                            records become visible
+ *                            then mailbox_append_finish_many() for all the
+ *                            reservations: the records become visible, and
+ *                            quota learns of all of them in ONE transaction
  *   append_free(), append_stage_free()   the staging file is unlinked
  *
  * When append_commit() returns STORE_OK every message it covered is
@@ -106,8 +107,8 @@ int append_add(struct append_txn *t, struct mailbox *mb,
 /* One sync round, then every reserved record made visible.  STORE_OK, or
  * the sync's error, after which every reservation has been cancelled (the
  * caller answers 4xx).  Nothing reserved: STORE_OK without a round.  If
- * making one record visible fails (mailbox_append_finish(): an I/O error
- * on that index), that reservation is cancelled, the others still become
+ * making one record visible fails (mailbox_append_finish_many(): an I/O
+ * error on that index), that reservation is cancelled, the others still become
  * visible, and the first such error is returned: the caller answers 4xx
  * for all and a retry may store a second copy in the other mailboxes,
  * never lose one.  Afterwards the txn is empty and can take new

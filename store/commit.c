@@ -43,10 +43,14 @@
  *     another file system than the staging file, which per-partition
  *     staging avoids, mailbox.c copies into DIR/UID. and fsyncs the copy
  *     itself before the reservation returns.)
- *  F  finish (mailbox_append_finish, per mailbox, under the exclusive
- *     lock): the record loses PENDING, the visible prefix and the counters
- *     (exists, quota_used, highestmodseq) advance, the record lock is
- *     released, quota.db is told.  Not synced here: nothing depends on it (see below); the
+ *  F  finish (mailbox_append_finish_many, once for all of a message's
+ *     reservations): every recipient mailbox exclusively locked in the
+ *     global order (mailbox.c, LOCK ORDER); each record loses PENDING, the
+ *     visible prefix and the counters (exists, quota_used, highestmodseq)
+ *     advance, the record lock is released, each header is written; then
+ *     quota.db is told about all of them in ONE transaction
+ *     (quota_update_many) while every lock is held; then the locks are
+ *     released.  Not synced here: nothing depends on it (see below); the
  *     next change of that mailbox syncs it with its own round.
  *  A  acknowledgement: append_commit() returns STORE_OK after F, and only
  *     then may a front end answer 250 / OK.
@@ -95,9 +99,10 @@
  *    aborted, never half visible.
  *  - Quota: usage lives in the index header (quota_used, exists, changed
  *    at F or by recovery); quota.db follows it with absolute, idempotent
- *    updates (quota_update_mailbox), re-applied by the next exclusive
- *    locker when a crash came between index and quota.db, so usage is
- *    never skewed.
+ *    updates (quota_update_mailbox / quota_update_many, one transaction
+ *    per delivery), re-applied by the next exclusive locker when a crash
+ *    or a failed quota transaction came between index and quota.db, so
+ *    usage is never skewed.
  *
  * Order inside a round does not matter for this argument (verification
  * covers every combination), which is what lets group commit replace the

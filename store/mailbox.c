@@ -63,6 +63,21 @@
  * has a record lock in a file that is replaced under it (reconstruct, a
  * repair, may: an append it catches ends committed, see below).
  *
+ * LOCK ORDER (deadlock freedom).  Every path holds at most one mailbox
+ * lock, except mailbox_append_finish_many(), which takes the exclusive
+ * locks of its distinct mailboxes in increasing strcmp() order of their
+ * index paths and holds them all until it is done; another such call
+ * follows the same order, so no cycle of waiting processes can form
+ * among mailbox locks.  Record locks are only ever taken and tested
+ * without waiting (F_SETLK, F_GETLK).  The quota database's lock (a
+ * cyrusdb transaction on quotas.db, quota.c) is taken while holding
+ * mailbox locks (quota pushes) or holding none (quota_check() in
+ * append_add(), mbtool's quota commands), and quota.c never takes a
+ * mailbox lock: nothing waits for a mailbox lock while holding the quota
+ * database, so order mailbox locks -> quota lock has no reverse edge.
+ * A commit round (run under a mailbox lock by mailbox_unlock()) waits for
+ * no mailbox lock either; group commit must keep it so.
+ *
  * THE APPEND PATH (the durability argument of the whole append is at the
  * top of commit.c; this is the index's side of it)
  *
@@ -82,6 +97,14 @@
  *     header describes is already durable (the record, its file and the
  *     directory entry, by C); a lost header write or a lost record
  *     rewrite is redone by recovery, as below.
+ *     mailbox_append_finish_many() does F for all of a message's
+ *     recipients at once: every mailbox locked (LOCK ORDER), every uid
+ *     finished and each header written with bit 2 set, then ONE quota
+ *     transaction (quota_update_many) for all mailboxes with bit 2, then
+ *     bit 2 cleared in each header, then all locks released.  Quota is
+ *     still told under the lock of every mailbox it reports, and a crash
+ *     or failure before the clearing leaves bit 2 for the next locker,
+ *     exactly as for one mailbox.
  *  X  cancel: record marked ABORTED and fdatasync'ed (so that a later
  *     header, once it counts the record as resolved, can never meet it as
  *     PENDING and take it for committed), file unlinked, record lock
@@ -2339,34 +2362,35 @@ static void mbx_pending_remove(struct mailbox *mb, size_t idx)
     mb->pending[idx] = mb->pending[--mb->npending];
 }
 
-/* Shared part of finish and cancel. */
-static int mbx_resolve_pending(struct mailbox *mb, uint32_t uid, int commit)
+/* Shared part of finish and cancel, under the exclusive lock: resolve
+ * this process's pending append uid (commit or cancel), release its record
+ * lock, advance the visible prefix.  *changed_r is set when the in-memory
+ * header moved and needs writing; quota is not told (the caller does,
+ * after the header write). */
+static int mbx_resolve_locked(struct mailbox *mb, uint32_t uid, int commit,
+                              int *changed_r)
 {
     struct mailbox_record rec;
     uint32_t recno, v_r;
     size_t pi;
-    int r, changed = 0;
+    int r;
 
-    if (!mb || mb->pid != getpid() || mb->locktype)
-        return STORE_INTERNAL;
+    *changed_r = 0;
     if (!mbx_own_pending(mb, uid, &pi))
         return STORE_NOTFOUND;
     v_r = mb->pending[pi].visible_at_reserve;
-    r = mbx_lock_append(mb);
-    if (r)
-        return r;
     r = mbx_search(mb, 0, mb->slot.num_records, uid, &recno);
     if (r == STORE_NOTFOUND) {
         log_error("mailbox: pending record vanished mailbox=<%s> uid=<%u>",
                   mb->name, uid);
         mbx_pending_remove(mb, pi);
-        goto out;
+        return STORE_NOTFOUND;
     }
     if (r)
-        goto out;
+        return r;
     r = mbx_read_rec(mb, recno, &rec);
     if (r)
-        goto out;
+        return r;
     if (rec.flags & MAILBOX_FLAG_PENDING) {
         if (commit) {
             rec.flags &= ~MAILBOX_FLAG_PENDING;
@@ -2381,7 +2405,7 @@ static int mbx_resolve_pending(struct mailbox *mb, uint32_t uid, int commit)
             mbx_unlink_message(mb, uid);
         }
         if (r)
-            goto out;
+            return r;
     } else if (commit && (rec.flags & MAILBOX_FLAG_ABORTED)) {
         r = STORE_IOERROR;   /* resolved by someone else as aborted */
     } else if (!commit && !(rec.flags & MAILBOX_FLAG_ABORTED)) {
@@ -2391,21 +2415,35 @@ static int mbx_resolve_pending(struct mailbox *mb, uint32_t uid, int commit)
     mbx_fcntl(mb->fd, F_SETLK, F_UNLCK, mbx_rec_offset(recno), MBX_REC_SIZE);
     mbx_pending_remove(mb, pi);
     if (r)
-        goto out;
-    r = mbx_advance(mb, &changed);
+        return r;
+    r = mbx_advance(mb, changed_r);
     if (r)
-        goto out;
+        return r;
     if (commit && v_r > mb->slot.synced && v_r <= mb->slot.visible) {
         /* our sync round made everything resolved at reservation durable */
         mb->slot.synced = v_r;
-        changed = 1;
+        *changed_r = 1;
     }
-    if (changed) {
+    return STORE_OK;
+}
+
+static int mbx_resolve_pending(struct mailbox *mb, uint32_t uid, int commit)
+{
+    int r, changed = 0;
+
+    if (!mb || mb->pid != getpid() || mb->locktype)
+        return STORE_INTERNAL;
+    if (!mbx_own_pending(mb, uid, NULL))
+        return STORE_NOTFOUND;
+    r = mbx_lock_append(mb);
+    if (r)
+        return r;
+    r = mbx_resolve_locked(mb, uid, commit, &changed);
+    if (r == STORE_OK && changed) {
         r = mbx_write_header(mb);
         if (r == STORE_OK)
             mbx_quota_settle(mb);
     }
-out:
     mbx_release(mb);
     return r;
 }
@@ -2413,6 +2451,189 @@ out:
 int mailbox_append_finish(struct mailbox *mb, uint32_t uid)
 {
     return mbx_resolve_pending(mb, uid, 1);
+}
+
+/* One distinct mailbox of mailbox_append_finish_many(). */
+struct mbx_many {
+    struct mailbox *mb;
+    int lock_r;        /* STORE_OK while locked; else why it is not */
+    int in_push;       /* in the current quota_update_many() call */
+    int told;          /* quota handled (told, or failed: left to the
+                          next locker) */
+};
+
+static int mbx_cmp_many(const void *a, const void *b)
+{
+    const struct mbx_many *x = a, *y = b;
+
+    return strcmp(x->mb->index_path, y->mb->index_path);
+}
+
+/* Tell quota about every locked mailbox of ents[] whose header carries
+ * MBX_DIRTY_QUOTA: one quota_update_many() per configuration (in practice
+ * one), then bit 2 cleared and the header written for each mailbox told.
+ * A failure leaves bit 2 set (logged); the next exclusive locker retries,
+ * as with mbx_quota_settle(). */
+static void mbx_quota_settle_many(struct mbx_many *ents, size_t ne,
+                                  const char **names, uint64_t *bytes,
+                                  uint64_t *msgs)
+{
+    struct buf root = BUF_INITIALIZER;
+    size_t i, j, k;
+    int r;
+
+    for (i = 0; i < ne; i++) {
+        const struct imapconf *conf;
+        struct quota_db *q;
+
+        if (ents[i].lock_r != STORE_OK || ents[i].told ||
+            !(ents[i].mb->slot.dirty & MBX_DIRTY_QUOTA))
+            continue;
+        conf = ents[i].mb->conf;
+        r = quota_shared(conf, &q);
+        if (r) {
+            log_error("mailbox: quota database unavailable mailbox=<%s> "
+                      "error=<%s>", ents[i].mb->name, store_strerror(r));
+            return;
+        }
+        k = 0;
+        for (j = i; j < ne; j++) {
+            struct mailbox *mb = ents[j].mb;
+
+            ents[j].in_push = 0;
+            if (ents[j].lock_r != STORE_OK || ents[j].told ||
+                mb->conf != conf || !(mb->slot.dirty & MBX_DIRTY_QUOTA))
+                continue;
+            ents[j].told = 1;
+            r = quota_findroot(q, mb->name, &root);
+            if (r == STORE_NOTFOUND) {
+                /* no root: nothing to tell */
+                mb->slot.dirty &= ~MBX_DIRTY_QUOTA;
+                (void)mbx_write_header(mb);
+            } else if (r == STORE_OK) {
+                names[k] = mb->name;
+                bytes[k] = mb->slot.quota_used;
+                msgs[k] = mb->slot.exists;
+                k++;
+                ents[j].in_push = 1;
+            } else {
+                log_error("mailbox: quota update failed mailbox=<%s> "
+                          "error=<%s>", mb->name, store_strerror(r));
+            }
+        }
+        r = k ? quota_update_many(q, names, bytes, msgs, k) : STORE_OK;
+        for (j = i; j < ne; j++) {
+            if (!ents[j].in_push)
+                continue;
+            ents[j].in_push = 0;
+            if (r) {
+                log_error("mailbox: quota update failed mailbox=<%s> "
+                          "error=<%s>", ents[j].mb->name, store_strerror(r));
+                continue;
+            }
+            ents[j].mb->slot.dirty &= ~MBX_DIRTY_QUOTA;
+            (void)mbx_write_header(ents[j].mb);
+        }
+    }
+    buf_free(&root);
+}
+
+int mailbox_append_finish_many(struct mailbox **mbs, const uint32_t *uids,
+                               size_t n, int *results_r)
+{
+    struct mbx_many *ents = NULL;
+    const char **names = NULL;
+    uint64_t *bytes = NULL, *msgs = NULL;
+    size_t i, j, ne = 0;
+    int r, changed, first = STORE_OK;
+
+    if (n == 0)
+        return STORE_OK;
+    if (!mbs || !uids) {
+        for (i = 0; results_r && i < n; i++)
+            results_r[i] = STORE_INTERNAL;
+        return STORE_INTERNAL;
+    }
+    ents = calloc(n, sizeof(*ents));
+    names = calloc(n, sizeof(*names));
+    bytes = calloc(n, sizeof(*bytes));
+    msgs = calloc(n, sizeof(*msgs));
+    if (!ents || !names || !bytes || !msgs) {
+        /* no memory to batch: finish one by one */
+        for (i = 0; i < n; i++) {
+            r = mailbox_append_finish(mbs[i], uids[i]);
+            if (results_r)
+                results_r[i] = r;
+            if (r && first == STORE_OK)
+                first = r;
+        }
+        goto out;
+    }
+
+    /* the distinct usable handles, in index path order */
+    for (i = 0; i < n; i++) {
+        struct mailbox *mb = mbs[i];
+
+        if (!mb || mb->pid != getpid() || mb->locktype)
+            continue;
+        for (j = 0; j < ne && ents[j].mb != mb; j++)
+            ;
+        if (j == ne)
+            ents[ne++].mb = mb;
+    }
+    qsort(ents, ne, sizeof(*ents), mbx_cmp_many);
+
+    /* every lock, in that order (see "LOCK ORDER" at the top); no quota
+     * push per mailbox: a push a dead process left undone (bit 2) joins
+     * the one below */
+    for (j = 0; j < ne; j++)
+        ents[j].lock_r = mbx_lock(ents[j].mb, MAILBOX_LOCK_EXCLUSIVE);
+
+    /* finish every uid, in the caller's order */
+    for (i = 0; i < n; i++) {
+        struct mailbox *mb = mbs[i];
+
+        for (j = 0; j < ne && ents[j].mb != mb; j++)
+            ;
+        if (j == ne)
+            r = STORE_INTERNAL;
+        else if (ents[j].lock_r != STORE_OK)
+            r = ents[j].lock_r;
+        else {
+            r = mbx_resolve_locked(mb, uids[i], 1, &changed);
+            if (r == STORE_OK && changed)
+                r = mbx_write_header(mb);
+            if (r) {
+                /* as if this finish had its own lock: the next uid starts
+                 * from the header on disk */
+                int rr = mbx_read_header(mb);
+
+                if (rr) {
+                    mbx_release(mb);
+                    ents[j].lock_r = rr;
+                }
+            }
+        }
+        if (results_r)
+            results_r[i] = r;
+        if (r && first == STORE_OK)
+            first = r;
+    }
+
+    /* quota for all of them at once, still under every lock: two
+     * processes never report one mailbox out of order */
+    mbx_quota_settle_many(ents, ne, names, bytes, msgs);
+
+    for (j = 0; j < ne; j++)
+        if (ents[j].lock_r == STORE_OK)
+            mbx_release(ents[j].mb);
+
+out:
+    free(ents);
+    free(names);
+    free(bytes);
+    free(msgs);
+    return first;
 }
 
 int mailbox_append_cancel(struct mailbox *mb, uint32_t uid)

@@ -43,6 +43,7 @@
 #ifndef STORE_MAILBOX_H
 #define STORE_MAILBOX_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -241,6 +242,24 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
  * not this process's pending append).  A record that reconstruct already
  * committed gives STORE_OK. */
 int mailbox_append_finish(struct mailbox *mb, uint32_t uid);
+
+/* mailbox_append_finish(mbs[i], uids[i]) for i = 0 .. n-1, with quota
+ * told in ONE quota database transaction (quota_update_many) instead of
+ * one per mailbox.  A mailbox may appear several times (one uid each).
+ * The exclusive locks of the distinct mailboxes are all taken first, in
+ * increasing order of their index paths (the global lock order, see the
+ * top of mailbox.c), and held until quota is told: a delivery's finish
+ * holds every recipient's lock at once for a short while.  A pair that
+ * fails (its mailbox cannot be locked, or its record cannot be made
+ * visible) does not stop the others, and the others' quota is still
+ * told; a failed quota transaction leaves each mailbox's "quota not yet
+ * told" bit for its next exclusive locker (usage is re-reported then).
+ * results_r (may be NULL) gets each pair's code as mailbox_append_finish()
+ * would return it (STORE_INTERNAL for a NULL handle, one of another
+ * process, or one the caller has locked).  Returns STORE_OK, or the first
+ * pair's error in the caller's order.  n == 0: STORE_OK. */
+int mailbox_append_finish_many(struct mailbox **mbs, const uint32_t *uids,
+                               size_t n, int *results_r);
 
 /* Instead of finish (the sync failed, or the caller gives up): marks the
  * record ABORTED (synced), unlinks DIR/UID., releases the record lock.

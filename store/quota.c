@@ -16,9 +16,10 @@
  *
  * INVARIANT: the usage of a root equals the sum of the M records that name
  * it.  Every change that moves usage (quota_update_mailbox,
- * quota_remove_mailbox, quota_remove) changes the M record and the R record
- * together in one cyrusdb transaction, so a crash at any point leaves
- * either the old or the new pair, never one without the other.  The M
+ * quota_update_many, quota_remove_mailbox, quota_remove) changes the M
+ * records and the R records together in one cyrusdb transaction, so a
+ * crash at any point leaves either the old or the new records, never some
+ * without the others.  The M
  * record holds the mailbox's contribution as last reported, not a delta:
  * reporting the same values again changes nothing (the transaction is
  * aborted), and after a crash between an index change and its quota
@@ -757,10 +758,47 @@ static int quota_update(struct quota_db *q, const char *mailbox,
     }
 }
 
+int quota_update_many(struct quota_db *q, const char *const *mailboxes,
+                      const uint64_t *used_bytes,
+                      const uint64_t *used_messages, size_t n)
+{
+    struct cyrusdb_txn *tid;
+    size_t *lens, i;
+    int r = STORE_OK, changed, any, attempt;
+
+    if (n == 0)
+        return STORE_OK;
+    if (!mailboxes || !used_bytes || !used_messages)
+        return STORE_INTERNAL;
+    lens = calloc(n, sizeof(*lens));
+    if (!lens)
+        return STORE_NOMEM;
+    for (i = 0; i < n && r == STORE_OK; i++)
+        r = quota_namelen(mailboxes[i], &lens[i]);
+    for (attempt = 0; r == STORE_OK; attempt++) {
+        tid = NULL;
+        any = 0;
+        q->last_dbr = CYRUSDB_OK;
+        /* in order: a name given twice ends with its last values, and
+         * each update sees the ones before it (same transaction) */
+        for (i = 0; i < n && r == STORE_OK; i++) {
+            r = quota_update_txn(q, mailboxes[i], lens[i], used_bytes[i],
+                                 used_messages[i], 0, &tid, &changed);
+            any |= changed;
+        }
+        r = quota_finish(q, tid, r, any);
+        if (!quota_retry(q, r, attempt))
+            break;
+        r = STORE_OK;
+    }
+    free(lens);
+    return r;
+}
+
 int quota_update_mailbox(struct quota_db *q, const char *mailbox,
                          uint64_t used_bytes, uint64_t used_messages)
 {
-    return quota_update(q, mailbox, used_bytes, used_messages, 0);
+    return quota_update_many(q, &mailbox, &used_bytes, &used_messages, 1);
 }
 
 int quota_remove_mailbox(struct quota_db *q, const char *mailbox)

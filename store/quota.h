@@ -12,15 +12,16 @@
  *   "M" MAILBOX          -> "ROOT USED_BYTES USED_MESSAGES"
  *
  * The M record is the mailbox's contribution as of its last update.
- * quota_update_mailbox() sets it to the index header's current values and
- * moves the root's usage by the difference, in one cyrusdb transaction:
- * idempotent, and self-correcting after a crash between an index change
- * and the quota update (mailbox_lock(EXCLUSIVE) calls it when they
- * differ).
+ * quota_update_mailbox() (quota_update_many() for several mailboxes)
+ * sets it to the index header's current values and moves the root's usage
+ * by the difference, in one cyrusdb transaction: idempotent, and
+ * self-correcting after a crash between an index change and the quota
+ * update (mailbox_lock(EXCLUSIVE) calls it when they differ).
  */
 #ifndef STORE_QUOTA_H
 #define STORE_QUOTA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "lib/buf.h"
@@ -110,6 +111,19 @@ int quota_check(struct quota_db *q, const char *mailbox, uint64_t bytes,
  * STORE_IOERROR. */
 int quota_update_mailbox(struct quota_db *q, const char *mailbox,
                          uint64_t used_bytes, uint64_t used_messages);
+
+/* The same as quota_update_mailbox(mailboxes[i], used_bytes[i],
+ * used_messages[i]) for i = 0 .. n-1 in that order, in ONE cyrusdb
+ * transaction (one commit, however many roots it touches): all of the
+ * updates or none (an error leaves the database as it was).  A name given
+ * twice ends with its last values.  n == 0: STORE_OK, nothing done.  The
+ * errors of quota_update_mailbox(), STORE_BADNAME for any bad name
+ * (nothing done), STORE_NOMEM, STORE_INTERNAL (NULL arrays with n > 0).
+ * A delivery to many mailboxes reports them all with one call
+ * (mailbox_append_finish_many()). */
+int quota_update_many(struct quota_db *q, const char *const *mailboxes,
+                      const uint64_t *used_bytes,
+                      const uint64_t *used_messages, size_t n);
 
 /* Forget a mailbox (deleted or renamed away): its usage leaves its root.
  * STORE_OK (also when the mailbox had no M record), STORE_IOERROR. */

@@ -11,8 +11,11 @@
  *     real mailboxes (mailbox.c) in a fresh directory per case: one
  *     message read back, ten recipients sharing one staging file through
  *     hard links, a second partition getting one copy, quota refusal,
- *     maxmessagesize, one commit round per append_commit(), and 8 fork()ed
- *     processes appending to the same mailbox at once.
+ *     maxmessagesize, one commit round per append_commit(), 8 fork()ed
+ *     processes appending to the same mailbox at once, and a quota root
+ *     on each of ten recipients (three of them under one root) with exact
+ *     usage after multi-recipient appends from one and from 4 processes
+ *     at once, and after a failed quota transaction.
  *
  * Expected values are computed here independently: the SHA-1 with a
  * one-shot EVP call over the whole message, the header size by searching
@@ -41,6 +44,7 @@
 
 #include <openssl/evp.h>
 
+#include "cyrusdb/cyrusdb.h"
 #include "lib/buf.h"
 #include "lib/fsutil.h"
 #include "lib/imapconf.h"
@@ -984,6 +988,284 @@ static void test_append_concurrent(void **state)
     ta_teardown(&f);
 }
 
+/* ---- quota roots on every recipient ------------------------------------ */
+
+/* Ten recipient mailboxes: seven are quota roots of their own, three sit
+ * under one root "user.grp" (which is not a mailbox).  Each message goes
+ * to all ten, in an order that depends on the sender (forward or
+ * backward, rotated), and every fourth one to its first recipient twice:
+ * append_commit() finishes them all with one mailbox_append_finish_many()
+ * and one quota transaction. */
+#define TQ_NMB 10
+#define TQ_OWN 7
+#define TQ_PROCS 4
+#define TQ_PER_PROC 12
+#define TQ_SINGLE 12
+
+static const char *const tq_names[TQ_NMB] = {
+    "user.q0", "user.q1", "user.q2", "user.q3", "user.q4", "user.q5",
+    "user.q6", "user.grp.a", "user.grp.b", "user.grp.c"
+};
+
+struct tq_usage {
+    uint64_t bytes[TQ_NMB];
+    uint64_t msgs[TQ_NMB];
+};
+
+/* Recipients of message (p, i), as indexes into tq_names. */
+static size_t tq_rcpts(unsigned p, unsigned i, unsigned *idx)
+{
+    unsigned start = (p * 3 + i) % TQ_NMB, k;
+    size_t n = 0;
+
+    for (k = 0; k < TQ_NMB; k++)
+        idx[n++] = (p & 1) ? (start + TQ_NMB - k) % TQ_NMB
+                           : (start + k) % TQ_NMB;
+    if (i % 4 == 0)
+        idx[n++] = start;   /* the same mailbox twice */
+    return n;
+}
+
+/* What messages (p, 0 .. count-1) add to each mailbox. */
+static void tq_expect(unsigned p, unsigned count, struct tq_usage *u)
+{
+    struct buf m = BUF_INITIALIZER;
+    unsigned idx[TQ_NMB + 1], i;
+    size_t n, k;
+
+    for (i = 0; i < count; i++) {
+        ta_message(&m, p, i);
+        n = tq_rcpts(p, i, idx);
+        for (k = 0; k < n; k++) {
+            u->bytes[idx[k]] += m.len;
+            u->msgs[idx[k]]++;
+        }
+    }
+    buf_free(&m);
+}
+
+/* Deliver messages (p, 0 .. count-1); flags for append_add().  0 or the
+ * first error. */
+static int tq_deliver(const struct imapconf *conf, struct mailbox **mbs,
+                      unsigned p, unsigned count, int flags)
+{
+    struct buf m = BUF_INITIALIZER;
+    struct append_stage *st;
+    struct append_txn *t;
+    unsigned idx[TQ_NMB + 1], i;
+    size_t n, k;
+    int r = STORE_OK;
+
+    for (i = 0; r == STORE_OK && i < count; i++) {
+        ta_message(&m, p, i);
+        st = NULL;
+        t = NULL;
+        if ((r = append_stage_open(conf, NULL, &st)) ||
+            (r = append_stage_write(st, m.s, m.len)) ||
+            (r = append_stage_close(st)) ||
+            (r = append_begin(conf, &t)))
+            goto next;
+        n = tq_rcpts(p, i, idx);
+        for (k = 0; r == STORE_OK && k < n; k++)
+            r = append_add(t, mbs[idx[k]], st, 0, 0, flags, NULL);
+        if (r == STORE_OK)
+            r = append_commit(t);
+    next:
+        append_free(&t);
+        append_stage_free(&st);
+    }
+    buf_free(&m);
+    return r;
+}
+
+static void tq_open_all(struct ta_fix *f, struct mailbox **mbs)
+{
+    unsigned k;
+
+    for (k = 0; k < TQ_NMB; k++) {
+        mbs[k] = NULL;
+        assert_int_equal(mailbox_open(f->conf, tq_names[k], "default",
+                                      &mbs[k]), STORE_OK);
+    }
+}
+
+static void tq_close_all(struct mailbox **mbs)
+{
+    unsigned k;
+
+    for (k = 0; k < TQ_NMB; k++)
+        mailbox_close(&mbs[k]);
+    quota_shared_close();   /* nothing shared across fork() */
+}
+
+/* Headers and quota roots equal the expected usage exactly.  When
+ * quota_too is 0 only the headers are compared. */
+static void tq_verify(struct ta_fix *f, struct mailbox **mbs,
+                      const struct tq_usage *u, int quota_too)
+{
+    struct quota_db *q = NULL;
+    struct quota qv;
+    uint64_t gb = 0, gm = 0;
+    unsigned k;
+
+    for (k = 0; k < TQ_NMB; k++) {
+        const struct mailbox_header *h = ta_header(mbs[k]);
+
+        assert_int_equal(h->exists, u->msgs[k]);
+        assert_int_equal(h->quota_used, u->bytes[k]);
+        assert_int_equal(h->visible, h->num_records);
+        if (k >= TQ_OWN) {
+            gb += u->bytes[k];
+            gm += u->msgs[k];
+        }
+        ta_assert_check(mbs[k]);
+    }
+    if (!quota_too)
+        return;
+    assert_int_equal(quota_shared(f->conf, &q), STORE_OK);
+    for (k = 0; k < TQ_OWN; k++) {
+        assert_int_equal(quota_get(q, tq_names[k], &qv), STORE_OK);
+        assert_int_equal(qv.used_bytes, u->bytes[k]);
+        assert_int_equal(qv.used_messages, u->msgs[k]);
+    }
+    assert_int_equal(quota_get(q, "user.grp", &qv), STORE_OK);
+    assert_int_equal(qv.used_bytes, gb);
+    assert_int_equal(qv.used_messages, gm);
+}
+
+/* Replace the R record of root by raw bytes (no quota handle open). */
+static void tq_raw_root(struct ta_fix *f, const char *backend,
+                        const char *root, const char *val)
+{
+    struct cyrusdb *db = NULL;
+    char *path = th_path(imapconf_getstring(f->conf, "configdirectory"),
+                         QUOTA_FNAME);
+    char key[64];
+
+    snprintf(key, sizeof(key), "R%s", root);
+    quota_shared_close();
+    assert_int_equal(cyrusdb_open(backend, path, CYRUSDB_MBOXSORT, &db, NULL),
+                     CYRUSDB_OK);
+    assert_int_equal(cyrusdb_store(db, key, strlen(key), val, strlen(val),
+                                   NULL), CYRUSDB_OK);
+    cyrusdb_close(&db);
+    free(path);
+}
+
+static void test_append_quota_rcpts(void **state)
+{
+    const char *backend = *state;
+    struct ta_fix f;
+    struct mailbox *mbs[TQ_NMB];
+    struct tq_usage u;
+    struct quota_db *q = NULL;
+    struct quota grp;
+    pid_t pids[TQ_PROCS];
+    int barrier[2], status, failed = 0;
+    unsigned k, p;
+    char sbuf[64], val[128];
+
+    ta_setup(&f, backend, "qrcpts", NULL);
+    for (k = 0; k < TQ_NMB; k++) {
+        mbs[k] = ta_create_open(&f, tq_names[k], "default");
+        mailbox_close(&mbs[k]);
+    }
+    assert_int_equal(quota_open(f.conf, &q), STORE_OK);
+    for (k = 0; k < TQ_OWN; k++)
+        assert_int_equal(quota_set(q, tq_names[k], QUOTA_UNLIMITED,
+                                   QUOTA_UNLIMITED), STORE_OK);
+    assert_int_equal(quota_set(q, "user.grp", 1LL << 30, 1000000), STORE_OK);
+    quota_close(&q);
+    memset(&u, 0, sizeof(u));
+
+    /* one process */
+    tq_open_all(&f, mbs);
+    assert_int_equal(tq_deliver(f.conf, mbs, 0, TQ_SINGLE, 0), STORE_OK);
+    tq_expect(0, TQ_SINGLE, &u);
+    tq_verify(&f, mbs, &u, 1);
+    tq_close_all(mbs);
+
+    /* four processes at once, recipients in different orders */
+    assert_int_equal(pipe(barrier), 0);
+    for (p = 1; p <= TQ_PROCS; p++) {
+        pids[p - 1] = fork();
+        assert_true(pids[p - 1] >= 0);
+        if (pids[p - 1] == 0) {
+            struct mailbox *cm[TQ_NMB];
+            char c;
+            int r = STORE_OK;
+
+            th_child_signals();
+            alarm(60);
+            close(barrier[1]);
+            for (k = 0; r == STORE_OK && k < TQ_NMB; k++)
+                r = mailbox_open(f.conf, tq_names[k], "default", &cm[k]);
+            if (r || read(barrier[0], &c, 1) < 0)
+                ta_child_fail(p, "open", r);
+            r = tq_deliver(f.conf, cm, p, TQ_PER_PROC, 0);
+            if (r)
+                ta_child_fail(p, "deliver", r);
+            for (k = 0; k < TQ_NMB; k++)
+                mailbox_close(&cm[k]);
+            _exit(0);
+        }
+    }
+    close(barrier[0]);
+    close(barrier[1]);   /* go */
+    for (p = 0; p < TQ_PROCS; p++) {
+        assert_int_equal(waitpid(pids[p], &status, 0), pids[p]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            print_message("child %u: %s\n", p + 1,
+                          th_status_text(status, sbuf, sizeof(sbuf)));
+            failed = 1;
+        }
+    }
+    assert_false(failed);
+    for (p = 1; p <= TQ_PROCS; p++)
+        tq_expect(p, TQ_PER_PROC, &u);
+    tq_open_all(&f, mbs);
+    tq_verify(&f, mbs, &u, 1);
+
+    /* a quota transaction that fails (one damaged root) changes no root,
+     * the messages still become visible, and every mailbox keeps "quota
+     * not yet told" for its next exclusive locker */
+    assert_int_equal(quota_shared(f.conf, &q), STORE_OK);
+    assert_int_equal(quota_get(q, "user.grp", &grp), STORE_OK);
+    tq_raw_root(&f, backend, "user.grp", "garbage");
+    log_init("test_append", LOG_TO_NONE);
+    assert_int_equal(tq_deliver(f.conf, mbs, TQ_PROCS + 1, 1,
+                                APPEND_IGNORE_QUOTA), STORE_OK);
+    log_init("test_append", getenv("TEST_LOG") ? LOG_TO_STDERR : LOG_TO_NONE);
+    {
+        struct tq_usage before = u;
+
+        tq_expect(TQ_PROCS + 1, 1, &u);
+        tq_verify(&f, mbs, &u, 0);
+        /* the roots still show the usage before the message */
+        assert_int_equal(quota_shared(f.conf, &q), STORE_OK);
+        for (k = 0; k < TQ_OWN; k++) {
+            struct quota qv;
+
+            assert_int_equal(quota_get(q, tq_names[k], &qv), STORE_OK);
+            assert_int_equal(qv.used_bytes, before.bytes[k]);
+            assert_int_equal(qv.used_messages, before.msgs[k]);
+        }
+    }
+    /* repaired as it was; each mailbox's next exclusive lock reports */
+    snprintf(val, sizeof(val), "%lld %lld %llu %llu", grp.storage_limit_kb,
+             grp.message_limit, (unsigned long long)grp.used_bytes,
+             (unsigned long long)grp.used_messages);
+    tq_raw_root(&f, backend, "user.grp", val);
+    for (k = 0; k < TQ_NMB; k++) {
+        assert_int_equal(mailbox_lock(mbs[k], MAILBOX_LOCK_EXCLUSIVE),
+                         STORE_OK);
+        assert_int_equal(mailbox_unlock(mbs[k]), STORE_OK);
+    }
+    tq_verify(&f, mbs, &u, 1);
+    tq_close_all(mbs);
+    ta_teardown(&f);
+}
+
 int main(void)
 {
     static const struct CMUnitTest once[] = {
@@ -998,6 +1280,7 @@ int main(void)
         { "quota", test_append_quota },
         { "toobig", test_append_toobig },
         { "concurrent", test_append_concurrent },
+        { "quota_rcpts", test_append_quota_rcpts },
     };
     int rc;
 

@@ -1224,6 +1224,111 @@ static void test_quota(void **state)
     fx_close(&fx);
 }
 
+/* mailbox_append_finish_many(): several mailboxes, one of them twice, a
+ * bad pair that does not stop the others, quota told for all. */
+static void test_finish_many(void **state)
+{
+    struct fx fx;
+    struct mailbox *m1, *m2, *m3, *mbs[6];
+    struct buf m = BUF_INITIALIZER;
+    struct quota_db *q = NULL;
+    struct quota qt;
+    uint32_t uids[6], x;
+    uint64_t s1 = 0, s2 = 0;
+    int rs[6], i;
+
+    fx_open(&fx, state, NULL);
+    create_mb(&fx, "user.m1");
+    create_mb(&fx, "user.m2");
+    create_mb(&fx, "shared.m3");
+    assert_int_equal(quota_shared(fx.conf, &q), STORE_OK);
+    assert_int_equal(quota_set(q, "user", -1, -1), STORE_OK);
+    m1 = open_mb(&fx, "user.m1");
+    m2 = open_mb(&fx, "user.m2");
+    m3 = open_mb(&fx, "shared.m3");
+
+    make_message(&m, 10, 300);
+    x = reserve(&fx, m2, &m, 0);   /* older pending append, not finished */
+    s2 += m.len;
+    make_message(&m, 11, 400);
+    mbs[0] = m1;
+    uids[0] = reserve(&fx, m1, &m, 0);
+    s1 += m.len;
+    make_message(&m, 12, 500);
+    mbs[1] = m2;
+    uids[1] = reserve(&fx, m2, &m, 0);
+    s2 += m.len;
+    make_message(&m, 13, 600);
+    mbs[2] = m1;
+    uids[2] = reserve(&fx, m1, &m, 0);
+    s1 += m.len;
+    make_message(&m, 14, 700);
+    mbs[3] = m3;
+    uids[3] = reserve(&fx, m3, &m, 0);
+    mbs[4] = NULL;
+    uids[4] = 1;
+    mbs[5] = m2;
+    uids[5] = 999;   /* not a pending append of ours */
+
+    assert_int_equal(mailbox_append_finish_many(mbs, uids, 0, rs), STORE_OK);
+    for (i = 0; i < 6; i++)
+        rs[i] = -12345;
+    assert_int_equal(mailbox_append_finish_many(mbs, uids, 6, rs),
+                     STORE_INTERNAL);
+    assert_int_equal(rs[0], STORE_OK);
+    assert_int_equal(rs[1], STORE_OK);
+    assert_int_equal(rs[2], STORE_OK);
+    assert_int_equal(rs[3], STORE_OK);
+    assert_int_equal(rs[4], STORE_INTERNAL);
+    assert_int_equal(rs[5], STORE_NOTFOUND);
+    assert_int_equal(header_of(m1).exists, 2);
+    assert_int_equal(header_of(m1).quota_used, s1);
+    assert_int_equal(header_of(m1).visible, 2);
+    assert_int_equal(header_of(m3).exists, 1);
+    assert_int_equal(header_of(m2).visible, 0);   /* behind x */
+    assert_int_equal(quota_get(q, "user", &qt), STORE_OK);
+    assert_int_equal(qt.used_bytes, s1);
+    assert_int_equal(qt.used_messages, 2);
+    /* finished twice: the second time it is no longer pending */
+    assert_int_equal(mailbox_append_finish_many(mbs, uids, 1, rs),
+                     STORE_NOTFOUND);
+
+    /* x through the same call: both of m2's messages enter quota */
+    mbs[0] = m2;
+    uids[0] = x;
+    assert_int_equal(mailbox_append_finish_many(mbs, uids, 1, NULL),
+                     STORE_OK);
+    assert_int_equal(header_of(m2).exists, 2);
+    assert_int_equal(header_of(m2).quota_used, s2);
+    assert_int_equal(quota_shared(fx.conf, &q), STORE_OK);
+    assert_int_equal(quota_get(q, "user", &qt), STORE_OK);
+    assert_int_equal(qt.used_bytes, s1 + s2);
+    assert_int_equal(qt.used_messages, 4);
+
+    /* a handle the caller holds locked is refused, nothing happens */
+    make_message(&m, 15, 300);
+    uids[0] = reserve(&fx, m2, &m, 0);
+    assert_int_equal(mailbox_lock(m2, MAILBOX_LOCK_SHARED), STORE_OK);
+    assert_int_equal(mailbox_append_finish_many(mbs, uids, 1, rs),
+                     STORE_INTERNAL);
+    assert_int_equal(mailbox_unlock(m2), STORE_OK);
+    assert_int_equal(mailbox_append_finish_many(mbs, uids, 1, rs), STORE_OK);
+    assert_int_equal(header_of(m2).exists, 3);
+
+    for (i = 0; i < 3; i++) {
+        struct mailbox *mb = i == 0 ? m1 : i == 1 ? m2 : m3;
+
+        assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
+        expect_check_ok(mb);
+        assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    }
+    mailbox_close(&m1);
+    mailbox_close(&m2);
+    mailbox_close(&m3);
+    buf_free(&m);
+    fx_close(&fx);
+}
+
 int main(void)
 {
     static const struct th_case cases[] = {
@@ -1245,6 +1350,7 @@ int main(void)
         { "dirty_recompute", test_dirty_recompute },
         { "lost_finish_write", test_lost_finish_write },
         { "quota", test_quota },
+        { "finish_many", test_finish_many },
     };
 
     return th_run_per_backend("mailbox", cases,

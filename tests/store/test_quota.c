@@ -471,6 +471,153 @@ static void test_corrupt(void **state)
     fx_done(&f);
 }
 
+/* The whole database as "KEY=VALUE\n" lines, in key order (quota handle
+ * closed meanwhile). */
+static int dump_cb(void *rock, const char *key, size_t keylen,
+                   const char *data, size_t datalen)
+{
+    struct buf *b = rock;
+
+    buf_append(b, key, keylen);
+    buf_putc(b, '=');
+    buf_append(b, data, datalen);
+    buf_putc(b, '\n');
+    return 0;
+}
+
+static char *fx_dump(struct fx *f)
+{
+    struct cyrusdb *db = NULL;
+    struct buf b = BUF_INITIALIZER;
+    char *path = fx_dbpath(f);
+
+    quota_close(&f->q);
+    assert_int_equal(cyrusdb_open(f->backend, path, CYRUSDB_MBOXSORT, &db,
+                                  NULL), CYRUSDB_OK);
+    assert_int_equal(cyrusdb_foreach(db, "", 0, NULL, dump_cb, &b, NULL),
+                     CYRUSDB_OK);
+    cyrusdb_close(&db);
+    free(path);
+    assert_int_equal(quota_open(f->conf, &f->q), STORE_OK);
+    buf_putc(&b, '\0');
+    return buf_release(&b);
+}
+
+#define MANY_MAX 8
+
+struct many_step {
+    const char *set_root;      /* quota_set() before the batch, or NULL */
+    size_t n;
+    const char *names[MANY_MAX];
+    uint64_t bytes[MANY_MAX];
+    uint64_t msgs[MANY_MAX];
+};
+
+/* Batches covering: several mailboxes of one root, several roots, a
+ * mailbox without root, a name given twice, unchanged values, a root
+ * created below (the mailbox moves), an M record to drop. */
+static const struct many_step many_steps[] = {
+    { "user", 6,
+      { "user.a", "user.a.x", "user.b", "user.b.sub.m", "shared.x", "user" },
+      { 100, 200, 300, 400, 9, 50 }, { 1, 2, 3, 4, 9, 5 } },
+    { "user.b", 5,
+      { "user.a", "user.b.sub.m", "user.a", "user.b", "user.a.x" },
+      { 150, 400, 120, 310, 200 }, { 2, 4, 1, 4, 2 } },
+    { "user.b.sub", 3,
+      { "user.b.sub.m", "user.b.sub.m", "user.b.sub" },
+      { 400, 0, 7 }, { 4, 0, 1 } },
+    { NULL, 4,
+      { "user.a.x", "user.a", "user", "user.b.sub.m" },
+      { 200, 120, 50, 1000 }, { 2, 1, 5, 10 } },
+};
+
+static char *many_run(void **state, int batched)
+{
+    struct fx f;
+    size_t i, j;
+    char *dump;
+
+    fx_init(&f, state, NULL);
+    for (i = 0; i < sizeof(many_steps) / sizeof(many_steps[0]); i++) {
+        const struct many_step *st = &many_steps[i];
+
+        if (st->set_root)
+            assert_int_equal(quota_set(f.q, st->set_root, 1000, 100),
+                             STORE_OK);
+        if (batched) {
+            assert_int_equal(quota_update_many(f.q, st->names, st->bytes,
+                                               st->msgs, st->n), STORE_OK);
+        } else {
+            for (j = 0; j < st->n; j++)
+                assert_int_equal(quota_update_mailbox(f.q, st->names[j],
+                                                      st->bytes[j],
+                                                      st->msgs[j]),
+                                 STORE_OK);
+        }
+    }
+    /* last step's view, through the API */
+    expect_usage(&f, "user", 50 + 120 + 200, 5 + 1 + 2);
+    expect_usage(&f, "user.b", 310, 4);
+    expect_usage(&f, "user.b.sub", 1000 + 7, 10 + 1);
+    dump = fx_dump(&f);
+    fx_done(&f);
+    return dump;
+}
+
+static void test_update_many(void **state)
+{
+    char *batched = many_run(state, 1);
+    char *single = many_run(state, 0);
+    struct fx f;
+    struct msum m;
+    const char *names[3] = { "user.a", "user.z.y", "user.a.x" };
+    uint64_t bytes[3] = { 1, 2, 3 }, msgs[3] = { 1, 1, 1 };
+    const char *bad[2] = { "user.a", "" };
+    char *before, *after;
+
+    /* the same database, byte for byte, as the single updates */
+    assert_string_equal(batched, single);
+    assert_non_null(strstr(batched, "Muser.a=user 120 1\n"));
+    assert_null(strstr(batched, "Mshared.x="));
+    free(batched);
+    free(single);
+
+    /* all or nothing: one damaged root fails the whole batch */
+    fx_init(&f, state, NULL);
+    assert_int_equal(quota_update_many(f.q, names, bytes, msgs, 0),
+                     STORE_OK);
+    assert_int_equal(quota_set(f.q, "user.a", -1, -1), STORE_OK);
+    assert_int_equal(quota_set(f.q, "user.z", -1, -1), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, "user.a", 10, 1), STORE_OK);
+    fx_raw_store(&f, "Ruser.z", "garbage");
+    before = fx_dump(&f);
+    assert_int_equal(quota_update_many(f.q, names, bytes, msgs, 3),
+                     STORE_CORRUPT);
+    after = fx_dump(&f);
+    assert_string_equal(before, after);
+    free(after);
+    /* a bad name anywhere: nothing done */
+    assert_int_equal(quota_update_many(f.q, bad, bytes, msgs, 2),
+                     STORE_BADNAME);
+    after = fx_dump(&f);
+    assert_string_equal(before, after);
+    free(after);
+    free(before);
+    expect_usage(&f, "user.a", 10, 1);
+    /* repaired, the same batch goes through whole */
+    assert_int_equal(quota_set(f.q, "user.z", -1, -1), STORE_OK);
+    assert_int_equal(quota_update_many(f.q, names, bytes, msgs, 3),
+                     STORE_OK);
+    expect_usage(&f, "user.a", 1 + 3, 2);
+    expect_usage(&f, "user.z", 2, 1);
+    memset(&m, 0, sizeof(m));
+    m.root = "user.a";
+    fx_sum_mrecords(&f, &m);
+    assert_int_equal(m.n, 2);
+    assert_int_equal(m.bytes, 4);
+    fx_done(&f);
+}
+
 /* ---- concurrency -------------------------------------------------------- */
 
 #define CONC_PROCS 4
@@ -662,6 +809,7 @@ static const struct th_case cases[] = {
     { "findroot", test_findroot },
     { "check", test_check },
     { "update", test_update },
+    { "update_many", test_update_many },
     { "remove", test_remove },
     { "corrupt", test_corrupt },
     { "concurrent", test_concurrent },
