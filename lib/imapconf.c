@@ -145,6 +145,9 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "file with the server's TLS certificate (PEM)" },
     { .name = "tls_server_key", .type = IMAPCONF_STRING, .def = "",
       .desc = "file with the server's TLS private key (PEM)" },
+    { .name = "cyrus_user", .type = IMAPCONF_STRING, .def = "cyrus",
+      .desc = "the unprivileged user the master switches to when started "
+              "as root" },
     { .name = "stage_dirs", .type = IMAPCONF_INT, .def = "16",
       .min = 1, .max = 1024,
       .desc = "staging directories per partition (PARTITION/stage./NN); "

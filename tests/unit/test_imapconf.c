@@ -212,6 +212,7 @@ static const struct {
     { "allowplaintext", IMAPCONF_SWITCH, "no" },
     { "tls_server_cert", IMAPCONF_STRING, "" },
     { "tls_server_key", IMAPCONF_STRING, "" },
+    { "cyrus_user", IMAPCONF_STRING, "cyrus" },
     { "stage_dirs", IMAPCONF_INT, "16" },
     { "syslog_prefix", IMAPCONF_STRING, "" },
 };

@@ -1,0 +1,282 @@
+/*
+ * service.c - the worker side of the master protocol (see service.h).
+ *
+ * A child started by master finds the service's listening socket on fd 3
+ * and the write end of the service's status pipe on fd 4.  It reports
+ * READY before it waits for a connection, BUSY once it has one, and
+ * EXITING when it leaves on its own; every report is one write(2) of a
+ * fixed-size record smaller than PIPE_BUF, so reports from many children
+ * on one pipe never interleave.
+ *
+ * Invariants:
+ * - The listening socket's file flags are never changed: its open file
+ *   description is shared with the master and every sibling.
+ * - SIGTERM is blocked except while the child waits (ppoll with the
+ *   unblocked mask, so a SIGTERM cannot slip in between the check of the
+ *   flag and the wait), while it is in accept() (the handler jumps out of
+ *   the accept), and while serve() runs (the handler only sets the flag;
+ *   SA_RESTART keeps serve()'s blocking reads going, so the connection in
+ *   progress is finished).
+ * - Several idle children wake up for one connection; the ones that lose
+ *   the race block in accept() until the next connection.  Such a child
+ *   does not honour its idle timeout until then, but SIGTERM still ends
+ *   it at once.  A SIGTERM that arrives just as accept() returns a
+ *   connection drops that connection (the window is a few instructions;
+ *   the master sends SIGTERM only when it stops the service anyway).
+ */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lib/log.h"
+#include "lib/service.h"
+
+static volatile sig_atomic_t service_term_flag;
+static volatile sig_atomic_t service_in_accept;
+static sigjmp_buf service_accept_jmp;
+
+static void service_sigterm(int sig)
+{
+    (void)sig;
+    service_term_flag = 1;
+    if (service_in_accept) {
+        service_in_accept = 0;
+        siglongjmp(service_accept_jmp, 1);
+    }
+}
+
+int service_stopping(void)
+{
+    return service_term_flag != 0;
+}
+
+/* A non-negative integer from the environment, or def. */
+static long service_getenv_long(const char *name, long def)
+{
+    const char *v = getenv(name);
+    char *end;
+    long n;
+
+    if (!v || !*v) return def;
+    errno = 0;
+    n = strtol(v, &end, 10);
+    if (errno || *end || n < 0) {
+        log_warning("service: bad environment value name=<%s>", name);
+        return def;
+    }
+    return n;
+}
+
+static int service_status_ok;
+
+static void service_report(enum service_state state, unsigned served)
+{
+    struct service_status st;
+    ssize_t n;
+
+    if (!service_status_ok) return;
+    memset(&st, 0, sizeof(st));
+    st.pid = (uint32_t)getpid();
+    st.state = (uint32_t)state;
+    st.served = (uint32_t)served;
+    do {
+        n = write(SERVICE_STATUS_FD, &st, sizeof(st));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno != EPIPE && errno != EAGAIN) {
+        log_warning("service: status write failed error=<%s>",
+                    strerror(errno));
+    }
+}
+
+static void service_peer_text(const struct sockaddr_storage *ss,
+                              socklen_t len, char *out, size_t outlen)
+{
+    char host[INET6_ADDRSTRLEN];
+
+    if (len == 0 || ss->ss_family == AF_UNIX) {
+        snprintf(out, outlen, "unix");
+    } else if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+        if (!inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host)))
+            snprintf(host, sizeof(host), "?");
+        snprintf(out, outlen, "%s:%u", host, (unsigned)ntohs(sin->sin_port));
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)ss;
+        if (!inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host)))
+            snprintf(host, sizeof(host), "?");
+        snprintf(out, outlen, "[%s]:%u", host,
+                 (unsigned)ntohs(sin6->sin6_port));
+    } else {
+        snprintf(out, outlen, "unknown");
+    }
+}
+
+/* 1 when fd 3 is a listening socket. */
+static int service_have_listener(void)
+{
+    int on = 0;
+    socklen_t len = sizeof(on);
+
+    if (getsockopt(SERVICE_LISTEN_FD, SOL_SOCKET, SO_ACCEPTCONN,
+                   &on, &len) < 0)
+        return 0;
+    return on != 0;
+}
+
+/* The accept loop proper; returns the exit status. */
+static int service_loop(const struct service_callbacks *cb, long maxuses,
+                        long idletimeout)
+{
+    sigset_t term, waitmask;
+    volatile unsigned served = 0;
+    volatile int report_ready = 1;
+    volatile int status = 0;
+    const char *volatile why = "stopped";
+
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, &waitmask);
+    sigdelset(&waitmask, SIGTERM);
+
+    for (;;) {
+        struct pollfd pfd;
+        struct timespec ts, *tsp = NULL;
+        struct sockaddr_storage ss;
+        socklen_t sslen;
+        char peer[INET6_ADDRSTRLEN + 16];
+        int r, fd = -1;
+
+        if (service_term_flag) { why = "stopped"; break; }
+        if (maxuses > 0 && served >= (unsigned long)maxuses) {
+            why = "maxuses";
+            break;
+        }
+        if (report_ready) {
+            service_report(SERVICE_READY, served);
+            report_ready = 0;
+        }
+
+        pfd.fd = SERVICE_LISTEN_FD;
+        pfd.events = POLLIN;
+        pfd.revents = 0;
+        if (idletimeout > 0) {
+            ts.tv_sec = idletimeout;
+            ts.tv_nsec = 0;
+            tsp = &ts;
+        }
+        r = ppoll(&pfd, 1, tsp, &waitmask);
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN) continue;
+            log_error("service: poll failed error=<%s>", strerror(errno));
+            status = 1;
+            goto out_noreport;
+        }
+        if (r == 0) { why = "idle"; break; }
+        if (pfd.revents & (POLLERR | POLLNVAL)) {
+            log_error("service: listening socket failed");
+            status = 1;
+            goto out_noreport;
+        }
+
+        sslen = sizeof(ss);
+        memset(&ss, 0, sizeof(ss));
+        if (sigsetjmp(service_accept_jmp, 1) == 0) {
+            service_in_accept = 1;
+            sigprocmask(SIG_UNBLOCK, &term, NULL);
+            fd = accept(SERVICE_LISTEN_FD, (struct sockaddr *)&ss, &sslen);
+            service_in_accept = 0;
+            sigprocmask(SIG_BLOCK, &term, NULL);
+        } else {
+            /* SIGTERM while blocked in accept(): the mask was restored */
+            why = "stopped";
+            break;
+        }
+        if (fd < 0) {
+            switch (errno) {
+            case EINTR: case EAGAIN: case ECONNABORTED: case EPROTO:
+            case ENETDOWN: case ENOPROTOOPT: case EHOSTDOWN: case ENONET:
+            case EHOSTUNREACH: case EOPNOTSUPP: case ENETUNREACH:
+                continue;
+            case EMFILE: case ENFILE: case ENOBUFS: case ENOMEM:
+                log_warning("service: accept failed error=<%s>",
+                            strerror(errno));
+                {
+                    struct timespec pause = { 0, 100 * 1000 * 1000 };
+                    nanosleep(&pause, NULL);
+                }
+                continue;
+            default:
+                log_error("service: accept failed error=<%s>",
+                          strerror(errno));
+                status = 1;
+                goto out_noreport;
+            }
+        }
+
+        served++;
+        service_report(SERVICE_BUSY, served);
+        service_peer_text(&ss, sslen, peer, sizeof(peer));
+        sigprocmask(SIG_UNBLOCK, &term, NULL);
+        cb->serve(fd, peer, cb->rock);
+        sigprocmask(SIG_BLOCK, &term, NULL);
+        close(fd);
+        report_ready = 1;
+    }
+
+    log_debug("service: leaving reason=<%s> served=<%u>", why, served);
+    service_report(SERVICE_EXITING, served);
+out_noreport:
+    sigprocmask(SIG_UNBLOCK, &term, NULL);
+    return status;
+}
+
+int service_main(int argc, char **argv, const struct service_callbacks *cb)
+{
+    struct sigaction sa;
+    long maxuses, idletimeout;
+    int status;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, NULL);
+
+    sa.sa_handler = service_sigterm;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+
+    service_status_ok = fcntl(SERVICE_STATUS_FD, F_GETFD) >= 0;
+
+    if (!service_have_listener()) {
+        /* run by hand: one session on stdin/stdout */
+        service_status_ok = 0;
+        if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
+        cb->serve(0, "stdin", cb->rock);
+        if (cb->done) cb->done(cb->rock);
+        return 0;
+    }
+
+    maxuses = service_getenv_long("CYRUSDELIVER_MAXUSES", 0);
+    idletimeout = service_getenv_long("CYRUSDELIVER_IDLETIMEOUT", 0);
+    if (idletimeout > INT_MAX / 1000) idletimeout = INT_MAX / 1000;
+
+    if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
+
+    status = service_loop(cb, maxuses, idletimeout);
+    if (cb->done) cb->done(cb->rock);
+    return status;
+}

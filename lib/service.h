@@ -1,0 +1,76 @@
+/*
+ * service.h - the worker side of the master protocol: what every service
+ * program (lmtpd, imapd, the test service) links to run under master.
+ *
+ * How the master starts a service child (master/master_service.c):
+ *   fd 3 (SERVICE_LISTEN_FD)  the service's listening socket (inherited;
+ *                             blocking accept() by every idle child)
+ *   fd 4 (SERVICE_STATUS_FD)  the write end of the service's status pipe
+ *   environment: CYRUSDELIVER_SERVICE=NAME, CYRUSDELIVER_MAXUSES=N,
+ *                CYRUSDELIVER_IDLETIMEOUT=SECONDS, CYRUSDELIVER_CONF=path
+ *                of imapd.conf (the master's -C)
+ *   argv: the entry's cmd split into words.
+ *
+ * Status messages: fixed-size struct service_status records written with
+ * one write(2) each (smaller than PIPE_BUF, so atomic even with many
+ * children on one pipe):
+ *   SERVICE_READY    waiting in accept(): counts as an idle child
+ *   SERVICE_BUSY     accepted a connection: no longer idle
+ *   SERVICE_EXITING  leaving on its own (max uses, idle timeout, told to
+ *                    stop): the master need not count it as a crash
+ * A child that dies without EXITING is a crash for the master's accounting
+ * (it logs the signal or exit code and replaces it as needed).
+ *
+ * Signals to a child: SIGTERM = finish the connection in progress (if
+ * any), then exit 0; an idle child exits at once.  SIGQUIT/SIGKILL: die.
+ */
+#ifndef LIB_SERVICE_H
+#define LIB_SERVICE_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SERVICE_LISTEN_FD 3
+#define SERVICE_STATUS_FD 4
+
+enum service_state {
+    SERVICE_READY = 1,
+    SERVICE_BUSY = 2,
+    SERVICE_EXITING = 3
+};
+
+struct service_status {
+    uint32_t pid;
+    uint32_t state;      /* enum service_state */
+    uint32_t served;     /* connections served so far by this child */
+};
+
+/* What a service program provides. */
+struct service_callbacks {
+    /* once per child, before the first accept (open databases here:
+     * after fork); returns 0, or non-zero to exit (status 75, EX_TEMPFAIL,
+     * which the master counts as a failed start) */
+    int (*init)(int argc, char **argv, void *rock);
+    /* one connection: fd is the connected socket (the callee must not
+     * close it; service_main does); the peer address is given as text
+     * ("unix", "1.2.3.4:port", "[::1]:port") */
+    void (*serve)(int fd, const char *peer, void *rock);
+    /* once before the child exits (close databases) */
+    void (*done)(void *rock);
+    void *rock;
+};
+
+/* The child's main loop: init, then repeatedly report READY, accept on
+ * SERVICE_LISTEN_FD (EINTR and ECONNABORTED retried), report BUSY, serve,
+ * close; leave after CYRUSDELIVER_MAXUSES connections (0 = no limit) or
+ * CYRUSDELIVER_IDLETIMEOUT seconds without a connection (0 = never), or
+ * on SIGTERM, reporting EXITING; then done.  Returns the exit status for
+ * main() to return.  When fd 3 is not a listening socket (run by hand),
+ * serves stdin/stdout once (fd 0) and returns. */
+int service_main(int argc, char **argv, const struct service_callbacks *cb);
+
+/* Set by service_main when SIGTERM arrived: a long serve() may poll it to
+ * finish early at a clean point (it need not). */
+int service_stopping(void);
+
+#endif

@@ -1,0 +1,1005 @@
+/*
+ * master_service.c - services: sockets, children, spawn policy, status
+ * pipes, backoff, reload and drain (policy described in master_service.h).
+ *
+ * Invariants:
+ * - The master never accepts a connection.  It polls a listening socket
+ *   only while the service has no idle and no starting child, is below
+ *   maxchild, is not backing off and has a fork token; so a pending
+ *   connection it cannot act on never wakes it up (no busy loop).
+ * - Counts are not kept incrementally: they are recomputed from the child
+ *   list, which is changed in exactly two places (fork, reap).  A status
+ *   message only changes the state of a child still in the list; a
+ *   message from a pid already reaped is dropped.
+ * - Every descriptor the master holds is close-on-exec; a child gets only
+ *   fds 0-2 (the master's), 3 (listen) and 4 (status pipe write end).
+ * - Each service has its own status pipe, read end non-blocking in the
+ *   master.  The master keeps the write end open too, so the pipe never
+ *   reads EOF while the service exists.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lib/log.h"
+#include "lib/service.h"
+#include "master/master_service.h"
+
+#define FAILED_START_SECS 2.0
+#define BACKOFF_AFTER 5
+#define BACKOFF_MAX 64
+
+enum child_state {
+    CHILD_STARTING,
+    CHILD_READY,
+    CHILD_BUSY,
+    CHILD_STOPPING
+};
+
+static const char *const child_state_names[] = {
+    "starting", "ready", "busy", "stopping"
+};
+
+struct service;
+
+struct child {
+    pid_t pid;
+    struct service *svc;
+    enum child_state state;
+    int was_ready;              /* reported READY at least once */
+    int exiting;                /* reported EXITING */
+    int signalled;              /* we sent it SIGTERM */
+    unsigned served;
+    double forked;              /* monotonic */
+    struct child *next;
+};
+
+struct service {
+    char *name;
+    /* from the entry */
+    char *cmd, *listen, *proto;
+    enum master_listen_kind kind;
+    char *host, *port;
+    int prefork, maxchild, maxforkrate, maxfds, babysit;
+    int maxuses, idletimeout, backlog;
+    char **argv;
+
+    int listen_fd;              /* -1 when closed */
+    char *unix_path;            /* socket file we created, to unlink */
+    int status_rd, status_wr;
+    int removed;                /* no more forks; freed when childless */
+    int demand;                 /* the socket was readable */
+
+    int failures;               /* failed starts in a row */
+    int backoff;                /* seconds, 0 = none */
+    double backoff_until;
+    double tokens, tokens_at;   /* fork token bucket */
+
+    unsigned long served;       /* connections finished by past children */
+    struct service *next;
+};
+
+static struct service *services;
+static struct child *children;
+static int changed_flag = 1;
+static char *opt_servicedir, *opt_masterdir, *opt_imapdconf;
+
+/* poll bookkeeping: what each appended pollfd belongs to */
+struct pollref {
+    struct service *svc;
+    int is_listen;
+};
+static struct pollref *pollrefs;
+static size_t pollrefs_alloc;
+
+double master_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static char *xstrdup_or_null(const char *s)
+{
+    char *r;
+
+    if (!s) return NULL;
+    r = strdup(s);
+    if (!r) log_fatal(71, "master: out of memory");
+    return r;
+}
+
+void master_service_setup(const char *servicedir, const char *masterdir,
+                          const char *imapdconf)
+{
+    free(opt_servicedir);
+    free(opt_masterdir);
+    free(opt_imapdconf);
+    opt_servicedir = xstrdup_or_null(servicedir);
+    opt_masterdir = xstrdup_or_null(masterdir);
+    opt_imapdconf = xstrdup_or_null(imapdconf);
+}
+
+static char *join_path(const char *dir, size_t dirlen, const char *word)
+{
+    size_t wl = strlen(word);
+    char *p = malloc(dirlen + wl + 2);
+
+    if (!p) log_fatal(71, "master: out of memory");
+    memcpy(p, dir, dirlen);
+    p[dirlen] = '/';
+    memcpy(p + dirlen + 1, word, wl + 1);
+    return p;
+}
+
+static int is_executable(const char *path)
+{
+    struct stat sb;
+
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode)
+        && access(path, X_OK) == 0;
+}
+
+char *master_service_resolve(const char *word)
+{
+    const char *path, *p;
+    char *cand;
+
+    if (!word || !*word) return NULL;
+    if (strchr(word, '/')) return xstrdup_or_null(word);
+    if (opt_servicedir) {
+        cand = join_path(opt_servicedir, strlen(opt_servicedir), word);
+        if (is_executable(cand)) return cand;
+        free(cand);
+    }
+    if (opt_masterdir) {
+        cand = join_path(opt_masterdir, strlen(opt_masterdir), word);
+        if (is_executable(cand)) return cand;
+        free(cand);
+    }
+    path = getenv("PATH");
+    if (!path) path = "/usr/bin:/bin";
+    for (p = path; ; ) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+
+        if (len == 0) cand = join_path(".", 1, word);
+        else cand = join_path(p, len, word);
+        if (is_executable(cand)) return cand;
+        free(cand);
+        if (!colon) break;
+        p = colon + 1;
+    }
+    return NULL;
+}
+
+pid_t master_service_forkexec(char *const argv[], int listen_fd,
+                              int status_fd, int maxfds,
+                              char *const env[])
+{
+    char *prog = master_service_resolve(argv[0]);
+    pid_t pid;
+
+    pid = fork();
+    if (pid < 0) {
+        log_error("master: fork failed error=<%s>", strerror(errno));
+        free(prog);
+        return -1;
+    }
+    if (pid > 0) {
+        free(prog);
+        return pid;
+    }
+
+    /* the child: nothing here may return */
+    {
+        static const int sigs[] = { SIGCHLD, SIGHUP, SIGTERM, SIGINT,
+                                    SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1,
+                                    SIGUSR2 };
+        struct sigaction sa;
+        sigset_t none;
+        size_t i;
+        int lfd = -1, sfd = -1;
+
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = SIG_DFL;
+        sigemptyset(&sa.sa_mask);
+        for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+            sigaction(sigs[i], &sa, NULL);
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+
+        /* move both out of the way first: either may sit on 3 or 4 */
+        if (listen_fd >= 0 && (lfd = fcntl(listen_fd, F_DUPFD, 5)) < 0)
+            _exit(127);
+        if (status_fd >= 0 && (sfd = fcntl(status_fd, F_DUPFD, 5)) < 0)
+            _exit(127);
+        if (lfd >= 0) {
+            if (dup2(lfd, SERVICE_LISTEN_FD) < 0) _exit(127);
+        } else {
+            close(SERVICE_LISTEN_FD);
+        }
+        if (sfd >= 0) {
+            if (dup2(sfd, SERVICE_STATUS_FD) < 0) _exit(127);
+        } else {
+            close(SERVICE_STATUS_FD);
+        }
+        if (close_range(5, ~0U, 0) < 0) {
+            long maxfd = sysconf(_SC_OPEN_MAX);
+            long fd;
+            if (maxfd < 0 || maxfd > 65536) maxfd = 65536;
+            for (fd = 5; fd < maxfd; fd++) close((int)fd);
+        }
+        if (maxfds > 0) {
+            struct rlimit rl;
+            if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+                rlim_t want = (rlim_t)maxfds;
+                if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max)
+                    want = rl.rlim_max;
+                rl.rlim_cur = want;
+                setrlimit(RLIMIT_NOFILE, &rl);
+            }
+        }
+        if (opt_imapdconf) setenv("CYRUSDELIVER_CONF", opt_imapdconf, 1);
+        for (i = 0; env && env[i]; i++) putenv(env[i]);
+        if (prog) execv(prog, argv);
+        else execvp(argv[0], argv);
+        /* stderr is still the master's: one line, then leave */
+        {
+            char msg[512];
+            int n = snprintf(msg, sizeof(msg),
+                             "master: exec failed cmd=<%s> error=<%s>\n",
+                             argv[0], strerror(errno));
+            if (n > 0) {
+                ssize_t w = write(2, msg, (size_t)n < sizeof(msg)
+                                  ? (size_t)n : sizeof(msg) - 1);
+                (void)w;
+            }
+        }
+        _exit(127);
+    }
+}
+
+/* ---- services ---- */
+
+static void service_close_socket(struct service *s)
+{
+    if (s->listen_fd >= 0) {
+        close(s->listen_fd);
+        s->listen_fd = -1;
+    }
+    if (s->unix_path) {
+        if (unlink(s->unix_path) < 0 && errno != ENOENT)
+            log_warning("service=<%s> unlink failed path=<%s> error=<%s>",
+                        s->name, s->unix_path, strerror(errno));
+        free(s->unix_path);
+        s->unix_path = NULL;
+    }
+}
+
+static void service_free_one(struct service *s)
+{
+    service_close_socket(s);
+    if (s->status_rd >= 0) close(s->status_rd);
+    if (s->status_wr >= 0) close(s->status_wr);
+    master_conf_argv_free(s->argv);
+    free(s->name);
+    free(s->cmd);
+    free(s->listen);
+    free(s->proto);
+    free(s->host);
+    free(s->port);
+    free(s);
+}
+
+/* Copy limits and cmd of e into s.  Returns -1 when cmd does not split. */
+static int service_set_entry(struct service *s, const struct master_entry *e)
+{
+    char **argv = master_conf_split_cmd(e->cmd);
+
+    if (!argv || !argv[0]) {
+        master_conf_argv_free(argv);
+        log_error("service=<%s> bad cmd=<%s>", e->name, e->cmd);
+        return -1;
+    }
+    master_conf_argv_free(s->argv);
+    s->argv = argv;
+    free(s->cmd);
+    s->cmd = xstrdup_or_null(e->cmd);
+    s->prefork = e->prefork;
+    s->maxchild = e->maxchild;
+    if (s->maxchild <= 0 || s->maxchild > MASTER_MAXCHILD_CAP)
+        s->maxchild = MASTER_MAXCHILD_CAP;
+    if (s->prefork > s->maxchild) s->prefork = s->maxchild;
+    s->maxforkrate = e->maxforkrate;
+    s->maxfds = e->maxfds;
+    s->babysit = e->babysit;
+    s->maxuses = e->maxuses;
+    s->idletimeout = e->idletimeout;
+    s->backlog = e->backlog > 0 ? e->backlog : 128;
+    return 0;
+}
+
+static int set_cloexec(int fd)
+{
+    int fl = fcntl(fd, F_GETFD);
+
+    if (fl < 0) return -1;
+    return fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+}
+
+static int service_open_unix(struct service *s)
+{
+    struct sockaddr_un sun;
+    size_t len = strlen(s->host);
+    int fd;
+
+    if (len >= sizeof(sun.sun_path)) {
+        log_error("service=<%s> socket path too long path=<%s>",
+                  s->name, s->host);
+        return -1;
+    }
+    memset(&sun, 0, sizeof(sun));
+    sun.sun_family = AF_UNIX;
+    memcpy(sun.sun_path, s->host, len + 1);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) goto fail;
+    if (unlink(s->host) < 0 && errno != ENOENT) {
+        log_warning("service=<%s> cannot remove stale socket path=<%s> "
+                    "error=<%s>", s->name, s->host, strerror(errno));
+    }
+    {
+        mode_t old = umask(0);
+        int r = bind(fd, (struct sockaddr *)&sun, sizeof(sun));
+        umask(old);
+        if (r < 0) goto fail;
+    }
+    if (chmod(s->host, 0777) < 0) goto fail;
+    if (listen(fd, s->backlog) < 0) goto fail;
+    s->listen_fd = fd;
+    s->unix_path = xstrdup_or_null(s->host);
+    return 0;
+fail:
+    log_error("service=<%s> cannot listen path=<%s> error=<%s>",
+              s->name, s->host, strerror(errno));
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+static int service_open_tcp(struct service *s)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    int family = AF_UNSPEC, r, fd = -1, on = 1;
+    const char *proto = s->proto ? s->proto : "tcp";
+    const char *host = s->host;
+
+    if (strcmp(proto, "tcp4") == 0) family = AF_INET;
+    else if (strcmp(proto, "tcp6") == 0) family = AF_INET6;
+    if (host && (strcmp(host, "*") == 0 || !*host)) host = NULL;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    r = getaddrinfo(host, s->port, &hints, &res);
+    if (r != 0) {
+        log_error("service=<%s> cannot resolve listen=<%s> error=<%s>",
+                  s->name, s->listen, gai_strerror(r));
+        return -1;
+    }
+    /* "tcp" with no host: prefer a v6 dual-stack socket */
+    for (int pass = 0; pass < 2 && fd < 0; pass++) {
+        for (ai = res; ai; ai = ai->ai_next) {
+            if (family == AF_UNSPEC && !host) {
+                if (pass == 0 && ai->ai_family != AF_INET6) continue;
+                if (pass == 1 && ai->ai_family != AF_INET) continue;
+            } else if (pass == 1) {
+                break;
+            }
+            fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                        ai->ai_protocol);
+            if (fd < 0) continue;
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+            if (ai->ai_family == AF_INET6) {
+                int v6only = (family == AF_INET6) ? 1 : 0;
+                setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only,
+                           sizeof(v6only));
+            }
+            if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0
+                && listen(fd, s->backlog) == 0)
+                break;
+            r = errno;
+            close(fd);
+            fd = -1;
+            errno = r;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        log_error("service=<%s> cannot listen listen=<%s> error=<%s>",
+                  s->name, s->listen, strerror(errno));
+        return -1;
+    }
+    s->listen_fd = fd;
+    return 0;
+}
+
+static struct service *service_new(const struct master_entry *e)
+{
+    struct service *s = calloc(1, sizeof(*s));
+    int p[2];
+
+    if (!s) log_fatal(71, "master: out of memory");
+    s->listen_fd = s->status_rd = s->status_wr = -1;
+    s->name = xstrdup_or_null(e->name);
+    s->listen = xstrdup_or_null(e->listen);
+    s->proto = xstrdup_or_null(e->proto);
+    s->kind = e->listen_kind;
+    s->host = xstrdup_or_null(e->listen_host);
+    s->port = xstrdup_or_null(e->listen_port);
+    if (service_set_entry(s, e) < 0) goto fail;
+    if (s->kind == MASTER_LISTEN_UNIX) {
+        if (!s->host || service_open_unix(s) < 0) goto fail;
+    } else {
+        if (service_open_tcp(s) < 0) goto fail;
+    }
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        log_error("service=<%s> pipe failed error=<%s>", s->name,
+                  strerror(errno));
+        goto fail;
+    }
+    s->status_rd = p[0];
+    s->status_wr = p[1];
+    fcntl(s->status_rd, F_SETFL, fcntl(s->status_rd, F_GETFL) | O_NONBLOCK);
+    set_cloexec(s->listen_fd);
+    s->tokens = s->maxforkrate > 0 ? s->maxforkrate : 0;
+    s->tokens_at = master_now();
+    log_info("service=<%s> listening listen=<%s> prefork=<%d> "
+             "maxchild=<%d>", s->name, s->listen, s->prefork, s->maxchild);
+    return s;
+fail:
+    service_free_one(s);
+    return NULL;
+}
+
+struct counts {
+    int ready, busy, starting, stopping, total;
+};
+
+static void service_counts(const struct service *s, struct counts *c)
+{
+    const struct child *ch;
+
+    memset(c, 0, sizeof(*c));
+    for (ch = children; ch; ch = ch->next) {
+        if (ch->svc != s) continue;
+        c->total++;
+        switch (ch->state) {
+        case CHILD_READY: c->ready++; break;
+        case CHILD_BUSY: c->busy++; break;
+        case CHILD_STARTING: c->starting++; break;
+        case CHILD_STOPPING: c->stopping++; break;
+        }
+    }
+}
+
+static void child_term(struct child *ch)
+{
+    if (ch->signalled) return;
+    ch->signalled = 1;
+    if (ch->state != CHILD_BUSY) ch->state = CHILD_STOPPING;
+    kill(ch->pid, SIGTERM);
+    changed_flag = 1;
+}
+
+static void service_stop(struct service *s, const char *why)
+{
+    struct child *ch;
+
+    if (s->removed) return;
+    s->removed = 1;
+    service_close_socket(s);
+    for (ch = children; ch; ch = ch->next)
+        if (ch->svc == s) child_term(ch);
+    log_info("service=<%s> stopping reason=<%s>", s->name, why);
+    changed_flag = 1;
+}
+
+/* Free removed services without children. */
+static void service_collect(void)
+{
+    struct service **sp = &services;
+
+    while (*sp) {
+        struct service *s = *sp;
+        struct counts c;
+
+        if (s->removed) {
+            service_counts(s, &c);
+            if (c.total == 0) {
+                *sp = s->next;
+                log_info("service=<%s> stopped", s->name);
+                service_free_one(s);
+                changed_flag = 1;
+                continue;
+            }
+        }
+        sp = &s->next;
+    }
+}
+
+int master_service_apply(const struct master_conf *conf, int initial)
+{
+    struct service *s, **tail;
+    size_t i;
+
+    /* removals and socket changes first, so a path reused is free */
+    for (s = services; s; s = s->next) {
+        const struct master_entry *e;
+
+        if (s->removed) continue;
+        e = master_conf_find(conf, s->name);
+        if (!e || e->section != MASTER_SECTION_SERVICES) {
+            service_stop(s, "removed");
+        } else if (strcmp(s->listen, e->listen) != 0
+                   || strcmp(s->proto ? s->proto : "",
+                             e->proto ? e->proto : "") != 0) {
+            service_stop(s, "listen changed");
+        } else {
+            struct counts c;
+            struct child *ch;
+            int surplus;
+
+            if (service_set_entry(s, e) < 0) {
+                service_stop(s, "bad cmd");
+                continue;
+            }
+            service_counts(s, &c);
+            surplus = c.total - c.stopping - s->maxchild;
+            for (ch = children; ch && surplus > 0; ch = ch->next) {
+                if (ch->svc == s && ch->state == CHILD_READY
+                    && !ch->signalled) {
+                    child_term(ch);
+                    surplus--;
+                }
+            }
+            if (s->maxforkrate > 0 && s->tokens > s->maxforkrate)
+                s->tokens = s->maxforkrate;
+            changed_flag = 1;
+        }
+    }
+
+    tail = &services;
+    while (*tail) tail = &(*tail)->next;
+    for (i = 0; i < conf->nentries; i++) {
+        const struct master_entry *e = &conf->entries[i];
+        int found = 0;
+
+        if (e->section != MASTER_SECTION_SERVICES) continue;
+        for (s = services; s; s = s->next)
+            if (!s->removed && strcmp(s->name, e->name) == 0) found = 1;
+        if (found) continue;
+        s = service_new(e);
+        if (!s) {
+            if (initial) return -1;
+            continue;
+        }
+        *tail = s;
+        tail = &s->next;
+        changed_flag = 1;
+    }
+    service_collect();
+    return 0;
+}
+
+static void service_refill(struct service *s, double now)
+{
+    if (s->maxforkrate <= 0) return;
+    s->tokens += (now - s->tokens_at) * s->maxforkrate;
+    if (s->tokens > s->maxforkrate) s->tokens = s->maxforkrate;
+    s->tokens_at = now;
+}
+
+/* 1 when a fork is allowed right now. */
+static int service_can_fork(struct service *s, const struct counts *c,
+                            double now)
+{
+    if (s->removed || s->listen_fd < 0) return 0;
+    if (c->total >= s->maxchild) return 0;
+    if (s->backoff && now < s->backoff_until) return 0;
+    if (s->maxforkrate > 0) {
+        service_refill(s, now);
+        if (s->tokens < 1.0) return 0;
+    }
+    return 1;
+}
+
+static void service_fork_one(struct service *s, double now)
+{
+    char envs[3][64];
+    char *env[4];
+    struct child *ch;
+    pid_t pid;
+
+    snprintf(envs[0], sizeof(envs[0]), "CYRUSDELIVER_MAXUSES=%d",
+             s->maxuses);
+    snprintf(envs[1], sizeof(envs[1]), "CYRUSDELIVER_IDLETIMEOUT=%d",
+             s->idletimeout);
+    env[0] = envs[0];
+    env[1] = envs[1];
+    /* the name may be long: allocate it */
+    {
+        size_t n = strlen(s->name) + sizeof("CYRUSDELIVER_SERVICE=");
+        env[2] = malloc(n);
+        if (!env[2]) log_fatal(71, "master: out of memory");
+        snprintf(env[2], n, "CYRUSDELIVER_SERVICE=%s", s->name);
+    }
+    env[3] = NULL;
+
+    pid = master_service_forkexec(s->argv, s->listen_fd, s->status_wr,
+                                  s->maxfds, env);
+    free(env[2]);
+    if (s->maxforkrate > 0) s->tokens -= 1.0;
+    if (pid < 0) {
+        /* treat like a failed start so that we do not spin */
+        s->failures++;
+        s->backoff = s->backoff ? s->backoff : 1;
+        s->backoff_until = now + s->backoff;
+        return;
+    }
+    ch = calloc(1, sizeof(*ch));
+    if (!ch) log_fatal(71, "master: out of memory");
+    ch->pid = pid;
+    ch->svc = s;
+    ch->state = CHILD_STARTING;
+    ch->forked = now;
+    ch->next = children;
+    children = ch;
+    changed_flag = 1;
+    log_debug("service=<%s> forked pid=<%d>", s->name, (int)pid);
+}
+
+void master_service_spawn(double now)
+{
+    struct service *s;
+
+    for (s = services; s; s = s->next) {
+        struct counts c;
+        int want;
+
+        if (s->removed) continue;
+        service_counts(s, &c);
+        want = s->prefork;
+        if (s->babysit && want < 1) want = 1;
+        while (c.ready + c.starting < want && service_can_fork(s, &c, now)) {
+            service_fork_one(s, now);
+            c.starting++;
+            c.total++;
+        }
+        if (s->demand) {
+            s->demand = 0;
+            if (c.ready == 0 && c.starting == 0
+                && service_can_fork(s, &c, now))
+                service_fork_one(s, now);
+        }
+    }
+}
+
+static void pollrefs_grow(size_t need)
+{
+    if (need <= pollrefs_alloc) return;
+    pollrefs_alloc = need * 2 + 8;
+    pollrefs = realloc(pollrefs, pollrefs_alloc * sizeof(*pollrefs));
+    if (!pollrefs) log_fatal(71, "master: out of memory");
+}
+
+static void poll_append(struct pollfd **fds, size_t *nalloc, size_t *n,
+                        int fd, struct service *s, int is_listen)
+{
+    if (*n >= *nalloc) {
+        *nalloc = *nalloc * 2 + 8;
+        *fds = realloc(*fds, *nalloc * sizeof(**fds));
+        if (!*fds) log_fatal(71, "master: out of memory");
+    }
+    pollrefs_grow(*n + 1);
+    (*fds)[*n].fd = fd;
+    (*fds)[*n].events = POLLIN;
+    (*fds)[*n].revents = 0;
+    pollrefs[*n].svc = s;
+    pollrefs[*n].is_listen = is_listen;
+    (*n)++;
+}
+
+void master_service_poll_prepare(struct pollfd **fds, size_t *nalloc,
+                                 size_t *n, double now, double *deadline)
+{
+    struct service *s;
+
+    for (s = services; s; s = s->next) {
+        struct counts c;
+
+        if (s->status_rd >= 0)
+            poll_append(fds, nalloc, n, s->status_rd, s, 0);
+        if (s->removed || s->listen_fd < 0) continue;
+        service_counts(s, &c);
+        if (c.total >= s->maxchild) continue;
+        if (s->backoff && now < s->backoff_until) {
+            if (s->backoff_until < *deadline) *deadline = s->backoff_until;
+            continue;
+        }
+        if (s->maxforkrate > 0) {
+            service_refill(s, now);
+            if (s->tokens < 1.0) {
+                double t = now + (1.0 - s->tokens) / s->maxforkrate;
+                if (t < *deadline) *deadline = t;
+                continue;
+            }
+        }
+        if (c.ready == 0 && c.starting == 0)
+            poll_append(fds, nalloc, n, s->listen_fd, s, 1);
+    }
+}
+
+static struct child *child_find(pid_t pid)
+{
+    struct child *ch;
+
+    for (ch = children; ch; ch = ch->next)
+        if (ch->pid == pid) return ch;
+    return NULL;
+}
+
+static void service_read_status(struct service *s)
+{
+    struct service_status msgs[64];
+
+    for (;;) {
+        ssize_t n = read(s->status_rd, msgs, sizeof(msgs));
+        size_t i, cnt;
+
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN)
+                log_warning("service=<%s> status read failed error=<%s>",
+                            s->name, strerror(errno));
+            return;
+        }
+        if (n == 0) return;
+        /* each record is written atomically; a partial one cannot occur */
+        cnt = (size_t)n / sizeof(msgs[0]);
+        for (i = 0; i < cnt; i++) {
+            struct child *ch = child_find((pid_t)msgs[i].pid);
+
+            if (!ch || ch->svc != s) continue;
+            ch->served = msgs[i].served;
+            switch (msgs[i].state) {
+            case SERVICE_READY:
+                ch->was_ready = 1;
+                if (s->failures || s->backoff) {
+                    if (s->backoff)
+                        log_info("service=<%s> backoff ended", s->name);
+                    s->failures = 0;
+                    s->backoff = 0;
+                }
+                ch->state = ch->signalled ? CHILD_STOPPING : CHILD_READY;
+                break;
+            case SERVICE_BUSY:
+                ch->state = CHILD_BUSY;
+                break;
+            case SERVICE_EXITING:
+                ch->exiting = 1;
+                ch->state = CHILD_STOPPING;
+                break;
+            default:
+                log_warning("service=<%s> pid=<%d> bad status state=<%u>",
+                            s->name, (int)ch->pid, msgs[i].state);
+                break;
+            }
+            changed_flag = 1;
+        }
+        if ((size_t)n < sizeof(msgs)) return;
+    }
+}
+
+void master_service_poll_done(const struct pollfd *fds, size_t start,
+                              size_t n, double now)
+{
+    size_t i;
+
+    (void)now;
+    for (i = start; i < n; i++) {
+        if (!fds[i].revents) continue;
+        if (pollrefs[i].is_listen)
+            pollrefs[i].svc->demand = 1;
+        else
+            service_read_status(pollrefs[i].svc);
+    }
+}
+
+static const char *signame(int sig)
+{
+    switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    case SIGSYS: return "SIGSYS";
+    default: return "unknown";
+    }
+}
+
+const char *master_signame(int sig)
+{
+    return signame(sig);
+}
+
+int master_service_reaped(pid_t pid, int wstatus, double now)
+{
+    struct child **cp, *ch = NULL;
+    struct service *s;
+    int failed;
+
+    /* drain the pipes first: a READY/EXITING may still be queued */
+    for (s = services; s; s = s->next)
+        if (s->status_rd >= 0) service_read_status(s);
+
+    for (cp = &children; *cp; cp = &(*cp)->next) {
+        if ((*cp)->pid == pid) {
+            ch = *cp;
+            *cp = ch->next;
+            break;
+        }
+    }
+    if (!ch) return 0;
+    s = ch->svc;
+    s->served += ch->served;
+    changed_flag = 1;
+
+    if (WIFSIGNALED(wstatus)) {
+        int sig = WTERMSIG(wstatus);
+        if (ch->signalled && sig == SIGTERM)
+            log_info("service=<%s> pid=<%d> stopped signal=<%d> (%s)",
+                     s->name, (int)pid, sig, signame(sig));
+        else
+            log_warning("service=<%s> pid=<%d> crashed signal=<%d> (%s)",
+                    s->name, (int)pid, sig, signame(sig));
+    } else {
+        int st = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+        if (st == 0 && (ch->exiting || ch->signalled))
+            log_info("service=<%s> pid=<%d> exited status=<%d>",
+                     s->name, (int)pid, st);
+        else
+            log_warning("service=<%s> pid=<%d> exited status=<%d>%s",
+                        s->name, (int)pid, st,
+                        st == 127 ? " (exec failed)" :
+                        st == 75 ? " (init failed)" : "");
+    }
+
+    failed = !ch->was_ready && !ch->signalled
+             && (now - ch->forked) < FAILED_START_SECS;
+    if (failed && !s->removed) {
+        s->failures++;
+        if (s->failures >= BACKOFF_AFTER) {
+            int nb = s->backoff ? s->backoff * 2 : 1;
+            if (nb > BACKOFF_MAX) nb = BACKOFF_MAX;
+            if (nb != s->backoff)
+                log_warning("service=<%s> backing off seconds=<%d> "
+                            "failures=<%d>", s->name, nb, s->failures);
+            s->backoff = nb;
+            s->backoff_until = now + nb;
+        }
+    }
+    free(ch);
+    service_collect();
+    return 1;
+}
+
+void master_service_shutdown(void)
+{
+    struct service *s;
+
+    for (s = services; s; s = s->next)
+        service_stop(s, "shutdown");
+}
+
+void master_service_killall(int sig)
+{
+    struct child *ch;
+
+    for (ch = children; ch; ch = ch->next)
+        kill(ch->pid, sig);
+}
+
+size_t master_service_nchildren(void)
+{
+    const struct child *ch;
+    size_t n = 0;
+
+    for (ch = children; ch; ch = ch->next) n++;
+    return n;
+}
+
+int master_service_changed(void)
+{
+    int r = changed_flag;
+
+    changed_flag = 0;
+    return r;
+}
+
+void master_service_status(struct buf *out, double now)
+{
+    const struct service *s;
+    const struct child *ch;
+
+    for (s = services; s; s = s->next) {
+        struct counts c;
+        unsigned long served = s->served;
+        int backoff = 0;
+
+        service_counts(s, &c);
+        for (ch = children; ch; ch = ch->next)
+            if (ch->svc == s) served += ch->served;
+        if (s->backoff && now < s->backoff_until)
+            backoff = (int)(s->backoff_until - now + 0.999);
+        buf_printf(out, "service %s listen=%s ready=%d busy=%d total=%d "
+                   "served=%lu maxchild=%d backoff=%d%s\n",
+                   s->name, s->listen, c.ready, c.busy, c.total, served,
+                   s->maxchild, backoff, s->removed ? " stopping=1" : "");
+    }
+    for (s = services; s; s = s->next) {
+        for (ch = children; ch; ch = ch->next) {
+            if (ch->svc != s) continue;
+            buf_printf(out, "child %s pid=%d state=%s served=%u age=%ld\n",
+                       s->name, (int)ch->pid, child_state_names[ch->state],
+                       ch->served, (long)(now - ch->forked));
+        }
+    }
+}
+
+void master_service_free(void)
+{
+    while (children) {
+        struct child *ch = children;
+        children = ch->next;
+        free(ch);
+    }
+    while (services) {
+        struct service *s = services;
+        services = s->next;
+        service_free_one(s);
+    }
+    free(pollrefs);
+    pollrefs = NULL;
+    pollrefs_alloc = 0;
+    master_service_setup(NULL, NULL, NULL);
+}

@@ -1,0 +1,1250 @@
+#!/usr/bin/env python3
+"""test_master.py - the master process manager end to end.
+
+Each test writes an imapd.conf and a cyrus.conf into its own temporary
+directory under $TEST_TMPDIR (default /var/tmp), starts the real
+$top_builddir/master/master in the foreground with its log on stderr
+(redirected to a file), drives it with real clients over UNIX and TCP
+sockets and with signals, then stops it by its PID (SIGTERM, SIGKILL after a
+timeout) and checks that none of the processes it started is left (pgrep -P
+while the master lives, then the recorded PIDs and every process carrying
+the test's environment tag).  The services are tests/master/testsvc
+(echo, slow SECS, exit, crash; mark/fail/daemon for START and DAEMON).
+
+Environment: top_builddir (default "."), TEST_TMPDIR, MASTER_TESTS (space
+separated test names, to run a subset).  Output: "PASS: name" / "FAIL: name"
+/ "SKIP: name (why)" lines and a final "N passed, N failed" line; exit
+status 0 only when nothing failed.  Python 3 standard library only.
+
+EVENTS entries are not exercised here: their period/at granularity is a
+minute, too slow for this suite.
+"""
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TOP_BUILDDIR = os.path.abspath(os.environ.get("top_builddir") or ".")
+TMPDIR = os.environ.get("TEST_TMPDIR") or "/var/tmp"
+MASTER = os.path.join(TOP_BUILDDIR, "master", "master")
+SVCDIR = os.path.join(TOP_BUILDDIR, "tests", "master")
+TESTSVC = os.path.join(SVCDIR, "testsvc")
+MASTERSTATUS = os.path.join(TOP_BUILDDIR, "tools", "masterstatus")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TAG_VAR = "MASTER_TEST_TAG"
+
+
+def _run_as():
+    """The user a master started as root switches to, or None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        import pwd
+        return pwd.getpwnam("cyrus")
+    except (ImportError, KeyError):
+        return None
+
+
+RUN_AS = _run_as()
+
+
+class Fail(Exception):
+    pass
+
+
+class Skip(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def kv(key, value):
+    """A regex for a log field key=value, also in the key=<value> form."""
+    return r"\b%s=<?%s>?(?![\w.])" % (key, value)
+
+
+def wait_until(pred, timeout, step=0.02):
+    """Poll pred() until it returns a true value or timeout; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(step)
+
+
+# ---- processes ---------------------------------------------------------
+
+def proc_stat(pid):
+    """(state, ppid, utime+stime ticks) of pid, or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rindex(b")") + 2:].split()
+    return rest[0].decode(), int(rest[1]), int(rest[11]) + int(rest[12])
+
+
+def alive(pid):
+    st = proc_stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def children_of(ppid, include_zombies=True):
+    """PIDs whose parent is ppid (read from /proc: cheap enough to sample
+    every 20 ms)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        st = proc_stat(int(name))
+        if st and st[1] == ppid and (include_zombies or st[0] != "Z"):
+            out.append(int(name))
+    return out
+
+
+def pgrep_children(ppid):
+    r = subprocess.run(["pgrep", "-P", str(ppid)], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, timeout=10)
+    return [int(x) for x in r.stdout.split()]
+
+
+def tagged_processes(tag):
+    """Live processes whose environment carries TAG_VAR=tag: everything the
+    master of one test started, whoever its parent is now."""
+    needle = ("%s=%s" % (TAG_VAR, tag)).encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env and alive(int(name)):
+            out.append(int(name))
+    return out
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# ---- clients -----------------------------------------------------------
+
+class Client:
+    """A line-oriented client of a testsvc service."""
+
+    def __init__(self, addr, timeout=5.0):
+        if isinstance(addr, str):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        else:
+            fam = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+            self.sock = socket.socket(fam, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(addr)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.buf = b""
+        self.eof = False
+
+    def settimeout(self, t):
+        self.sock.settimeout(t)
+
+    def readline(self):
+        """One line with its newline, "" at EOF; socket.timeout when none
+        came in time (what was read so far is kept for the next call)."""
+        while b"\n" not in self.buf and not self.eof:
+            data = self.sock.recv(4096)
+            if data:
+                self.buf += data
+            else:
+                self.eof = True
+        i = self.buf.find(b"\n")
+        if i < 0:
+            line, self.buf = self.buf, b""
+        else:
+            line, self.buf = self.buf[:i + 1], self.buf[i + 1:]
+        return line.decode(errors="replace")
+
+    def send(self, line):
+        self.sock.sendall(line.encode() + b"\n")
+
+    def hello(self):
+        line = self.readline()
+        m = re.match(r"hello pid=(\d+)\n$", line)
+        if not m:
+            raise Fail("expected a hello line, got %r" % line)
+        return int(m.group(1))
+
+    def close(self):
+        self.sock.close()
+
+
+def echo_session(addr, text="ping", timeout=5.0, pause=0.0):
+    """Connect, read hello, send a line, read its echo, quit, read EOF.
+    Returns the serving child's PID."""
+    c = Client(addr, timeout)
+    try:
+        pid = c.hello()
+        if pause:
+            time.sleep(pause)
+        c.send(text)
+        got = c.readline()
+        if got != "echo: %s\n" % text:
+            raise Fail("expected echo of %r, got %r" % (text, got))
+        c.send("quit")
+        rest = c.readline()
+        if rest != "":
+            raise Fail("expected EOF after quit, got %r" % rest)
+        return pid
+    finally:
+        c.close()
+
+
+def connect_fails(addr, timeout=1.0):
+    try:
+        c = Client(addr, timeout)
+    except (OSError, socket.timeout):
+        return True
+    c.close()
+    return False
+
+
+def free_port(family=socket.AF_INET, host="127.0.0.1"):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def have_ipv6():
+    if not socket.has_ipv6:
+        return False
+    try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:
+        return False
+    try:
+        s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+# ---- the master under test -----------------------------------------------
+
+class Master:
+    """One master with its own directory; use as a context manager: leaving
+    it stops the master and checks that nothing it started remains."""
+
+    def __init__(self, name):
+        self.name = name
+        self.dir = tempfile.mkdtemp(prefix="master-%s." % name, dir=TMPDIR)
+        self.confdir = self.path("conf")
+        os.mkdir(self.confdir)
+        self.imapd_conf = self.path("imapd.conf")
+        self.cyrus_conf = self.path("cyrus.conf")
+        self.logfile = self.path("master.log")
+        self.statusfile = self.path("master.status")
+        self.pidfile = self.path("master.pid")
+        with open(self.imapd_conf, "w") as f:
+            f.write("configdirectory: %s\n" % self.confdir)
+            if os.geteuid() == 0 and RUN_AS is None:
+                f.write("cyrus_user: root\n")
+        if os.geteuid() == 0 and RUN_AS is not None:
+            # started as root the master becomes cyrus_user (default
+            # "cyrus"): that user must own the test's directory
+            for d in (self.dir, self.confdir):
+                os.chown(d, RUN_AS.pw_uid, RUN_AS.pw_gid)
+        self.proc = None
+        self.rc = None
+        self.seen_children = set()
+
+    def path(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    def write_conf(self, text):
+        tmp = self.cyrus_conf + ".new"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, self.cyrus_conf)
+
+    def start(self, wait=True, args=()):
+        cmd = [MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
+               self.cyrus_conf, "-p", self.pidfile, "-S", SVCDIR,
+               "-s", self.statusfile, "-T", "10"] + list(args)
+        env = dict(os.environ)
+        env[TAG_VAR] = self.dir
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log, env=env,
+                                         cwd=self.dir)
+        self.pid = self.proc.pid
+        if wait:
+            ok = wait_until(lambda: self.proc.poll() is not None
+                            or "master" in self.status(), 5)
+            if self.proc.poll() is not None:
+                raise Fail("master exited at start with status %s"
+                           % self.proc.returncode)
+            check(ok, "no status file %s 5 s after start" % self.statusfile)
+        return self
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_exit(self, timeout):
+        try:
+            self.rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self.rc
+
+    def log(self):
+        try:
+            with open(self.logfile, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def status(self):
+        """The status file parsed: {"master": {...}, "services": {name:
+        {...}}, "children": [{...}]}; {} when missing or unreadable."""
+        try:
+            with open(self.statusfile, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return {}
+        st = {"services": {}, "children": []}
+        for line in text.splitlines():
+            words = line.split()
+            if not words:
+                continue
+            kv = {}
+            for w in words[1:]:
+                if "=" in w:
+                    k, v = w.split("=", 1)
+                    kv[k] = v
+            if words[0] == "master":
+                st["master"] = kv
+            elif words[0] == "service" and len(words) > 1:
+                kv["name"] = words[1]
+                st["services"][words[1]] = kv
+            elif words[0] == "child" and len(words) > 1:
+                kv["name"] = words[1]
+                st["children"].append(kv)
+        return st
+
+    def service(self, name):
+        return self.status().get("services", {}).get(name)
+
+    def svc_int(self, name, key):
+        s = self.service(name)
+        try:
+            return int(s[key]) if s else None
+        except (KeyError, ValueError):
+            return None
+
+    def child_pids(self, name=None, state=None):
+        out = []
+        for c in self.status().get("children", []):
+            if name is not None and c.get("name") != name:
+                continue
+            if state is not None and c.get("state") != state:
+                continue
+            try:
+                out.append(int(c["pid"]))
+            except (KeyError, ValueError):
+                pass
+        return out
+
+    def wait_ready(self, name, n, timeout=5):
+        ok = wait_until(lambda: (self.svc_int(name, "ready") or 0) >= n,
+                        timeout)
+        check(ok, "service %s: fewer than %d ready children after %g s "
+              "(status: %s)" % (name, n, timeout, self.service(name)))
+
+    def children(self):
+        if not self.running():
+            return []
+        pids = children_of(self.pid)
+        self.seen_children.update(pids)
+        return pids
+
+    def cpu_ticks(self):
+        st = proc_stat(self.pid)
+        return st[2] if st else 0
+
+    def stop(self):
+        """SIGTERM, SIGKILL after 12 s; returns a list of problems."""
+        problems = []
+        if self.proc is None:
+            return problems
+        if self.running():
+            self.seen_children.update(pgrep_children(self.pid))
+            self.seen_children.update(self.child_pids())
+            self.proc.send_signal(signal.SIGTERM)
+            if self.wait_exit(12) is None:
+                problems.append("master did not exit 12 s after SIGTERM")
+                self.proc.kill()
+                self.wait_exit(5)
+        else:
+            self.wait_exit(5)
+        left = wait_until(lambda: [p for p in self.seen_children
+                                   if alive(p)] + tagged_processes(self.dir)
+                          == [] or None, 3)
+        if left is None:
+            rest = sorted(set([p for p in self.seen_children if alive(p)]
+                              + tagged_processes(self.dir)))
+            problems.append("processes left after the master stopped: %s"
+                            % ", ".join("%d(%s)" % (p, cmdline(p))
+                                        for p in rest))
+            for p in rest:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+        return problems
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        problems = self.stop()
+        if etype is not None:
+            tail = self.log().splitlines()[-25:]
+            for line in tail:
+                print("#   log: %s" % line)
+        log = self.log()
+        for bad in ("AddressSanitizer", "LeakSanitizer", "runtime error:"):
+            if bad in log:
+                problems.append("sanitizer report in the master's log")
+                if etype is None:
+                    for line in log.splitlines()[-40:]:
+                        print("#   log: %s" % line)
+                break
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if etype is None and problems:
+            raise Fail("; ".join(problems))
+        return False
+
+
+def service_line(name, cmd, listen, **opts):
+    words = ['%s cmd="%s" listen="%s"' % (name, cmd, listen)]
+    words += ["%s=%s" % (k, v) for k, v in opts.items()]
+    return "  " + " ".join(words) + "\n"
+
+
+def services_conf(*lines, start=(), daemon=(), events=()):
+    text = ""
+    if start:
+        text += "START {\n" + "".join(start) + "}\n"
+    text += "SERVICES {\n" + "".join(lines) + "}\n"
+    if events:
+        text += "EVENTS {\n" + "".join(events) + "}\n"
+    if daemon:
+        text += "DAEMON {\n" + "".join(daemon) + "}\n"
+    return text
+
+
+def stop_checked(m, expect_rc=0):
+    """Stop m by SIGTERM now and check it exits with expect_rc and that its
+    children (pgrep -P before, recorded PIDs after) are gone."""
+    before = pgrep_children(m.pid)
+    problems = m.stop()
+    check(not problems, "; ".join(problems))
+    check(m.rc == expect_rc, "master exit status %s, expected %d"
+          % (m.rc, expect_rc))
+    left = [p for p in before if alive(p)]
+    check(not left, "children left: %s" % left)
+
+
+# ---- tests -------------------------------------------------------------
+
+def test_prefork_ready_at_start():
+    with Master("prefork") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=3, maxchild=6)))
+        m.start()
+        m.wait_ready("echo", 3, timeout=3)
+        mode = os.stat(sock).st_mode
+        check(stat.S_ISSOCK(mode) and mode & 0o777 == 0o777,
+              "UNIX socket mode %o, expected a socket with 0777" % mode)
+        kids = pgrep_children(m.pid)
+        check(len(kids) == 3, "pgrep -P %d: %d children, expected the 3 "
+              "preforked: %s" % (m.pid, len(kids), kids))
+        ready = m.child_pids("echo", "ready")
+        check(sorted(ready) == sorted(kids),
+              "status file ready children %s differ from pgrep %s"
+              % (ready, kids))
+        if RUN_AS is not None:
+            for p in [m.pid] + kids:
+                uid = os.stat("/proc/%d" % p).st_uid
+                check(uid == RUN_AS.pw_uid, "process %d runs as uid %d, "
+                      "not as cyrus (%d)" % (p, uid, RUN_AS.pw_uid))
+        pid = echo_session(sock)
+        check(pid in kids, "served by %d, not one of the preforked %s"
+              % (pid, kids))
+        check(wait_until(lambda: (m.svc_int("echo", "served") or 0) >= 1, 3),
+              "status file never counted the served connection: %s"
+              % m.service("echo"))
+        stop_checked(m)
+
+
+def test_maxchild_50_clients():
+    nclients, maxchild = 50, 10
+    with Master("maxchild") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=2, maxchild=maxchild)))
+        m.start()
+        m.wait_ready("echo", 2)
+
+        samples = {"max_procs": 0, "max_total": 0, "n": 0}
+        stop_sampling = threading.Event()
+
+        def sampler():
+            while not stop_sampling.is_set():
+                n = len(m.children())
+                t = m.svc_int("echo", "total") or 0
+                samples["max_procs"] = max(samples["max_procs"], n)
+                samples["max_total"] = max(samples["max_total"], t)
+                samples["n"] += 1
+                time.sleep(0.02)
+
+        results, errors = [], []
+        lock = threading.Lock()
+        barrier = threading.Barrier(nclients)
+
+        def client(i):
+            try:
+                barrier.wait(10)
+                pid = echo_session(sock, "ping %d" % i, timeout=30,
+                                   pause=0.2)
+                with lock:
+                    results.append(pid)
+            except Exception as e:  # noqa: BLE001 - any failure counts
+                with lock:
+                    errors.append("client %d: %r" % (i, e))
+
+        th = threading.Thread(target=sampler)
+        th.start()
+        cpu0, t0 = m.cpu_ticks(), time.monotonic()
+        clients = [threading.Thread(target=client, args=(i,))
+                   for i in range(nclients)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(40)
+        wall = time.monotonic() - t0
+        cpu = (m.cpu_ticks() - cpu0) / CLK_TCK
+        stop_sampling.set()
+        th.join()
+
+        check(not errors, "%d clients failed: %s"
+              % (len(errors), "; ".join(errors[:5])))
+        check(len(results) == nclients, "%d of %d clients served"
+              % (len(results), nclients))
+        check(samples["n"] >= 10, "only %d samples" % samples["n"])
+        check(samples["max_procs"] <= maxchild,
+              "%d child processes seen (maxchild=%d)"
+              % (samples["max_procs"], maxchild))
+        check(samples["max_total"] <= maxchild,
+              "status file total reached %d (maxchild=%d)"
+              % (samples["max_total"], maxchild))
+        check(len(set(results)) <= maxchild,
+              "%d distinct children served (maxchild=%d)"
+              % (len(set(results)), maxchild))
+        check(samples["max_procs"] >= 5,
+              "the master never grew beyond %d children under load"
+              % samples["max_procs"])
+        # 50 clients x 0.2 s / 10 children >= 1 s of waiting clients; a
+        # master polling a readable socket it cannot serve burns it all.
+        check(cpu <= 0.05 + 0.25 * wall,
+              "master used %.2f s CPU in %.2f s: busy loop?" % (cpu, wall))
+        print("#   maxchild: %d clients in %.2f s, master cpu %.2f s, "
+              "max children %d, %d samples"
+              % (nclients, wall, cpu, samples["max_procs"], samples["n"]))
+        stop_checked(m)
+
+
+def test_sigkill_child_replaced():
+    with Master("sigkill") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=2, maxchild=4)))
+        m.start()
+        m.wait_ready("echo", 2)
+        before = m.child_pids("echo")
+        victim = before[0]
+        os.kill(victim, signal.SIGKILL)
+        ok = wait_until(lambda: victim not in m.child_pids("echo")
+                        and (m.svc_int("echo", "ready") or 0) >= 2
+                        and len(m.children()) == 2, 4)
+        check(ok, "killed child %d not replaced: status %s, children %s"
+              % (victim, m.child_pids("echo"), m.children()))
+        pat = re.compile(kv("pid", victim) + r".*crashed.*"
+                         + kv("signal", 9))
+        check(wait_until(lambda: pat.search(m.log()), 2),
+              "no 'pid=%d ... crashed signal=9' in the log" % victim)
+        check("SIGKILL" in m.log() or "Killed" in m.log(),
+              "the signal name is not logged")
+        echo_session(sock)
+        stop_checked(m)
+
+
+def test_crash_logged():
+    with Master("crash") as m:
+        sock = m.path("crash.sock")
+        m.write_conf(services_conf(service_line(
+            "crash", "testsvc crash", sock, prefork=1, maxchild=2)))
+        m.start()
+        m.wait_ready("crash", 1)
+        c = Client(sock)
+        try:
+            victim = c.hello()
+            rest = c.readline()
+        finally:
+            c.close()
+        check(rest == "", "expected the connection to end, got %r" % rest)
+        pat = re.compile(kv("service", "crash") + ".*" + kv("pid", victim)
+                         + r".*crashed.*" + kv("signal", 11))
+        check(wait_until(lambda: pat.search(m.log()), 3),
+              "no 'service=crash pid=%d crashed signal=11' in the log"
+              % victim)
+        ok = wait_until(lambda: (m.svc_int("crash", "ready") or 0) >= 1
+                        and victim not in m.child_pids("crash"), 3)
+        check(ok, "crashed child not replaced: %s" % m.service("crash"))
+        stop_checked(m)
+
+
+def test_exit_at_once_backed_off():
+    with Master("backoff") as m:
+        bad, good = m.path("bad.sock"), m.path("echo.sock")
+        m.write_conf(services_conf(
+            service_line("bad", "testsvc exit", bad, prefork=1, maxchild=5),
+            service_line("echo", "testsvc echo", good, prefork=1)))
+        t0 = time.monotonic()
+        m.start()
+        max_backoff = 0
+        while time.monotonic() - t0 < 5.0:
+            b = m.svc_int("bad", "backoff") or 0
+            max_backoff = max(max_backoff, b)
+            time.sleep(0.1)
+        log = m.log()
+        exits = set(re.findall(kv("service", "bad") + ".*?"
+                               + kv("pid", r"(\d+)") + r".*(?:exited|crashed)",
+                               log))
+        forks = len(exits) + len(m.child_pids("bad"))
+        print("#   backoff: %d forks of the failing service in 5 s, max "
+              "status backoff=%d" % (forks, max_backoff))
+        check(forks >= 5, "only %d failed starts logged in 5 s" % forks)
+        check(forks <= 12, "%d forks of a service that exits at once in "
+              "5 s: not backed off" % forks)
+        check(re.search(kv("service", "bad") + r".*backing off", log),
+              "no 'service=bad backing off' line in the log")
+        check(max_backoff > 0, "the status file never showed a backoff")
+        check(re.search(kv("service", "bad") + ".*" + kv("status", 1),
+                        log),
+              "the exit status of the failing child is not logged")
+        # the rest of the master is unaffected
+        echo_session(good)
+        stop_checked(m)
+
+
+def test_maxforkrate():
+    rate, nclients = 4, 16
+    with Master("forkrate") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=0, maxchild=nclients,
+            maxuses=1, maxforkrate=rate)))
+        m.start()
+        hellos, errors = [], []
+        lock = threading.Lock()
+
+        def client(i):
+            try:
+                c = Client(sock, 20)
+                try:
+                    pid = c.hello()
+                    with lock:
+                        hellos.append((time.monotonic(), pid))
+                    c.send("quit")
+                    c.readline()
+                finally:
+                    c.close()
+            except Exception as e:  # noqa: BLE001
+                with lock:
+                    errors.append("client %d: %r" % (i, e))
+
+        t0 = time.monotonic()
+        ts = [threading.Thread(target=client, args=(i,))
+              for i in range(nclients)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        check(not errors, "clients failed: %s" % "; ".join(errors[:5]))
+        check(len(hellos) == nclients, "%d of %d served"
+              % (len(hellos), nclients))
+        pids = set(p for _, p in hellos)
+        check(len(pids) == nclients, "maxuses=1 but only %d distinct "
+              "children served %d connections" % (len(pids), nclients))
+        times = sorted(t for t, _ in hellos)
+        worst = max(sum(1 for u in times if t <= u < t + 1.0)
+                    for t in times)
+        span = times[-1] - t0
+        print("#   maxforkrate=%d: %d forks in %.2f s, at most %d in a "
+              "second" % (rate, nclients, span, worst))
+        check(worst <= 2 * rate, "%d forks within one second with "
+              "maxforkrate=%d" % (worst, rate))
+        check(span >= (nclients - 2 * rate) / rate - 0.5,
+              "%d forks took only %.2f s with maxforkrate=%d"
+              % (nclients, span, rate))
+        stop_checked(m)
+
+
+def test_maxuses_replaced():
+    with Master("maxuses") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=1, maxchild=1,
+            maxuses=3)))
+        m.start()
+        m.wait_ready("echo", 1)
+        first = [echo_session(sock) for _ in range(3)]
+        check(len(set(first)) == 1, "maxchild=1 but served by %s" % first)
+        p = first[0]
+        nxt = echo_session(sock)
+        check(nxt != p, "child %d served a 4th connection with maxuses=3"
+              % p)
+        check(wait_until(lambda: not alive(p), 3),
+              "child %d still alive after its 3 uses" % p)
+        log = m.log()
+        check(not re.search(kv("pid", p) + r".*crashed", log),
+              "a child leaving after maxuses was logged as a crash")
+        check(re.search(kv("pid", p) + r".*exited.*" + kv("status", 0),
+                        log),
+              "no 'pid=%d exited status=0' in the log" % p)
+        again = echo_session(sock)
+        check(again == nxt, "the replacement %d did not serve again (%d)"
+              % (nxt, again))
+        stop_checked(m)
+
+
+def test_idletimeout():
+    with Master("idle") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=0, maxchild=3,
+            idletimeout=1)))
+        m.start()
+        p = echo_session(sock)
+        check(alive(p), "child %d gone at once" % p)
+        check(wait_until(lambda: not alive(p), 4, 0.1),
+              "child %d still there 4 s after idletimeout=1" % p)
+        check(wait_until(lambda: m.children() == [], 2),
+              "children left with prefork=0 after idle: %s" % m.children())
+        check(not re.search(kv("pid", p) + r".*crashed", m.log()),
+              "an idle child leaving was logged as a crash")
+        q = echo_session(sock)
+        check(q != p, "served again by the idle-expired child")
+        stop_checked(m)
+
+
+def test_sighup_reload():
+    with Master("sighup") as m:
+        sa, sb, sc = m.path("a.sock"), m.path("b.sock"), m.path("c.sock")
+        m.write_conf(services_conf(
+            service_line("alpha", "testsvc echo", sa, prefork=1, maxchild=5),
+            service_line("beta", "testsvc slow 1.5", sb, prefork=1,
+                         maxchild=2)))
+        m.start()
+        m.wait_ready("alpha", 1)
+        m.wait_ready("beta", 1)
+        check(connect_fails(sc), "c.sock answers before it is configured")
+        slow = Client(sb, 10)
+        try:
+            beta_pid = slow.hello()
+            m.write_conf(services_conf(
+                service_line("alpha", "testsvc echo", sa, prefork=1,
+                             maxchild=2),
+                service_line("gamma", "testsvc echo", sc, prefork=1)))
+            os.kill(m.pid, signal.SIGHUP)
+            # added
+            check(wait_until(lambda: os.path.exists(sc), 3),
+                  "gamma's socket not created after SIGHUP")
+            echo_session(sc)
+            # removed: no new connections; the one in progress completes
+            check(wait_until(lambda: connect_fails(sb, 0.5), 3, 0.1),
+                  "beta's socket still accepts connections after its "
+                  "removal")
+            done = slow.readline()
+            check(done == "done\n", "connection in progress on the removed "
+                  "service got %r, expected 'done'" % done)
+        finally:
+            slow.close()
+        check(wait_until(lambda: not alive(beta_pid), 3),
+              "child %d of the removed service still running" % beta_pid)
+        check(wait_until(lambda: m.service("beta") is None, 3),
+              "removed service still in the status file")
+        # changed: maxchild 5 -> 2
+        check(wait_until(lambda: m.svc_int("alpha", "maxchild") == 2, 3),
+              "alpha maxchild not 2 after reload: %s" % m.service("alpha"))
+        held = [Client(sa, 5) for _ in range(3)]
+        try:
+            got = []
+            for c in held:
+                c.settimeout(1.5)
+                try:
+                    got.append(c.hello())
+                except (socket.timeout, OSError):
+                    got.append(None)
+            served = [p for p in got if p is not None]
+            check(len(served) == 2, "with maxchild=2, %d of 3 concurrent "
+                  "clients were served (%s)" % (len(served), got))
+            alpha_kids = [c for c in m.child_pids("alpha")]
+            check(len(alpha_kids) <= 2, "alpha runs %d children"
+                  % len(alpha_kids))
+            # free one: the waiting client is served next
+            held[got.index(served[0])].send("quit")
+            waiting = held[got.index(None)]
+            waiting.settimeout(5)
+            check(waiting.hello() > 0, "waiting client not served")
+        finally:
+            for c in held:
+                c.close()
+        echo_session(sa)
+        # a broken cyrus.conf on reload: logged, the old one stays
+        m.write_conf(services_conf(
+            service_line("alpha", "testsvc echo", sa, prefork=1),
+            service_line("delta", "testsvc echo", m.path("d.sock"),
+                         maxchild="x")))
+        os.kill(m.pid, signal.SIGHUP)
+        check(wait_until(lambda: "cyrus.conf:3" in m.log(), 3),
+              "a malformed cyrus.conf on SIGHUP is not reported with its "
+              "line")
+        time.sleep(0.2)
+        check(m.running(), "master died on a malformed cyrus.conf at "
+              "SIGHUP")
+        echo_session(sa)
+        echo_session(sc)
+        check(not os.path.exists(m.path("d.sock")),
+              "the malformed configuration was applied")
+        stop_checked(m)
+
+
+def test_sigterm_drains():
+    with Master("sigterm") as m:
+        ss, se = m.path("slow.sock"), m.path("echo.sock")
+        m.write_conf(services_conf(
+            service_line("slow", "testsvc slow 2", ss, prefork=1),
+            service_line("echo", "testsvc echo", se, prefork=2)))
+        m.start()
+        m.wait_ready("slow", 1)
+        m.wait_ready("echo", 2)
+        kids = pgrep_children(m.pid)
+        check(len(kids) == 3, "expected 3 children, pgrep -P says %s" % kids)
+        c = Client(ss, 10)
+        try:
+            c.hello()
+            t0 = time.monotonic()
+            os.kill(m.pid, signal.SIGTERM)
+            check(wait_until(lambda: not os.path.exists(se)
+                             and not os.path.exists(ss), 2),
+                  "UNIX socket files not removed on SIGTERM")
+            check(connect_fails(se), "echo still accepts after SIGTERM")
+            done = c.readline()
+            check(done == "done\n", "slow connection got %r during the "
+                  "drain, expected 'done'" % done)
+        finally:
+            c.close()
+        rc = m.wait_exit(10)
+        took = time.monotonic() - t0
+        check(rc is not None, "master still running 10 s after SIGTERM")
+        check(rc == 0, "master exit status %s after SIGTERM" % rc)
+        check(took >= 1.5, "master exited %.2f s after SIGTERM, before the "
+              "2 s connection finished" % took)
+        left = [p for p in kids if alive(p)]
+        check(not left, "children left after the drain: %s" % left)
+        check(not os.path.exists(m.pidfile), "pidfile left after exit")
+
+
+def test_sigint_stops():
+    with Master("sigint") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(
+            service_line("echo", "testsvc echo", sock, prefork=2)))
+        m.start()
+        m.wait_ready("echo", 2)
+        kids = pgrep_children(m.pid)
+        echo_session(sock)
+        os.kill(m.pid, signal.SIGINT)
+        rc = m.wait_exit(5)
+        check(rc == 0, "exit status %s 5 s after SIGINT" % rc)
+        check(not os.path.exists(sock), "socket file left after SIGINT")
+        check(wait_until(lambda: not [p for p in kids if alive(p)], 2),
+              "children alive after SIGINT: %s"
+              % [p for p in kids if alive(p)])
+
+
+def test_sigquit_immediate():
+    with Master("sigquit") as m:
+        ss = m.path("slow.sock")
+        m.write_conf(services_conf(
+            service_line("slow", "testsvc slow 20", ss, prefork=2)))
+        m.start()
+        m.wait_ready("slow", 2)
+        kids = pgrep_children(m.pid)
+        c = Client(ss, 5)
+        try:
+            c.hello()
+            t0 = time.monotonic()
+            os.kill(m.pid, signal.SIGQUIT)
+            rc = m.wait_exit(3)
+            took = time.monotonic() - t0
+            check(rc is not None, "master still running 3 s after SIGQUIT")
+            check(took < 2, "SIGQUIT took %.2f s" % took)
+            check(rc == 0, "exit status %s after SIGQUIT" % rc)
+            rest = c.readline()
+            check(rest == "", "connection got %r after SIGQUIT" % rest)
+        finally:
+            c.close()
+        check(wait_until(lambda: not [p for p in kids if alive(p)], 2),
+              "children alive after SIGQUIT: %s"
+              % [p for p in kids if alive(p)])
+
+
+def test_start_runs_first():
+    with Master("start") as m:
+        sock, marker = m.path("echo.sock"), m.path("marker")
+        m.write_conf(services_conf(
+            service_line("echo", "testsvc echo", sock, prefork=1),
+            start=['  recover cmd="%s mark %s 0.7"\n' % (TESTSVC, marker)]))
+        m.start(wait=False)
+        t0 = time.monotonic()
+        # the socket may be opened before START runs (privileged ports are
+        # bound before the master drops root), but no service child may
+        # run and no connection be served until the START command is done
+        early = []
+
+        def sample():
+            if not os.path.exists(marker):
+                early.extend(p for p in m.children()
+                             if "testsvc echo" in cmdline(p))
+            return os.path.exists(sock) or not m.running()
+        seen = wait_until(sample, 5, 0.005)
+        check(m.running(), "master exited: %s" % m.log()[-300:])
+        check(seen, "service socket not created 5 s after start")
+        c = Client(sock, 5)
+        try:
+            pid = c.hello()
+            check(os.path.exists(marker), "connection served by %d %.2f s "
+                  "after start, before the START command finished"
+                  % (pid, time.monotonic() - t0))
+        finally:
+            c.close()
+        check(not early, "service children %s ran before the START command "
+              "finished" % sorted(set(early)))
+        with open(marker) as f:
+            check(f.read() == "ok\n", "marker content")
+        echo_session(sock)
+        stop_checked(m)
+
+
+def test_start_failure_stops():
+    with Master("startfail") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(
+            service_line("echo", "testsvc echo", sock, prefork=1),
+            start=['  recoverdb cmd="%s fail"\n' % TESTSVC]))
+        m.start(wait=False)
+        rc = m.wait_exit(8)
+        check(rc is not None, "master still running 8 s after a failing "
+              "START command")
+        check(rc != 0, "master exit status 0 after a failing START")
+        log = m.log()
+        check("recoverdb" in log or "testsvc fail" in log,
+              "the message does not name the failing START command: %r"
+              % log[-400:])
+        check("failing on purpose" in log or "status=3" in log
+              or "status 3" in log or "exit" in log,
+              "the failure itself is not reported: %r" % log[-400:])
+        check(not os.path.exists(sock), "a service socket was opened "
+              "although START failed")
+
+
+def test_malformed_conf():
+    cases = [
+        # (name, text, expected line)
+        ("missing listen", 'SERVICES {\n  ok cmd="testsvc echo" '
+         'listen="{d}/ok.sock"\n  bad cmd="testsvc echo" prefork=1\n}\n', 3),
+        ("unterminated quote", '# comment\nSERVICES {\n'
+         '  bad cmd="testsvc echo listen=x\n}\n', 3),
+        ("bad number", 'SERVICES {\n\n\n  bad cmd="testsvc echo" '
+         'listen="{d}/b.sock" maxchild=ten\n}\n', 4),
+        ("line outside a section", 'bogus cmd="x"\nSERVICES {\n}\n', 1),
+    ]
+    for what, text, line in cases:
+        with Master("malformed") as m:
+            m.write_conf(text.replace("{d}", m.dir))
+            m.start(wait=False)
+            rc = m.wait_exit(5)
+            check(rc is not None, "%s: master still running" % what)
+            check(rc != 0, "%s: exit status 0" % what)
+            want = "%s:%d" % (m.cyrus_conf, line)
+            check(want in m.log() or "cyrus.conf:%d:" % line in m.log(),
+                  "%s: no %s in the message: %r" % (what, want,
+                                                    m.log()[-300:]))
+            check(not os.path.exists(m.path("ok.sock")),
+                  "%s: a socket was opened" % what)
+
+
+def test_unknown_option_warns():
+    with Master("unknown") as m:
+        sock = m.path("echo.sock")
+        m.write_conf("# services\nSERVICES {\n" + service_line(
+            "echo", "testsvc echo", sock, prefork=1, frobnicate=7) + "}\n")
+        m.start()
+        log = m.log()
+        check(re.search(r"cyrus\.conf:3\b.*frobnicate|frobnicate.*"
+                        r"cyrus\.conf:3\b", log),
+              "no warning naming cyrus.conf:3 and the key: %r" % log[-300:])
+        echo_session(sock)
+        stop_checked(m)
+
+
+def test_tcp_ipv4():
+    with Master("tcp4") as m:
+        p1, p2 = free_port(), free_port()
+        m.write_conf(services_conf(
+            service_line("echo4", "testsvc echo", "127.0.0.1:%d" % p1,
+                         proto="tcp4", prefork=1),
+            service_line("echoany", "testsvc echo", "%d" % p2, proto="tcp4",
+                         prefork=0, backlog=16)))
+        m.start()
+        m.wait_ready("echo4", 1)
+        echo_session(("127.0.0.1", p1))
+        echo_session(("127.0.0.1", p2))
+        stop_checked(m)
+        check(connect_fails(("127.0.0.1", p1)), "port still open after exit")
+
+
+def test_tcp_ipv6():
+    if not have_ipv6():
+        raise Skip("no IPv6 loopback")
+    with Master("tcp6") as m:
+        p1, p2 = free_port(socket.AF_INET6, "::1"), free_port()
+        m.write_conf(services_conf(
+            service_line("echo6", "testsvc echo", "[::1]:%d" % p1,
+                         proto="tcp6", prefork=1),
+            service_line("dual", "testsvc echo", "%d" % p2, proto="tcp")))
+        m.start()
+        m.wait_ready("echo6", 1)
+        echo_session(("::1", p1))
+        echo_session(("::1", p2))
+        echo_session(("127.0.0.1", p2))
+        stop_checked(m)
+
+
+def test_daemon_kept_running():
+    with Master("daemon") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(
+            service_line("echo", "testsvc echo", sock, prefork=1),
+            daemon=['  keeper cmd="testsvc daemon"\n']))
+        m.start()
+
+        def daemons():
+            return [p for p in m.children() if "daemon" in cmdline(p)]
+        first = wait_until(daemons, 3)
+        check(first and len(first) == 1, "DAEMON not running: %s" % first)
+        os.kill(first[0], signal.SIGKILL)
+        again = wait_until(lambda: [p for p in daemons()
+                                    if p != first[0]], 5, 0.05)
+        check(again, "DAEMON not restarted after SIGKILL")
+        stop_checked(m)
+
+
+def test_events_scheduled():
+    """EVENTS: a period= event runs at start and is next due period minutes
+    later; an at=HHMM event is due at the next local HH:MM (read from the
+    status file's event lines; waiting whole minutes would be too slow)."""
+    with Master("events") as m:
+        sock, marker = m.path("echo.sock"), m.path("ev-marker")
+        at = time.localtime(time.time() + 180)
+        hhmm = "%02d%02d" % (at.tm_hour, at.tm_min)
+        m.write_conf(services_conf(
+            service_line("echo", "testsvc echo", sock, prefork=1),
+            events=['  checkpoint cmd="%s mark %s 0" period=5\n'
+                    % (TESTSVC, marker),
+                    '  nightly cmd="%s mark %s 0" at=%s\n'
+                    % (TESTSVC, m.path("never"), hhmm)]))
+        t0 = time.time()
+        m.start()
+        check(wait_until(lambda: os.path.exists(marker), 5),
+              "period event did not run at start")
+
+        def event_lines():
+            try:
+                with open(m.statusfile, errors="replace") as f:
+                    return {w[1]: dict(x.split("=", 1) for x in w[2:]
+                                       if "=" in x)
+                            for w in (l.split() for l in f)
+                            if len(w) > 1 and w[0] == "event"}
+            except OSError:
+                return {}
+
+        def both_waiting():
+            ev = event_lines()
+            return (ev.get("checkpoint", {}).get("state") == "waiting"
+                    and "nightly" in ev) and ev
+        ev = wait_until(both_waiting, 5)
+        check(ev, "event lines missing from the status file")
+        due = int(ev["checkpoint"]["next"])
+        check(abs(due - (t0 + 300)) <= 5,
+              "period=5 event next due in %d s, expected ~300" % (due - t0))
+        want = time.mktime((at.tm_year, at.tm_mon, at.tm_mday, at.tm_hour,
+                            at.tm_min, 0, 0, 0, -1))
+        due = int(ev["nightly"]["next"])
+        check(abs(due - want) <= 2, "at=%s event next due %d, expected %d"
+              % (hhmm, due, int(want)))
+        check(not os.path.exists(m.path("never")),
+              "at= event ran before its time")
+        stop_checked(m)
+
+
+def test_masterstatus_tool():
+    with Master("mstatus") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(
+            service_line("echo", "testsvc echo", sock, prefork=2),
+            service_line("other", "testsvc echo", m.path("o.sock"),
+                         prefork=1)))
+        m.start()
+        m.wait_ready("echo", 2)
+        m.wait_ready("other", 1)
+        echo_session(sock)
+        r = subprocess.run([MASTERSTATUS, "-s", m.statusfile],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=10)
+        out = r.stdout.decode(errors="replace")
+        check(r.returncode == 0, "masterstatus exit %d: %s"
+              % (r.returncode, r.stderr[-300:]))
+        for name in ("echo", "other"):
+            check(re.search(r"\b%s\b" % name, out),
+                  "service %s missing from:\n%s" % (name, out))
+        for pid in m.child_pids():
+            check(re.search(r"\b%d\b" % pid, out),
+                  "child %d missing from:\n%s" % (pid, out))
+        check("ready" in out, "no child state in:\n%s" % out)
+        # missing file
+        r = subprocess.run([MASTERSTATUS, "-s", m.path("nosuch")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=10)
+        check(r.returncode == 1, "missing file: exit %d" % r.returncode)
+        check(r.stderr.strip() or r.stdout.strip(),
+              "missing file: no message")
+        stop_checked(m)
+        # stale file: the master is gone
+        with open(m.statusfile, "w") as f:
+            f.write("master pid=1 started=1\n")
+        old = time.time() - 60
+        os.utime(m.statusfile, (old, old))
+        r = subprocess.run([MASTERSTATUS, "-s", m.statusfile],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=10)
+        msg = (r.stdout + r.stderr).decode(errors="replace")
+        check(r.returncode == 1 and "not running" in msg,
+              "stale file: exit %d %r" % (r.returncode, msg))
+
+
+TESTS = [
+    test_events_scheduled,
+    test_prefork_ready_at_start,
+    test_maxchild_50_clients,
+    test_sigkill_child_replaced,
+    test_crash_logged,
+    test_exit_at_once_backed_off,
+    test_maxforkrate,
+    test_maxuses_replaced,
+    test_idletimeout,
+    test_sighup_reload,
+    test_sigterm_drains,
+    test_sigint_stops,
+    test_sigquit_immediate,
+    test_start_runs_first,
+    test_start_failure_stops,
+    test_malformed_conf,
+    test_unknown_option_warns,
+    test_tcp_ipv4,
+    test_tcp_ipv6,
+    test_daemon_kept_running,
+    test_masterstatus_tool,
+]
+
+
+def main():
+    for prog in (MASTER, TESTSVC, MASTERSTATUS):
+        if not os.access(prog, os.X_OK):
+            print("FAIL: setup (missing %s: run make first)" % prog)
+            print("0 passed, 1 failed")
+            return 1
+    only = (os.environ.get("MASTER_TESTS") or "").split()
+    passed = failed = skipped = 0
+    t_all = time.monotonic()
+    for t in TESTS:
+        name = t.__name__[len("test_"):]
+        if only and name not in only:
+            continue
+        t0 = time.monotonic()
+        try:
+            t()
+        except Skip as e:
+            skipped += 1
+            print("SKIP: %s (%s)" % (name, e))
+            continue
+        except Fail as e:
+            failed += 1
+            print("FAIL: %s: %s" % (name, e))
+            continue
+        except Exception as e:  # noqa: BLE001 - report, go on
+            failed += 1
+            print("FAIL: %s: unexpected %r" % (name, e))
+            continue
+        passed += 1
+        print("PASS: %s (%.1f s)" % (name, time.monotonic() - t0))
+        sys.stdout.flush()
+    if skipped:
+        print("# %d skipped" % skipped)
+    print("# total %.1f s" % (time.monotonic() - t_all))
+    print("%d passed, %d failed" % (passed, failed))
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
