@@ -19,7 +19,8 @@
  * - poll() waits on the self-pipe, every status pipe, and only those
  *   listening sockets for which a fork would follow (master_service.h);
  *   the timeout is at most 1 s, so the status file is refreshed each
- *   second, and shorter when a backoff, a fork token or an event is due.
+ *   second, and shorter when a backoff, a fork allowed again by maxforkrate or an
+ *   event is due.
  * - SIGTERM/SIGINT: sockets closed, children told to finish, exit 0 when
  *   they are gone or after the drain timeout (the rest get SIGKILL).
  *   SIGQUIT: SIGKILL to all children, exit 0 at once.  SIGHUP: reload.

@@ -5,7 +5,7 @@
  * Invariants:
  * - The master never accepts a connection.  It polls a listening socket
  *   only while the service has no idle and no starting child, is below
- *   maxchild, is not backing off and has a fork token; so a pending
+ *   maxchild, is not backing off and maxforkrate allows a fork; so a pending
  *   connection it cannot act on never wakes it up (no busy loop).
  * - Counts are not kept incrementally: they are recomputed from the child
  *   list, which is changed in exactly two places (fork, reap).  A status
@@ -88,7 +88,12 @@ struct service {
     int failures;               /* failed starts in a row */
     int backoff;                /* seconds, 0 = none */
     double backoff_until;
-    double tokens, tokens_at;   /* fork token bucket */
+    /* maxforkrate: the times of the last maxforkrate forks (a ring,
+     * forks[forkpos] the oldest); a fork is allowed when the oldest is
+     * at least 1 s old, so no 1-second window holds more than
+     * maxforkrate forks */
+    double *forks;
+    int nforks, forkpos;
 
     unsigned long served;       /* connections finished by past children */
     struct service *next;
@@ -299,6 +304,7 @@ static void service_free_one(struct service *s)
     if (s->status_rd >= 0) close(s->status_rd);
     if (s->status_wr >= 0) close(s->status_wr);
     master_conf_argv_free(s->argv);
+    free(s->forks);
     free(s->name);
     free(s->cmd);
     free(s->listen);
@@ -327,6 +333,20 @@ static int service_set_entry(struct service *s, const struct master_entry *e)
     if (s->maxchild <= 0 || s->maxchild > MASTER_MAXCHILD_CAP)
         s->maxchild = MASTER_MAXCHILD_CAP;
     if (s->prefork > s->maxchild) s->prefork = s->maxchild;
+    if (e->maxforkrate != s->maxforkrate || !s->forks) {
+        double *f = NULL;
+        int i;
+
+        if (e->maxforkrate > 0) {
+            f = malloc((size_t)e->maxforkrate * sizeof(*f));
+            if (!f) log_fatal(71, "master: out of memory");
+            for (i = 0; i < e->maxforkrate; i++) f[i] = -1e9;
+        }
+        free(s->forks);
+        s->forks = f;
+        s->nforks = e->maxforkrate;
+        s->forkpos = 0;
+    }
     s->maxforkrate = e->maxforkrate;
     s->maxfds = e->maxfds;
     s->babysit = e->babysit;
@@ -468,8 +488,6 @@ static struct service *service_new(const struct master_entry *e)
     s->status_wr = p[1];
     fcntl(s->status_rd, F_SETFL, fcntl(s->status_rd, F_GETFL) | O_NONBLOCK);
     set_cloexec(s->listen_fd);
-    s->tokens = s->maxforkrate > 0 ? s->maxforkrate : 0;
-    s->tokens_at = master_now();
     log_info("service=<%s> listening listen=<%s> prefork=<%d> "
              "maxchild=<%d>", s->name, s->listen, s->prefork, s->maxchild);
     return s;
@@ -579,8 +597,6 @@ int master_service_apply(const struct master_conf *conf, int initial)
                     surplus--;
                 }
             }
-            if (s->maxforkrate > 0 && s->tokens > s->maxforkrate)
-                s->tokens = s->maxforkrate;
             changed_flag = 1;
         }
     }
@@ -608,12 +624,11 @@ int master_service_apply(const struct master_conf *conf, int initial)
     return 0;
 }
 
-static void service_refill(struct service *s, double now)
+/* When maxforkrate allows the next fork (<= now: at once). */
+static double service_next_fork(const struct service *s)
 {
-    if (s->maxforkrate <= 0) return;
-    s->tokens += (now - s->tokens_at) * s->maxforkrate;
-    if (s->tokens > s->maxforkrate) s->tokens = s->maxforkrate;
-    s->tokens_at = now;
+    if (s->nforks <= 0 || !s->forks) return 0.0;
+    return s->forks[s->forkpos] + 1.0;
 }
 
 /* 1 when a fork is allowed right now. */
@@ -623,10 +638,7 @@ static int service_can_fork(struct service *s, const struct counts *c,
     if (s->removed || s->listen_fd < 0) return 0;
     if (c->total >= s->maxchild) return 0;
     if (s->backoff && now < s->backoff_until) return 0;
-    if (s->maxforkrate > 0) {
-        service_refill(s, now);
-        if (s->tokens < 1.0) return 0;
-    }
+    if (service_next_fork(s) > now) return 0;
     return 1;
 }
 
@@ -655,7 +667,10 @@ static void service_fork_one(struct service *s, double now)
     pid = master_service_forkexec(s->argv, s->listen_fd, s->status_wr,
                                   s->maxfds, env);
     free(env[2]);
-    if (s->maxforkrate > 0) s->tokens -= 1.0;
+    if (s->nforks > 0 && s->forks) {
+        s->forks[s->forkpos] = now;
+        s->forkpos = (s->forkpos + 1) % s->nforks;
+    }
     if (pid < 0) {
         /* treat like a failed start so that we do not spin */
         s->failures++;
@@ -743,13 +758,10 @@ void master_service_poll_prepare(struct pollfd **fds, size_t *nalloc,
             if (s->backoff_until < *deadline) *deadline = s->backoff_until;
             continue;
         }
-        if (s->maxforkrate > 0) {
-            service_refill(s, now);
-            if (s->tokens < 1.0) {
-                double t = now + (1.0 - s->tokens) / s->maxforkrate;
-                if (t < *deadline) *deadline = t;
-                continue;
-            }
+        if (service_next_fork(s) > now) {
+            double t = service_next_fork(s);
+            if (t < *deadline) *deadline = t;
+            continue;
         }
         if (c.ready == 0 && c.starting == 0)
             poll_append(fds, nalloc, n, s->listen_fd, s, 1);

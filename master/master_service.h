@@ -15,8 +15,9 @@
  *   polls the listening socket; a pending connection forks one child;
  * - at total >= maxchild the socket is not polled: connections wait in the
  *   kernel backlog until a child becomes READY again;
- * - maxforkrate > 0 limits forks to that many per second (token bucket of
- *   that size); while no token is left the socket is not polled either;
+ * - maxforkrate > 0: no 1-second window holds more than that many forks
+ *   (the last maxforkrate fork times are kept); while the limit is reached
+ *   the socket is not polled either;
  * - a child that exits within 2 s of its fork without ever reporting READY
  *   is a failed start; 5 in a row put the service in backoff (no forks for
  *   1 s, doubling to 64 s for each further failure); READY resets it.
@@ -72,7 +73,7 @@ void master_service_spawn(double now);
 
 /* Append to *fds (grown as needed; *nalloc its size, *n its use) the
  * status pipes and the listening sockets the policy wants polled; lower
- * *deadline to the next backoff end or fork token. */
+ * *deadline to the next backoff end or the time maxforkrate allows a fork again. */
 void master_service_poll_prepare(struct pollfd **fds, size_t *nalloc,
                                  size_t *n, double now, double *deadline);
 /* Handle the results of poll() for the entries appended from index start

@@ -720,7 +720,9 @@ def test_maxforkrate():
         span = times[-1] - t0
         print("#   maxforkrate=%d: %d forks in %.2f s, at most %d in a "
               "second" % (rate, nclients, span, worst))
-        check(worst <= 2 * rate, "%d forks within one second with "
+        # the master keeps every 1-second window at `rate` forks; one more
+        # is allowed for the jitter between a fork and its child's hello
+        check(worst <= rate + 1, "%d forks within one second with "
               "maxforkrate=%d" % (worst, rate))
         check(span >= (nclients - 2 * rate) / rate - 0.5,
               "%d forks took only %.2f s with maxforkrate=%d"
