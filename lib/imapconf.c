@@ -88,6 +88,14 @@ static const char *const imapconf_virtdomains_words[] = {
     "off", "userid", "on", NULL
 };
 
+static const char *const imapconf_spool_sync_words[] = {
+    "group", "file", "off", NULL
+};
+
+static const char *const imapconf_bare_newlines_words[] = {
+    "reject", "fix", NULL
+};
+
 static const struct imapconf_option imapconf_options[] = {
     { .name = "configdirectory", .type = IMAPCONF_STRING,
       .def = "/var/lib/cyrusdeliver",
@@ -152,6 +160,31 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 1, .max = 1024,
       .desc = "staging directories per partition (PARTITION/stage./NN); "
               "concurrent deliveries are spread over them by process id" },
+    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "group",
+      .words = imapconf_spool_sync_words,
+      .desc = "how a delivery is made durable before it is acknowledged: "
+              "group = deliveries waiting at the same moment share one "
+              "sync round of the file system (leader/follower across "
+              "processes); file = each delivery syncs its own files and "
+              "directories; off = no sync at all, UNSAFE: a crash or power "
+              "loss can lose acknowledged mail (for measurement, or for "
+              "admins who accept that, like a spool on tmpfs)" },
+    { .name = "lmtp_bare_newlines", .type = IMAPCONF_ENUM, .def = "reject",
+      .words = imapconf_bare_newlines_words,
+      .desc = "a message with a bare CR or LF: reject = refuse it with "
+              "554 5.6.0; fix = turn each into CRLF" },
+    { .name = "maxheaderlines", .type = IMAPCONF_INT, .def = "1000",
+      .min = 10, .max = 1000000,
+      .desc = "most header lines (continuations included) an LMTP "
+              "message may have; more: 554 5.6.0" },
+    { .name = "lmtp_max_recipients", .type = IMAPCONF_INT, .def = "1000",
+      .min = 100, .max = 1000000,
+      .desc = "most RCPT TO per LMTP transaction; more get 452 4.5.3 "
+              "(RFC 5321 asks for at least 100)" },
+    { .name = "lmtp_timeout", .type = IMAPCONF_INT, .def = "300",
+      .min = 10, .max = 86400,
+      .desc = "seconds an LMTP client may stay silent before the "
+              "connection is closed with 421" },
     { .name = "syslog_prefix", .type = IMAPCONF_STRING, .def = "",
       .desc = "string put before the program name in syslog lines" },
 };
