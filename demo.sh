@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # demo.sh - build the project and show it working.
-# Today the system is its mailbox store and storage layer with their tools:
-# this script builds everything, sets up a demo user with mbtool, delivers
-# messages into the store the way a delivery agent does, shows the spool,
-# the index and quota, damages and reconstructs an index, then shows the
-# cyrusdb tools on the databases.  As lmtpd, imapd and the master land,
-# this script will start them instead.
+# It builds everything, sets up a demo user with mbtool, delivers messages
+# into the store the way a delivery agent does, shows the spool, the index
+# and quota, damages and reconstructs an index, shows the cyrusdb tools on
+# the databases, and then starts the system: the master with lmtpd on a
+# UNIX socket and on TCP (127.0.0.1:${DEMO_LMTP_PORT:-2003}), delivers a
+# message with a real LMTP client, and leaves the master running (the
+# script prints how to stop it).  imapd joins when it is built.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/scripts/deps.sh"
@@ -85,4 +86,59 @@ run "$bin/ctl_cyrusdb" -C "$conf" -r
 run "$bin/ctl_cyrusdb" -C "$conf" -c
 
 echo
-echo "demo done; files are in $dir (remove with: rm -rf $dir)"
+echo "== the system: master with lmtpd (cyrus.conf), a delivery over LMTP"
+port=${DEMO_LMTP_PORT:-2003}
+mb quota remove user.demo
+mb setacl user.demo.Sent anyone p
+mkdir -p "$dir/socket"
+cat > "$dir/cyrus.conf" <<CONF
+START {
+  recover cmd="$bin/ctl_cyrusdb -C $conf -r"
+}
+SERVICES {
+  lmtpunix cmd="$PWD/lmtpd/lmtpd" listen="$dir/socket/lmtp" prefork=5 maxchild=10
+  lmtp     cmd="$PWD/lmtpd/lmtpd -a" listen="127.0.0.1:$port" prefork=1 maxchild=10
+}
+EVENTS {
+  checkpoint cmd="$bin/ctl_cyrusdb -C $conf -c" period=30
+  delprune   cmd="$bin/mbtool -C $conf prune 3" at=0400
+}
+CONF
+# started as root, the master runs as cyrus_user (cyrus): give it the files
+if [[ $(id -u) -eq 0 ]] && getent passwd cyrus >/dev/null; then
+  chmod 755 "$dir"
+  chown -R cyrus "$dir"
+fi
+run "$PWD/master/master" -C "$conf" -M "$dir/cyrus.conf" -p "$dir/master.pid" -s "$dir/master.status"
+for _ in $(seq 50); do [[ -S $dir/socket/lmtp && -s $dir/master.status ]] && break; sleep 0.1; done
+sleep 0.5
+run "$bin/masterstatus" -s "$dir/master.status"
+echo "\$ python3 smtplib.LMTP -> $dir/socket/lmtp"
+python3 - "$dir/socket/lmtp" <<'PY'
+import smtplib, sys
+msg = (b"From: Bob <bob@example.org>\r\nTo: demo@example.org\r\n"
+       b"Subject: over LMTP\r\nMessage-ID: <lmtp-demo-1@example.org>\r\n\r\n"
+       b"Delivered by lmtpd.\r\n")
+with smtplib.LMTP(sys.argv[1]) as c:
+    c.ehlo_or_helo_if_needed()
+    c.mail("bob@example.org")
+    for r in ("demo@example.org", "nobody@example.org"):
+        print("RCPT", r, "->", *c.rcpt(r))
+    c.putcmd("data")
+    print("DATA ->", *c.getreply())
+    c.send(msg + b".\r\n")
+    print("demo@example.org ->", *c.getreply())
+PY
+if command -v swaks >/dev/null; then
+  run swaks --silent 2 --protocol LMTP --server 127.0.0.1 --port "$port" \
+    --from alice@example.org --to demo+Sent@example.org \
+    --header "Subject: over LMTP on TCP, with swaks" || true
+fi
+mb info user.demo
+mb info user.demo.Sent
+
+echo
+echo "demo done; files are in $dir"
+echo "the master is still running (pid $(cat "$dir/master.pid")): deliver with"
+echo "  swaks --protocol LMTP --socket $dir/socket/lmtp --to demo@example.org"
+echo "stop it with: kill \$(cat $dir/master.pid)   then remove the files: rm -rf $dir"

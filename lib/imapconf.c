@@ -160,7 +160,14 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 1, .max = 1024,
       .desc = "staging directories per partition (PARTITION/stage./NN); "
               "concurrent deliveries are spread over them by process id" },
-    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "group",
+    /* default file, by measurement (appendbench, 8 processes, this
+     * machine kind's virtual disk): ext4 already merges concurrent
+     * fsyncs into one journal commit, and syncfs() writes back every
+     * dirty page of the file system, so group rounds were slower (1
+     * rcpt: 894-1234 vs 1083-1487 msgs/s; 10 rcpts: 230-262 vs 433-496).
+     * group pays off where a flush is slow relative to the data (disks
+     * with a real cache flush cost); measure with tests/bench/lmtpstorm.sh */
+    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "file",
       .words = imapconf_spool_sync_words,
       .desc = "how a delivery is made durable before it is acknowledged: "
               "group = deliveries waiting at the same moment share one "

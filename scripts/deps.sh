@@ -12,6 +12,7 @@ packages=(
   libcmocka-dev                                            # unit tests
   cyrus-imapd cyrus-clients                                # compatibility tests against Cyrus 3.6
   python3                                                  # integration tests
+  swaks postfix sasl2-bin libsasl2-modules openssl         # LMTP clients, upstream MTA, sasldb, certificates
 )
 
 missing=()
@@ -42,4 +43,6 @@ if [[ ! -e $policy ]]; then
 fi
 trap '[[ $made_policy == yes ]] && rm -f "$policy"' EXIT
 apt-get update -q
+# postfix: only its programs are wanted (tests run private instances)
+echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
 apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -398,6 +398,15 @@ int append_stage_close(struct append_stage *st)
     return STORE_OK;
 }
 
+void append_stage_allow_extra(struct append_stage *st, size_t extra)
+{
+    if (!st) return;
+    if ((uint64_t)extra > APPEND_MAX_SIZE - st->limit)
+        st->limit = APPEND_MAX_SIZE;
+    else
+        st->limit += (uint64_t)extra;
+}
+
 const struct mailbox_msginfo *append_stage_info(const struct append_stage *st)
 {
     return &st->info;

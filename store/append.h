@@ -61,6 +61,11 @@ int append_stage_open(const struct imapconf *conf, const char *partition,
  * message refused in part is never stored).  STORE_INTERNAL after
  * close. */
 int append_stage_write(struct append_stage *st, const void *data, size_t len);
+/* Let the stage take `extra` more bytes than maxmessagesize, for what
+ * the server itself adds (lmtpd's Return-Path and Received headers), so
+ * that the limit applies to the client's message alone.  Never beyond
+ * 4 GiB - 1.  Call before writing. */
+void append_stage_allow_extra(struct append_stage *st, size_t extra);
 /* End of the message: writes what is buffered and finalizes size, header
  * size and digest (the staging file stays open, unsynced, for the commit
  * round).  The header size counts the bytes up to and including the first

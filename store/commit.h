@@ -11,12 +11,24 @@
  * recovery (mailbox.c) verifies whatever a crash in the middle of a round
  * left behind.
  *
- * Today a round is: fsync() of each file (data and inode: the link count
- * of a hard-linked message), then fsync() of each directory, each object
- * once, in the order added.  Group commit across processes (one
- * syncfs()/fdatasync round shared by every delivery waiting at that
- * moment) replaces the inside of commit_batch_sync() without touching its
- * callers.
+ * How a round is made is chosen by imapd.conf's spool_sync (read from the
+ * batch's configuration; a NULL configuration means "file"):
+ *
+ *   group  group commit across processes: the committers
+ *       waiting at the same moment on the same file system share ONE
+ *       syncfs() issued by one of them (the leader), coordinated through
+ *       CONFIGDIR/commit.shm; see commit.c for the protocol and the
+ *       durability argument.  When the shared state cannot be used (no
+ *       configdirectory, no permission, no free file-system slot) the
+ *       commit is made the "file" way, with one warning per process.
+ *   file (the default)  fsync() of each file (data and inode: the link count of a
+ *       hard-linked message), then fsync() of each directory, each object
+ *       once, in the order added.
+ *   off   NO SYNC AT ALL.  UNSAFE: a crash of the machine or a power loss
+ *       can lose mail that was acknowledged (a killed process loses
+ *       nothing: the data is in the page cache).  For measurement (the
+ *       ceiling a no-sync spool gives) and for administrators who choose
+ *       it knowingly.  The counters still count commits.
  */
 #ifndef STORE_COMMIT_H
 #define STORE_COMMIT_H
@@ -25,7 +37,8 @@
 
 struct commit_batch;
 
-/* STORE_OK or STORE_NOMEM. conf may be NULL (always sync). */
+/* STORE_OK or STORE_NOMEM.  conf is borrowed (kept until the batch is
+ * freed) and may be NULL: then spool_sync is "file". */
 int commit_batch_new(const struct imapconf *conf, struct commit_batch **b_r);
 
 /* Add an open file.  The fd is borrowed: the caller keeps it open until
@@ -39,25 +52,90 @@ int commit_batch_add_fd(struct commit_batch *b, int fd);
  * STORE_OK, STORE_NOMEM, STORE_INTERNAL (NULL or empty path). */
 int commit_batch_add_dir(struct commit_batch *b, const char *dir);
 
-/* Make everything added durable.  STORE_OK; STORE_NOSPACE or
+/* Make everything added durable (as spool_sync says).  STORE_OK; STORE_NOSPACE or
  * STORE_IOERROR when a sync failed (then nothing of the batch may be
  * treated as durable, and the caller must not acknowledge).  The batch is
  * emptied either way and can be reused.  An empty batch is STORE_OK
  * without a round (no counter moves).  The first failing sync ends the
  * round (logged with fd=<> or dir=<> and error=<>); ENOSPC and EDQUOT give
  * STORE_NOSPACE, every other errno STORE_IOERROR.  Not thread-safe: one
- * batch per thread, and the counters assume one thread per process. */
+ * batch per thread, and the counters assume one thread per process.
+ * With spool_sync: group the call may wait for a round led by another
+ * process (bounded by that round's syncfs(); a leader that dies is
+ * replaced within about 50 ms); a failed round (syncfs() or the
+ * check of the batch's own files reporting EIO, ENOSPC, ...) fails every
+ * commit that depended on it, with the same codes.  A descriptor that
+ * cannot be fstat()ed or a directory that cannot be stat()ed is logged and
+ * gives STORE_IOERROR (STORE_NOSPACE for ENOSPC/EDQUOT) as in "file". */
 int commit_batch_sync(struct commit_batch *b);
 
 /* Counters of this process since start, for benchmarks and tests (a
  * fork()ed child starts from its parent's values: take differences). */
 struct commit_stats {
-    unsigned long rounds;       /* commit_batch_sync calls that synced */
+    unsigned long rounds;       /* commit_batch_sync calls with a non-empty
+                                   batch, in every mode (with "off" they
+                                   synced nothing) */
     unsigned long file_syncs;   /* fsync/fdatasync calls on files */
     unsigned long dir_syncs;    /* fsync calls on directories */
+    unsigned long rounds_led;   /* group rounds this process led: its
+                                   syncfs() calls */
+    unsigned long rounds_joined; /* group rounds another process led that
+                                   this process waited for */
+    unsigned long fallbacks;    /* group commits made the "file" way */
 };
 void commit_stats_get(struct commit_stats *st);
 
 void commit_batch_free(struct commit_batch **bp);
+
+/* ---- the shared state of group commit -----------------------------------
+ *
+ * CONFIGDIR/commit.shm (mode 0600, created on demand by the first commit of
+ * any mode with a configuration, mapped once per process and kept):
+ * counters over every process that uses this configdirectory, and the
+ * group commit rounds per file system.  Its layout is private to commit.c
+ * and valid for one boot; a file from an earlier boot, of another layout,
+ * or damaged is replaced (a new file renamed over it, logged) by the next
+ * commit, never used.  Removing it while processes run is harmless for
+ * correctness (those keep their mapping; newcomers coordinate through the
+ * new file) but splits the counters.
+ */
+struct commit_shared_stats {
+    unsigned long long commits;     /* commit_batch_sync calls with a
+                                       non-empty batch, every mode */
+    unsigned long long syncfs_calls; /* group rounds that called syncfs() */
+    unsigned long long file_syncs;  /* fsync calls on files ("file" mode and
+                                       the fallback) */
+    unsigned long long dir_syncs;   /* fsync calls on directories */
+    unsigned long long rounds_started; /* group rounds started, all file
+                                       systems together */
+    unsigned long long rounds_done; /* group rounds finished or abandoned */
+    unsigned long long rounds_failed; /* rounds whose syncfs() failed */
+    unsigned long long rounds_abandoned; /* rounds whose leader died */
+    unsigned long long repairs;     /* lock owners found dead (EOWNERDEAD) */
+    unsigned long long fallbacks;   /* group commits made the "file" way */
+};
+
+/* Read the shared counters of conf's configdirectory into *st (a snapshot:
+ * each counter is read atomically, not all of them at one instant).
+ * Never creates the file.  STORE_OK; STORE_NOTFOUND when commit.shm does
+ * not exist (no commit yet) or is from an earlier boot; STORE_CORRUPT when
+ * it is damaged or of another layout; STORE_IOERROR when configdirectory
+ * is not set or the file cannot be opened or mapped (logged). */
+int commit_shared_stats(const struct imapconf *conf,
+                        struct commit_shared_stats *st);
+
+/* ---- test hooks (for tests/store/test_commit.c only) --------------------
+ * Per process; NULL clears.  before_syncfs: called by a group leader after
+ * its round is marked started and the lock released, just before syncfs();
+ * returning an errno value makes the round fail with it (syncfs() is then
+ * not called), 0 goes on.  locked: called once per commit with the shared
+ * lock held, at the committer's arrival (a process killed there leaves the
+ * robust mutex to the next locker as EOWNERDEAD).  The struct is copied. */
+struct commit_test_hooks {
+    int (*before_syncfs)(void *arg);
+    void (*locked)(void *arg);
+    void *arg;
+};
+void commit_test_set_hooks(const struct commit_test_hooks *h);
 
 #endif

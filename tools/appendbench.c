@@ -1,8 +1,8 @@
 /*
  * appendbench.c - delivery throughput of the mailbox store.
  *
- *   appendbench [-m LIST] [-D LIST] [-Q LIST] [-p LIST] [-R LIST] [-n MSGS] [-s SIZE]
- *               [-u USERS] [-r RUNS] [-d DIR] [--markdown]
+ *   appendbench [-m LIST] [-D LIST] [-Q LIST] [-S LIST] [-p LIST] [-R LIST]
+ *               [-n MSGS] [-s SIZE] [-u USERS] [-r RUNS] [-d DIR] [--markdown]
  *
  * A benchmark, not a test.  Each cell delivers messages of SIZE bytes
  * (default 13,870, the field reports' message size) with the whole work of
@@ -13,8 +13,14 @@
  * round-robin among USERS mailboxes, all at once from a barrier.  The
  * figure is messages per second (deliveries per second = messages x R),
  * the median of RUNS runs, each in a fresh directory on the real disk
- * (DIR, default /var/tmp), plus the file and directory syncs issued per
- * message (commit.h counters, summed over the processes).
+ * (DIR, default /var/tmp), plus the syncs issued per message: file and
+ * directory fsyncs and group commit syncfs() rounds, from the shared
+ * counters of CONFIGDIR/commit.shm (commit_shared_stats(), every process
+ * of the run together).
+ *
+ * -S LIST sets spool_sync (group, file, off; comma-separated: each
+ * configuration is measured with each) in the imapd.conf it writes;
+ * without -S the key is not written (the default, group).
  *
  * Configurations: every backend of -m as mboxlist_db (with duplicate_db
  * at its default), then every backend of -D as duplicate_db (mboxlist_db
@@ -64,6 +70,7 @@ struct ab_opts {
     struct strarray mboxlist_dbs;
     struct strarray duplicate_dbs;
     struct strarray quota_dbs;
+    struct strarray syncs;   /* spool_sync values; empty = not written */
     int procs[8], nprocs;
     int rcpts[8], nrcpts;
     int msgs;          /* per process */
@@ -74,9 +81,11 @@ struct ab_opts {
     int markdown;
 };
 
-/* The databases of one configuration; qdb NULL = no quota roots. */
+/* The databases of one configuration; qdb NULL = no quota roots;
+ * sync NULL = spool_sync not written. */
 struct ab_dbs {
     const char *mdb, *ddb, *qdb;
+    const char *sync;
 };
 
 /* What a child reports through its pipe. */
@@ -89,14 +98,16 @@ struct ab_child_report {
 static void ab_usage(FILE *out)
 {
     fprintf(out,
-"Usage: %s [-m LIST] [-D LIST] [-Q LIST] [-p LIST] [-R LIST] [-n MSGS] [-s SIZE]\n"
-"          [-u USERS] [-r RUNS] [-d DIR] [--markdown]\n"
+"Usage: %s [-m LIST] [-D LIST] [-Q LIST] [-S LIST] [-p LIST] [-R LIST]\n"
+"          [-n MSGS] [-s SIZE] [-u USERS] [-r RUNS] [-d DIR] [--markdown]\n"
 "\n"
 "Delivery throughput of the mailbox store: messages/second, median of RUNS.\n"
 "  -m LIST   mboxlist_db backends to measure (default: all), comma-separated\n"
 "  -D LIST   duplicate_db backends to measure (default: all)\n"
 "  -Q LIST   quota_db backends to measure, with every mailbox a quota root\n"
 "            (default: all; without roots quota costs nothing)\n"
+"  -S LIST   spool_sync values to measure: group, file, off (default: not\n"
+"            set, i.e. group); off is UNSAFE (no sync at all)\n"
 "  -p LIST   process counts (default 1,8)\n"
 "  -R LIST   recipients per message (default 1,10)\n"
 "  -n MSGS   messages per process per run (default 200)\n"
@@ -149,6 +160,25 @@ static int ab_parse_backends(const char *s, struct strarray *out)
     return out->count ? 0 : -1;
 }
 
+static int ab_parse_syncs(const char *s, struct strarray *out)
+{
+    char *copy = strdup(s), *tok, *save = NULL;
+
+    if (!copy)
+        return -1;
+    for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (strcmp(tok, "group") && strcmp(tok, "file") && strcmp(tok, "off")) {
+            fprintf(stderr, "%s: unknown spool_sync \"%s\" (group, file, off)\n",
+                    ab_progname, tok);
+            free(copy);
+            return -1;
+        }
+        strarray_append(out, tok);
+    }
+    free(copy);
+    return out->count ? 0 : -1;
+}
+
 static int ab_rm_one(const char *path, const struct stat *st, int flag,
                      struct FTW *ftw)
 {
@@ -184,6 +214,8 @@ static struct imapconf *ab_config(const char *dir, const struct ab_dbs *dbs)
                dir, dir, dbs->mdb, dbs->ddb);
     if (dbs->qdb)
         buf_printf(&text, "quota_db: %s\n", dbs->qdb);
+    if (dbs->sync)
+        buf_printf(&text, "spool_sync: %s\n", dbs->sync);
     buf_printf(&path, "%s/conf", dir);
     fs_mkdir_p(buf_cstring(&path), 0755);
     buf_reset(&path);
@@ -301,6 +333,7 @@ static double ab_run(const struct ab_opts *o, const struct ab_dbs *dbs,
     struct imapconf *conf = NULL;
     struct mboxlist *ml = NULL;
     struct ab_child_report rep;
+    struct commit_shared_stats sh0, sh1;
     pid_t pids[AB_MAX_PROCS];
     int barrier[2] = { -1, -1 }, report[2] = { -1, -1 };
     int i, ok = 1, status;
@@ -340,6 +373,9 @@ static double ab_run(const struct ab_opts *o, const struct ab_dbs *dbs,
         }
     }
     mboxlist_close(&ml);
+    /* the shared counters before the run (none yet: all zero) */
+    if (commit_shared_stats(conf, &sh0) != STORE_OK)
+        memset(&sh0, 0, sizeof(sh0));
     if (pipe(barrier) < 0 || pipe(report) < 0)
         goto out;
     for (i = 0; i < nproc; i++) {
@@ -371,13 +407,20 @@ static double ab_run(const struct ab_opts *o, const struct ab_dbs *dbs,
         if (!rep.ok)
             ok = 0;
         delivered += rep.delivered;
-        syncs += rep.file_syncs + rep.dir_syncs;
     }
     for (i = 0; i < nproc; i++) {
         if (waitpid(pids[i], &status, 0) < 0 || !WIFEXITED(status) ||
             WEXITSTATUS(status) != 0)
             ok = 0;
     }
+    /* every sync of every process: fsyncs of files and directories and
+     * group commit syncfs() rounds */
+    if (ok && commit_shared_stats(conf, &sh1) == STORE_OK)
+        syncs = (unsigned long)((sh1.file_syncs - sh0.file_syncs) +
+                                (sh1.dir_syncs - sh0.dir_syncs) +
+                                (sh1.syncfs_calls - sh0.syncfs_calls));
+    else
+        ok = 0;
     if (ok && delivered && t1 > t0) {
         rate = delivered / (t1 - t0);
         *syncs_r = (double)syncs / delivered;
@@ -414,6 +457,9 @@ static void ab_cell(const struct ab_opts *o, const struct ab_dbs *dbs,
     else
         snprintf(label, sizeof(label), "mboxlist_db=%s dup=%s", dbs->mdb,
                  dbs->ddb);
+    if (dbs->sync)
+        snprintf(label + strlen(label), sizeof(label) - strlen(label),
+                 " sync=%s", dbs->sync);
 
     for (i = 0; i < o->runs; i++) {
         double r = ab_run(o, dbs, nproc, nrcpt, &s);
@@ -443,6 +489,23 @@ static void ab_cell(const struct ab_opts *o, const struct ab_dbs *dbs,
     fflush(stdout);
 }
 
+/* One cell per spool_sync value of -S (one without -S). */
+static void ab_cells(const struct ab_opts *o, const struct ab_dbs *dbs,
+                     int nproc, int nrcpt)
+{
+    struct ab_dbs d = *dbs;
+    size_t i;
+
+    if (o->syncs.count == 0) {
+        ab_cell(o, dbs, nproc, nrcpt);
+        return;
+    }
+    for (i = 0; i < o->syncs.count; i++) {
+        d.sync = o->syncs.data[i];
+        ab_cell(o, &d, nproc, nrcpt);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -451,7 +514,7 @@ int main(int argc, char **argv)
         { NULL, 0, NULL, 0 }
     };
     struct ab_opts o = { STRARRAY_INITIALIZER, STRARRAY_INITIALIZER,
-                         STRARRAY_INITIALIZER,
+                         STRARRAY_INITIALIZER, STRARRAY_INITIALIZER,
                          { 1, 8 }, 2, { 1, 10 }, 2, 200, 13870, 100, 3,
                          AB_DEFAULT_DIR, 0 };
     struct imapconf *defaults;
@@ -462,7 +525,7 @@ int main(int argc, char **argv)
 
     log_init(ab_progname, LOG_TO_STDERR);
     log_set_info(0);
-    while ((opt = getopt_long(argc, argv, "m:D:Q:p:R:n:s:u:r:d:h", longopts,
+    while ((opt = getopt_long(argc, argv, "m:D:Q:S:p:R:n:s:u:r:d:h", longopts,
                               NULL)) != -1) {
         switch (opt) {
         case 'm':
@@ -476,6 +539,10 @@ int main(int argc, char **argv)
         case 'Q':
             if (ab_parse_backends(optarg, &o.quota_dbs))
                 return AB_EXIT_USAGE;
+            break;
+        case 'S':
+            if (ab_parse_syncs(optarg, &o.syncs))
+                goto usage;
             break;
         case 'p':
             if ((o.nprocs = ab_parse_ints(optarg, o.procs, 8, 1, AB_MAX_PROCS)) < 0)
@@ -550,33 +617,34 @@ int main(int argc, char **argv)
         printf("%-32s %5s %5s %9s %15s %10s %7s\n", "configuration", "procs",
                "rcpts", "msgs/s", "range", "deliv/s", "syncs");
     for (b = 0; b < o.mboxlist_dbs.count; b++) {
-        struct ab_dbs dbs = { o.mboxlist_dbs.data[b], defd, NULL };
+        struct ab_dbs dbs = { o.mboxlist_dbs.data[b], defd, NULL, NULL };
 
         for (p = 0; p < o.nprocs; p++)
             for (q = 0; q < o.nrcpts; q++)
-                ab_cell(&o, &dbs, o.procs[p], o.rcpts[q]);
+                ab_cells(&o, &dbs, o.procs[p], o.rcpts[q]);
     }
     for (b = 0; b < o.duplicate_dbs.count; b++) {
-        struct ab_dbs dbs = { defm, o.duplicate_dbs.data[b], NULL };
+        struct ab_dbs dbs = { defm, o.duplicate_dbs.data[b], NULL, NULL };
 
         if (strcmp(o.duplicate_dbs.data[b], defd) == 0 &&
             o.mboxlist_dbs.count > 0)
             continue;   /* that configuration was measured above */
         for (p = 0; p < o.nprocs; p++)
             for (q = 0; q < o.nrcpts; q++)
-                ab_cell(&o, &dbs, o.procs[p], o.rcpts[q]);
+                ab_cells(&o, &dbs, o.procs[p], o.rcpts[q]);
     }
     for (b = 0; b < o.quota_dbs.count; b++) {
-        struct ab_dbs dbs = { defm, defd, o.quota_dbs.data[b] };
+        struct ab_dbs dbs = { defm, defd, o.quota_dbs.data[b], NULL };
 
         for (p = 0; p < o.nprocs; p++)
             for (q = 0; q < o.nrcpts; q++)
-                ab_cell(&o, &dbs, o.procs[p], o.rcpts[q]);
+                ab_cells(&o, &dbs, o.procs[p], o.rcpts[q]);
     }
     imapconf_free(&defaults);
     strarray_fini(&o.mboxlist_dbs);
     strarray_fini(&o.quota_dbs);
     strarray_fini(&o.duplicate_dbs);
+    strarray_fini(&o.syncs);
     return AB_EXIT_OK;
 
 usage:

@@ -1,0 +1,1405 @@
+/*
+ * lmtp.c - the LMTP session engine (see lmtp.h).
+ *
+ * A session is a loop of: read one command line (at most LMTP_CMD_MAX
+ * bytes; longer ones are answered "500 5.5.2 Line too long" and skipped),
+ * act, queue the reply.  Replies are flushed only when the client has
+ * nothing more buffered (PIPELINING, RFC 2920) or before blocking work
+ * (the 354 of DATA, a delivery, the TLS handshake, an AUTH challenge).
+ *
+ * The message (DATA or BDAT chunks) is never held in memory: each piece
+ * goes through one filter (lmtp_msg_feed) that checks it and streams it
+ * to the staging file with append_stage_write().  The filter is a small
+ * state machine over raw bytes (a CR waiting for its LF, the length of
+ * the current line, header or body), so DATA lines and BDAT chunks cut
+ * anywhere get the same checks: bare CR or LF (refused, or made CRLF with
+ * lmtp_bare_newlines: fix), NUL bytes, lines over LMTP_LINE_MAX bytes,
+ * header lines over maxheaderlines, and maxmessagesize.  The first
+ * problem found is remembered; from then on nothing more is written, the
+ * rest of the message is read and thrown away (so the session stays in
+ * step with the client), and every recipient gets the problem's reply.
+ * The client's header section is copied (up to LMTP_HDR_KEEP bytes, whole
+ * lines only) for deliver_find_msgid().
+ *
+ * Before the client's bytes the stage gets "Return-Path: <sender>" and a
+ * Received header (RFC 5321 4.4, with-protocol per RFC 3848).
+ *
+ * A 250 for a recipient follows only deliver_message()'s STORE_OK for it,
+ * which comes after the durable commit; every other outcome is a 4xx or
+ * 5xx.  Per connection state is freed when the session ends, whatever the
+ * way (QUIT, EOF, timeout, a stream error).
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "lib/log.h"
+#include "lib/prot.h"
+#include "lib/saslserver.h"
+#include "lib/service.h"
+#include "lmtpd/lmtp.h"
+#include "lmtpd/rcpt.h"
+#include "store/append.h"
+#include "store/deliver.h"
+#include "store/store.h"
+
+#define LMTP_CMD_MAX 4096        /* command line, without CRLF */
+#define LMTP_LINE_MAX 65536      /* message text line, without CRLF */
+#define LMTP_AUTH_LINE_MAX 12288 /* RFC 4954 section 4 */
+#define LMTP_HDR_KEEP 65536      /* header bytes kept for the Message-ID */
+#define LMTP_OUT_CHUNK 65536     /* filter output written in pieces */
+#define LMTP_FOLD 78
+
+#define R_TEMPFAIL "451 4.3.0 Temporary failure, try again later"
+#define R_NOSPACE "452 4.3.1 Insufficient system storage"
+#define R_TOOBIG "552 5.3.4 Message size exceeds fixed maximum message size"
+#define R_UNKNOWN "550 5.1.1 User unknown"
+#define R_NOPOST "550 5.7.1 Permission denied"
+#define R_QUOTA_TEMP "452 4.2.2 Over quota"
+#define R_QUOTA_PERM "552 5.2.2 Over quota"
+#define R_NUL "554 5.6.0 Message contains NUL"
+#define R_BARE "554 5.6.0 Message contains bare CR or LF"
+#define R_LONGLINE "554 5.6.0 Message contains a line too long"
+#define R_HDRLINES "554 5.6.0 Message has too many header lines"
+#define R_BADMSG "554 5.6.0 Message refused"
+
+struct lmtp_server {
+    const struct imapconf *conf;
+    struct deliver_ctx *dctx;
+    struct rcpt_ctx *rctx;
+    struct tls_server *tls;
+    int sasl_ok;
+    char servername[256];
+    uint64_t maxsize;           /* 0 = no limit */
+    unsigned long maxheaderlines;
+    size_t maxrcpts;
+    int timeout;
+    int bare_fix;
+    int overquota_perm;
+    unsigned long seq;          /* for Received ids */
+};
+
+/* What went wrong with a message (the first problem counts). */
+enum lmtp_msgerr {
+    MSG_OK = 0,
+    MSG_TOOBIG,
+    MSG_NUL,
+    MSG_BARE,
+    MSG_LONGLINE,
+    MSG_HDRLINES,
+    MSG_STORE                   /* msg.store_err says which */
+};
+
+struct lmtp_msg {
+    struct append_stage *st;    /* NULL while no message is open */
+    struct buf out;             /* filtered bytes not yet written */
+    struct buf hdr;             /* the client's header, whole lines */
+    size_t hdr_linestart;       /* hdr.len where the current line began */
+    int hdr_full;               /* stopped copying the header */
+    uint64_t size;              /* client bytes after the filter */
+    unsigned long hdrlines;
+    size_t linelen;             /* bytes in the current line */
+    int in_header;
+    int cr;                     /* a CR is waiting for its LF */
+    enum lmtp_msgerr err;
+    int store_err;
+};
+
+struct lmtp_rcpt {
+    char *mailbox;              /* internal name */
+    char *addr;                 /* as the client wrote it, for logs */
+};
+
+struct lmtp_session {
+    struct lmtp_server *srv;
+    struct prot *p;
+    const struct lmtp_conn *conn;
+    struct buf line;
+    struct buf helo;
+    struct saslserver *sasl;
+    char *authuser;             /* after a successful AUTH */
+    int lhlo;
+    int quit;
+    /* the mail transaction */
+    int mail;
+    int bdat;                   /* BDAT chunks were sent */
+    struct buf sender;          /* reverse-path without <> */
+    uint64_t size_param;        /* MAIL SIZE=, 0 = none */
+    struct lmtp_rcpt *rcpts;
+    size_t nrcpts, arcpts;
+    struct lmtp_msg msg;
+};
+
+/* ---- the server ------------------------------------------------------- */
+
+int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
+                    int sasl_ok, struct lmtp_server **srv_r)
+{
+    struct lmtp_server *srv;
+    const char *name;
+    long v;
+    int r;
+
+    *srv_r = NULL;
+    srv = calloc(1, sizeof(*srv));
+    if (!srv) {
+        log_error("lmtp: out of memory");
+        return -1;
+    }
+    srv->conf = conf;
+    srv->tls = tls;
+    srv->sasl_ok = sasl_ok;
+    r = deliver_ctx_new(conf, &srv->dctx);
+    if (r == STORE_OK)
+        r = rcpt_ctx_new(conf, &srv->rctx);
+    if (r != STORE_OK) {
+        log_error("lmtp: cannot open the mailbox list error=<%s>",
+                  store_strerror(r));
+        lmtp_server_free(&srv);
+        return -1;
+    }
+    name = imapconf_getstring(conf, "servername");
+    if (name && *name) {
+        snprintf(srv->servername, sizeof(srv->servername), "%s", name);
+    } else if (gethostname(srv->servername, sizeof(srv->servername) - 1) != 0
+               || !srv->servername[0]) {
+        snprintf(srv->servername, sizeof(srv->servername), "localhost");
+    }
+    srv->servername[sizeof(srv->servername) - 1] = '\0';
+    v = imapconf_getint(conf, "maxmessagesize");
+    srv->maxsize = v > 0 ? (uint64_t)v : 0;
+    v = imapconf_getint(conf, "maxheaderlines");
+    srv->maxheaderlines = v > 0 ? (unsigned long)v : 1000;
+    v = imapconf_getint(conf, "lmtp_max_recipients");
+    srv->maxrcpts = v > 0 ? (size_t)v : 1000;
+    v = imapconf_getint(conf, "lmtp_timeout");
+    srv->timeout = v > 0 ? (int)v : 300;
+    srv->bare_fix = strcmp(imapconf_getstring(conf, "lmtp_bare_newlines"),
+                           "fix") == 0;
+    srv->overquota_perm = imapconf_getswitch(conf,
+                                             "lmtp_over_quota_perm_failure");
+    {
+        /* staging files of workers that were killed mid-delivery */
+        unsigned long removed = 0;
+
+        r = append_stage_cleanup(conf, NULL, 86400, &removed);
+        if (r != STORE_OK)
+            log_warning("lmtp: staging cleanup failed error=<%s>",
+                        store_strerror(r));
+        else if (removed)
+            log_info("lmtp: removed stale staging files count=<%lu>",
+                     removed);
+    }
+    *srv_r = srv;
+    return 0;
+}
+
+void lmtp_server_free(struct lmtp_server **srvp)
+{
+    struct lmtp_server *srv = *srvp;
+
+    if (!srv)
+        return;
+    rcpt_ctx_free(&srv->rctx);
+    deliver_ctx_free(&srv->dctx);
+    free(srv);
+    *srvp = NULL;
+}
+
+/* ---- small helpers ----------------------------------------------------- */
+
+static const char *lmtp_store_reply(const struct lmtp_server *srv, int r)
+{
+    switch (r) {
+    case STORE_OK:
+        return "250 2.1.5 Ok";
+    case STORE_OVERQUOTA:
+        return srv->overquota_perm ? R_QUOTA_PERM : R_QUOTA_TEMP;
+    case STORE_NOSPACE:
+        return R_NOSPACE;
+    case STORE_TOOBIG:
+        return R_TOOBIG;
+    case STORE_NOTFOUND:
+    case STORE_BADNAME:
+        return R_UNKNOWN;
+    case STORE_PERMISSION:
+        return R_NOPOST;
+    case STORE_BADMESSAGE:
+        return R_BADMSG;
+    default:
+        return R_TEMPFAIL;
+    }
+}
+
+static const char *lmtp_msg_reply(const struct lmtp_server *srv,
+                                  const struct lmtp_msg *m)
+{
+    switch (m->err) {
+    case MSG_OK:
+        return NULL;
+    case MSG_TOOBIG:
+        return R_TOOBIG;
+    case MSG_NUL:
+        return R_NUL;
+    case MSG_BARE:
+        return R_BARE;
+    case MSG_LONGLINE:
+        return R_LONGLINE;
+    case MSG_HDRLINES:
+        return R_HDRLINES;
+    case MSG_STORE:
+        return lmtp_store_reply(srv, m->store_err);
+    }
+    return R_TEMPFAIL;
+}
+
+static void lmtp_reply(struct lmtp_session *s, const char *text)
+{
+    prot_puts(s->p, text);
+    prot_puts(s->p, "\r\n");
+}
+
+/* Client bytes made fit for a log line. */
+static const char *lmtp_clean(const char *data, size_t len, char *out,
+                              size_t outlen)
+{
+    return log_sanitize(data, len, out, outlen);
+}
+
+/* Case-insensitive "does (s, len) start with word"? */
+static int lmtp_prefix(const char *s, size_t len, const char *word)
+{
+    size_t n = strlen(word);
+
+    return len >= n && strncasecmp(s, word, n) == 0;
+}
+
+/* Parse 1..20 decimal digits into *v_r (no overflow). 0 or -1. */
+static int lmtp_parse_size(const char *s, size_t len, uint64_t *v_r)
+{
+    uint64_t v = 0;
+    size_t i;
+
+    if (len == 0 || len > 20)
+        return -1;
+    for (i = 0; i < len; i++) {
+        unsigned d;
+
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        d = (unsigned)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    *v_r = v;
+    return 0;
+}
+
+/* RFC 3461 xtext: printable ASCII except '+' and '=', or "+XX". */
+static int lmtp_is_xtext(const char *s, size_t len)
+{
+    size_t i;
+
+    for (i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c == '+') {
+            if (len - i < 3 || !isxdigit((unsigned char)s[i + 1]) ||
+                !isxdigit((unsigned char)s[i + 2]))
+                return 0;
+            i += 2;
+        } else if (c < 33 || c > 126 || c == '=') {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- the transaction --------------------------------------------------- */
+
+static void lmtp_msg_discard(struct lmtp_msg *m)
+{
+    append_stage_free(&m->st);   /* unlinks the staging file */
+    buf_free(&m->out);
+    buf_free(&m->hdr);
+    memset(m, 0, sizeof(*m));
+}
+
+static void lmtp_txn_reset(struct lmtp_session *s)
+{
+    size_t i;
+
+    for (i = 0; i < s->nrcpts; i++) {
+        free(s->rcpts[i].mailbox);
+        free(s->rcpts[i].addr);
+    }
+    free(s->rcpts);
+    s->rcpts = NULL;
+    s->nrcpts = s->arcpts = 0;
+    buf_free(&s->sender);
+    s->size_param = 0;
+    s->mail = 0;
+    s->bdat = 0;
+    lmtp_msg_discard(&s->msg);
+}
+
+static void lmtp_msg_fail(struct lmtp_msg *m, enum lmtp_msgerr err,
+                          int store_err)
+{
+    if (m->err == MSG_OK) {
+        m->err = err;
+        m->store_err = store_err;
+    }
+    buf_free(&m->out);
+}
+
+/* Write what the filter produced to the stage. */
+static void lmtp_msg_flush(struct lmtp_msg *m)
+{
+    int r;
+
+    if (m->out.len == 0 || m->err != MSG_OK)
+        return;
+    r = append_stage_write(m->st, m->out.s, m->out.len);
+    buf_reset(&m->out);
+    if (r == STORE_TOOBIG)
+        lmtp_msg_fail(m, MSG_TOOBIG, r);
+    else if (r != STORE_OK)
+        lmtp_msg_fail(m, MSG_STORE, r);
+}
+
+static void lmtp_msg_emit(struct lmtp_session *s, const char *data,
+                          size_t len)
+{
+    struct lmtp_msg *m = &s->msg;
+
+    if (m->err != MSG_OK || len == 0)
+        return;
+    m->size += len;
+    if (s->srv->maxsize && m->size > s->srv->maxsize) {
+        lmtp_msg_fail(m, MSG_TOOBIG, STORE_TOOBIG);
+        return;
+    }
+    if (m->in_header && !m->hdr_full) {
+        if (m->hdr.len + len > LMTP_HDR_KEEP) {
+            buf_truncate(&m->hdr, m->hdr_linestart);
+            m->hdr_full = 1;
+        } else if (buf_append(&m->hdr, data, len) != 0) {
+            buf_truncate(&m->hdr, m->hdr_linestart);
+            m->hdr_full = 1;
+        }
+    }
+    if (buf_append(&m->out, data, len) != 0) {
+        lmtp_msg_fail(m, MSG_STORE, STORE_NOMEM);
+        return;
+    }
+    if (m->out.len >= LMTP_OUT_CHUNK)
+        lmtp_msg_flush(m);
+}
+
+/* A line ended (its CRLF already emitted). */
+static void lmtp_msg_eol(struct lmtp_session *s)
+{
+    struct lmtp_msg *m = &s->msg;
+
+    if (m->in_header) {
+        if (m->linelen == 0) {
+            m->in_header = 0;
+        } else if (++m->hdrlines > s->srv->maxheaderlines) {
+            lmtp_msg_fail(m, MSG_HDRLINES, 0);
+        }
+        m->hdr_linestart = m->hdr.len;
+    }
+    m->linelen = 0;
+}
+
+/* Bytes of the message (after dot-unstuffing), cut anywhere. */
+static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
+                          size_t len)
+{
+    struct lmtp_msg *m = &s->msg;
+    size_t i = 0;
+
+    while (i < len && m->err == MSG_OK) {
+        unsigned char c = (unsigned char)data[i];
+
+        if (m->cr) {
+            m->cr = 0;
+            if (c == '\n') {
+                lmtp_msg_emit(s, "\r\n", 2);
+                lmtp_msg_eol(s);
+                i++;
+                continue;
+            }
+            /* a bare CR */
+            if (!s->srv->bare_fix) {
+                lmtp_msg_fail(m, MSG_BARE, 0);
+                break;
+            }
+            lmtp_msg_emit(s, "\r\n", 2);
+            lmtp_msg_eol(s);
+            continue;   /* c starts the next line */
+        }
+        if (c == '\r') {
+            m->cr = 1;
+            i++;
+            continue;
+        }
+        if (c == '\n') {
+            if (!s->srv->bare_fix) {
+                lmtp_msg_fail(m, MSG_BARE, 0);
+                break;
+            }
+            lmtp_msg_emit(s, "\r\n", 2);
+            lmtp_msg_eol(s);
+            i++;
+            continue;
+        }
+        if (c == '\0') {
+            lmtp_msg_fail(m, MSG_NUL, 0);
+            break;
+        }
+        /* a run of ordinary bytes */
+        {
+            size_t j = i, room = LMTP_LINE_MAX - m->linelen;
+
+            while (j < len && data[j] != '\r' && data[j] != '\n' &&
+                   data[j] != '\0')
+                j++;
+            if (j - i > room) {
+                lmtp_msg_fail(m, MSG_LONGLINE, 0);
+                break;
+            }
+            m->linelen += j - i;
+            lmtp_msg_emit(s, data + i, j - i);
+            i = j;
+        }
+    }
+}
+
+/* End of the message bytes: a CR left over is a bare one. */
+static void lmtp_msg_end(struct lmtp_session *s)
+{
+    struct lmtp_msg *m = &s->msg;
+
+    if (m->cr && m->err == MSG_OK) {
+        m->cr = 0;
+        if (!s->srv->bare_fix) {
+            lmtp_msg_fail(m, MSG_BARE, 0);
+        } else {
+            lmtp_msg_emit(s, "\r\n", 2);
+            lmtp_msg_eol(s);
+        }
+    }
+    lmtp_msg_flush(m);
+}
+
+/* Append word to a header being folded at LMTP_FOLD columns. */
+static void lmtp_fold_word(struct buf *h, size_t *col, const char *word)
+{
+    size_t n = strlen(word);
+
+    if (*col > 1 && *col + 1 + n > LMTP_FOLD) {
+        buf_appendcstr(h, "\r\n\t");
+        *col = 1;
+    } else {
+        buf_putc(h, ' ');
+        (*col)++;
+    }
+    buf_appendcstr(h, word);
+    *col += n;
+}
+
+/* Words of text (split at spaces) into the folded header. */
+static void lmtp_fold_text(struct buf *h, size_t *col, const char *text)
+{
+    char word[512];
+    const char *p = text;
+
+    while (*p) {
+        size_t n;
+
+        while (*p == ' ')
+            p++;
+        n = strcspn(p, " ");
+        if (n == 0)
+            break;
+        if (n >= sizeof(word))
+            n = sizeof(word) - 1;
+        memcpy(word, p, n);
+        word[n] = '\0';
+        lmtp_fold_word(h, col, word);
+        p += strcspn(p, " ");
+    }
+}
+
+/* Client text safe inside a header: printable ASCII, no parentheses or
+ * backslashes (they would break a comment), no spaces. */
+static void lmtp_header_safe(const char *in, size_t len, char *out,
+                             size_t outlen)
+{
+    size_t i, n = 0;
+
+    for (i = 0; i < len && n + 1 < outlen; i++) {
+        unsigned char c = (unsigned char)in[i];
+
+        if (c <= 32 || c >= 127 || c == '(' || c == ')' || c == '\\')
+            c = '?';
+        out[n++] = (char)c;
+    }
+    out[n] = '\0';
+}
+
+/* The TCP-info of the Received header: "[1.2.3.4]", "[IPv6:::1]", or the
+ * peer text for local connections. */
+static void lmtp_peer_info(const char *peer, char *out, size_t outlen)
+{
+    const char *colon;
+
+    if (peer[0] == '[') {
+        const char *close = strchr(peer, ']');
+        size_t n = close ? (size_t)(close - peer - 1) : strlen(peer + 1);
+
+        snprintf(out, outlen, "[IPv6:%.*s]", (int)n, peer + 1);
+    } else if ((colon = strrchr(peer, ':')) != NULL) {
+        snprintf(out, outlen, "[%.*s]", (int)(colon - peer), peer);
+    } else {
+        snprintf(out, outlen, "%s", peer);
+    }
+}
+
+/* Open the stage and write Return-Path and Received.  STORE_OK, or the
+ * store error (logged; no stage is left open). */
+static int lmtp_msg_begin(struct lmtp_session *s)
+{
+    struct lmtp_server *srv = s->srv;
+    struct lmtp_msg *m = &s->msg;
+    struct buf h = BUF_INITIALIZER;
+    char helo[256], peer[128], word[600], date[64];
+    const char *tlsinfo;
+    size_t col;
+    time_t now = time(NULL);
+    struct tm tm;
+    int r;
+
+    lmtp_msg_discard(m);
+    r = append_stage_open(srv->conf, NULL, &m->st);
+    if (r != STORE_OK) {
+        log_error("lmtp: cannot open a staging file error=<%s>",
+                  store_strerror(r));
+        return r;
+    }
+    m->in_header = 1;
+
+    buf_printf(&h, "Return-Path: <%s>\r\n", buf_cstring(&s->sender));
+    buf_appendcstr(&h, "Received:");
+    col = strlen("Received:");
+    lmtp_header_safe(s->helo.s ? s->helo.s : "", s->helo.len, helo,
+                     sizeof(helo));
+    lmtp_fold_word(&h, &col, "from");
+    lmtp_fold_word(&h, &col, helo[0] ? helo : "unknown");
+    lmtp_peer_info(s->conn->peer, peer, sizeof(peer));
+    snprintf(word, sizeof(word), "(%s)", peer);
+    lmtp_fold_word(&h, &col, word);
+    lmtp_fold_word(&h, &col, "by");
+    lmtp_fold_word(&h, &col, srv->servername);
+    lmtp_fold_text(&h, &col, "(cyrusdeliver lmtpd) with");
+    snprintf(word, sizeof(word), "LMTP%s%s", prot_is_tls(s->p) ? "S" : "",
+             s->authuser ? "A" : "");
+    lmtp_fold_word(&h, &col, word);
+    tlsinfo = prot_tls_info(s->p);
+    if (tlsinfo) {
+        char safe[256];
+        size_t i;
+
+        snprintf(safe, sizeof(safe), "%s", tlsinfo);
+        for (i = 0; safe[i]; i++)
+            if (safe[i] == '(' || safe[i] == ')' || safe[i] == '\\' ||
+                (unsigned char)safe[i] < 32 || (unsigned char)safe[i] > 126)
+                safe[i] = '?';
+        snprintf(word, sizeof(word), "(using %s)", safe);
+        lmtp_fold_text(&h, &col, word);
+    }
+    srv->seq++;
+    snprintf(word, sizeof(word), "id %lx%05lx%04lx;", (unsigned long)now,
+             (unsigned long)getpid() & 0xfffffUL, srv->seq & 0xffffUL);
+    lmtp_fold_text(&h, &col, word);
+    localtime_r(&now, &tm);
+    strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S %z", &tm);
+    lmtp_fold_text(&h, &col, date);
+    buf_appendcstr(&h, "\r\n");
+
+    if (h.len == 0 || !h.s) {
+        r = STORE_NOMEM;
+    } else {
+        /* maxmessagesize is about the client's message, not our headers */
+        append_stage_allow_extra(m->st, h.len);
+        r = append_stage_write(m->st, h.s, h.len);
+    }
+    buf_free(&h);
+    if (r != STORE_OK) {
+        log_error("lmtp: cannot write a staging file error=<%s>",
+                  store_strerror(r));
+        lmtp_msg_discard(m);
+        return r;
+    }
+    return STORE_OK;
+}
+
+/* The message is complete: deliver it and answer per recipient, in RCPT
+ * order.  The transaction is reset afterwards. */
+static void lmtp_msg_finish(struct lmtp_session *s)
+{
+    struct lmtp_server *srv = s->srv;
+    struct lmtp_msg *m = &s->msg;
+    struct deliver_rcpt *dr = NULL;
+    struct buf msgid = BUF_INITIALIZER;
+    const char *fixed = NULL, *result = "ok";
+    size_t i, stored = 0, dups = 0, failed = 0;
+    char csender[256], cmsgid[256];
+    int r;
+
+    lmtp_msg_end(s);
+    /* a delivery blocks on the commit: send what is queued first */
+    prot_flush(s->p);
+    if (m->err == MSG_OK) {
+        r = append_stage_close(m->st);
+        if (r == STORE_TOOBIG)
+            lmtp_msg_fail(m, MSG_TOOBIG, r);
+        else if (r != STORE_OK)
+            lmtp_msg_fail(m, MSG_STORE, r);
+    }
+    if (m->err == MSG_OK) {
+        dr = calloc(s->nrcpts, sizeof(*dr));
+        if (!dr)
+            lmtp_msg_fail(m, MSG_STORE, STORE_NOMEM);
+    }
+    fixed = lmtp_msg_reply(srv, m);
+    if (!fixed) {
+        deliver_find_msgid(m->hdr.s ? m->hdr.s : "", m->hdr.len, &msgid);
+        for (i = 0; i < s->nrcpts; i++)
+            dr[i].mailbox = s->rcpts[i].mailbox;
+        deliver_message(srv->dctx, m->st, msgid.len ? msgid.s : NULL,
+                        msgid.len, dr, s->nrcpts, 0);
+        for (i = 0; i < s->nrcpts; i++) {
+            lmtp_reply(s, lmtp_store_reply(srv, dr[i].result));
+            if (dr[i].result != STORE_OK) {
+                failed++;
+                log_info("lmtp: recipient failed rcpt=<%s> mailbox=<%s> "
+                         "error=<%s>", s->rcpts[i].addr, dr[i].mailbox,
+                         store_strerror(dr[i].result));
+            } else if (dr[i].duplicate) {
+                dups++;
+            } else {
+                stored++;
+            }
+        }
+        result = failed == 0 ? "ok" : (failed == s->nrcpts ? "failed"
+                                                           : "partial");
+    } else {
+        for (i = 0; i < s->nrcpts; i++)
+            lmtp_reply(s, fixed);
+        failed = s->nrcpts;
+        result = "refused";
+    }
+    lmtp_clean(s->sender.s ? s->sender.s : "", s->sender.len, csender,
+               sizeof(csender));
+    lmtp_clean(msgid.s ? msgid.s : "", msgid.len, cmsgid, sizeof(cmsgid));
+    log_info("lmtp: delivery sender=<%s> rcpts=<%lu> size=<%llu> "
+             "result=<%s> stored=<%lu> duplicates=<%lu> failed=<%lu> "
+             "msgid=<%s> peer=<%s>%s%s%s", csender,
+             (unsigned long)s->nrcpts, (unsigned long long)m->size, result,
+             (unsigned long)stored, (unsigned long)dups,
+             (unsigned long)failed, cmsgid, s->conn->peer,
+             fixed ? " reason=<" : "", fixed ? fixed : "", fixed ? ">" : "");
+    free(dr);
+    buf_free(&msgid);
+    lmtp_txn_reset(s);
+}
+
+/* ---- commands ---------------------------------------------------------- */
+
+static void lmtp_timeout_close(struct lmtp_session *s)
+{
+    prot_printf(s->p, "421 4.4.2 %s Timeout, closing connection\r\n",
+                s->srv->servername);
+    prot_flush(s->p);
+    log_info("lmtp: timeout peer=<%s>", s->conn->peer);
+    s->quit = 1;
+}
+
+/* A read inside a command failed: end the session. */
+static void lmtp_read_failed(struct lmtp_session *s, int r)
+{
+    if (r == PROT_TIMEOUT) {
+        lmtp_timeout_close(s);
+        return;
+    }
+    if (r == PROT_NOMEM) {
+        prot_printf(s->p, "421 4.3.0 %s Out of memory, closing "
+                    "connection\r\n", s->srv->servername);
+        prot_flush(s->p);
+    }
+    if (r != PROT_EOF)
+        log_info("lmtp: connection failed peer=<%s> error=<%s>",
+                 s->conn->peer, prot_error(s->p));
+    s->quit = 1;
+}
+
+static void lmtp_cmd_lhlo(struct lmtp_session *s, const char *arg,
+                          size_t len)
+{
+    struct buf mechs = BUF_INITIALIZER;
+    size_t n;
+
+    while (len > 0 && *arg == ' ') {
+        arg++;
+        len--;
+    }
+    n = 0;
+    while (n < len && arg[n] != ' ')
+        n++;
+    if (n == 0) {
+        lmtp_reply(s, "501 5.5.4 Syntax: LHLO hostname");
+        return;
+    }
+    lmtp_txn_reset(s);
+    if (n > 255)
+        n = 255;
+    buf_setmap(&s->helo, arg, n);
+    s->lhlo = 1;
+    prot_printf(s->p, "250-%s\r\n", s->srv->servername);
+    prot_puts(s->p, "250-8BITMIME\r\n250-ENHANCEDSTATUSCODES\r\n"
+                    "250-PIPELINING\r\n250-CHUNKING\r\n");
+    if (s->srv->maxsize)
+        prot_printf(s->p, "250-SIZE %llu\r\n",
+                    (unsigned long long)s->srv->maxsize);
+    else
+        prot_puts(s->p, "250-SIZE\r\n");
+    if (s->srv->tls && !prot_is_tls(s->p))
+        prot_puts(s->p, "250-STARTTLS\r\n");
+    if (s->sasl && !s->authuser && saslserver_mechs(s->sasl, &mechs) == 0 &&
+        mechs.len > 0)
+        prot_printf(s->p, "250-AUTH %s\r\n", buf_cstring(&mechs));
+    buf_free(&mechs);
+    prot_puts(s->p, "250 HELP\r\n");
+}
+
+/* The ESMTP parameters of MAIL. 0 or -1 (reply queued). */
+static int lmtp_mail_params(struct lmtp_session *s, const char *p,
+                            size_t len)
+{
+    size_t i = 0;
+
+    for (;;) {
+        size_t kstart, klen, vstart, vlen = 0;
+        const char *v = NULL;
+
+        while (i < len && p[i] == ' ')
+            i++;
+        if (i >= len)
+            return 0;
+        kstart = i;
+        while (i < len && p[i] != ' ' && p[i] != '=')
+            i++;
+        klen = i - kstart;
+        if (i < len && p[i] == '=') {
+            vstart = ++i;
+            while (i < len && p[i] != ' ')
+                i++;
+            v = p + vstart;
+            vlen = i - vstart;
+        }
+        if (klen == 4 && strncasecmp(p + kstart, "SIZE", 4) == 0) {
+            uint64_t size;
+
+            if (!v || lmtp_parse_size(v, vlen, &size) != 0) {
+                lmtp_reply(s, "501 5.5.4 Bad SIZE parameter");
+                return -1;
+            }
+            if (s->srv->maxsize && size > s->srv->maxsize) {
+                lmtp_reply(s, R_TOOBIG);
+                return -1;
+            }
+            s->size_param = size;
+        } else if (klen == 4 && strncasecmp(p + kstart, "BODY", 4) == 0) {
+            if (!v || !((vlen == 4 && strncasecmp(v, "7BIT", 4) == 0) ||
+                        (vlen == 8 && strncasecmp(v, "8BITMIME", 8) == 0))) {
+                lmtp_reply(s, "501 5.5.4 Bad BODY parameter");
+                return -1;
+            }
+        } else if (klen == 4 && strncasecmp(p + kstart, "AUTH", 4) == 0) {
+            /* RFC 4954 5: accepted; the submitter is not used here */
+            if (v && !(vlen == 2 && memcmp(v, "<>", 2) == 0) &&
+                !lmtp_is_xtext(v, vlen))
+                log_debug("lmtp: AUTH= parameter ignored");
+        } else {
+            lmtp_reply(s, "555 5.5.4 Unsupported parameter");
+            return -1;
+        }
+    }
+}
+
+static void lmtp_cmd_mail(struct lmtp_session *s, const char *arg,
+                          size_t len)
+{
+    struct rcpt_path path;
+    const char *err = NULL;
+    size_t used = 0;
+
+    if (!s->lhlo) {
+        lmtp_reply(s, "503 5.5.1 Send LHLO first");
+        return;
+    }
+    if (s->mail) {
+        lmtp_reply(s, "503 5.5.1 Nested MAIL command");
+        return;
+    }
+    if (!s->conn->trusted && !s->authuser) {
+        lmtp_reply(s, "530 5.7.0 Authentication required");
+        return;
+    }
+    if (!lmtp_prefix(arg, len, " FROM:")) {
+        lmtp_reply(s, "501 5.5.4 Syntax: MAIL FROM:<address>");
+        return;
+    }
+    arg += 6;
+    len -= 6;
+    rcpt_path_init(&path);
+    if (rcpt_parse_path(arg, len, RCPT_ALLOW_NULL, &path, &used, &err) != 0) {
+        prot_printf(s->p, "501 5.5.4 Bad sender address: %s\r\n", err);
+        rcpt_path_free(&path);
+        return;
+    }
+    s->size_param = 0;
+    if (used < len && arg[used] != ' ') {
+        lmtp_reply(s, "501 5.5.4 Syntax: MAIL FROM:<address> [parameters]");
+    } else if (lmtp_mail_params(s, arg + used, len - used) == 0) {
+        buf_free(&s->sender);
+        s->sender = path.addr;
+        memset(&path.addr, 0, sizeof(path.addr));
+        buf_cstring(&s->sender);
+        s->mail = 1;
+        lmtp_reply(s, "250 2.1.0 Ok");
+    }
+    if (!s->mail)
+        s->size_param = 0;
+    rcpt_path_free(&path);
+}
+
+static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
+                          size_t len)
+{
+    struct rcpt_path path;
+    struct buf mailbox = BUF_INITIALIZER;
+    const char *err = NULL;
+    size_t used = 0, i;
+    enum rcpt_result res;
+
+    if (!s->mail) {
+        lmtp_reply(s, "503 5.5.1 Need MAIL command");
+        return;
+    }
+    if (s->bdat) {
+        lmtp_reply(s, "503 5.5.1 RCPT not allowed after BDAT");
+        return;
+    }
+    if (!lmtp_prefix(arg, len, " TO:")) {
+        lmtp_reply(s, "501 5.5.4 Syntax: RCPT TO:<address>");
+        return;
+    }
+    arg += 4;
+    len -= 4;
+    rcpt_path_init(&path);
+    if (rcpt_parse_path(arg, len, 0, &path, &used, &err) != 0) {
+        prot_printf(s->p, "501 5.5.4 Bad recipient address: %s\r\n", err);
+        goto out;
+    }
+    for (i = used; i < len && arg[i] == ' '; i++)
+        ;
+    if (used < len && arg[used] != ' ') {
+        lmtp_reply(s, "501 5.5.4 Syntax: RCPT TO:<address>");
+        goto out;
+    }
+    if (i < len) {
+        lmtp_reply(s, "555 5.5.4 Unsupported parameter");
+        goto out;
+    }
+    if (s->nrcpts >= s->srv->maxrcpts) {
+        lmtp_reply(s, "452 4.5.3 Too many recipients");
+        goto out;
+    }
+    res = rcpt_resolve(s->srv->rctx, path.local.s, path.local.len,
+                       s->size_param, &mailbox);
+    switch (res) {
+    case RCPT_OK:
+        break;
+    case RCPT_UNKNOWN:
+        lmtp_reply(s, R_UNKNOWN);
+        goto out;
+    case RCPT_NOPOST:
+        lmtp_reply(s, R_NOPOST);
+        goto out;
+    case RCPT_OVERQUOTA:
+        lmtp_reply(s, s->srv->overquota_perm ? R_QUOTA_PERM : R_QUOTA_TEMP);
+        goto out;
+    default:
+        lmtp_reply(s, R_TEMPFAIL);
+        goto out;
+    }
+    if (s->nrcpts == s->arcpts) {
+        size_t na = s->arcpts ? s->arcpts * 2 : 8;
+        struct lmtp_rcpt *nr = realloc(s->rcpts, na * sizeof(*nr));
+
+        if (!nr) {
+            lmtp_reply(s, R_TEMPFAIL);
+            goto out;
+        }
+        s->rcpts = nr;
+        s->arcpts = na;
+    }
+    s->rcpts[s->nrcpts].mailbox = buf_release(&mailbox);
+    s->rcpts[s->nrcpts].addr = strdup(buf_cstring(&path.addr));
+    if (!s->rcpts[s->nrcpts].mailbox || !s->rcpts[s->nrcpts].addr) {
+        free(s->rcpts[s->nrcpts].mailbox);
+        free(s->rcpts[s->nrcpts].addr);
+        lmtp_reply(s, R_TEMPFAIL);
+        goto out;
+    }
+    s->nrcpts++;
+    lmtp_reply(s, "250 2.1.5 Ok");
+out:
+    buf_free(&mailbox);
+    rcpt_path_free(&path);
+}
+
+static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
+{
+    enum prot_eol eol;
+    int r;
+
+    if (len > 0) {
+        lmtp_reply(s, "501 5.5.4 Syntax: DATA");
+        return;
+    }
+    if (!s->mail) {
+        lmtp_reply(s, "503 5.5.1 Need MAIL command");
+        return;
+    }
+    if (s->bdat) {
+        lmtp_reply(s, "503 5.5.1 DATA not allowed after BDAT");
+        return;
+    }
+    if (s->nrcpts == 0) {
+        lmtp_reply(s, "503 5.5.1 No valid recipients");
+        return;
+    }
+    if ((r = lmtp_msg_begin(s)) != STORE_OK) {
+        lmtp_reply(s, lmtp_store_reply(s->srv, r));
+        return;
+    }
+    lmtp_reply(s, "354 Go ahead, end with <CRLF>.<CRLF>");
+    if (prot_flush(s->p) != PROT_OK) {
+        s->quit = 1;
+        return;
+    }
+    for (;;) {
+        const char *d;
+        size_t n;
+
+        r = prot_getline(s->p, &s->line, LMTP_LINE_MAX, &eol);
+        if (r == PROT_TOOLONG) {
+            lmtp_msg_fail(&s->msg, MSG_LONGLINE, 0);
+            continue;
+        }
+        if (r != PROT_OK) {
+            log_info("lmtp: message not received peer=<%s> sender=<%s> "
+                     "size=<%llu>", s->conn->peer,
+                     s->sender.s ? s->sender.s : "",
+                     (unsigned long long)s->msg.size);
+            lmtp_txn_reset(s);
+            lmtp_read_failed(s, r);
+            return;
+        }
+        d = s->line.s ? s->line.s : "";
+        n = s->line.len;
+        if (n == 1 && d[0] == '.')
+            break;
+        if (n > 0 && d[0] == '.') {
+            d++;
+            n--;
+        }
+        lmtp_msg_feed(s, d, n);
+        if (eol == PROT_EOL_LF)
+            lmtp_msg_feed(s, "\n", 1);
+        else
+            lmtp_msg_feed(s, "\r\n", 2);
+    }
+    lmtp_msg_finish(s);
+}
+
+static void lmtp_cmd_bdat(struct lmtp_session *s, const char *arg,
+                          size_t len)
+{
+    struct buf chunk = BUF_INITIALIZER;
+    uint64_t size, left;
+    size_t n;
+    int last = 0, r, accept;
+    const char *reply = NULL;
+
+    while (len > 0 && *arg == ' ') {
+        arg++;
+        len--;
+    }
+    n = 0;
+    while (n < len && arg[n] != ' ')
+        n++;
+    if (lmtp_parse_size(arg, n, &size) != 0 || size > INT64_MAX) {
+        lmtp_reply(s, "501 5.5.4 Syntax: BDAT size [LAST]");
+        return;
+    }
+    arg += n;
+    len -= n;
+    while (len > 0 && *arg == ' ') {
+        arg++;
+        len--;
+    }
+    if (len == 4 && strncasecmp(arg, "LAST", 4) == 0) {
+        last = 1;
+    } else if (len > 0) {
+        lmtp_reply(s, "501 5.5.4 Syntax: BDAT size [LAST]");
+        return;
+    }
+
+    accept = 1;
+    if (!s->mail) {
+        reply = "503 5.5.1 Need MAIL command";
+        accept = 0;
+    } else if (s->nrcpts == 0) {
+        reply = "503 5.5.1 No valid recipients";
+        accept = 0;
+    } else if (!s->bdat) {
+        s->bdat = 1;
+        r = lmtp_msg_begin(s);
+        if (r != STORE_OK) {
+            /* the message is lost: this and later chunks are read and
+             * thrown away, LAST answers the error for every recipient */
+            lmtp_msg_fail(&s->msg, MSG_STORE, r);
+        }
+    }
+    if (last)
+        prot_flush(s->p);   /* the delivery below blocks */
+
+    /* read the chunk (always: the client sends it whatever we answer) */
+    left = size;
+    while (left > 0) {
+        size_t want = left > LMTP_OUT_CHUNK ? LMTP_OUT_CHUNK : (size_t)left;
+
+        buf_reset(&chunk);
+        r = prot_read_some(s->p, &chunk, want, &n);
+        if (r != PROT_OK) {
+            buf_free(&chunk);
+            if (s->bdat)
+                log_info("lmtp: message not received peer=<%s> size=<%llu>",
+                         s->conn->peer, (unsigned long long)s->msg.size);
+            lmtp_txn_reset(s);
+            lmtp_read_failed(s, r);
+            return;
+        }
+        if (n > want)
+            n = want;
+        if (accept)
+            lmtp_msg_feed(s, chunk.s, n);
+        left -= n;
+    }
+    buf_free(&chunk);
+
+    if (!accept) {
+        lmtp_reply(s, reply);
+        return;
+    }
+    if (last) {
+        lmtp_msg_finish(s);
+        return;
+    }
+    if (s->msg.err == MSG_TOOBIG || s->msg.err == MSG_STORE)
+        lmtp_reply(s, lmtp_msg_reply(s->srv, &s->msg));
+    else
+        prot_printf(s->p, "250 2.0.0 %llu octets received\r\n",
+                    (unsigned long long)size);
+}
+
+static void lmtp_sasl_reset(struct lmtp_session *s)
+{
+    saslserver_free(&s->sasl);
+    if (s->srv->sasl_ok)
+        s->sasl = saslserver_new("lmtp", s->conn->localaddr,
+                                 s->conn->remoteaddr, prot_tls_ssf(s->p));
+}
+
+static void lmtp_cmd_auth(struct lmtp_session *s, const char *arg,
+                          size_t len)
+{
+    struct buf chal = BUF_INITIALIZER, mech = BUF_INITIALIZER,
+               init = BUF_INITIALIZER;
+    char cmech[64];
+    size_t n;
+    int r;
+
+    if (!s->sasl) {
+        lmtp_reply(s, "502 5.5.1 AUTH not available");
+        return;
+    }
+    if (!s->lhlo) {
+        lmtp_reply(s, "503 5.5.1 Send LHLO first");
+        return;
+    }
+    if (s->authuser) {
+        lmtp_reply(s, "503 5.5.1 Already authenticated");
+        return;
+    }
+    if (s->mail) {
+        lmtp_reply(s, "503 5.5.1 AUTH not allowed in a mail transaction");
+        return;
+    }
+    while (len > 0 && *arg == ' ') {
+        arg++;
+        len--;
+    }
+    n = 0;
+    while (n < len && arg[n] != ' ')
+        n++;
+    if (n == 0 || n > 40) {
+        lmtp_reply(s, "501 5.5.4 Syntax: AUTH mechanism [initial-response]");
+        return;
+    }
+    buf_setmap(&mech, arg, n);
+    arg += n;
+    len -= n;
+    while (len > 0 && *arg == ' ') {
+        arg++;
+        len--;
+    }
+    if (len > 0)
+        buf_setmap(&init, arg, len);
+    r = saslserver_start(s->sasl, buf_cstring(&mech),
+                         len > 0 ? buf_cstring(&init) : NULL, &chal);
+    while (r == SASLSERVER_CONTINUE) {
+        int gr;
+
+        prot_printf(s->p, "334 %s\r\n", buf_cstring(&chal));
+        if (prot_flush(s->p) != PROT_OK) {
+            s->quit = 1;
+            goto out;
+        }
+        gr = prot_getline(s->p, &s->line, LMTP_AUTH_LINE_MAX, NULL);
+        if (gr == PROT_TOOLONG) {
+            lmtp_reply(s, "500 5.5.6 Authentication exchange line is too "
+                          "long");
+            lmtp_sasl_reset(s);
+            goto out;
+        }
+        if (gr != PROT_OK) {
+            lmtp_read_failed(s, gr);
+            goto out;
+        }
+        if (memchr(buf_cstring(&s->line), '\0', s->line.len)) {
+            r = SASLSERVER_BADB64;
+            break;
+        }
+        r = saslserver_step(s->sasl, buf_cstring(&s->line), &chal);
+    }
+    lmtp_clean(mech.s, mech.len, cmech, sizeof(cmech));
+    if (r == SASLSERVER_DONE && saslserver_user(s->sasl)) {
+        s->authuser = strdup(saslserver_user(s->sasl));
+        if (!s->authuser) {
+            lmtp_reply(s, "454 4.7.0 Temporary authentication failure");
+            lmtp_sasl_reset(s);
+            goto out;
+        }
+        log_info("lmtp: authenticated user=<%s> mech=<%s> peer=<%s>",
+                 s->authuser, cmech, s->conn->peer);
+        lmtp_reply(s, "235 2.7.0 Authentication successful");
+        goto out;
+    }
+    switch (r) {
+    case SASLSERVER_FAIL:
+        lmtp_reply(s, "535 5.7.8 Authentication credentials invalid");
+        break;
+    case SASLSERVER_NOMECH:
+        lmtp_reply(s, "504 5.5.4 Unrecognized authentication type");
+        break;
+    case SASLSERVER_BADB64:
+        lmtp_reply(s, "501 5.5.2 Cannot decode response");
+        break;
+    case SASLSERVER_CANCEL:
+        lmtp_reply(s, "501 5.0.0 Authentication cancelled");
+        break;
+    default:
+        lmtp_reply(s, "454 4.7.0 Temporary authentication failure");
+        break;
+    }
+    log_info("lmtp: authentication failed mech=<%s> peer=<%s> error=<%s>",
+             cmech, s->conn->peer,
+             saslserver_error(s->sasl) ? saslserver_error(s->sasl) : "");
+    lmtp_sasl_reset(s);
+out:
+    buf_free(&chal);
+    buf_free(&mech);
+    buf_free(&init);
+}
+
+static void lmtp_cmd_starttls(struct lmtp_session *s, size_t len)
+{
+    size_t discarded = 0;
+    int r;
+
+    if (len > 0) {
+        lmtp_reply(s, "501 5.5.4 Syntax: STARTTLS");
+        return;
+    }
+    if (!s->srv->tls) {
+        lmtp_reply(s, "502 5.5.1 STARTTLS not available");
+        return;
+    }
+    if (prot_is_tls(s->p)) {
+        lmtp_reply(s, "503 5.5.1 TLS already active");
+        return;
+    }
+    lmtp_reply(s, "220 2.0.0 Ready to start TLS");
+    r = prot_starttls(s->p, s->srv->tls, &discarded);
+    if (r != PROT_OK) {
+        log_info("lmtp: TLS handshake failed peer=<%s> error=<%s>",
+                 s->conn->peer, prot_error(s->p));
+        s->quit = 1;
+        return;
+    }
+    if (discarded)
+        log_warning("lmtp: bytes sent before the TLS handshake discarded "
+                    "peer=<%s> bytes=<%lu>", s->conn->peer,
+                    (unsigned long)discarded);
+    /* RFC 3207 4.2: forget everything learnt before the handshake */
+    lmtp_txn_reset(s);
+    buf_free(&s->helo);
+    s->lhlo = 0;
+    free(s->authuser);
+    s->authuser = NULL;
+    lmtp_sasl_reset(s);
+}
+
+/* One command line. */
+static void lmtp_command(struct lmtp_session *s)
+{
+    const char *line = s->line.s ? s->line.s : "";
+    size_t len = s->line.len, vlen = 0;
+    const char *arg;
+    size_t alen;
+
+    if (len == 0) {
+        lmtp_reply(s, "500 5.5.2 Empty command");
+        return;
+    }
+    if (memchr(line, '\0', len)) {
+        lmtp_reply(s, "500 5.5.2 NUL byte in command");
+        return;
+    }
+    while (vlen < len && line[vlen] != ' ')
+        vlen++;
+    arg = line + vlen;
+    alen = len - vlen;
+
+#define VERB(w) (vlen == sizeof(w) - 1 && strncasecmp(line, w, vlen) == 0)
+    if (VERB("LHLO")) {
+        lmtp_cmd_lhlo(s, arg, alen);
+    } else if (VERB("MAIL")) {
+        lmtp_cmd_mail(s, arg, alen);
+    } else if (VERB("RCPT")) {
+        lmtp_cmd_rcpt(s, arg, alen);
+    } else if (VERB("DATA")) {
+        lmtp_cmd_data(s, alen);
+    } else if (VERB("BDAT")) {
+        lmtp_cmd_bdat(s, arg, alen);
+    } else if (VERB("RSET")) {
+        lmtp_txn_reset(s);
+        lmtp_reply(s, "250 2.0.0 Ok");
+    } else if (VERB("NOOP")) {
+        lmtp_reply(s, "250 2.0.0 Ok");
+    } else if (VERB("QUIT")) {
+        prot_printf(s->p, "221 2.0.0 %s closing connection\r\n",
+                    s->srv->servername);
+        s->quit = 1;
+    } else if (VERB("VRFY")) {
+        if (alen == 0)
+            lmtp_reply(s, "501 5.5.4 Syntax: VRFY address");
+        else
+            lmtp_reply(s, "252 2.5.0 Cannot VRFY user, but will accept "
+                          "message and attempt delivery");
+    } else if (VERB("HELP")) {
+        lmtp_reply(s, "214 2.0.0 Commands: LHLO MAIL RCPT DATA BDAT RSET "
+                      "NOOP QUIT VRFY HELP STARTTLS AUTH");
+    } else if (VERB("STARTTLS")) {
+        lmtp_cmd_starttls(s, alen);
+    } else if (VERB("AUTH")) {
+        lmtp_cmd_auth(s, arg, alen);
+    } else if (VERB("HELO") || VERB("EHLO")) {
+        lmtp_reply(s, "500 5.5.1 This is LMTP: use LHLO");
+    } else {
+        lmtp_reply(s, "500 5.5.2 Unknown command");
+    }
+#undef VERB
+}
+
+void lmtp_serve(struct lmtp_server *srv, struct prot *p,
+                const struct lmtp_conn *conn)
+{
+    struct lmtp_session s;
+    enum prot_eol eol;
+    int r;
+
+    memset(&s, 0, sizeof(s));
+    s.srv = srv;
+    s.p = p;
+    s.conn = conn;
+    prot_settimeout(p, srv->timeout);
+    lmtp_sasl_reset(&s);
+    log_debug("lmtp: connection peer=<%s>", conn->peer);
+    prot_printf(p, "220 %s LMTP cyrusdeliver ready\r\n", srv->servername);
+
+    while (!s.quit) {
+        if (!prot_pending(p) && prot_flush(p) != PROT_OK)
+            break;
+        if (service_stopping() && !s.mail) {
+            prot_printf(p, "421 4.3.2 %s Service shutting down\r\n",
+                        srv->servername);
+            break;
+        }
+        r = prot_getline(p, &s.line, LMTP_CMD_MAX, &eol);
+        if (r == PROT_TOOLONG) {
+            lmtp_reply(&s, "500 5.5.2 Line too long");
+            continue;
+        }
+        if (r != PROT_OK) {
+            lmtp_read_failed(&s, r);
+            break;
+        }
+        lmtp_command(&s);
+    }
+    prot_flush(p);
+
+    lmtp_txn_reset(&s);
+    buf_free(&s.line);
+    buf_free(&s.helo);
+    free(s.authuser);
+    saslserver_free(&s.sasl);
+}
