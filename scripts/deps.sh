@@ -12,7 +12,8 @@ packages=(
   libcmocka-dev                                            # unit tests
   cyrus-imapd cyrus-clients                                # compatibility tests against Cyrus 3.6
   python3                                                  # integration tests
-  swaks postfix sasl2-bin libsasl2-modules openssl         # LMTP clients, upstream MTA, sasldb, certificates
+  swaks libnet-ssleay-perl postfix                         # LMTP client (with TLS), upstream MTA
+  sasl2-bin libsasl2-modules openssl strace                # sasldb, certificates, the benchmark's sync counts
 )
 
 missing=()

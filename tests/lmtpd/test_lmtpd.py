@@ -1,0 +1,1162 @@
+#!/usr/bin/env python3
+"""test_lmtpd.py - lmtpd end to end under the real master.
+
+One instance ("main": UNIX socket, TCP with AUTH required, TCP with -a;
+a self-signed certificate; a sasldb made with saslpasswd2;
+maxmessagesize 100000; lmtp_timeout 10) serves most tests; a second one
+("strict") has lmtp_over_quota_perm_failure: yes, lmtp_bare_newlines: fix
+and maxheaderlines: 20.  Clients: Python's smtplib.LMTP, a raw socket
+client that sends exactly the bytes given (pipelining, bad input), and
+swaks (UNIX socket, TCP, STARTTLS, AUTH PLAIN).  Delivered messages are
+read back from the spool files (PARTITION/user/NAME/UID.).
+
+After every bad-input test a new connection must deliver a message, the
+workers that served before must still be alive, and the master log must
+show no crashed or failed worker (nor a sanitizer report).
+
+Environment: see lmtphelp.py (top_builddir, TEST_TMPDIR, LMTP_TESTS,
+LMTP_KEEP).
+"""
+import os
+import re
+import smtplib
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True     # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lmtphelp import (Conn, ConnectionClosed, Fail, Instance, SERVERNAME,  # noqa: E402
+                      Skip, check, dot_stuff, header_value, make_message,
+                      run_tests, split_added_headers, transaction,
+                      wait_until, LMTPD, RUN_AS, drop_privileges)
+
+MAXSIZE = 100000
+MAXRCPT = 1000
+TIMEOUT = 10
+SASL_USER, SASL_PASS = "alice", "s3cret-pw"
+USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "gina", "hank",
+         "ivan", "quser"]
+
+_main = None
+_seq = [0]
+
+
+def uniq(prefix="m"):
+    _seq[0] += 1
+    return "%s.%d.%d.%d@test.example" % (prefix, os.getpid(), _seq[0],
+                                         int(time.time() * 1000))
+
+
+def main_instance():
+    """The shared instance, started on first use."""
+    global _main
+    if _main is None:
+        inst = Instance("main", conf={
+            "maxmessagesize": str(MAXSIZE),
+            "lmtp_timeout": str(TIMEOUT),
+        }, tls=True, sasl=(SASL_USER, SASL_PASS))
+        try:
+            for u in USERS:
+                inst.create("user." + u)
+            inst.create("user.alice.Lists", {"anyone": "p"})
+            inst.create("user.alice.Private")
+            inst.create("shared.news", {"anyone": "p"})
+            inst.create("shared.closed", {"anyone": "lr"})
+            inst.quota("user.quser", 2)
+            inst.write_cyrus_conf(unix=True, tcp=True, tcp_preauth=True,
+                                  prefork=1, maxchild=10)
+            inst.start()
+        except BaseException:
+            inst.stop()
+            inst.cleanup()
+            raise
+        _main = inst
+    return _main
+
+
+class Survives:
+    """with Survives(inst): ... -- afterwards a new connection delivers a
+    message, the workers alive before are alive still, and the master log
+    has no crashed worker."""
+
+    def __init__(self, inst):
+        self.inst = inst
+
+    def __enter__(self):
+        self.inst.mark_log()
+        self.pids = self.inst.child_pids("lmtpunix")
+        return self
+
+    def __exit__(self, etype, exc, tb):
+        if etype is not None:
+            return False
+        inst = self.inst
+        before = inst.count("user.erin")
+        msgid = uniq("after")
+        with Conn(inst.unix_socket) as c:
+            check(c.reply().code == 220, "no greeting on a new connection")
+            _, rr, _, dr = transaction(c, "s@example.org", ["erin"],
+                                       make_message(msgid), lhlo="x.example")
+            check([r.code for r in rr] == [250] and
+                  [r.code for r in dr] == [250],
+                  "delivery on a new connection failed: %r %r" % (rr, dr))
+        check(inst.count("user.erin") == before + 1,
+              "the delivery after the bad input stored nothing")
+        dead = [p for p in self.pids if not os.path.exists("/proc/%d" % p)]
+        trouble = inst.worker_trouble()
+        check(not trouble, "worker trouble: %s" % " | ".join(trouble[:3]))
+        check(not dead, "workers %s that served before died" % dead)
+        return False
+
+
+def connect(inst, addr=None, lhlo="client.example"):
+    c = Conn(addr or inst.unix_socket)
+    g = c.reply()
+    check(g.code == 220, "greeting: %r" % g)
+    if lhlo:
+        r = c.cmd("LHLO %s" % lhlo)
+        check(r.code == 250, "LHLO: %r" % r)
+    return c
+
+
+def codes(replies):
+    return [r.code for r in replies]
+
+
+# ---- protocol ---------------------------------------------------------------
+
+def test_greeting_and_commands():
+    inst = main_instance()
+    with Conn(inst.unix_socket) as c:
+        g = c.reply()
+        check(g.code == 220 and SERVERNAME in g.text and "LMTP" in g.text,
+              "greeting %r" % g)
+        r = c.cmd("HELO client.example")
+        check(r.code == 500 and r.enh == "5.5.1",
+              "HELO: %r (LMTP wants LHLO: 500 5.5.1)" % r)
+        r = c.cmd("EHLO client.example")
+        check(r.code == 500 and r.enh == "5.5.1", "EHLO: %r" % r)
+        r = c.cmd("LHLO client.example")
+        check(r.code == 250 and r.lines[0].startswith(SERVERNAME),
+              "LHLO: %r" % r)
+        ext = [l.split()[0].upper() for l in r.lines[1:] if l.split()]
+        for e in ("PIPELINING", "8BITMIME", "ENHANCEDSTATUSCODES",
+                  "CHUNKING", "SIZE"):
+            check(e in ext, "LHLO does not advertise %s: %r" % (e, r))
+        size = [l for l in r.lines[1:] if l.upper().startswith("SIZE")]
+        check(size and size[0].split()[1:] == [str(MAXSIZE)],
+              "SIZE not from maxmessagesize: %r" % size)
+        r = c.cmd("NOOP")
+        check(r.code == 250 and r.enh == "2.0.0", "NOOP: %r" % r)
+        r = c.cmd("VRFY alice")
+        check(r.code == 252 and r.enh == "2.5.0", "VRFY: %r" % r)
+        r = c.cmd("VRFY nosuchuser")
+        check(r.code == 252, "VRFY of an unknown user leaks: %r" % r)
+        r = c.cmd("HELP")
+        check(r.code == 214, "HELP: %r" % r)
+        r = c.cmd("RSET")
+        check(r.code == 250 and r.enh == "2.0.0", "RSET: %r" % r)
+        r = c.cmd("QUIT")
+        check(r.code == 221 and r.enh == "2.0.0", "QUIT: %r" % r)
+        check(c.at_eof(), "connection still open after QUIT")
+
+
+def test_multi_rcpt_replies():
+    """smtplib.LMTP: recipients known and unknown, one DATA reply per
+    accepted recipient in RCPT order, one file linked into each mailbox."""
+    inst = main_instance()
+    before = {u: inst.count("user." + u) for u in ("alice", "bob", "carol")}
+    msgid = uniq("multi")
+    msg = make_message(msgid, subject="multi")
+    lm = smtplib.LMTP(inst.unix_socket, timeout=30)
+    try:
+        code, _ = lm.ehlo("client.example")
+        check(code == 250, "LHLO via smtplib: %d" % code)
+        check(lm.has_extn("pipelining") and lm.has_extn("enhancedstatuscodes"),
+              "extensions %r" % lm.esmtp_features)
+        code, _ = lm.mail("sender@example.org")
+        check(code == 250, "MAIL: %d" % code)
+        rcpts = ["alice", "nobody", "bob@test.example", "<@relay.example:"
+                 "Carol@test.example>", "no.such.user@test.example"]
+        got = []
+        for r in rcpts:
+            if r.startswith("<"):
+                lm.putcmd("rcpt", "TO:%s" % r)
+                got.append(lm.getreply())
+            else:
+                got.append(lm.rcpt(r))
+        want = [250, 550, 250, 250, 550]
+        check([g[0] for g in got] == want, "RCPT replies %r, expected %r"
+              % (got, want))
+        for g in (got[1], got[4]):
+            check(g[1].startswith(b"5.1.1"), "unknown user: %r" % (g,))
+        lm.putcmd("data")
+        code, text = lm.getreply()
+        check(code == 354, "DATA: %d %r" % (code, text))
+        lm.send(dot_stuff(msg))
+        replies = [lm.getreply() for _ in range(3)]
+        check([r[0] for r in replies] == [250, 250, 250],
+              "per-recipient DATA replies %r" % replies)
+        for r in replies:
+            check(r[1].startswith(b"2.1.5"), "DATA reply %r" % (r,))
+        code, _ = lm.noop()
+        check(code == 250, "NOOP after DATA: %d (an extra reply queued?)"
+              % code)
+        lm.quit()
+    finally:
+        lm.close()
+    paths = {}
+    for u in ("alice", "bob", "carol"):
+        files = inst.message_files("user." + u)
+        check(len(files) == before[u] + 1, "user.%s has %d messages, "
+              "expected %d" % (u, len(files), before[u] + 1))
+        with open(files[-1][1], "rb") as f:
+            data = f.read()
+        check(header_value(data, "Message-ID") == "<%s>" % msgid,
+              "user.%s: newest message is not ours" % u)
+        paths[u] = files[-1][1]
+    inodes = {os.stat(p).st_ino for p in paths.values()}
+    check(len(inodes) == 1, "the message was written %d times, not once "
+          "and linked into each mailbox" % len(inodes))
+
+
+def test_pipelined_commands():
+    """Everything up to DATA in one write, then the message and QUIT in
+    another: every reply, in order."""
+    inst = main_instance()
+    before = (inst.count("user.bob"), inst.count("user.carol"))
+    msgid = uniq("pipe")
+    with Conn(inst.unix_socket) as c:
+        c.send(b"LHLO pipe.example\r\nMAIL FROM:<p@example.org>\r\n"
+               b"RCPT TO:<bob>\r\nRCPT TO:<ghost>\r\nRCPT TO:<carol>\r\n"
+               b"NOOP\r\nDATA\r\n")
+        rs = c.replies(8)
+        check(codes(rs) == [220, 250, 250, 250, 550, 250, 250, 354],
+              "pipelined replies %r" % rs)
+        c.send(dot_stuff(make_message(msgid)) + b"QUIT\r\n")
+        rs = c.replies(3)
+        check(codes(rs) == [250, 250, 221], "after DATA: %r" % rs)
+        check(c.at_eof(), "open after QUIT")
+    check((inst.count("user.bob"), inst.count("user.carol"))
+          == (before[0] + 1, before[1] + 1), "not delivered to both")
+    # two whole transactions in one write
+    with Conn(inst.unix_socket) as c:
+        m1, m2 = make_message(uniq("p1")), make_message(uniq("p2"))
+        c.send(b"LHLO pipe.example\r\n"
+               b"MAIL FROM:<p@example.org>\r\nRCPT TO:<bob>\r\nDATA\r\n"
+               + dot_stuff(m1) +
+               b"MAIL FROM:<p@example.org>\r\nRCPT TO:<bob>\r\nDATA\r\n"
+               + dot_stuff(m2) + b"QUIT\r\n")
+        rs = c.replies(11)
+        check(codes(rs) == [220, 250, 250, 250, 354, 250,
+                            250, 250, 354, 250, 221],
+              "two pipelined transactions: %r" % rs)
+    check(inst.count("user.bob") == before[0] + 3, "bob: %d messages"
+          % inst.count("user.bob"))
+
+
+def test_dots_and_8bit_byte_exact():
+    inst = main_instance()
+    msgid = uniq("dots")
+    body = (b".leading dot\r\n..two dots\r\n.\r\n. \r\n \r\n"
+            b"8-bit: \xe4\xf6\xfc \xc3\xa4 \xff\x80\x81\r\n"
+            b"\r\n\r\n" + b"x" * 990 + b"\r\n" + b"...\r\nend\r\n")
+    msg = make_message(msgid, body=body)
+    # an 8-bit header too
+    msg = msg.replace(b"\r\n\r\n", b"\r\nX-Eight: \xe9t\xe9\r\n\r\n", 1)
+    with connect(inst, lhlo="dots.example") as c:
+        mr, rr, dr, res = transaction(c, "dots@example.org", ["dave"], msg,
+                                      mail_params=" BODY=8BITMIME")
+        check(mr.code == 250, "MAIL BODY=8BITMIME: %r" % mr)
+        check(codes(res) == [250], "delivery: %r %r %r" % (rr, dr, res))
+    files = inst.messages("user.dave")
+    check(files, "nothing stored")
+    rp, recv, rest = split_added_headers(files[-1])
+    check(rp == b"Return-Path: <dots@example.org>", "Return-Path %r" % rp)
+    check(rest == msg, "the message differs from what was sent "
+          "(first difference at byte %d: %r vs %r)"
+          % (next((i for i in range(min(len(rest), len(msg)))
+                   if rest[i] != msg[i]), min(len(rest), len(msg))),
+             rest[:80], msg[:80]))
+    text = b" ".join(x.strip() for x in recv).decode(errors="replace")
+    check(re.match(r"Received: from dots\.example \(", text),
+          "Received does not start with the LHLO name: %r" % text)
+    check(re.search(r"\bby %s\b" % re.escape(SERVERNAME), text)
+          and re.search(r"\bwith LMTP\w*\b", text)
+          and re.search(r";\s*\w{3}, \d{1,2} \w{3} \d{4} ", text),
+          "Received header incomplete: %r" % text)
+    long_lines = [x for x in recv if len(x) > 78]
+    check(not long_lines, "Received not folded at 78 columns: %r"
+          % long_lines)
+
+
+def test_duplicate_suppression():
+    inst = main_instance()
+    before = {u: inst.count("user." + u) for u in ("frank", "gina")}
+    msgid = uniq("dup")
+    for i in range(2):
+        with connect(inst) as c:
+            _, rr, _, res = transaction(c, "d@example.org", ["frank"],
+                                        make_message(msgid,
+                                                     subject="dup %d" % i))
+            check(codes(rr) == [250] and codes(res) == [250],
+                  "attempt %d: %r %r" % (i + 1, rr, res))
+    check(inst.count("user.frank") == before["frank"] + 1,
+          "Message-ID delivered %d times to frank"
+          % (inst.count("user.frank") - before["frank"]))
+    # the key is Message-ID + mailbox: another mailbox still gets it,
+    # and frank gets a different Message-ID
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "d@example.org", ["frank", "gina"],
+                                    make_message(msgid))
+        check(codes(res) == [250, 250], "frank+gina: %r" % res)
+        _, rr, _, res = transaction(c, "d@example.org", ["frank"],
+                                    make_message(uniq("dup2")))
+        check(codes(res) == [250], "new id: %r" % res)
+    check(inst.count("user.gina") == before["gina"] + 1, "gina did not get "
+          "the message that frank had")
+    check(inst.count("user.frank") == before["frank"] + 2,
+          "frank: %d new messages, expected 2"
+          % (inst.count("user.frank") - before["frank"]))
+    # the same mailbox twice in one transaction: two replies, one copy
+    n0 = inst.count("user.gina")
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "d@example.org",
+                                    ["gina", "GINA@test.example"],
+                                    make_message(uniq("twice")))
+        check(codes(rr) == [250, 250] and codes(res) == [250, 250],
+              "one mailbox twice: %r %r" % (rr, res))
+    check(inst.count("user.gina") == n0 + 1, "one mailbox named twice in "
+          "a transaction got %d copies of one Message-ID"
+          % (inst.count("user.gina") - n0))
+    # without a Message-ID nothing is suppressed
+    n0 = inst.count("user.gina")
+    for _ in range(2):
+        with connect(inst) as c:
+            _, rr, _, res = transaction(c, "d@example.org", ["gina"],
+                                        make_message(None))
+            check(codes(res) == [250], "no Message-ID: %r" % res)
+    check(inst.count("user.gina") == n0 + 2, "messages without Message-ID "
+          "were suppressed")
+
+
+def test_plus_addressing():
+    inst = main_instance()
+    boxes = ["user.alice", "user.alice.Lists", "user.alice.Private",
+             "shared.news", "shared.closed"]
+    before = {b: inst.count(b) for b in boxes}
+    cases = [("alice+Lists", "user.alice.Lists"),
+             ("ALICE+Lists@test.example", "user.alice.Lists"),
+             ("alice+Private", "user.alice"),      # no 'p' for anyone
+             ("alice+nosuchfolder", "user.alice"),
+             ("+shared.news@test.example", "shared.news")]
+    want = dict(before)
+    for rcpt, box in cases:
+        with connect(inst) as c:
+            _, rr, _, res = transaction(c, "plus@example.org", [rcpt],
+                                        make_message(uniq("plus")))
+            check(codes(rr) == [250] and codes(res) == [250],
+                  "%s: %r %r" % (rcpt, rr, res))
+        want[box] += 1
+        got = {b: inst.count(b) for b in boxes}
+        check(got == want, "after %s: counts %r, expected %r (into %s)"
+              % (rcpt, got, want, box))
+    # a shared mailbox that does not allow posting
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "plus@example.org",
+                                    ["+shared.closed"],
+                                    make_message(uniq("closed")))
+        check((rr and rr[0].code >= 500) or
+              (res and res[0].code >= 500),
+              "+shared.closed (no p right): %r %r" % (rr, res))
+    check(inst.count("shared.closed") == before["shared.closed"],
+          "delivered into a shared mailbox without the p right")
+
+
+def test_hostile_recipients():
+    """Recipient spellings that might escape the user's INBOX or the ACL:
+    refused or delivered to the INBOX, never into another mailbox."""
+    inst = main_instance()
+    boxes = ["user.alice", "user.alice.Lists", "user.alice.Private",
+             "user.bob", "shared.news", "shared.closed"]
+    before = {b: inst.count(b) for b in boxes}
+    cases = ["alice.Private", "alice.Private@test.example",
+             "+user.alice.Private", "+user.alice", "alice/Private",
+             "../alice", "alice+../bob", "alice+Private.x", "%", "*",
+             "alice+", "+", "\"alice\"@test.example", "alice@",
+             "user.alice", "bob+user.alice.Private", "alice\x7f",
+             "+shared", "+shared.closed.x", "a" * 300]
+    with Survives(inst), connect(inst) as c:
+        results = []
+        for rcpt in cases:
+            r = c.cmd("MAIL FROM:<h@example.org>")
+            check(r.code == 250, "MAIL: %r" % r)
+            r = c.cmd(b"RCPT TO:<" + rcpt.encode("latin-1") + b">")
+            results.append((rcpt, r.code))
+            if r.code == 250:
+                check(c.cmd("DATA").code == 354, "DATA")
+                c.send(dot_stuff(make_message(uniq("hostile"))))
+                d = c.reply()
+                results[-1] = (rcpt, r.code, d.code)
+            else:
+                check(400 <= r.code < 600, "RCPT %r: %r" % (rcpt, r))
+            c.cmd("RSET")
+    after = {b: inst.count(b) for b in boxes}
+    delivered = [x for x in results if len(x) == 3 and x[2] == 250]
+    for b in boxes:
+        if b in ("user.alice", "user.bob"):
+            continue
+        check(after[b] == before[b], "%s got %d messages from the "
+              "recipients %r" % (b, after[b] - before[b], delivered))
+    extra = sum(after[b] - before[b] for b in ("user.alice", "user.bob"))
+    check(extra == len(delivered), "%d accepted, %d in INBOXes: %r"
+          % (len(delivered), extra, results))
+    print("#   hostile recipients: %d refused, %d delivered to an INBOX (%s)"
+          % (len(results) - len(delivered), len(delivered),
+             ", ".join(x[0] for x in delivered)))
+
+
+def test_over_quota():
+    inst = main_instance()
+    big = make_message(uniq("q"), body=b"q" * 78 + b"\r\n" * 1 +
+                       (b"z" * 78 + b"\r\n") * 60)
+    before = inst.count("user.quser")
+    with connect(inst) as c:
+        # at RCPT, from SIZE=
+        mr, rr, _, res = transaction(c, "q@example.org", ["quser", "hank"],
+                                     big, mail_params=" SIZE=%d" % len(big))
+        check(mr.code == 250, "MAIL SIZE=: %r" % mr)
+        check(rr[0].code == 452 and rr[0].enh == "4.2.2",
+              "over quota at RCPT (SIZE=%d, quota 2 KiB): %r"
+              % (len(big), rr[0]))
+        check(codes(res) == [250], "hank: %r" % res)
+        # at DATA, without SIZE=
+        _, rr, _, res = transaction(c, "q@example.org", ["hank", "quser"],
+                                    make_message(uniq("q2"),
+                                                 body=big.split(
+                                                     b"\r\n\r\n", 1)[1]))
+        check(codes(rr) == [250, 250], "RCPT without SIZE: %r" % rr)
+        check(codes(res)[:1] == [250] and len(res) == 2
+              and res[1].code == 452 and res[1].enh == "4.2.2",
+              "DATA over quota: %r" % res)
+        # a small one fits
+        _, rr, _, res = transaction(c, "q@example.org", ["quser"],
+                                    make_message(uniq("q3")))
+        check(codes(res) == [250], "small message under quota: %r %r"
+              % (rr, res))
+    check(inst.count("user.quser") == before + 1, "user.quser: %d new "
+          "messages, expected 1" % (inst.count("user.quser") - before))
+    # a message-count limit
+    inst.create("user.qcount")
+    inst.quota("user.qcount", "none", 1)
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "q@example.org", ["qcount"],
+                                    make_message(uniq("qc1")))
+        check(codes(res) == [250], "first message under a limit of 1: %r %r"
+              % (rr, res))
+        _, rr, _, res = transaction(c, "q@example.org", ["qcount"],
+                                    make_message(uniq("qc2")))
+        got = [r for r in rr + res if r.code != 250]
+        check(got and got[0].code == 452 and got[0].enh == "4.2.2",
+              "second message over a message-count limit of 1: %r %r"
+              % (rr, res))
+    check(inst.count("user.qcount") == 1, "user.qcount has %d messages"
+          % inst.count("user.qcount"))
+
+
+def test_maxmessagesize():
+    inst = main_instance()
+    before = {u: inst.count("user." + u) for u in ("ivan", "hank")}
+    with Survives(inst), connect(inst) as c:
+        r = c.cmd("MAIL FROM:<s@example.org> SIZE=%d" % (MAXSIZE + 1))
+        check(r.code == 552 and r.enh == "5.3.4", "SIZE over: %r" % r)
+        r = c.cmd("MAIL FROM:<s@example.org> SIZE=%d" % (MAXSIZE // 2))
+        check(r.code == 250, "SIZE under: %r" % r)
+        check(c.cmd("RSET").code == 250, "RSET")
+        body = (b"y" * 98 + b"\r\n") * 1500      # 150,000 bytes
+        _, rr, _, res = transaction(c, "s@example.org", ["ivan", "hank"],
+                                    make_message(uniq("big"), body=body))
+        check(codes(rr) == [250, 250], "RCPT: %r" % rr)
+        check(codes(res) == [552, 552] and all(r.enh == "5.3.4"
+                                              for r in res),
+              "over-size DATA: %r" % res)
+        _, rr, _, res = transaction(c, "s@example.org", ["ivan"],
+                                    make_message(uniq("small")))
+        check(codes(res) == [250], "same session after the refusal: %r"
+              % res)
+    check(inst.count("user.hank") == before["hank"], "over-size stored")
+    check(inst.count("user.ivan") == before["ivan"] + 1, "ivan: %d new"
+          % (inst.count("user.ivan") - before["ivan"]))
+
+
+def test_bdat_chunking():
+    inst = main_instance()
+    before = {u: inst.count("user." + u) for u in ("gina", "hank")}
+    msgid = uniq("bdat")
+    msg = make_message(msgid, body=b".dot line stays\r\n..two\r\n"
+                       b"\xc3\xa9\r\n" + b"b" * 5000 + b"\r\n.\r\nend\r\n")
+    cut1, cut2 = 37, len(msg) - 100
+    chunks = [msg[:cut1], msg[cut1:cut2], msg[cut2:]]
+    with Survives(inst), connect(inst) as c:
+        check(c.cmd("MAIL FROM:<b@example.org> BODY=8BITMIME").code == 250,
+              "MAIL")
+        check(codes([c.cmd("RCPT TO:<gina>"), c.cmd("RCPT TO:<hank>")])
+              == [250, 250], "RCPT")
+        c.send(b"BDAT %d\r\n" % len(chunks[0]) + chunks[0])
+        r = c.reply()
+        check(r.code == 250, "BDAT chunk 1: %r" % r)
+        # the rest pipelined, the last chunk with LAST
+        c.send(b"BDAT %d\r\n" % len(chunks[1]) + chunks[1] +
+               b"BDAT %d LAST\r\n" % len(chunks[2]) + chunks[2])
+        rs = c.replies(3)
+        check(codes(rs) == [250, 250, 250], "BDAT 2 + LAST: %r" % rs)
+        # BDAT 0 LAST ends a message too; DATA after BDAT is refused
+        msg2 = make_message(uniq("bdat0"))
+        c.send(b"MAIL FROM:<b@example.org>\r\nRCPT TO:<gina>\r\n"
+               b"BDAT %d\r\n" % len(msg2) + msg2 + b"BDAT 0 LAST\r\n")
+        rs = c.replies(4)
+        check(codes(rs) == [250, 250, 250, 250], "BDAT + BDAT 0 LAST: %r"
+              % rs)
+        c.send(b"MAIL FROM:<b@example.org>\r\nRCPT TO:<gina>\r\n"
+               b"BDAT 5\r\nabcde")
+        check(codes(c.replies(3)) == [250, 250, 250], "BDAT 5")
+        r = c.cmd("DATA")
+        check(r.code == 503, "DATA after BDAT: %r" % r)
+        check(c.cmd("RSET").code == 250, "RSET after BDAT")
+    got = inst.messages("user.hank")[-1]
+    _, _, rest = split_added_headers(got)
+    check(rest == msg, "BDAT message differs: %r..." % rest[:100])
+    check(inst.count("user.gina") == before["gina"] + 2, "gina: %d new"
+          % (inst.count("user.gina") - before["gina"]))
+    check(inst.count("user.hank") == before["hank"] + 1, "hank")
+
+
+def vm_hwm_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def test_oversize_streams():
+    """A 32 MB message over maxmessagesize is read to its end and
+    refused without being held in memory (the serving worker's peak RSS
+    grows by much less than the message), and the session goes on."""
+    inst = main_instance()
+    with Survives(inst), connect(inst) as c:
+        c.send(b"MAIL FROM:<big@example.org>\r\nRCPT TO:<ivan>\r\nDATA\r\n")
+        check(codes(c.replies(3)) == [250, 250, 354], "set-up")
+        wait_until(lambda: len(inst.child_pids("lmtpunix", state="busy"))
+                   == 1, 2)
+        busy = inst.child_pids("lmtpunix", state="busy")
+        hwm0 = vm_hwm_kb(busy[0]) if len(busy) == 1 else None
+        line = b"B" * 1022 + b"\r\n"
+        chunk = line * 1024                        # 1 MiB
+        c.send(make_message(uniq("huge"), body=b"start\r\n"))
+        for _ in range(32):
+            c.send(chunk)
+        c.send(b".\r\n")
+        r = c.reply()
+        check(r.code == 552 and r.enh == "5.3.4", "32 MB message: %r" % r)
+        check(c.cmd("NOOP").code == 250, "NOOP after the refusal")
+        if hwm0 is not None:
+            grew = vm_hwm_kb(busy[0]) - hwm0
+            print("#   worker peak RSS grew by %d KiB while reading 32 MiB"
+                  % grew)
+            check(grew < 8 * 1024, "the worker's peak RSS grew by %d KiB "
+                  "while reading a 32 MiB message it refuses" % grew)
+
+
+def test_mail_parameters():
+    inst = main_instance()
+    before = inst.count("user.ivan")
+    with connect(inst) as c:
+        r = c.cmd("MAIL FROM:<p@example.org> BODY=7BIT AUTH=<> SIZE=100")
+        check(r.code == 250, "MAIL with BODY=7BIT AUTH=<> SIZE=: %r" % r)
+        c.cmd("RSET")
+        r = c.cmd("MAIL FROM:<p@example.org> BODY=8BITMIME")
+        check(r.code == 250, "BODY=8BITMIME: %r" % r)
+        c.cmd("RSET")
+        r = c.cmd("MAIL FROM:<p@example.org> FROBNICATE=yes")
+        check(500 <= r.code < 600, "unknown MAIL parameter: %r" % r)
+        r = c.cmd("MAIL FROM:<p@example.org> SIZE=abc")
+        check(500 <= r.code < 600, "SIZE=abc: %r" % r)
+        c.cmd("RSET")
+        # the null reverse path
+        _, rr, _, res = transaction(c, "", ["ivan"],
+                                    make_message(uniq("null")))
+        check(codes(res) == [250], "MAIL FROM:<>: %r %r" % (rr, res))
+    data = inst.messages("user.ivan")
+    check(len(data) == before + 1, "not delivered")
+    rp, _, _ = split_added_headers(data[-1])
+    check(rp == b"Return-Path: <>", "Return-Path for the null sender: %r"
+          % rp)
+
+
+def test_mailbox_removed_before_data():
+    inst = main_instance()
+    inst.create("user.gone")
+    with connect(inst) as c:
+        check(c.cmd("MAIL FROM:<r@example.org>").code == 250, "MAIL")
+        check(c.cmd("RCPT TO:<gone>").code == 250, "RCPT gone")
+        check(c.cmd("RCPT TO:<hank>").code == 250, "RCPT hank")
+        inst.mbtool("delete", "user.gone")
+        check(c.cmd("DATA").code == 354, "DATA")
+        c.send(dot_stuff(make_message(uniq("gone"))))
+        rs = c.replies(2)
+        check(rs[0].code == 550 and rs[0].enh == "5.1.1",
+              "mailbox removed after RCPT: %r" % rs[0])
+        check(rs[1].code == 250, "the other recipient: %r" % rs[1])
+
+
+def test_store_failure_is_4xx():
+    """A delivery the store cannot make (the mailbox directory is not
+    writable for the server) is answered 4xx, never 250, and nothing is
+    visible; once fixed, the same message is delivered."""
+    if os.geteuid() == 0 and RUN_AS is None:
+        raise Skip("the servers run as root: permissions do not bind")
+    inst = main_instance()
+    d = inst.mailbox_dir("user.hank")
+    before = inst.count("user.hank")
+    msg = make_message(uniq("eacces"))
+    mode = os.stat(d).st_mode & 0o7777
+    os.chmod(d, 0o500)
+    try:
+        with Survives(inst), connect(inst) as c:
+            _, rr, _, res = transaction(c, "t@example.org", ["hank"], msg)
+            got = (rr[0] if rr and rr[0].code != 250 else
+                   (res[0] if res else None))
+            check(got is not None and got.code == 451
+                  and got.enh == "4.3.0", "unwritable mailbox: RCPT %r "
+                  "DATA %r (451 4.3.0 expected)" % (rr, res))
+    finally:
+        os.chmod(d, mode)
+    check(inst.count("user.hank") == before, "a file appeared anyway")
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "t@example.org", ["hank"], msg)
+        check(codes(res) == [250], "after the repair: %r %r" % (rr, res))
+    check(inst.count("user.hank") == before + 1, "not delivered after the "
+          "repair (a duplicate record left by the failed attempt?)")
+
+
+# ---- bad input ----------------------------------------------------------------
+
+def test_long_command_line():
+    inst = main_instance()
+    with Survives(inst), connect(inst) as c:
+        c.send(b"NOOP " + b"x" * 100000 + b"\r\nNOOP\r\n")
+        rs = c.replies(2)
+        check(rs[0].code == 500 and rs[0].enh == "5.5.2",
+              "100,000-byte line: %r" % rs[0])
+        check(rs[1].code == 250, "NOOP after the long line: %r "
+              "(one reply per line expected)" % rs[1])
+        # inside a transaction the session stays in sync
+        check(c.cmd("MAIL FROM:<l@example.org>").code == 250, "MAIL")
+        r = c.cmd(b"RCPT TO:<" + b"a" * 100000 + b"@test.example>")
+        check(r.code == 500, "long RCPT: %r" % r)
+        r = c.cmd("RCPT TO:<erin>")
+        check(r.code == 250, "RCPT after the long one: %r" % r)
+        r = c.cmd("DATA")
+        check(r.code == 354, "DATA: %r" % r)
+        c.send(dot_stuff(make_message(uniq("afterlong"))))
+        r = c.reply()
+        check(r.code == 250, "delivery after the long RCPT: %r" % r)
+        check(c.cmd("NOOP").code == 250, "NOOP")
+    # a long text line inside DATA: refused at the end, in sync after
+    with Survives(inst), connect(inst) as c:
+        before = inst.count("user.erin")
+        body = b"ok\r\n" + b"L" * 100000 + b"\r\nok\r\n"
+        _, rr, _, res = transaction(c, "l@example.org", ["erin"],
+                                    make_message(uniq("longdata"),
+                                                 body=body))
+        check(codes(res) == [554] and res[0].enh == "5.6.0",
+              "100,000-byte line in DATA: %r" % res)
+        check(c.cmd("NOOP").code == 250, "NOOP after the long DATA line")
+        check(inst.count("user.erin") == before, "stored anyway")
+
+
+def _data_refused(inst, body, what, rcpts=("erin", "hank")):
+    before = {r: inst.count("user." + r) for r in rcpts}
+    with Survives(inst), connect(inst) as c:
+        c.send(b"MAIL FROM:<bad@example.org>\r\n" +
+               b"".join(b"RCPT TO:<%s>\r\n" % r.encode() for r in rcpts) +
+               b"DATA\r\n")
+        rs = c.replies(2 + len(rcpts))
+        check(codes(rs) == [250] * (1 + len(rcpts)) + [354], "%s: %r"
+              % (what, rs))
+        c.send(body + b"\r\n.\r\n")
+        rs = c.replies(len(rcpts))
+        check(all(r.code == 554 and r.enh == "5.6.0" for r in rs),
+              "%s: %r (554 5.6.0 for each recipient expected)" % (what, rs))
+        r = c.cmd("NOOP")
+        check(r.code == 250, "%s: NOOP after the refusal: %r" % (what, r))
+    after = {r: inst.count("user." + r) for r in rcpts}
+    # Survives delivered one to erin afterwards
+    before["erin"] += 1
+    check(after == before, "%s: stored anyway (%r -> %r)"
+          % (what, before, after))
+    return rs
+
+
+def test_bare_lf_refused():
+    rs = _data_refused(main_instance(),
+                       b"Subject: lf\r\n\r\nline one\nline two\r\nthree",
+                       "bare LF")
+    check("bare" in rs[0].text.lower(), "reply does not name the bare "
+          "newline: %r" % rs[0])
+    _data_refused(main_instance(), b"Subject: cr\r\n\r\nline\rone\r\n",
+                  "bare CR")
+
+
+def test_lf_terminator_accepted():
+    """A bare LF ending the terminator line (".\\n") ends the message."""
+    inst = main_instance()
+    before = inst.count("user.erin")
+    msg = make_message(uniq("lfdot"))
+    with connect(inst) as c:
+        c.send(b"MAIL FROM:<t@example.org>\r\nRCPT TO:<erin>\r\nDATA\r\n")
+        check(codes(c.replies(3)) == [250, 250, 354], "set-up")
+        c.send(msg + b".\n")
+        c.settimeout(10)
+        r = c.reply()
+        check(r.code == 250, "message ended by \".\\n\": %r" % r)
+        check(c.cmd("NOOP").code == 250, "NOOP")
+    data = inst.messages("user.erin")
+    check(len(data) == before + 1, "not stored")
+    check(split_added_headers(data[-1])[2] == msg, "content differs")
+
+
+def test_nul_refused():
+    rs = _data_refused(main_instance(),
+                       b"Subject: nul\r\n\r\nbefore\x00after\r\n", "NUL")
+    check("nul" in rs[0].text.lower(), "reply does not name NUL: %r" % rs[0])
+
+
+def test_disconnect_inside_data():
+    inst = main_instance()
+    with Survives(inst):
+        before = inst.count("user.erin")
+        for cut in ("headers", "body"):
+            c = connect(inst)
+            c.send(b"MAIL FROM:<dc@example.org>\r\nRCPT TO:<erin>\r\n"
+                   b"DATA\r\n")
+            check(codes(c.replies(3)) == [250, 250, 354], "set-up")
+            msg = make_message(uniq("dc"), body=b"z" * 20000 + b"\r\n")
+            c.send(msg[:40] if cut == "headers" else msg)
+            time.sleep(0.2)
+            c.close()
+        time.sleep(0.5)
+        check(inst.count("user.erin") == before, "a message cut inside "
+              "DATA was stored")
+        left = wait_until(lambda: not inst.stage_files(), 5) or \
+            inst.stage_files()
+        check(left is True, "staging files left: %s" % left)
+
+
+def test_unknown_and_out_of_order():
+    inst = main_instance()
+    with Survives(inst), Conn(inst.unix_socket) as c:
+        check(c.reply().code == 220, "greeting")
+        r = c.cmd("MAIL FROM:<o@example.org>")
+        check(r.code == 503 and r.enh == "5.5.1", "MAIL before LHLO: %r" % r)
+        r = c.cmd("FROBNICATE now")
+        check(r.code == 500 and r.enh == "5.5.2", "unknown command: %r" % r)
+        check(c.cmd("LHLO o.example").code == 250, "LHLO")
+        r = c.cmd("RCPT TO:<erin>")
+        check(r.code == 503 and r.enh == "5.5.1", "RCPT before MAIL: %r" % r)
+        r = c.cmd("DATA")
+        check(r.code == 503, "DATA before MAIL: %r" % r)
+        r = c.cmd("MAIL TO:<x@example.org>")
+        check(r.code == 501 and r.enh == "5.5.4", "MAIL syntax: %r" % r)
+        r = c.cmd("MAIL FROM:<o@example.org>")
+        check(r.code == 250, "MAIL: %r" % r)
+        r = c.cmd("MAIL FROM:<o@example.org>")
+        check(r.code == 503, "second MAIL in a transaction: %r" % r)
+        r = c.cmd("RCPT TO:")
+        check(r.code == 501, "RCPT without address: %r" % r)
+        r = c.cmd("RCPT TO:<nobody>")
+        check(r.code == 550, "unknown: %r" % r)
+        r = c.cmd("DATA")
+        check(r.code == 503 and r.enh == "5.5.1",
+              "DATA without an accepted recipient: %r" % r)
+        # the chunk of a refused BDAT is still read (RFC 3030 4.2)
+        c.send(b"BDAT 3 LAST\r\nabcNOOP\r\n")
+        rs = c.replies(2)
+        check(rs[0].code == 503, "BDAT without a recipient: %r" % rs[0])
+        check(rs[1].code == 250, "the refused BDAT's chunk was not "
+              "consumed: NOOP got %r" % rs[1])
+        check(c.cmd("RSET").code == 250, "RSET")
+        _, rr, _, res = transaction(c, "o@example.org", ["erin"],
+                                    make_message(uniq("ooo")))
+        check(codes(res) == [250], "a transaction after the errors: %r %r"
+              % (rr, res))
+
+
+def test_too_many_recipients():
+    """10,000 RCPTs in one transaction, written by one thread while
+    another reads the replies (neither side can block the other)."""
+    inst = main_instance()
+    n = 10000
+    rcpts = ["alice", "bob", "carol", "gina", "hank"]
+    with Survives(inst), connect(inst) as c:
+        c.settimeout(60)
+        out = [b"MAIL FROM:<many@example.org>\r\n"]
+        out += [b"RCPT TO:<%s>\r\n" % rcpts[i % len(rcpts)].encode()
+                for i in range(n)]
+        out.append(b"RSET\r\n")
+        errors = []
+
+        def writer():
+            try:
+                c.send(b"".join(out))
+            except OSError as e:
+                errors.append(e)
+        t0 = time.monotonic()
+        th = threading.Thread(target=writer)
+        th.start()
+        try:
+            rs = c.replies(n + 2)
+        finally:
+            th.join(60)
+        took = time.monotonic() - t0
+        check(not errors, "writer: %r" % errors)
+        check(rs[0].code == 250, "MAIL: %r" % rs[0])
+        rc = rs[1:n + 1]
+        ok = [r for r in rc[:MAXRCPT] if r.code != 250]
+        check(not ok, "among the first %d RCPTs %d refused, e.g. %r"
+              % (MAXRCPT, len(ok), ok[:2]))
+        bad = [r for r in rc[MAXRCPT:] if not (r.code == 452
+                                               and r.enh == "4.5.3")]
+        check(not bad, "%d of the RCPTs past %d not 452 4.5.3, e.g. %r"
+              % (len(bad), MAXRCPT, bad[:2]))
+        check(rs[-1].code == 250, "RSET: %r" % rs[-1])
+        print("#   10,000 RCPTs answered in %.2f s" % took)
+
+
+def test_timeout_421():
+    inst = main_instance()
+    with connect(inst) as c:
+        t0 = time.monotonic()
+        c.settimeout(TIMEOUT + 20)
+        try:
+            r = c.reply()
+        except (ConnectionClosed, socket.timeout) as e:
+            raise Fail("no 421 after %.1f s of silence: %r"
+                       % (time.monotonic() - t0, e))
+        took = time.monotonic() - t0
+        check(r.code == 421 and r.enh == "4.4.2", "timeout reply %r" % r)
+        check(TIMEOUT - 1 <= took <= TIMEOUT + 15, "421 after %.1f s with "
+              "lmtp_timeout %d" % (took, TIMEOUT))
+        check(c.at_eof(), "still open after 421")
+
+
+def test_run_by_hand():
+    """lmtpd with stdin/stdout (fd 3 not a socket) serves one session."""
+    inst = main_instance()
+    before = inst.count("user.ivan")
+    msg = make_message(uniq("hand"))
+    script = (b"LHLO hand.example\r\nMAIL FROM:<h@example.org>\r\n"
+              b"RCPT TO:<ivan>\r\nDATA\r\n" + dot_stuff(msg) + b"QUIT\r\n")
+    r = subprocess.run([LMTPD, "-C", inst.imapd_conf], input=script,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       preexec_fn=drop_privileges, timeout=60)
+    out = r.stdout.decode(errors="replace")
+    codes_seen = re.findall(r"^(\d{3}) ", out, re.M)
+    check(codes_seen == ["220", "250", "250", "250", "354", "250", "221"],
+          "replies %r (stderr %r)" % (codes_seen, r.stderr[-300:]))
+    check(r.returncode == 0, "exit status %d" % r.returncode)
+    check(inst.count("user.ivan") == before + 1, "not delivered")
+
+
+# ---- TCP, swaks, STARTTLS, AUTH ----------------------------------------------
+
+def swaks(*args, timeout=60):
+    r = subprocess.run(["swaks", "--timeout", "30", "--from",
+                        "swaks@example.org", "--helo", "swaks.example"]
+                       + list(args), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=timeout)
+    return r.returncode, r.stdout.decode(errors="replace")
+
+
+def find_by_header(inst, box, name, value):
+    for data in inst.messages(box):
+        if header_value(data, name) == value:
+            return data
+    return None
+
+
+def test_swaks_unix_socket():
+    inst = main_instance()
+    tag = uniq("swu")
+    rc, out = swaks("--socket", inst.unix_socket, "--protocol", "LMTP",
+                    "--to", "bob@test.example,nobody@test.example",
+                    "--header", "X-Test-Id: %s" % tag)
+    check(re.search(r"(?m)^<\S*\s+550 5\.1\.1", out), "no 550 5.1.1 for the "
+          "unknown recipient:\n%s" % out[-1500:])
+    check(find_by_header(inst, "user.bob", "X-Test-Id", tag),
+          "swaks over the UNIX socket: not delivered (rc %d):\n%s"
+          % (rc, out[-1500:]))
+
+
+def test_tcp_requires_auth():
+    inst = main_instance()
+    with connect(inst, inst.tcp_addr()) as c:
+        r = c.cmd("MAIL FROM:<t@example.org>")
+        check(r.code == 530 and r.enh == "5.7.0", "MAIL without AUTH over "
+              "TCP: %r" % r)
+        r = c.cmd("LHLO again.example")
+        ext = " ".join(r.lines[1:]).upper()
+        check("STARTTLS" in ext, "STARTTLS not advertised: %r" % r)
+        check(not re.search(r"AUTH\b.*\bPLAIN", ext),
+              "AUTH PLAIN offered without TLS (allowplaintext: no): %r" % r)
+    tag = uniq("swt")
+    rc, out = swaks("--server", "127.0.0.1", "--port", str(inst.tcp_port),
+                    "--protocol", "LMTP", "--to", "carol@test.example",
+                    "--header", "X-Test-Id: %s" % tag)
+    check(rc != 0 and re.search(r"(?m)^<\S*\s+530", out),
+          "swaks over TCP without AUTH: rc %d, no 530:\n%s"
+          % (rc, out[-1500:]))
+    check(not find_by_header(inst, "user.carol", "X-Test-Id", tag),
+          "delivered without AUTH")
+
+
+def test_swaks_tcp_preauth():
+    inst = main_instance()
+    tag = uniq("swa")
+    rc, out = swaks("--server", "127.0.0.1", "--port",
+                    str(inst.tcp_preauth_port), "--protocol", "LMTP",
+                    "--to", "carol@test.example",
+                    "--header", "X-Test-Id: %s" % tag)
+    check(rc == 0, "swaks over TCP to lmtpd -a: rc %d:\n%s"
+          % (rc, out[-1500:]))
+    check(find_by_header(inst, "user.carol", "X-Test-Id", tag),
+          "swaks over TCP (-a): not delivered")
+
+
+def test_starttls_auth_plain():
+    r = subprocess.run(["swaks", "--support"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=30)
+    tls = [l for l in r.stdout.decode(errors="replace").splitlines()
+           if " TLS " in l]
+    check(tls and "TLS supported" in tls[0], "swaks cannot do TLS (Debian "
+          "package libnet-ssleay-perl missing?): %s" % tls)
+    inst = main_instance()
+    addr = ("127.0.0.1", inst.tcp_port)
+    # STARTTLS by hand: the extensions change
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with connect(inst, addr) as c:
+        r = c.cmd("STARTTLS")
+        check(r.code == 220, "STARTTLS: %r" % r)
+        c.starttls(ctx)
+        r = c.cmd("LHLO tls.example")
+        ext = " ".join(r.lines[1:]).upper()
+        check(r.code == 250 and "STARTTLS" not in ext,
+              "STARTTLS advertised again under TLS: %r" % r)
+        check(re.search(r"AUTH\b.*\bPLAIN", ext), "AUTH PLAIN not offered "
+              "under TLS: %r" % r)
+        r = c.cmd("MAIL FROM:<t@example.org>")
+        check(r.code == 530, "MAIL under TLS without AUTH: %r" % r)
+    # AUTH by hand: bad base64, wrong password, right one, AUTH again
+    import base64
+    with connect(inst, addr) as c:
+        check(c.cmd("STARTTLS").code == 220, "STARTTLS")
+        c.starttls(ctx)
+        check(c.cmd("LHLO tls.example").code == 250, "LHLO under TLS")
+        r = c.cmd("AUTH PLAIN !!notbase64!!")
+        check(r.code == 501, "AUTH PLAIN with bad base64: %r" % r)
+        bad = base64.b64encode(b"\0" + SASL_USER.encode() + b"\0nope")
+        r = c.cmd(b"AUTH PLAIN " + bad)
+        check(r.code == 535 and r.enh == "5.7.8", "wrong password: %r" % r)
+        r = c.cmd("AUTH PLAIN")
+        check(r.code == 334, "AUTH PLAIN without initial response: %r" % r)
+        r = c.cmd("*")
+        check(r.code == 501, "AUTH cancelled with *: %r" % r)
+        good = base64.b64encode(b"\0" + SASL_USER.encode() + b"\0"
+                                + SASL_PASS.encode())
+        r = c.cmd(b"AUTH PLAIN " + good)
+        check(r.code == 235, "right password: %r" % r)
+        r = c.cmd(b"AUTH PLAIN " + good)
+        check(r.code == 503, "second AUTH: %r" % r)
+        _, rr, _, res = transaction(c, "a@example.org", ["dave"],
+                                    make_message(uniq("rawauth")))
+        check(codes(res) == [250], "delivery after AUTH: %r %r" % (rr, res))
+    # plaintext pipelined behind STARTTLS must not be executed under TLS
+    with connect(inst, addr) as c:
+        c.send(b"STARTTLS\r\nLHLO injected.example\r\n")
+        r = c.reply()
+        check(r.code == 220, "STARTTLS: %r" % r)
+        try:
+            c.starttls(ctx)
+        except (ssl.SSLError, OSError):
+            pass            # the server fed the bytes to TLS: refused
+        else:
+            c.settimeout(10)
+            r = c.cmd("NOOP")
+            check(r.code == 250 and len(r.lines) == 1,
+                  "the command sent in plaintext behind STARTTLS was "
+                  "answered under TLS: %r" % r)
+    # swaks: STARTTLS + AUTH LOGIN
+    tag = uniq("swlogin")
+    rc, out = swaks("--server", "127.0.0.1", "--port", str(inst.tcp_port),
+                    "--protocol", "LMTP", "-tls", "-a", "LOGIN",
+                    "-au", SASL_USER, "-ap", SASL_PASS,
+                    "--to", "dave@test.example",
+                    "--header", "X-Test-Id: %s" % tag)
+    check(rc == 0 and find_by_header(inst, "user.dave", "X-Test-Id", tag),
+          "swaks STARTTLS + AUTH LOGIN: rc %d:\n%s" % (rc, out[-1500:]))
+    # swaks: STARTTLS + AUTH PLAIN, right password
+    tag = uniq("swtls")
+    rc, out = swaks("--server", "127.0.0.1", "--port", str(inst.tcp_port),
+                    "--protocol", "LMTP", "-tls", "-a", "PLAIN",
+                    "-au", SASL_USER, "-ap", SASL_PASS,
+                    "--to", "dave@test.example",
+                    "--header", "X-Test-Id: %s" % tag)
+    check(rc == 0, "swaks STARTTLS + AUTH PLAIN: rc %d:\n%s"
+          % (rc, out[-2000:]))
+    check(re.search(r"(?m)^<\S*\s+235", out), "no 235 for AUTH:\n%s" % out[-1500:])
+    data = find_by_header(inst, "user.dave", "X-Test-Id", tag)
+    check(data, "swaks STARTTLS + AUTH: not delivered")
+    _, recv, _ = split_added_headers(data)
+    text = b" ".join(x.strip() for x in recv).decode(errors="replace")
+    check(re.search(r"\bwith LMTPSA\b", text), "Received does not say "
+          "LMTPSA (TLS + AUTH): %r" % text)
+    # wrong password: 535, nothing delivered
+    tag = uniq("swbad")
+    rc, out = swaks("--server", "127.0.0.1", "--port", str(inst.tcp_port),
+                    "--protocol", "LMTP", "-tls", "-a", "PLAIN",
+                    "-au", SASL_USER, "-ap", "wrong-" + SASL_PASS,
+                    "--to", "dave@test.example",
+                    "--header", "X-Test-Id: %s" % tag)
+    check(rc != 0 and re.search(r"(?m)^<\S*\s+535", out),
+          "wrong password: rc %d, no 535:\n%s" % (rc, out[-1500:]))
+    check(not find_by_header(inst, "user.dave", "X-Test-Id", tag),
+          "delivered with a wrong password")
+    # unknown user: 535 too
+    rc, out = swaks("--server", "127.0.0.1", "--port", str(inst.tcp_port),
+                    "--protocol", "LMTP", "-tls", "-a", "PLAIN",
+                    "-au", "mallory", "-ap", SASL_PASS,
+                    "--to", "dave@test.example", "--quit-after", "AUTH")
+    check(re.search(r"(?m)^<\S*\s+535", out), "unknown SASL user: no 535:\n%s"
+          % out[-1500:])
+
+
+# ---- the second instance ---------------------------------------------------
+
+def test_strict_instance():
+    """lmtp_over_quota_perm_failure: yes -> 552 5.2.2; lmtp_bare_newlines:
+    fix -> bare LF stored as CRLF; maxheaderlines: 20 -> 554 5.6.0."""
+    with Instance("strict", conf={"lmtp_over_quota_perm_failure": "yes",
+                                  "lmtp_bare_newlines": "fix",
+                                  "maxheaderlines": "20"}) as inst:
+        inst.create("user.quser")
+        inst.create("user.fix")
+        inst.quota("user.quser", 1)
+        inst.write_cyrus_conf(prefork=1, maxchild=4)
+        inst.start()
+        big = make_message(uniq("pq"), body=(b"p" * 78 + b"\r\n") * 40)
+        with connect(inst) as c:
+            _, rr, _, _ = transaction(c, "q@example.org", ["quser"], big,
+                                      mail_params=" SIZE=%d" % len(big))
+            check(rr and rr[0].code == 552 and rr[0].enh == "5.2.2",
+                  "over quota at RCPT with perm failure: %r" % rr)
+            c.cmd("RSET")
+            _, rr, _, res = transaction(c, "q@example.org", ["quser"], big)
+            check(codes(rr) == [250] and codes(res) == [552]
+                  and res[0].enh == "5.2.2", "over quota at DATA: %r %r"
+                  % (rr, res))
+            body = b"one\ntwo\r\nthree\nfour\r\n"
+            msg = make_message(uniq("fix"), body=body)
+            _, rr, _, res = transaction(c, "f@example.org", ["fix"], msg)
+            check(codes(res) == [250], "bare LF with fix: %r" % res)
+            hdrs = ["X-H%d: v" % i for i in range(30)]
+            _, rr, _, res = transaction(c, "f@example.org", ["fix"],
+                                        make_message(uniq("hdr"),
+                                                     extra_headers=hdrs))
+            check(codes(res) == [554] and res[0].enh == "5.6.0",
+                  "35 header lines with maxheaderlines 20: %r" % res)
+        check(inst.count("user.quser") == 0, "over-quota stored")
+        msgs = inst.messages("user.fix")
+        check(len(msgs) == 1, "user.fix has %d messages" % len(msgs))
+        _, _, rest = split_added_headers(msgs[0])
+        check(rest == msg.replace(b"one\ntwo", b"one\r\ntwo")
+              .replace(b"three\nfour", b"three\r\nfour"),
+              "bare LF not turned into CRLF: %r" % rest[-40:])
+
+
+def test_main_instance_stops_clean():
+    """Last: the shared instance stops by SIGTERM, nothing left behind,
+    no worker crashed during the whole run, every mailbox checks."""
+    global _main
+    inst = main_instance()
+    _main = None
+    try:
+        for box in ["user." + u for u in USERS] + ["user.alice.Lists",
+                                                    "shared.news"]:
+            rc, out, err = inst.mbtool("check", box, check_rc=False)
+            check(rc == 0, "mbtool check %s: %s%s" % (box, out, err))
+        check(not inst.stage_files(), "staging files left: %s"
+              % inst.stage_files()[:5])
+    finally:
+        problems = inst.stop()
+        trouble = inst.worker_trouble(inst.log())
+        if not problems and not trouble:
+            inst.cleanup()
+    check(not problems, "; ".join(problems))
+    check(not trouble, "worker trouble in the log: %s"
+          % " | ".join(trouble[:5]))
+
+
+TESTS = [
+    test_greeting_and_commands,
+    test_multi_rcpt_replies,
+    test_pipelined_commands,
+    test_dots_and_8bit_byte_exact,
+    test_duplicate_suppression,
+    test_plus_addressing,
+    test_hostile_recipients,
+    test_over_quota,
+    test_maxmessagesize,
+    test_oversize_streams,
+    test_mail_parameters,
+    test_mailbox_removed_before_data,
+    test_store_failure_is_4xx,
+    test_bdat_chunking,
+    test_long_command_line,
+    test_bare_lf_refused,
+    test_lf_terminator_accepted,
+    test_nul_refused,
+    test_disconnect_inside_data,
+    test_unknown_and_out_of_order,
+    test_too_many_recipients,
+    test_run_by_hand,
+    test_swaks_unix_socket,
+    test_tcp_requires_auth,
+    test_swaks_tcp_preauth,
+    test_starttls_auth_plain,
+    test_timeout_421,
+    test_strict_instance,
+    test_main_instance_stops_clean,
+]
+
+
+def main():
+    try:
+        return run_tests(TESTS)
+    finally:
+        if _main is not None:       # a subset run: stop and remove it
+            _main.stop()
+            _main.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""test_postfix.py - a real upstream MTA in front of lmtpd.
+
+The test runs a private Postfix instance (its own config_directory,
+queue_directory and data_directory under the test's directory; chroot
+off; an SMTP listener on 127.0.0.1:free port; relay_domains = the test
+domain with relay_transport = lmtp:unix:THE-LMTP-SOCKET), submits 2,000
+messages with unique Message-IDs to Postfix's smtpd over SMTP from several
+threads, spread over 20 mailboxes, and waits until every message is in its
+mailbox and `postqueue -p` says the queue is empty.  Then every Message-ID
+must be in the spool exactly once, in the right mailbox, and Postfix's log
+must show no bounce.  Postfix is stopped with `postfix stop` (`postfix
+abort` and SIGKILL of its master as fallbacks) and must be gone.
+
+Needs root (postfix start) and Debian's postfix package; the system's own
+Postfix (/etc/postfix) is never started or touched.
+
+Environment: see lmtphelp.py; POSTFIX_MESSAGES (default 2000).
+"""
+import os
+import pwd
+import re
+import shutil
+import signal
+import smtplib
+import subprocess
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True     # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lmtphelp import (Fail, Instance, Skip, alive, check, free_port,  # noqa: E402
+                      header_value, make_message, run_tests, wait_until)
+
+NMSG = int(os.environ.get("POSTFIX_MESSAGES") or "2000")
+NBOX = 20
+NTHREADS = 8
+DOMAIN = "test.example"
+POSTFIX = shutil.which("postfix") or "/usr/sbin/postfix"
+POSTQUEUE = shutil.which("postqueue") or "/usr/sbin/postqueue"
+
+MASTER_CF = """\
+# service type  private unpriv  chroot  wakeup  maxproc command
+{listen} inet  n       -       n       -       -       smtpd
+pickup    unix  n       -       n       60      1       pickup
+cleanup   unix  n       -       n       -       0       cleanup
+qmgr      unix  n       -       n       300     1       qmgr
+rewrite   unix  -       -       n       -       -       trivial-rewrite
+bounce    unix  -       -       n       -       0       bounce
+defer     unix  -       -       n       -       0       bounce
+trace     unix  -       -       n       -       0       bounce
+verify    unix  -       -       n       -       1       verify
+flush     unix  n       -       n       1000?   0       flush
+proxymap  unix  -       -       n       -       -       proxymap
+proxywrite unix -       -       n       -       1       proxymap
+smtp      unix  -       -       n       -       -       smtp
+relay     unix  -       -       n       -       -       smtp
+showq     unix  n       -       n       -       -       showq
+error     unix  -       -       n       -       -       error
+retry     unix  -       -       n       -       -       error
+discard   unix  -       -       n       -       -       discard
+lmtp      unix  -       -       n       -       -       lmtp
+anvil     unix  -       -       n       -       1       anvil
+scache    unix  -       -       n       -       1       scache
+postlog   unix-dgram n  -       n       -       1       postlogd
+"""
+
+
+class Postfix:
+    """A private Postfix instance below base."""
+
+    def __init__(self, base, lmtp_socket):
+        self.base = base
+        self.confdir = os.path.join(base, "etc")
+        self.queue = os.path.join(base, "queue")
+        self.data = os.path.join(base, "data")
+        self.logfile = os.path.join(base, "postfix.log")
+        self.port = free_port()
+        pw = pwd.getpwnam("postfix")
+        for d in (base, self.confdir, self.queue, self.data):
+            os.makedirs(d, exist_ok=True)
+            os.chmod(d, 0o755)
+        os.chown(self.data, pw.pw_uid, pw.pw_gid)
+        main_cf = {
+            "compatibility_level": "3.6",
+            "queue_directory": self.queue,
+            "data_directory": self.data,
+            "mail_owner": "postfix",
+            "setgid_group": "postdrop",
+            "myhostname": "mta.test.invalid",
+            "mydomain": "test.invalid",
+            "myorigin": "$myhostname",
+            "mydestination": "",
+            "local_recipient_maps": "",
+            "alias_maps": "",
+            "alias_database": "",
+            "inet_interfaces": "127.0.0.1",
+            "inet_protocols": "ipv4",
+            "mynetworks": "127.0.0.0/8",
+            "smtpd_relay_restrictions": "permit_mynetworks, "
+                                        "reject_unauth_destination",
+            "relay_domains": DOMAIN,
+            "relay_transport": "lmtp:unix:%s" % lmtp_socket,
+            "default_transport": "error:this test relays only to %s"
+                                 % DOMAIN,
+            "lmtp_destination_concurrency_limit": "20",
+            "default_process_limit": "50",
+            "in_flow_delay": "0",
+            "queue_run_delay": "1s",
+            "minimal_backoff_time": "1s",
+            "maximal_backoff_time": "2s",
+            "smtputf8_enable": "no",
+            "biff": "no",
+            "append_dot_mydomain": "no",
+            "smtpd_tls_security_level": "none",
+            "smtp_tls_security_level": "none",
+            "lmtp_tls_security_level": "none",
+            "maillog_file": self.logfile,
+            "import_environment": "MAIL_CONFIG MAIL_DEBUG MAIL_LOGTAG TZ "
+                                  "LANG=C",
+            "syslog_name": "postfix-lmtptest",
+        }
+        with open(os.path.join(self.confdir, "main.cf"), "w") as f:
+            for k, v in main_cf.items():
+                f.write("%s = %s\n" % (k, v))
+        with open(os.path.join(self.confdir, "master.cf"), "w") as f:
+            f.write(MASTER_CF.format(listen="127.0.0.1:%d" % self.port))
+        self.started = False
+
+    def run(self, *args, timeout=120):
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+        r = subprocess.run([POSTFIX, "-c", self.confdir] + list(args),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, env=env)
+        return r.returncode, r.stdout.decode(errors="replace")
+
+    def master_pid(self):
+        try:
+            with open(os.path.join(self.queue, "pid", "master.pid")) as f:
+                pid = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if alive(pid) else None
+
+    def start(self):
+        rc, out = self.run("check")
+        check(rc == 0, "postfix check: %s" % out[-800:])
+        rc, out = self.run("start")
+        self.started = True
+        check(rc == 0, "postfix start: %s" % out[-800:])
+        ok = wait_until(lambda: self.master_pid() and self.smtp_ready(), 30,
+                        0.2)
+        check(ok, "Postfix's smtpd does not answer on port %d: %s"
+              % (self.port, self.log()[-800:]))
+
+    def smtp_ready(self):
+        try:
+            s = smtplib.SMTP("127.0.0.1", self.port, timeout=5)
+        except OSError:
+            return False
+        try:
+            s.quit()
+        except smtplib.SMTPException:
+            pass
+        return True
+
+    def queue_listing(self):
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+        r = subprocess.run([POSTQUEUE, "-c", self.confdir, "-p"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=60, env=env)
+        return r.stdout.decode(errors="replace")
+
+    def queue_empty(self):
+        return "Mail queue is empty" in self.queue_listing()
+
+    def flush(self):
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+        subprocess.run([POSTQUEUE, "-c", self.confdir, "-f"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=60, env=env)
+
+    def log(self):
+        try:
+            with open(self.logfile, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def stop(self):
+        """postfix stop; abort and SIGKILL as fallbacks.  Returns a list
+        of problems."""
+        problems = []
+        if not self.started:
+            return problems
+        pid = self.master_pid()
+        rc, out = self.run("stop", timeout=60)
+        if rc != 0 and pid:
+            problems.append("postfix stop: exit %d: %s" % (rc, out[-300:]))
+        if pid and not wait_until(lambda: not alive(pid), 20, 0.1):
+            problems.append("Postfix master %d alive 20 s after stop" % pid)
+            self.run("abort", timeout=60)
+            if not wait_until(lambda: not alive(pid), 10, 0.1):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        # its children (smtpd, qmgr, lmtp, ...) leave with the master
+        left = wait_until(lambda: not self.processes() or None, 10, 0.1)
+        if left is None:
+            rest = self.processes()
+            problems.append("Postfix processes left: %s" % rest)
+            for p in rest:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+        self.started = False
+        return problems
+
+    def processes(self):
+        """PIDs of processes of this instance (their command line or
+        environment names our config directory)."""
+        out = []
+        needle = self.confdir.encode()
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % name, "rb") as f:
+                    cmd = f.read()
+                with open("/proc/%s/environ" % name, "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if (needle in cmd or needle in env) and alive(int(name)):
+                out.append(int(name))
+        return out
+
+
+def submit(port, ids, errors, counter, lock):
+    """Send the messages ids over one SMTP connection (reconnecting when
+    the server closes it)."""
+    s = None
+    try:
+        for i in ids:
+            for attempt in range(5):
+                try:
+                    if s is None:
+                        s = smtplib.SMTP("127.0.0.1", port, timeout=60)
+                        s.ehlo("submit.example")
+                    rcpt = "pf%02d@%s" % (i % NBOX, DOMAIN)
+                    msg = make_message(msgid_of(i), subject="pf %d" % i,
+                                       to=rcpt, body=b"message %d\r\n" % i
+                                       + b"x" * (i % 700) + b"\r\n")
+                    refused = s.sendmail("sender@example.org", [rcpt], msg)
+                    if refused:
+                        raise Fail("refused %r" % refused)
+                    with lock:
+                        counter[0] += 1
+                    break
+                except (smtplib.SMTPServerDisconnected, ConnectionError):
+                    s = None
+                    time.sleep(0.1 * (attempt + 1))
+            else:
+                raise Fail("message %d: could not be submitted" % i)
+        if s is not None:
+            s.quit()
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        with lock:
+            errors.append(repr(e))
+
+
+def msgid_of(i):
+    return "pf.%d.%d@submit.example" % (os.getpid(), i)
+
+
+def test_postfix_end_to_end():
+    if os.geteuid() != 0:
+        raise Skip("needs root to start a private Postfix")
+    if not os.access(POSTFIX, os.X_OK):
+        raise Skip("postfix is not installed")
+    try:
+        pwd.getpwnam("postfix")
+    except KeyError:
+        raise Skip("no user postfix")
+    with Instance("postfix") as inst:
+        boxes = ["user.pf%02d" % i for i in range(NBOX)]
+        for b in boxes:
+            inst.create(b)
+        inst.write_cyrus_conf(prefork=2, maxchild=25)
+        inst.start(ready=2)
+        pf = Postfix(inst.path("postfix"), inst.unix_socket)
+        try:
+            pf.start()
+            errors, counter, lock = [], [0], threading.Lock()
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=submit, args=(
+                pf.port, range(k, NMSG, NTHREADS), errors, counter, lock))
+                for k in range(NTHREADS)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            t_submit = time.monotonic() - t0
+            check(not errors, "submission: %s" % "; ".join(errors[:3]))
+            check(counter[0] == NMSG, "%d of %d submitted"
+                  % (counter[0], NMSG))
+
+            def total():
+                return sum(inst.count(b) for b in boxes)
+            last = [0, time.monotonic()]
+
+            def done():
+                n = total()
+                if n != last[0]:
+                    last[0], last[1] = n, time.monotonic()
+                elif time.monotonic() - last[1] > 5:
+                    pf.flush()         # nudge deferred mail
+                    last[1] = time.monotonic()
+                return n >= NMSG and pf.queue_empty()
+            ok = wait_until(done, 180, 0.5)
+            t_all = time.monotonic() - t0
+            n = total()
+            check(ok, "after %.0f s: %d of %d messages delivered; queue:\n%s"
+                  % (t_all, n, NMSG, pf.queue_listing()[-1500:]))
+            log = pf.log()
+            deferred = len(re.findall(r"status=deferred", log))
+            bounced = re.findall(r".*status=bounced.*", log)
+            check(not bounced, "Postfix bounced %d messages, e.g. %s"
+                  % (len(bounced), bounced[:2]))
+            sent = len(re.findall(r"relay=[^,]*lmtp\.sock[^,]*,.*"
+                                  r"status=sent", log))
+            print("#   %d messages: submitted in %.1f s, all delivered "
+                  "after %.1f s (%.0f msg/s end to end); Postfix log: %d "
+                  "sent via lmtp, %d deferrals"
+                  % (NMSG, t_submit, t_all, NMSG / t_all, sent, deferred))
+        finally:
+            problems = pf.stop()
+        check(not problems, "; ".join(problems))
+        # every Message-ID exactly once, in its own mailbox
+        seen = {}
+        for b in boxes:
+            for data in inst.messages(b):
+                mid = header_value(data, "Message-ID")
+                seen.setdefault(mid, []).append(b)
+        missing, dups, wrong = [], [], []
+        for i in range(NMSG):
+            mid = "<%s>" % msgid_of(i)
+            where = seen.pop(mid, [])
+            if not where:
+                missing.append(i)
+            elif len(where) > 1:
+                dups.append((i, where))
+            elif where[0] != "user.pf%02d" % (i % NBOX):
+                wrong.append((i, where[0]))
+        check(not missing, "%d messages missing, e.g. %s"
+              % (len(missing), missing[:5]))
+        check(not dups, "%d messages stored more than once, e.g. %s"
+              % (len(dups), dups[:3]))
+        check(not wrong, "messages in the wrong mailbox: %s" % wrong[:3])
+        check(not seen, "unexpected messages: %s" % list(seen)[:3])
+        for b in boxes:
+            rc, out, err = inst.mbtool("check", b, check_rc=False)
+            check(rc == 0, "mbtool check %s: %s%s" % (b, out, err))
+
+
+TESTS = [test_postfix_end_to_end]
+
+if __name__ == "__main__":
+    sys.exit(run_tests(TESTS))
