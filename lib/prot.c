@@ -52,6 +52,7 @@ struct prot {
     int fd;
     int timeout;                /* seconds, 0 = forever */
     int notsock;                /* fd is not a socket: read()/write() */
+    int (*interrupt)(void);     /* prot_set_interrupt(), or NULL */
 
     unsigned char *in;          /* PROT_BUFSIZE bytes */
     size_t in_start, in_end;
@@ -134,6 +135,12 @@ void prot_free(struct prot **pp)
     *pp = NULL;
 }
 
+void prot_set_interrupt(struct prot *p, int (*check)(void))
+{
+    if (p)
+        p->interrupt = check;
+}
+
 void prot_settimeout(struct prot *p, int seconds)
 {
     p->timeout = seconds > 0 ? seconds : 0;
@@ -150,22 +157,30 @@ static double prot_now(void)
 }
 
 /* Wait until fd is ready for `events` (POLLIN / POLLOUT), at most the
- * timeout.  PROT_OK, PROT_TIMEOUT, PROT_IOERROR. */
+ * timeout.  PROT_OK, PROT_TIMEOUT, PROT_IOERROR, PROT_INTERRUPTED (input
+ * only, when the interrupt check says so; it is asked before each wait
+ * and at least once a second, so a signal arriving just before poll()
+ * is noticed too). */
 static int prot_wait(struct prot *p, short events)
 {
     double deadline = p->timeout ? prot_now() + p->timeout : 0;
+    int (*check)(void) = (events & POLLIN) ? p->interrupt : NULL;
 
     for (;;) {
         struct pollfd pfd = { .fd = p->fd, .events = events, .revents = 0 };
         int ms = -1;
         int r;
 
+        if (check && check())
+            return PROT_INTERRUPTED;
         if (p->timeout) {
             double left = deadline - prot_now();
             if (left <= 0)
                 return PROT_TIMEOUT;
             ms = (int)(left * 1000.0) + 1;
         }
+        if (check && (ms < 0 || ms > 1000))
+            ms = 1000;
         r = poll(&pfd, 1, ms);
         if (r > 0) {
             if (pfd.revents & POLLNVAL) {
@@ -175,8 +190,11 @@ static int prot_wait(struct prot *p, short events)
             /* POLLHUP/POLLERR: let the read or write report it */
             return PROT_OK;
         }
-        if (r == 0)
+        if (r == 0) {
+            if (check && (!p->timeout || prot_now() < deadline))
+                continue;   /* a slice of the wait, not the timeout */
             return PROT_TIMEOUT;
+        }
         if (errno != EINTR) {
             prot_seterror(p, "poll: %s", strerror(errno));
             return PROT_IOERROR;

@@ -48,7 +48,8 @@ enum prot_result {
     PROT_TIMEOUT = -2,    /* nothing arrived / could be sent in time */
     PROT_TOOLONG = -3,    /* line longer than the limit (rest skipped) */
     PROT_IOERROR = -4,    /* read/write error, TLS error */
-    PROT_NOMEM = -5
+    PROT_NOMEM = -5,
+    PROT_INTERRUPTED = -6 /* the interrupt check asked to stop waiting */
 };
 
 enum prot_eol {
@@ -69,6 +70,14 @@ void prot_free(struct prot **pp);
 
 /* Seconds a read or a flush may wait (0 = forever).  Default 0. */
 void prot_settimeout(struct prot *p, int seconds);
+
+/* While check is set, a read that has to wait for input returns
+ * PROT_INTERRUPTED as soon as check() returns non-zero (asked before each
+ * wait, after a signal interrupts it, and at least once a second): how an
+ * idle connection learns that the process is shutting down (lmtpd sets
+ * service_stopping between commands, never inside a message).  Nothing
+ * buffered is lost; the caller decides what to do.  NULL clears. */
+void prot_set_interrupt(struct prot *p, int (*check)(void));
 
 /* One line of at most maxlen bytes (without its end) into line (reset
  * first; NUL-terminated by buf; the line may itself contain NUL bytes:

@@ -1379,12 +1379,23 @@ void lmtp_serve(struct lmtp_server *srv, struct prot *p,
     while (!s.quit) {
         if (!prot_pending(p) && prot_flush(p) != PROT_OK)
             break;
-        if (service_stopping() && !s.mail) {
+        /* between commands nothing is half-stored: a transaction in
+         * progress gets 421 and the client's MTA tries again later */
+        if (service_stopping()) {
             prot_printf(p, "421 4.3.2 %s Service shutting down\r\n",
                         srv->servername);
             break;
         }
+        /* an idle client does not hold up a shutdown (SIGTERM from the
+         * master): the wait for the next command gives way to it */
+        prot_set_interrupt(p, service_stopping);
         r = prot_getline(p, &s.line, LMTP_CMD_MAX, &eol);
+        prot_set_interrupt(p, NULL);
+        if (r == PROT_INTERRUPTED) {
+            prot_printf(p, "421 4.3.2 %s Service shutting down\r\n",
+                        srv->servername);
+            break;
+        }
         if (r == PROT_TOOLONG) {
             lmtp_reply(&s, "500 5.5.2 Line too long");
             continue;

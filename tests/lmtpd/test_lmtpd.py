@@ -20,6 +20,7 @@ LMTP_KEEP).
 import os
 import re
 import smtplib
+import signal
 import socket
 import ssl
 import subprocess
@@ -1050,6 +1051,44 @@ def test_starttls_auth_plain():
           % out[-1500:])
 
 
+def test_sigterm_idle_clients():
+    """SIGTERM to the master while clients sit idle (one between
+    transactions, one after MAIL and RCPT): each gets 421 4.3.2 at once,
+    nothing half-done is stored, and the master exits 0 long before its
+    drain timeout (10 s here)."""
+    with Instance("term") as inst:
+        inst.create("user.term")
+        inst.write_cyrus_conf(prefork=2, maxchild=4)
+        inst.start(ready=2)
+        idle = connect(inst)
+        midtxn = connect(inst)
+        check(midtxn.cmd("MAIL FROM:<t@example.org>").code == 250,
+              "MAIL refused")
+        check(midtxn.cmd("RCPT TO:<term@example.org>").code == 250,
+              "RCPT refused")
+        t0 = time.monotonic()
+        inst.proc.send_signal(signal.SIGTERM)
+        for name, c in (("idle", idle), ("mid-transaction", midtxn)):
+            c.settimeout(5)
+            r = c.reply()
+            check(r.code == 421 and r.enh == "4.3.2",
+                  "%s client got %r instead of 421 4.3.2" % (name, r))
+            check(c.at_eof(), "%s client: connection not closed after 421"
+                  % name)
+            c.close()
+        rc = inst.proc.wait(8)
+        took = time.monotonic() - t0
+        print("#   SIGTERM with 2 idle clients: master exited %d after "
+              "%.2f s" % (rc, took))
+        check(rc == 0, "master exit status %d" % rc)
+        check(took < 5, "master took %.1f s to stop (drain timeout 10 s)"
+              % took)
+        check(inst.count("user.term") == 0, "a message of the "
+              "interrupted transaction was stored")
+        check("crashed" not in inst.log(), "a worker crashed or was "
+              "killed: %s" % inst.log()[-800:])
+
+
 # ---- the second instance ---------------------------------------------------
 
 def test_strict_instance():
@@ -1144,6 +1183,7 @@ TESTS = [
     test_swaks_tcp_preauth,
     test_starttls_auth_plain,
     test_timeout_421,
+    test_sigterm_idle_clients,
     test_strict_instance,
     test_main_instance_stops_clean,
 ]

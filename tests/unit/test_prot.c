@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -329,6 +330,55 @@ static void test_getline_eof(void **state)
     EXPECT(p, 3, PROT_EOF, "abc", PROT_EOL_NONE);
     prot_free(&p);
     close(sv[0]);
+}
+
+/* prot_set_interrupt: a signal handler sets the flag while the reader
+ * waits; the read gives way at once (well before its timeout), buffered
+ * input stays, and without the check the same wait runs to its end. */
+static volatile sig_atomic_t interrupt_flag;
+static int interrupt_check(void) { return interrupt_flag; }
+static void interrupt_handler(int sig) { (void)sig; interrupt_flag = 1; }
+
+static void test_getline_interrupt(void **state)
+{
+    int sv[2];
+    struct prot *p;
+    struct sigaction sa, old;
+    struct itimerval it;
+    double t0, dt;
+    (void)state;
+
+    make_pair(sv);
+    p = prot_new(sv[0]);
+    prot_settimeout(p, 5);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = interrupt_handler;
+    sa.sa_flags = SA_RESTART;
+    assert_int_equal(sigaction(SIGALRM, &sa, &old), 0);
+    interrupt_flag = 0;
+    prot_set_interrupt(p, interrupt_check);
+    memset(&it, 0, sizeof(it));
+    it.it_value.tv_usec = 200000;
+    assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
+    t0 = th_now();
+    EXPECT(p, 100, PROT_INTERRUPTED, "", PROT_EOL_NONE);
+    dt = th_now() - t0;
+    assert_true(dt >= 0.15);
+    assert_true(dt < 2.0);
+    /* already set: no wait at all; a complete buffered line still reads */
+    assert_int_equal(write_all(sv[1], "next\r\n", 6), 0);
+    EXPECT(p, 100, PROT_OK, "next", PROT_EOL_CRLF);
+    EXPECT(p, 100, PROT_INTERRUPTED, "", PROT_EOL_NONE);
+    /* cleared: the wait runs to the timeout */
+    prot_set_interrupt(p, NULL);
+    prot_settimeout(p, 1);
+    t0 = th_now();
+    EXPECT(p, 100, PROT_TIMEOUT, "", PROT_EOL_NONE);
+    assert_true(th_now() - t0 >= 0.9);
+    assert_int_equal(sigaction(SIGALRM, &old, NULL), 0);
+    prot_free(&p);
+    close(sv[0]);
+    close(sv[1]);
 }
 
 static void test_getline_timeout(void **state)
@@ -1328,6 +1378,7 @@ int main(void)
         cmocka_unit_test(test_getline_bytewise),
         cmocka_unit_test(test_getline_eof),
         cmocka_unit_test(test_getline_timeout),
+        cmocka_unit_test(test_getline_interrupt),
         cmocka_unit_test(test_read),
         cmocka_unit_test(test_read_big),
         cmocka_unit_test(test_pending),
