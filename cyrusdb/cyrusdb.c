@@ -5,7 +5,9 @@
  * (read-only handles, empty or over-long keys, fetchlock without a
  * transaction handle), then dispatches through the handle's backend table.
  * cyrusdb_open() also refuses a file written by another backend, naming
- * both, before any backend code touches it.
+ * both, before any backend code touches it, and flag bits it does not
+ * know; the known flags (CYRUSDB_NOSYNC included) go to the backend's open
+ * unchanged and stay in the handle header.
  */
 #include "config.h"
 
@@ -44,6 +46,9 @@ static const struct {
 };
 
 static char cyrusdb_errbuf[1024];
+
+#define CYRUSDB_OPEN_FLAGS (CYRUSDB_CREATE | CYRUSDB_MBOXSORT | CYRUSDB_RDONLY | \
+                            CYRUSDB_NOCOMPACT | CYRUSDB_NOSYNC)
 
 const struct cyrusdb_registry_entry *cyrusdb_lookup(const char *name)
 {
@@ -204,6 +209,13 @@ int cyrusdb_open(const char *backend, const char *fname, int flags,
         snprintf(cyrusdb_errbuf, sizeof(cyrusdb_errbuf),
                  "unknown cyrusdb backend \"%s\" (known: %s)",
                  backend ? backend : "(null)", cyrusdb_names());
+        log_error("cyrusdb: open failed file=<%s> error=<%s>", fname, cyrusdb_errbuf);
+        return CYRUSDB_INTERNAL;
+    }
+    if (flags & ~CYRUSDB_OPEN_FLAGS) {
+        snprintf(cyrusdb_errbuf, sizeof(cyrusdb_errbuf),
+                 "%s: unknown cyrusdb_open flags 0x%x", fname,
+                 (unsigned)(flags & ~CYRUSDB_OPEN_FLAGS));
         log_error("cyrusdb: open failed file=<%s> error=<%s>", fname, cyrusdb_errbuf);
         return CYRUSDB_INTERNAL;
     }

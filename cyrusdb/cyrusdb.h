@@ -60,6 +60,37 @@ enum {
                                  * order stops with CYRUSDB_IOERROR. */
 #define CYRUSDB_RDONLY    0x04  /* open for reading only */
 #define CYRUSDB_NOCOMPACT 0x08  /* never checkpoint automatically (tests, tools) */
+#define CYRUSDB_NOSYNC    0x10  /* commits of this handle need not be durable.
+                                 * A commit still reaches the kernel before
+                                 * cyrusdb_commit() returns, so a killed process
+                                 * loses nothing committed (it is in the page
+                                 * cache), and readers and writers in other
+                                 * processes see it as usual.  A crash of the
+                                 * machine may lose the last commits and, for
+                                 * some backends (skiplist, flat; lmdb on file
+                                 * systems that reorder writes; db3 keeps its
+                                 * write-ahead order and only loses commits),
+                                 * damage the file: open then fails with
+                                 * CYRUSDB_IOERROR or CYRUSDB_BADFORMAT.  Only
+                                 * for data whose loss is harmless (the
+                                 * duplicate database).  The flag belongs to the
+                                 * handle: other handles on the same file keep
+                                 * their durability.  What each backend skips:
+                                 *   skiplist: both fdatasync()s of a commit
+                                 *     (checkpoints and recovery still sync the
+                                 *     rewritten file and the directory before
+                                 *     and after the rename);
+                                 *   flat: the fsync of FNAME.NEW and of the
+                                 *     directory at commit (the rename stays;
+                                 *     cyrusdb_checkpoint() still syncs);
+                                 *   lmdb: LMDB's data sync and synchronous
+                                 *     meta-page write (MDB_NOSYNC, set on the
+                                 *     process's shared environment for this
+                                 *     handle's write transactions only);
+                                 *   db3: the log flush at commit
+                                 *     (DB_TXN_WRITE_NOSYNC, as db3-nosync).
+                                 * cyrusdb_checkpoint() of every backend still
+                                 * makes everything committed so far durable. */
 
 struct cyrusdb;       /* an open database: opaque */
 struct cyrusdb_txn;   /* a write transaction: opaque */
@@ -206,7 +237,8 @@ int cyrusdb_delete(struct cyrusdb *db, const char *key, size_t keylen,
                    struct cyrusdb_txn **tid, int force);
 
 /* End a transaction.  Commit is durable when it returns OK (except for
- * no-sync variants).  Abort leaves no trace.  Both free the transaction. */
+ * no-sync variants and handles opened with CYRUSDB_NOSYNC).  Abort leaves
+ * no trace.  Both free the transaction. */
 int cyrusdb_commit(struct cyrusdb *db, struct cyrusdb_txn *tid);
 int cyrusdb_abort(struct cyrusdb *db, struct cyrusdb_txn *tid);
 

@@ -43,7 +43,12 @@
  * holds (the log is forced before any data page is written), so recovery
  * always brings FNAME back to a consistent committed state.  DB_TXN_NOSYNC
  * was not chosen: it leaves the commit record in the shared log buffer,
- * lost even when only the process dies.  After a crash, recovery (redo of
+ * lost even when only the process dies.  A handle opened with
+ * CYRUSDB_NOSYNC behaves as "db3-nosync" whatever its name.  The choice is
+ * made per transaction (DB_TXN_WRITE_NOSYNC or DB_TXN_SYNC at txn_begin),
+ * never on the shared environment, so other handles and processes on the
+ * same environment keep their durability; a synchronous commit flushes
+ * the whole log, which makes earlier no-sync commits durable too.  After a crash, recovery (redo of
  * committed, undo of uncommitted changes from the log) is run by
  * db3_recover() (ctl_cyrusdb -r, before workers start).  A process that
  * dies while others keep working (a SIGKILLed worker) is handled without
@@ -668,7 +673,8 @@ static int db3_txn_begin(struct db3_db *h, int snapshot, DB_TXN **txn_r)
     if (snapshot) {
         fl = DB_TXN_SNAPSHOT;
     } else {
-        fl = (h->variant & CYRUSDB_VARIANT_NOSYNC)
+        fl = ((h->variant & CYRUSDB_VARIANT_NOSYNC) ||
+              (h->flags & CYRUSDB_NOSYNC))
             ? DB_TXN_WRITE_NOSYNC : DB_TXN_SYNC;
         /* Another handle of this process has a transaction open: its locks
          * cannot be released while we wait, so do not wait for locks. */

@@ -33,7 +33,13 @@
  * the old complete file; rename(2) replaces it atomically by FNAME.NEW,
  * which was fsynced first, so after a crash at any moment FNAME is either
  * the old or the new complete file.  The directory fsync makes the rename
- * itself durable before commit returns.  A stray FNAME.NEW is never read;
+ * itself durable before commit returns.  A handle opened with
+ * CYRUSDB_NOSYNC skips both fsyncs at commit (checkpoint keeps them): the
+ * rename still replaces FNAME atomically for every process, and a killed
+ * process loses nothing, but after a crash of the machine FNAME may be the
+ * old file, or the new one with data blocks that never reached the disk
+ * (empty or holding garbage: damage, found by the next reader or
+ * consistent()).  A stray FNAME.NEW is never read;
  * the next writer (who holds the exclusive lock, so no other writer can be
  * using it) removes and recreates it.  A reader that mapped the old file
  * keeps a consistent view: that file is never changed, only unlinked.
@@ -294,9 +300,11 @@ static int flat_unlock(struct flat_db *db)
  * Replace FNAME by the merge of the map and cs (cs may be NULL: a plain
  * rewrite).  The exclusive lock must be held.  On success the handle is on
  * the new file, still holding the exclusive lock (taken on FNAME.NEW before
- * the rename).
+ * the rename).  sync == 0 (a commit of a CYRUSDB_NOSYNC handle) skips the
+ * fsync of FNAME.NEW and of the directory; the rename is the same.
  */
-static int flat_rewrite(struct flat_db *db, const struct flat_changes *cs)
+static int flat_rewrite(struct flat_db *db, const struct flat_changes *cs,
+                        int sync)
 {
     struct stat st;
     int fd, r;
@@ -335,7 +343,7 @@ static int flat_rewrite(struct flat_db *db, const struct flat_changes *cs)
                               : flat_syserr("write", db->fname_new);
         goto fail;
     }
-    if (fsync(fd) < 0) {
+    if (sync && fsync(fd) < 0) {
         r = flat_syserr("fsync", db->fname_new);
         goto fail;
     }
@@ -346,7 +354,7 @@ static int flat_rewrite(struct flat_db *db, const struct flat_changes *cs)
 
     /* FNAME is the new file from here on, whatever happens next */
     r = CYRUSDB_OK;
-    if (fs_fsync_parent(db->fname) < 0)
+    if (sync && fs_fsync_parent(db->fname) < 0)
         r = flat_syserr("fsync directory", db->fname);
     flat_map_release(&db->map);
     db->map_gen++;
@@ -958,7 +966,7 @@ static int flat_write_op(struct flat_db *db, enum flat_op op,
                          op == FLAT_OP_DELETE) != FLAT_OK)
         r = flat_syserr("malloc", db->fname);
     else if (single)
-        r = flat_rewrite(db, single);
+        r = flat_rewrite(db, single, !(db->flags & CYRUSDB_NOSYNC));
     flat_changes_free(&single);
     return flat_leave(db, tid, r);
 }
@@ -995,7 +1003,7 @@ static int flat_commit(struct cyrusdb *cdb, struct cyrusdb_txn *tid)
     if (!txn || txn != db->txn)
         return CYRUSDB_INTERNAL;
     if (flat_changes_count(txn->changes))
-        r = flat_rewrite(db, txn->changes);
+        r = flat_rewrite(db, txn->changes, !(db->flags & CYRUSDB_NOSYNC));
     u = flat_txn_end(db);
     return r != CYRUSDB_OK ? r : u;
 }
@@ -1108,7 +1116,7 @@ static int flat_checkpoint(struct cyrusdb *cdb)
                   db->fname, offset, why ? why : "?");
         r = CYRUSDB_IOERROR;
     } else {
-        r = flat_rewrite(db, NULL);
+        r = flat_rewrite(db, NULL, 1);   /* durable, NOSYNC or not */
     }
     return flat_leave(db, NULL, r);
 }

@@ -54,7 +54,21 @@
  * syncs again.  A crash at any point leaves the older meta page and the
  * tree it names intact; there is no recovery step.  We open with LMDB's
  * default flags (no MDB_NOSYNC / MDB_NOMETASYNC / MDB_WRITEMAP), so a
- * commit that returned CYRUSDB_OK is on disk.  When the file is created,
+ * commit that returned CYRUSDB_OK is on disk.  Except for a handle opened
+ * with CYRUSDB_NOSYNC: the environment is shared by every handle of the
+ * process on the file (below), so MDB_NOSYNC cannot be given at
+ * mdb_env_open; instead every write transaction sets the environment's
+ * MDB_NOSYNC flag (mdb_env_set_flags) to its handle's choice when it
+ * begins and again just before mdb_txn_commit.  Only one write transaction
+ * per environment is live in a process (see the invariants), so the flag
+ * always belongs to the handle that commits: a CYRUSDB_NOSYNC handle's
+ * commits skip LMDB's fdatasync and write the meta page through the plain
+ * descriptor, and the next commit of a durable handle syncs the whole data
+ * file (its own pages and any earlier unsynced ones) as usual.  Pages are
+ * still written with pwrite() before commit returns, so a killed process
+ * loses nothing; a machine crash may lose the last commits, or on a file
+ * system that reorders writes leave a meta page naming unwritten pages
+ * (lmdb_verify() then reports the damage at open).  When the file is created,
  * its first meta pages are synced and the directory is fsync()ed.  A writer
  * killed mid-transaction (SIGKILL) holds the writer mutex, which is a
  * robust pthread mutex: the next writer gets EOWNERDEAD, LMDB repairs the
@@ -1203,6 +1217,18 @@ static int lmdb_gate(struct lmdb_env *e, int cmd, short type)
     return cmd == F_GETLK && fl.l_type != F_UNLCK ? 1 : 0;
 }
 
+/* Set the environment's MDB_NOSYNC to db's CYRUSDB_NOSYNC, for the write
+ * transaction db begins or commits now (see CRASH SAFETY at the top). */
+static int lmdb_env_durability(struct lmdb_db *db)
+{
+    int rc = mdb_env_set_flags(db->e->env, MDB_NOSYNC,
+                               (db->flags & CYRUSDB_NOSYNC) ? 1 : 0);
+
+    if (rc != MDB_SUCCESS)
+        return lmdb_error(db->e, NULL, "mdb_env_set_flags", rc);
+    return CYRUSDB_OK;
+}
+
 /* Begin t->txn for db: the process-local writer check, LMDB's mutex, then
  * the growth gate. */
 static int lmdb_txn_begin(struct lmdb_db *db, struct cyrusdb_txn *t)
@@ -1217,6 +1243,8 @@ static int lmdb_txn_begin(struct lmdb_db *db, struct cyrusdb_txn *t)
     }
     if (e->rdonly)
         return CYRUSDB_READONLY;
+    if ((r = lmdb_env_durability(db)) != CYRUSDB_OK)
+        return r;
     for (;;) {
         if ((r = lmdb_env_pregrow(e)) != CYRUSDB_OK)
             return r;
@@ -1459,6 +1487,12 @@ static int lmdb_txn_commit(struct lmdb_db *db, struct cyrusdb_txn *t)
 
     if (t->error) {
         r = t->error;
+        lmdb_txn_free(db, t);
+        return r;
+    }
+    /* MDB_NOSYNC as this handle wants it (set at begin; again here, so
+     * that nothing in between can have left another handle's choice) */
+    if ((r = lmdb_env_durability(db)) != CYRUSDB_OK) {
         lmdb_txn_free(db, t);
         return r;
     }

@@ -85,6 +85,8 @@ static int cyrusdb_skiplist_open(const char *fname, int flags, int variant,
         slflags |= SKIPLIST_MBOXSORT;
     if (flags & CYRUSDB_NOCOMPACT)
         slflags |= SKIPLIST_NOCOMPACT;
+    if (flags & CYRUSDB_NOSYNC)
+        slflags |= SKIPLIST_NOSYNC;
     h = calloc(1, sizeof(*h));
     if (!h) {
         *error_r = "out of memory";
@@ -504,8 +506,9 @@ static int cyrusdb_skiplist_checkpoint(struct cyrusdb *db)
     return cyrusdb_skiplist_code(skiplist_checkpoint(h->sl));
 }
 
-/* Recover every skiplist file under dir (recursively; symbolic links and
- * checkpoint leftovers "*.NEW" are skipped). */
+/* Recover every skiplist file under dir (recursively; symbolic links,
+ * checkpoint leftovers "*.NEW" and files set aside as damaged are
+ * skipped). */
 static int cyrusdb_skiplist_recover_tree(const char *dir, int depth)
 {
     DIR *d;
@@ -529,6 +532,10 @@ static int cyrusdb_skiplist_recover_tree(const char *dir, int depth)
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
         if (nl > 4 && !strcmp(de->d_name + nl - 4, ".NEW"))
+            continue;
+        /* a file set aside as damaged (NAME.damaged-TIME, see
+         * store/duplicate.c) is kept for inspection, not recovered */
+        if (strstr(de->d_name, ".damaged-"))
             continue;
         if (asprintf(&path, "%s/%s", dir, de->d_name) < 0) {
             ret = CYRUSDB_INTERNAL;

@@ -81,6 +81,21 @@
  *     they next take a lock and reopen the file.
  *   - Abort undoes the pointer changes record by record (newest first) and
  *     truncates the tail; a crash in between still leaves the tail.
+ *   - SKIPLIST_NOSYNC (the duplicate database, whose records may be lost)
+ *     drops steps (1) and (3) of the commit order.  Everything above about
+ *     killed processes still holds: the kernel keeps every write, in
+ *     order, for every process.  A crash of the machine may write the
+ *     pages out in any order, so a COMMIT may reach the disk before the
+ *     records it vouches for; the boot-time rule makes the next writable
+ *     open recover, and that recovery either replays the records that did
+ *     reach the disk or, where what it reads does not parse (zeroed or
+ *     missing blocks), reports the file damaged (SKIPLIST_IOERROR); losing
+ *     the last commits or the file is what the flag accepts.  Checkpoint
+ *     and recovery rewrites keep all their syncs (the new file before the
+ *     rename, the directory after it): they are rare (the log must double
+ *     first), and a rename of an unsynced file could replace the whole
+ *     database by an empty one.  So do the header write and directory sync
+ *     of a newly created file (once per file).
  * Checkpoint runs after a commit when the file has grown past twice the
  * checkpointed part plus 16 KiB (unless SKIPLIST_NOCOMPACT), which bounds
  * the log a recovery replays.
@@ -1825,7 +1840,7 @@ int skiplist_txn_commit(struct skiplist *sl)
         skiplist_release(sl);
         return SKIPLIST_OK;
     }
-    if (fs_datasync(sl->fd) < 0) {
+    if (!(sl->flags & SKIPLIST_NOSYNC) && fs_datasync(sl->fd) < 0) {
         r = skiplist_syserr(sl, "fsync before commit");
         sl->txn_failed = 0;
         skiplist_rollback(sl);
@@ -1837,7 +1852,7 @@ int skiplist_txn_commit(struct skiplist *sl)
         skiplist_rollback(sl);
         return r;
     }
-    if (fs_datasync(sl->fd) < 0) {
+    if (!(sl->flags & SKIPLIST_NOSYNC) && fs_datasync(sl->fd) < 0) {
         r = skiplist_syserr(sl, "fsync of the commit");
         sl->txn_failed = 0;
         skiplist_rollback(sl);

@@ -64,6 +64,8 @@ enum skiplist_status {
 #define SKIPLIST_RDONLY    0x02  /* never write; open the file O_RDONLY */
 #define SKIPLIST_MBOXSORT  0x04  /* key order: cyrusdb_compare(CYRUSDB_MBOXSORT) */
 #define SKIPLIST_NOCOMPACT 0x08  /* never checkpoint after a commit */
+#define SKIPLIST_NOSYNC    0x10  /* commits skip both fdatasync()s: see
+                                  * skiplist_txn_commit() */
 
 /* Largest key and value lengths the format can hold in one file. */
 #define SKIPLIST_MAX_KEYLEN  (1u << 20)
@@ -105,7 +107,13 @@ void skiplist_read_unlock(struct skiplist *sl);
 /* Write transactions, one at a time per handle.
  * begin: OK, READONLY, MISUSE (one already open), IOERROR, FULL, AGAIN.
  * commit: durable when OK (records fsync'ed, then the COMMIT record
- *   fsync'ed); may checkpoint afterwards unless SKIPLIST_NOCOMPACT.  On an
+ *   fsync'ed); may checkpoint afterwards unless SKIPLIST_NOCOMPACT.
+ *   With SKIPLIST_NOSYNC neither fdatasync is done: the commit is in the
+ *   page cache (survives the process, visible to every other process) but
+ *   a crash of the machine may lose it or, the COMMIT record reaching the
+ *   disk before the records it vouches for, leave a file that recovery
+ *   finds damaged (SKIPLIST_IOERROR).  Checkpoints and recovery still sync
+ *   the rewritten file and the directory.  On an
  *   error the transaction is rolled back.  Either way it is over.
  * abort: undo every change; the file returns to its state at begin. */
 int skiplist_txn_begin(struct skiplist *sl);

@@ -17,6 +17,34 @@
  * one.  For the same reason a damaged record reads as absent (logged), and
  * prune deletes it.
  *
+ * NO SYNC: the file is opened with CYRUSDB_NOSYNC whatever the backend.
+ * The durability contract (DESIGN.md) lets the duplicate database lose
+ * records, and deliver.c writes them only after the message itself is
+ * durably stored, so a lost record means at worst a second copy.  A
+ * durable commit would instead hold the file's write lock across one or two
+ * fdatasync()s per delivery, and every concurrent worker would queue
+ * behind it.  A killed worker loses nothing it committed (the page cache
+ * keeps it); a crash of the machine may lose the last records or leave
+ * the file damaged, which the open below repairs.
+ *
+ * DAMAGED FILE AT OPEN: when cyrusdb_open() fails with CYRUSDB_IOERROR or
+ * CYRUSDB_BADFORMAT (not a missing file, a permission problem or a full
+ * disk), the file is set aside as deliver.db.damaged-YYYYMMDDTHHMMSSZ (an
+ * error names both files) and a fresh, empty database is created: losing
+ * the records only risks second copies, while refusing to open would fail
+ * every delivery.  Only the duplicate database does this; every other
+ * database keeps failing loudly.  A file must fail twice in a row, with
+ * the same inode, before it is set aside (a file another process is still
+ * creating may look damaged for a moment).  Several processes may find the
+ * same damaged file at once; each takes an exclusive fcntl lock on the
+ * damaged file itself (through its own descriptor), and under the lock
+ * renames it only if the name still leads to the inode that failed.  The
+ * others, getting the lock after the rename, see another inode (or none)
+ * and simply open again, so exactly one rename happens and everybody ends
+ * up on the same fresh file.  For lmdb the lock file (NAME-lock) is set
+ * aside with it, so that processes still holding the old environment keep
+ * theirs and the fresh file gets a fresh one.
+ *
  * PRUNE: one read-only walk collects the keys of expired (and damaged)
  * records into a buffer of at most DUPLICATE_PRUNE_MEM bytes; they are
  * then deleted in transactions of at most DUPLICATE_PRUNE_BATCH deletes
@@ -28,12 +56,17 @@
  */
 #include "config.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cyrusdb/cyrusdb.h"
 #include "lib/buf.h"
+#include "lib/fsutil.h"
 #include "lib/log.h"
 #include "store/duplicate.h"
 #include "store/store.h"
@@ -42,6 +75,9 @@
 #define DUPLICATE_PRUNE_MEM (4u << 20)
 #define DUPLICATE_RETRIES 5
 #define DUPLICATE_TIME_MAX ((uint64_t)INT64_MAX)
+#define DUPLICATE_OPEN_TRIES 6          /* opens before giving up */
+#define DUPLICATE_RETRY_USEC 20000      /* pause before a second look */
+#define DUPLICATE_DBFLAGS (CYRUSDB_CREATE | CYRUSDB_NOSYNC)
 
 struct duplicate_db {
     struct cyrusdb *db;
@@ -100,6 +136,143 @@ static const char *duplicate_logkey(const char *key, size_t keylen,
 
 /* ---- open / close ----------------------------------------------------- */
 
+/* Can a damaged file explain this cyrusdb_open() failure? */
+static int duplicate_damage_code(int r)
+{
+    return r == CYRUSDB_IOERROR || r == CYRUSDB_BADFORMAT;
+}
+
+/* NAME.damaged-YYYYMMDDTHHMMSSZ, or with -2, -3 ... when taken. */
+static int duplicate_aside_name(const char *fname, struct buf *aside)
+{
+    char stamp[32];
+    struct stat st;
+    struct tm tm;
+    time_t now = time(NULL);
+    int n;
+
+    if (!gmtime_r(&now, &tm) ||
+        strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm) == 0)
+        return -1;
+    for (n = 1; n < 1000; n++) {
+        buf_reset(aside);
+        if (buf_printf(aside, n == 1 ? "%s.damaged-%s" : "%s.damaged-%s-%d",
+                       fname, stamp, n) < 0)
+            return -1;
+        if (lstat(aside->s, &st) < 0 && errno == ENOENT)
+            return 0;
+    }
+    return -1;
+}
+
+/*
+ * Set the damaged file aside (see the top): `failed` is what stat(fname)
+ * said just before the open that failed twice.  Returns 0 when the caller
+ * should open again (set aside now, or already replaced by somebody else),
+ * -1 when the file cannot be set aside (logged; the open fails).
+ */
+static int duplicate_set_aside(const char *fname, const char *backend,
+                               const struct stat *failed, const char *why)
+{
+    struct buf aside = BUF_INITIALIZER, lockname = BUF_INITIALIZER;
+    struct buf asidelock = BUF_INITIALIZER;
+    struct stat st, cur;
+    int fd, ret = -1;
+
+    fd = open(fname, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;           /* gone: somebody set it aside */
+        log_error("duplicate: cannot set the damaged database aside "
+                  "file=<%s> error=<%s>", fname, strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, &st) < 0) {
+        log_error("duplicate: fstat failed file=<%s> error=<%s>", fname,
+                  strerror(errno));
+        goto out;
+    }
+    if (st.st_dev != failed->st_dev || st.st_ino != failed->st_ino) {
+        ret = 0;                /* replaced since it failed: look again */
+        goto out;
+    }
+    /* the damaged file's own lock orders the processes that found it */
+    if (fs_lock(fd, F_WRLCK, 1) < 0) {
+        log_error("duplicate: lock failed file=<%s> error=<%s>", fname,
+                  strerror(errno));
+        goto out;
+    }
+    if (stat(fname, &cur) < 0 || cur.st_dev != st.st_dev ||
+        cur.st_ino != st.st_ino) {
+        ret = 0;                /* another process set it aside first */
+        goto out;
+    }
+    if (duplicate_aside_name(fname, &aside) < 0) {
+        log_error("duplicate: no name to set the damaged database aside "
+                  "file=<%s>", fname);
+        goto out;
+    }
+    if (rename(fname, aside.s) < 0) {
+        log_error("duplicate: cannot set the damaged database aside "
+                  "file=<%s> aside=<%s> error=<%s>", fname, aside.s,
+                  strerror(errno));
+        goto out;
+    }
+    if (!strcmp(backend, "lmdb") &&
+        buf_printf(&lockname, "%s-lock", fname) == 0 &&
+        buf_printf(&asidelock, "%s-lock", aside.s) == 0 &&
+        rename(lockname.s, asidelock.s) < 0 && errno != ENOENT)
+        log_warning("duplicate: cannot set the lock file aside file=<%s> "
+                    "error=<%s>", lockname.s, strerror(errno));
+    log_error("duplicate: damaged database set aside, starting a fresh one "
+              "(duplicate records lost: some messages may be delivered "
+              "twice) file=<%s> aside=<%s> backend=<%s> error=<%s>",
+              fname, aside.s, backend, why && *why ? why : "?");
+    ret = 0;
+out:
+    close(fd);                  /* drops the lock */
+    buf_free(&aside);
+    buf_free(&lockname);
+    buf_free(&asidelock);
+    return ret;
+}
+
+/*
+ * cyrusdb_open() of deliver.db, setting a damaged file aside (see the top).
+ * A file counts as damaged when two opens in a row fail on the same inode.
+ */
+static int duplicate_open_db(const char *fname, const char *backend,
+                             struct cyrusdb **db_r)
+{
+    struct stat st, prev;
+    int have_prev = 0, tries, r = CYRUSDB_IOERROR;
+    const char *err = NULL;
+
+    for (tries = 0; tries < DUPLICATE_OPEN_TRIES; tries++) {
+        int have = stat(fname, &st) == 0;
+
+        r = cyrusdb_open(backend, fname, DUPLICATE_DBFLAGS, db_r, &err);
+        if (r == CYRUSDB_OK || !duplicate_damage_code(r))
+            return r;
+        if (!have) {
+            have_prev = 0;      /* created meanwhile: look again */
+            usleep(DUPLICATE_RETRY_USEC);
+            continue;
+        }
+        if (!have_prev || prev.st_dev != st.st_dev ||
+            prev.st_ino != st.st_ino) {
+            prev = st;          /* first failure of this file */
+            have_prev = 1;
+            usleep(DUPLICATE_RETRY_USEC);
+            continue;
+        }
+        if (duplicate_set_aside(fname, backend, &st, err) < 0)
+            return r;
+        have_prev = 0;
+    }
+    return r;
+}
+
 int duplicate_open(const struct imapconf *conf, struct duplicate_db **d_r)
 {
     const char *confdir = imapconf_getstring(conf, "configdirectory");
@@ -120,7 +293,7 @@ int duplicate_open(const struct imapconf *conf, struct duplicate_db **d_r)
         return STORE_NOMEM;
     }
     d->fname = buf_release(&fname);
-    r = cyrusdb_open(backend, d->fname, CYRUSDB_CREATE, &d->db, NULL);
+    r = duplicate_open_db(d->fname, backend, &d->db);
     if (r != CYRUSDB_OK) {
         free(d->fname);
         free(d);

@@ -6,8 +6,9 @@
  * angle brackets included, and the internal mailbox name).  Value:
  * "TIME UID" (decimal seconds since the epoch, and the uid given in that
  * mailbox, 0 when unknown).  A lost record can only cause a second copy of
- * a message, never a lost one; that is why a no-sync backend
- * (db3-nosync) is a sound choice here.
+ * a message, never a lost one; that is why the file is opened with
+ * CYRUSDB_NOSYNC whatever the backend (and why a no-sync backend such as
+ * db3-nosync was always a sound choice here).
  */
 #ifndef STORE_DUPLICATE_H
 #define STORE_DUPLICATE_H
@@ -26,8 +27,14 @@
 
 struct duplicate_db;
 
-/* Open (creating) CONFIGDIR/deliver.db, plain byte order.  Per process,
- * after fork().  STORE_OK, STORE_IOERROR, STORE_NOMEM. */
+/* Open (creating) CONFIGDIR/deliver.db, plain byte order, with
+ * CYRUSDB_NOSYNC: commits are not durable (a crash of the machine may lose
+ * the last records; a killed process loses nothing).  A damaged file
+ * (the open fails with an I/O or format error) is renamed to
+ * deliver.db.damaged-YYYYMMDDTHHMMSSZ, logged, and replaced by a fresh
+ * empty one; concurrent openers agree on one rename.  Per process, after
+ * fork().  STORE_OK, STORE_IOERROR (also a file that cannot be read or set
+ * aside: permissions), STORE_NOSPACE, STORE_BUSY, STORE_NOMEM. */
 int duplicate_open(const struct imapconf *conf, struct duplicate_db **d_r);
 void duplicate_close(struct duplicate_db **dp);
 

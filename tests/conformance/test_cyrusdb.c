@@ -2530,6 +2530,449 @@ static void case_compare(struct tcase *tc)
 
 /* ---- the runner ---------------------------------------------------------- */
 
+/* ---- CYRUSDB_NOSYNC ------------------------------------------------------- */
+
+/* n records "TAG-NNNN" -> "value-NNNN" (keys in every order sorted). */
+struct ns_recs {
+    struct rec *recs;
+    char (*keys)[24];
+    char (*vals)[24];
+    size_t n;
+};
+
+static void ns_recs_make(struct ns_recs *r, const char *tag, size_t n)
+{
+    size_t i;
+
+    r->recs = test_xmalloc(n * sizeof(*r->recs));
+    r->keys = test_xmalloc(n * sizeof(*r->keys));
+    r->vals = test_xmalloc(n * sizeof(*r->vals));
+    r->n = n;
+    for (i = 0; i < n; i++) {
+        r->recs[i].k = r->keys[i];
+        r->recs[i].kl = (size_t)snprintf(r->keys[i], sizeof(r->keys[i]), "%s-%04zu", tag, i);
+        r->recs[i].v = r->vals[i];
+        r->recs[i].vl = (size_t)snprintf(r->vals[i], sizeof(r->vals[i]), "value-%04zu", i);
+    }
+}
+
+static void ns_recs_free(struct ns_recs *r)
+{
+    free(r->recs);
+    free(r->keys);
+    free(r->vals);
+}
+
+/* Commits of a NOSYNC handle are seen at once by other handles and other
+ * processes, durable or not, and mix with a durable handle's commits. */
+static void case_nosync_visible(struct tcase *tc)
+{
+    static const struct rec final[] = {
+        REC("a", "10"), REC("b", "durable"), REC("c", "3"), REC("d", "4"),
+        REC("e", "nosync"),
+    };
+    const char *path = tc_file(tc, "nosync.db", tc->backend, 0);
+    struct cyrusdb *db = tc_open(tc, path, CYRUSDB_CREATE | CYRUSDB_NOSYNC);
+    struct cyrusdb *other;
+    struct cyrusdb_txn *tid = NULL;
+
+    STORE_ALL(db, txn_base, 3, NULL);
+    txn_changes(db, &tid);
+    RC(cyrusdb_commit(db, tid), CYRUSDB_OK);
+    tid = NULL;
+    WALK(db, NULL, 0, txn_after, 3, NULL);
+    READER_EXPECT(tc, path, 0, "durable reader after a NOSYNC commit",
+                  txn_after, 3, txn_keys, NKEYS);
+    READER_EXPECT(tc, path, CYRUSDB_NOSYNC, "NOSYNC reader after a NOSYNC commit",
+                  txn_after, 3, txn_keys, NKEYS);
+    /* a durable handle in this process: sees the commit; commits of the
+     * two handles interleave (lmdb shares one environment between them) */
+    other = tc_open(tc, path, 0);
+    WALK(other, NULL, 0, txn_after, 3, NULL);
+    RC(cyrusdb_store(other, S("b"), S("durable"), NULL), CYRUSDB_OK);
+    FETCH(db, S("b"), S("durable"), NULL);
+    RC(cyrusdb_store(db, S("e"), S("nosync"), &tid), CYRUSDB_OK);
+    RC(cyrusdb_commit(db, tid), CYRUSDB_OK);
+    tid = NULL;
+    FETCH(other, S("e"), S("nosync"), NULL);
+    tc_close(tc, &other);
+    READER_EXPECT(tc, path, 0, "reader after mixed commits", final, 5,
+                  txn_keys, NKEYS);
+    tc_close(tc, &db);
+    db = tc_open(tc, path, 0);
+    WALK(db, NULL, 0, final, 5, NULL);
+    CONSISTENT(tc, db);
+}
+
+/* A writer SIGKILLed right after its NOSYNC commits loses none of them
+ * (they are in the page cache). */
+static void case_nosync_killed(struct tcase *tc)
+{
+    const char *path = tc_file(tc, "killed.db", tc->backend, 0);
+    struct ns_recs r;
+    struct cyrusdb *db;
+    char text[64];
+    pid_t pid;
+    int status, i;
+
+    ns_recs_make(&r, "killed", 40);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        FAILF("fork: %s", strerror(errno));
+    if (pid == 0) {
+        struct cyrusdb *cdb = NULL;
+        struct cyrusdb_txn *tid = NULL;
+        size_t j;
+
+        th_child_signals();
+        alarm(60);
+        if (cyrusdb_open(tc->backend, path, CYRUSDB_CREATE | CYRUSDB_NOSYNC,
+                         &cdb, NULL) != CYRUSDB_OK)
+            _exit(10);
+        /* 30 commits of one write each, then one of 10 writes */
+        for (j = 0; j < 30; j++)
+            if (cyrusdb_store(cdb, r.recs[j].k, r.recs[j].kl, r.recs[j].v,
+                              r.recs[j].vl, NULL) != CYRUSDB_OK)
+                _exit(11);
+        for (; j < r.n; j++)
+            if (cyrusdb_store(cdb, r.recs[j].k, r.recs[j].kl, r.recs[j].v,
+                              r.recs[j].vl, &tid) != CYRUSDB_OK)
+                _exit(12);
+        if (cyrusdb_commit(cdb, tid) != CYRUSDB_OK)
+            _exit(13);
+        kill(getpid(), SIGKILL);
+        _exit(14);
+    }
+    for (i = 0; i < TEST_MAXPIDS; i++) {
+        if (!tc->pids[i]) {
+            tc->pids[i] = pid;
+            break;
+        }
+    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    for (i = 0; i < TEST_MAXPIDS; i++)
+        if (tc->pids[i] == pid)
+            tc->pids[i] = 0;
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL)
+        FAILF("the writer should have been killed after its commits: %s",
+              th_status_text(status, text, sizeof(text)));
+    db = tc_open(tc, path, 0);
+    WALK(db, NULL, 0, r.recs, r.n, NULL);
+    CONSISTENT(tc, db);
+    READER_EXPECT(tc, path, 0, "after the NOSYNC writer was killed", r.recs,
+                  r.n, r.recs, 3);
+    tc_close(tc, &db);
+    /* and the file goes on taking NOSYNC writes */
+    db = tc_open(tc, path, CYRUSDB_NOSYNC);
+    RC(cyrusdb_store(db, S("after"), S("kill"), NULL), CYRUSDB_OK);
+    FETCH(db, S("after"), S("kill"), NULL);
+    RC(cyrusdb_delete(db, S("after"), NULL, 0), CYRUSDB_OK);
+    WALK(db, NULL, 0, r.recs, r.n, NULL);
+    ns_recs_free(&r);
+}
+
+/* checkpoint() works on a NOSYNC handle, before and after more writes. */
+static void case_nosync_checkpoint(struct tcase *tc)
+{
+    const char *path = tc_file(tc, "nsckpt.db", tc->backend, 0);
+    struct cyrusdb *db = tc_open(tc, path, CYRUSDB_CREATE | CYRUSDB_NOSYNC);
+    struct cyrusdb_txn *tid = NULL;
+    struct ns_recs r;
+    size_t i;
+
+    ns_recs_make(&r, "ckpt", 600);
+    for (i = 0; i < r.n; i++) {
+        RC(cyrusdb_store(db, r.recs[i].k, r.recs[i].kl, "old", 3, &tid), CYRUSDB_OK);
+        RC(cyrusdb_store(db, r.recs[i].k, r.recs[i].kl, r.recs[i].v, r.recs[i].vl,
+                         &tid), CYRUSDB_OK);
+        if (i % 100 == 99) {
+            RC(cyrusdb_commit(db, tid), CYRUSDB_OK);
+            tid = NULL;
+        }
+    }
+    /* deletes leave garbage for the checkpoint to drop */
+    RC(cyrusdb_store(db, S("zz-gone"), S("x"), NULL), CYRUSDB_OK);
+    RC(cyrusdb_delete(db, S("zz-gone"), NULL, 0), CYRUSDB_OK);
+    RC(cyrusdb_checkpoint(db), CYRUSDB_OK);
+    WALK(db, NULL, 0, r.recs, r.n, NULL);
+    CONSISTENT(tc, db);
+    /* writes after the checkpoint, then another one */
+    RC(cyrusdb_delete(db, r.recs[0].k, r.recs[0].kl, NULL, 0), CYRUSDB_OK);
+    RC(cyrusdb_checkpoint(db), CYRUSDB_OK);
+    FETCH_NONE(db, r.recs[0].k, r.recs[0].kl, NULL);
+    RC(cyrusdb_store(db, r.recs[0].k, r.recs[0].kl, r.recs[0].v, r.recs[0].vl,
+                     NULL), CYRUSDB_OK);
+    WALK(db, NULL, 0, r.recs, r.n, NULL);
+    READER_EXPECT(tc, path, 0, "after a NOSYNC checkpoint", r.recs, r.n,
+                  r.recs, 3);
+    tc_close(tc, &db);
+    db = tc_open(tc, path, CYRUSDB_NOSYNC);
+    WALK(db, NULL, 0, r.recs, r.n, NULL);
+    CONSISTENT(tc, db);
+    ns_recs_free(&r);
+}
+
+/*
+ * No fsync/fdatasync per commit: the commit loop runs in a child process
+ * (this program re-executed with --commit-loop) under
+ * `strace -f -c -e trace=<the sync calls>`, once with CYRUSDB_NOSYNC; once
+ * without it, to show that the count sees syncs at all; and once with a
+ * NOSYNC and a durable handle taking turns in one process, which must
+ * cost what the durable commits alone cost (the flag belongs to the
+ * handle, also where lmdb shares one environment).  Without
+ * strace the loops still run and their data is checked; only the count is
+ * skipped (with a message).
+ */
+#define NS_LOOP_COMMITS 200
+#define NS_LOOP_MAX_SYNCS 10     /* open/close/recovery of the engines */
+#define NS_SYNC_CALLS "trace=fsync,fdatasync,sync_file_range,msync,syncfs,sync"
+
+static char *ns_find_strace(void)
+{
+    const char *path = getenv("PATH");
+    char *copy, *dir, *save = NULL, *found = NULL;
+
+    if (!path || !*path)
+        path = "/usr/bin:/bin";
+    copy = test_memdup(path, strlen(path));
+    for (dir = strtok_r(copy, ":", &save); dir && !found;
+         dir = strtok_r(NULL, ":", &save)) {
+        char *p = th_path(*dir ? dir : ".", "strace");
+        if (access(p, X_OK) == 0)
+            found = p;
+        else
+            free(p);
+    }
+    free(copy);
+    return found;
+}
+
+/* One commit of "KEY-NNNN" -> "value-NNNN" through db. */
+static int ns_commit_one(struct cyrusdb *db, const char *tag, int i)
+{
+    struct cyrusdb_txn *tid = NULL;
+    char key[32], val[32];
+    int kl = snprintf(key, sizeof(key), "%s-%04d", tag, i);
+    int vl = snprintf(val, sizeof(val), "value-%04d", i);
+    int r = cyrusdb_store(db, key, (size_t)kl, val, (size_t)vl, &tid);
+
+    if (r == CYRUSDB_OK)
+        r = cyrusdb_commit(db, tid);
+    else if (tid)
+        cyrusdb_abort(db, tid);
+    if (r != CYRUSDB_OK)
+        fprintf(stderr, "commit loop: commit %s %d: %s\n", tag, i,
+                cyrusdb_strerror(r));
+    return r;
+}
+
+/* The child's side (argv: --commit-loop BACKEND PATH FLAGS N TAG): open,
+ * N commits of one store each with keys "TAG-NNNN", close.  FLAGS -1:
+ * two handles in this process, one with CYRUSDB_NOSYNC and one without,
+ * taking turns (keys "TAG-n-NNNN" and "TAG-d-NNNN").  Exit status 0 when
+ * all went well. */
+static int ns_commit_loop(int argc, char **argv)
+{
+    struct cyrusdb *db = NULL, *durable = NULL;
+    const char *err = NULL;
+    char tag_n[24], tag_d[24];
+    int flags, n, i, r, mixed;
+
+    if (argc != 7)
+        return 2;
+    flags = atoi(argv[4]);
+    n = atoi(argv[5]);
+    mixed = flags == -1;
+    log_init("test_cyrusdb", getenv("TEST_LOG") ? LOG_TO_STDERR : LOG_TO_NONE);
+    r = cyrusdb_open(argv[2], argv[3], mixed ? CYRUSDB_NOSYNC : flags, &db, &err);
+    if (r == CYRUSDB_OK && mixed)
+        r = cyrusdb_open(argv[2], argv[3], 0, &durable, &err);
+    if (r != CYRUSDB_OK) {
+        fprintf(stderr, "commit loop: open: %s\n", err ? err : cyrusdb_strerror(r));
+        return 3;
+    }
+    snprintf(tag_n, sizeof(tag_n), "%s-n", argv[6]);
+    snprintf(tag_d, sizeof(tag_d), "%s-d", argv[6]);
+    for (i = 0; i < n; i++) {
+        if (ns_commit_one(db, mixed ? tag_n : argv[6], i) != CYRUSDB_OK)
+            return 4;
+        if (mixed && ns_commit_one(durable, tag_d, i) != CYRUSDB_OK)
+            return 4;
+    }
+    if (mixed && cyrusdb_close(&durable) != CYRUSDB_OK)
+        return 5;
+    return cyrusdb_close(&db) == CYRUSDB_OK ? 0 : 5;
+}
+
+/* Sum the "calls" column of strace -c output (strace leaves the file
+ * empty when no traced call was made); -1 when it is missing. */
+static long ns_parse_strace(const char *file)
+{
+    FILE *f = fopen(file, "r");
+    char line[256];
+    long total = 0;
+
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f)) {
+        char *tok[8], *save = NULL, *t;
+        int nt = 0;
+
+        for (t = strtok_r(line, " \t\n", &save); t && nt < 8;
+             t = strtok_r(NULL, " \t\n", &save))
+            tok[nt++] = t;
+        if (nt >= 5 && nt <= 6 && strcmp(tok[nt - 1], "total") != 0 &&
+            strspn(tok[0], "0123456789.") == strlen(tok[0]))
+            total += atol(tok[3]);
+    }
+    fclose(f);
+    return total;
+}
+
+/* Run the commit loop (under strace when given); the number of sync calls,
+ * or -1 without strace. */
+static long ns_run_loop(struct tcase *tc, const char *strace, const char *exe,
+                        const char *path, int flags, const char *tag)
+{
+    char *out = th_path(tc->dir, tag);
+    char flagstr[16], nstr[16], text[64];
+    long count = -1;
+    pid_t pid;
+    int status, i;
+
+    snprintf(flagstr, sizeof(flagstr), "%d", flags);
+    snprintf(nstr, sizeof(nstr), "%d", NS_LOOP_COMMITS);
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid < 0)
+        FAILF("fork: %s", strerror(errno));
+    if (pid == 0) {
+        th_child_signals();
+        if (strace) {
+            /* LeakSanitizer cannot run under ptrace (sanitizer builds) */
+            const char *old = getenv("ASAN_OPTIONS");
+            char opts[1024];
+
+            snprintf(opts, sizeof(opts), "%s%sdetect_leaks=0", old ? old : "",
+                     old && *old ? ":" : "");
+            setenv("ASAN_OPTIONS", opts, 1);
+        }
+        if (strace)
+            execl(strace, "strace", "-f", "-qq", "-c", "-e", NS_SYNC_CALLS,
+                  "-o", out, exe, "--commit-loop", tc->backend, path, flagstr,
+                  nstr, tag, (char *)NULL);
+        else
+            execl(exe, exe, "--commit-loop", tc->backend, path, flagstr, nstr,
+                  tag, (char *)NULL);
+        _exit(127);
+    }
+    for (i = 0; i < TEST_MAXPIDS; i++) {
+        if (!tc->pids[i]) {
+            tc->pids[i] = pid;
+            break;
+        }
+    }
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    for (i = 0; i < TEST_MAXPIDS; i++)
+        if (tc->pids[i] == pid)
+            tc->pids[i] = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        FAILF("commit loop (%s, flags 0x%x) failed: %s", tag, (unsigned)flags,
+              th_status_text(status, text, sizeof(text)));
+    if (strace) {
+        count = ns_parse_strace(out);
+        if (count < 0)
+            FAILF("cannot read the strace summary %s", out);
+    }
+    free(out);
+    return count;
+}
+
+static void case_nosync_syncs(struct tcase *tc)
+{
+    const char *path = tc_file(tc, "syncs.db", tc->backend, 0);
+    char *strace = ns_find_strace();
+    char exe[4096];
+    ssize_t len;
+    struct cyrusdb *db;
+    struct ns_recs a, b;
+    long nosync, durable = -1, mixed = -1;
+    int nosync_variant = (tc->entry->variant & CYRUSDB_VARIANT_NOSYNC) != 0;
+    size_t i;
+
+    len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (len <= 0)
+        FAILF("readlink /proc/self/exe: %s", strerror(errno));
+    exe[len] = '\0';
+    /* the file exists before the counted runs: creation syncs once */
+    db = tc_open(tc, path, CYRUSDB_CREATE);
+    RC(cyrusdb_store(db, S("created"), S("1"), NULL), CYRUSDB_OK);
+    tc_close(tc, &db);
+
+    nosync = ns_run_loop(tc, strace, exe, path, CYRUSDB_NOSYNC, "nosync");
+    if (!nosync_variant) {
+        durable = ns_run_loop(tc, strace, exe, path, 0, "durable");
+        /* a NOSYNC and a durable handle in one process (lmdb: one shared
+         * environment) each keep their own behaviour */
+        mixed = ns_run_loop(tc, strace, exe, path, -1, "mixed");
+    } else {
+        (void)ns_run_loop(tc, NULL, exe, path, 0, "durable");
+    }
+
+    /* every commit of both loops is there */
+    ns_recs_make(&a, "nosync", NS_LOOP_COMMITS);
+    ns_recs_make(&b, "durable", NS_LOOP_COMMITS);
+    db = tc_open(tc, path, 0);
+    for (i = 0; i < NS_LOOP_COMMITS; i++) {
+        FETCH(db, a.recs[i].k, a.recs[i].kl, a.recs[i].v, a.recs[i].vl, NULL);
+        FETCH(db, b.recs[i].k, b.recs[i].kl, b.recs[i].v, b.recs[i].vl, NULL);
+    }
+    ns_recs_free(&a);
+    ns_recs_free(&b);
+    if (!nosync_variant) {
+        ns_recs_make(&a, "mixed-n", NS_LOOP_COMMITS);
+        ns_recs_make(&b, "mixed-d", NS_LOOP_COMMITS);
+        for (i = 0; i < NS_LOOP_COMMITS; i++) {
+            FETCH(db, a.recs[i].k, a.recs[i].kl, a.recs[i].v, a.recs[i].vl, NULL);
+            FETCH(db, b.recs[i].k, b.recs[i].kl, b.recs[i].v, b.recs[i].vl, NULL);
+        }
+        ns_recs_free(&a);
+        ns_recs_free(&b);
+    }
+    CONSISTENT(tc, db);
+
+    if (!strace) {
+        print_message("nosync_syncs/%s: strace not found in PATH: the sync "
+                      "count is not checked (the loops ran and their data is "
+                      "there)\n", tc->backend);
+        return;
+    }
+    print_message("nosync_syncs/%s: %d commits: %ld sync calls with "
+                  "CYRUSDB_NOSYNC, %ld without, %ld for both handles "
+                  "taking turns in one process%s\n", tc->backend,
+                  NS_LOOP_COMMITS, nosync, durable, mixed,
+                  nosync_variant ? " (not counted: a no-sync variant)" : "");
+    free(strace);
+    if (nosync > NS_LOOP_MAX_SYNCS)
+        FAILF("%d NOSYNC commits issued %ld sync calls (at most %d expected: "
+              "none per commit)", NS_LOOP_COMMITS, nosync, NS_LOOP_MAX_SYNCS);
+    if (!nosync_variant && durable < NS_LOOP_COMMITS)
+        FAILF("%d durable commits issued only %ld sync calls: the count "
+              "does not see the syncs", NS_LOOP_COMMITS, durable);
+    if (!nosync_variant && mixed < NS_LOOP_COMMITS)
+        FAILF("a durable handle beside a NOSYNC one in the same process "
+              "issued %ld sync calls for %d commits: it lost its durability",
+              mixed, NS_LOOP_COMMITS);
+    if (!nosync_variant && mixed > durable + NS_LOOP_MAX_SYNCS)
+        FAILF("%d NOSYNC commits taking turns with durable ones added "
+              "%ld sync calls", NS_LOOP_COMMITS, mixed - durable);
+}
+
 static const struct case_def test_cases[] = {
     { "compare", case_compare, 1 },
     { "crud", case_crud, 0 },
@@ -2559,6 +3002,10 @@ static const struct case_def test_cases[] = {
     { "other_writer", case_other_writer, 0 },
     { "data_stable", case_data_stable, 0 },
     { "read_begins_txn", case_read_begins_txn, 0 },
+    { "nosync_visible", case_nosync_visible, 0 },
+    { "nosync_killed", case_nosync_killed, 0 },
+    { "nosync_checkpoint", case_nosync_checkpoint, 0 },
+    { "nosync_syncs", case_nosync_syncs, 0 },
 };
 
 static const char *test_current;
@@ -2654,15 +3101,19 @@ static int test_teardown(void **state)
     return failed ? -1 : 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    const char *const *backends = th_backends();
+    const char *const *backends;
     const size_t ncases = sizeof(test_cases) / sizeof(test_cases[0]);
     struct CMUnitTest *tests;
     struct param *params;
     size_t nb = 0, i, j, n = 0;
     int rc;
 
+    /* the child side of case_nosync_syncs */
+    if (argc > 1 && !strcmp(argv[1], "--commit-loop"))
+        return ns_commit_loop(argc, argv);
+    backends = th_backends();
     log_init("test_cyrusdb", getenv("TEST_LOG") ? LOG_TO_STDERR : LOG_TO_NONE);
     signal(SIGALRM, test_on_alarm);
     signal(SIGPIPE, SIG_IGN);

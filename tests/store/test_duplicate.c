@@ -3,8 +3,10 @@
  * against every cyrusdb backend: check, mark and re-mark; ids and
  * mailboxes that cannot be tracked; prune by age with controlled times
  * (records marked with old `when` values) and its counts; damaged
- * records; a 20,000-record prune within a time bound; and a prune racing
- * a process that marks records again, which must never lose a fresh mark.
+ * records; a 20,000-record prune within a time bound; a prune racing
+ * a process that marks records again, which must never lose a fresh mark;
+ * and a damaged deliver.db (garbage written over it), which is set aside
+ * for a fresh one, also when two processes find it at the same moment.
  *
  * Large data sets are loaded through cyrusdb in one transaction with the
  * documented record format (ID NUL MAILBOX -> "TIME UID"), with the
@@ -12,7 +14,9 @@
  */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -467,6 +472,230 @@ static void test_prune_race(void **state)
     fx_done(&f);
 }
 
+/* ---- a damaged deliver.db ------------------------------------------------ */
+
+static char *dup_path(const struct fx *f)
+{
+    char *conf = th_path(f->dir, "conf");
+    char *path = th_path(conf, DUPLICATE_FNAME);
+
+    free(conf);
+    return path;
+}
+
+/* Files set aside as damaged in CONFIGDIR (lmdb's lock files not counted). */
+static int count_aside(const struct fx *f)
+{
+    char *conf = th_path(f->dir, "conf");
+    DIR *d = opendir(conf);
+    struct dirent *de;
+    size_t plen = strlen(DUPLICATE_FNAME ".damaged-");
+    int n = 0;
+
+    assert_non_null(d);
+    while ((de = readdir(d)) != NULL) {
+        size_t len = strlen(de->d_name);
+        if (!strncmp(de->d_name, DUPLICATE_FNAME ".damaged-", plen) &&
+            !(len > 5 && !strcmp(de->d_name + len - 5, "-lock")))
+            n++;
+    }
+    closedir(d);
+    free(conf);
+    return n;
+}
+
+#define GARBAGE 8192
+
+/* Write garbage over the file from offset `keep` on, to at least GARBAGE
+ * bytes; the garbage holds NUL bytes, so not even flat takes it for its
+ * own.  The bytes written go to *g (GARBAGE bytes). */
+static void write_garbage(const char *path, size_t keep, unsigned seed,
+                          char *g)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+
+    assert_true(fd >= 0);
+    th_fill(g, GARBAGE, seed);
+    g[keep + 100] = '\0';
+    assert_int_equal(pwrite(fd, g + keep, GARBAGE - keep, (off_t)keep),
+                     (ssize_t)(GARBAGE - keep));
+    close(fd);
+}
+
+/* The only file set aside holds exactly what was written over the database
+ * from `from` on. */
+static void expect_aside_holds(const struct fx *f, const char *g, size_t from)
+{
+    char *conf = th_path(f->dir, "conf");
+    DIR *d = opendir(conf);
+    struct dirent *de;
+    char *found = NULL;
+    char buf[GARBAGE];
+    int fd;
+
+    assert_non_null(d);
+    while ((de = readdir(d)) != NULL) {
+        size_t len = strlen(de->d_name);
+        if (!strncmp(de->d_name, DUPLICATE_FNAME ".damaged-",
+                     strlen(DUPLICATE_FNAME ".damaged-")) &&
+            !(len > 5 && !strcmp(de->d_name + len - 5, "-lock")))
+            found = th_path(conf, de->d_name);
+    }
+    closedir(d);
+    assert_non_null(found);
+    fd = open(found, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, buf, GARBAGE - from, (off_t)from),
+                     (ssize_t)(GARBAGE - from));
+    close(fd);
+    assert_memory_equal(buf, g + from, GARBAGE - from);
+    free(found);
+    free(conf);
+}
+
+static int backend_is_db3(const struct fx *f)
+{
+    return !strncmp(f->backend, "db3", 3);
+}
+
+static void test_damaged_file(void **state)
+{
+    struct fx f;
+    time_t now = time(NULL);
+    char *path, *g = malloc(GARBAGE);
+    struct stat st;
+
+    assert_non_null(g);
+    fx_init(&f, state);
+    path = dup_path(&f);
+    assert_int_equal(duplicate_mark(f.d, ID("<old>"), "user.a", now, 1),
+                     STORE_OK);
+    duplicate_close(&f.d);
+
+    /* garbage over the whole file: set aside, a fresh file works */
+    write_garbage(path, 0, 1, g);
+    assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+    assert_int_equal(count_aside(&f), 1);
+    expect_aside_holds(&f, g, 0);
+    expect_none(&f, ID("<old>"), "user.a");
+    assert_int_equal(duplicate_mark(f.d, ID("<new>"), "user.a", now, 2),
+                     STORE_OK);
+    expect_dup(&f, ID("<new>"), "user.a", now, 2);
+    duplicate_close(&f.d);
+    /* the fresh file is a good one: reopened, nothing more set aside */
+    assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+    assert_int_equal(count_aside(&f), 1);
+    expect_dup(&f, ID("<new>"), "user.a", now, 2);
+    duplicate_close(&f.d);
+
+    /* garbage behind an intact header (Berkeley DB is left out: a page
+     * that fails its checksum panics the whole shared environment) */
+    if (!backend_is_db3(&f)) {
+        write_garbage(path, 64, 2, g);
+        assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+        assert_int_equal(count_aside(&f), 2);
+        expect_none(&f, ID("<new>"), "user.a");
+        assert_int_equal(duplicate_mark(f.d, ID("<newer>"), "user.a", now, 3),
+                         STORE_OK);
+        expect_dup(&f, ID("<newer>"), "user.a", now, 3);
+        duplicate_close(&f.d);
+    }
+
+    /* not damage: a directory in the file's place is left alone */
+    {
+        char *moved = th_path(f.dir, "moved.db");
+
+        assert_int_equal(rename(path, moved), 0);
+        assert_int_equal(mkdir(path, 0755), 0);
+        assert_int_not_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+        assert_null(f.d);
+        assert_int_equal(stat(path, &st), 0);
+        assert_true(S_ISDIR(st.st_mode));
+        assert_int_equal(count_aside(&f), backend_is_db3(&f) ? 1 : 2);
+        assert_int_equal(rmdir(path), 0);
+        assert_int_equal(rename(moved, path), 0);
+        free(moved);
+    }
+    /* nor a file this process may not read (root reads anything) */
+    if (geteuid() != 0) {
+        assert_int_equal(chmod(path, 0), 0);
+        assert_int_not_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+        assert_int_equal(count_aside(&f), backend_is_db3(&f) ? 1 : 2);
+        assert_int_equal(chmod(path, 0644), 0);
+    } else {
+        print_message("damaged_file/%s: running as root: the unreadable "
+                      "file case is skipped\n", f.backend);
+    }
+    assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+    free(path);
+    free(g);
+    fx_done(&f);
+}
+
+/* Two processes open the same damaged file at once: one rename, and both
+ * end up on the same fresh file. */
+static void test_damaged_file_race(void **state)
+{
+    struct fx f;
+    time_t now = time(NULL);
+    char *path, *g = malloc(GARBAGE);
+    pid_t pids[2];
+    int go[2], i, status;
+    char st[64];
+
+    assert_non_null(g);
+    fx_init(&f, state);
+    path = dup_path(&f);
+    assert_int_equal(duplicate_mark(f.d, ID("<old>"), "user.a", now, 1),
+                     STORE_OK);
+    duplicate_close(&f.d);
+    write_garbage(path, 0, 3, g);
+
+    assert_int_equal(pipe(go), 0);
+    for (i = 0; i < 2; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0) {
+            struct duplicate_db *d = NULL;
+            char id[32], c;
+            int n;
+
+            th_child_signals();
+            alarm(60);
+            close(go[1]);
+            if (read(go[0], &c, 1) != 0)    /* EOF: go */
+                _exit(2);
+            if (duplicate_open(f.conf, &d) != STORE_OK)
+                _exit(3);
+            n = snprintf(id, sizeof(id), "<child-%d>", i);
+            if (duplicate_mark(d, id, (size_t)n, "user.a", now,
+                               (uint32_t)i + 10) != STORE_OK)
+                _exit(4);
+            if (duplicate_check(d, id, (size_t)n, "user.a", NULL, NULL) !=
+                STORE_OK)
+                _exit(5);
+            duplicate_close(&d);
+            _exit(0);
+        }
+    }
+    close(go[0]);
+    close(go[1]);   /* both children start now */
+    for (i = 0; i < 2; i++) {
+        assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail_msg("child %d: %s", i, th_status_text(status, st, sizeof(st)));
+    }
+    assert_int_equal(count_aside(&f), 1);
+    expect_aside_holds(&f, g, 0);
+    assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
+    expect_dup(&f, ID("<child-0>"), "user.a", now, 10);
+    expect_dup(&f, ID("<child-1>"), "user.a", now, 11);
+    expect_none(&f, ID("<old>"), "user.a");
+    free(path);
+    free(g);
+    fx_done(&f);
+}
+
 static const struct th_case cases[] = {
     { "check_mark", test_check_mark },
     { "mark_many", test_mark_many },
@@ -475,6 +704,8 @@ static const struct th_case cases[] = {
     { "damaged", test_damaged },
     { "prune_big", test_prune_big },
     { "prune_race", test_prune_race },
+    { "damaged_file", test_damaged_file },
+    { "damaged_file_race", test_damaged_file_race },
 };
 
 int main(void)
