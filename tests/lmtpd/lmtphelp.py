@@ -2,8 +2,10 @@
 lmtpd with its own imapd.conf, cyrus.conf, mailbox list and spool under
 $TEST_TMPDIR (default /var/tmp, never tmpfs), mailboxes set up with the
 real tools/mbtool, a raw LMTP client that sees every reply line, message
-files read back from the spool, and the small runner every test program
-uses (PASS/FAIL lines, a closing "N passed, N failed", exit status).
+files read back from the spool, and run_lmtp_tests(), testlib's runner
+(PASS/FAIL lines, a closing "N passed, N failed", exit status) with the
+lmtpd programs' defaults.  What the master tests share too (check, Fail,
+processes from /proc, the status file, the runner) is in ../testlib.py.
 
 Started as root the master switches to cyrus_user (the user "cyrus" when
 it exists, else root is kept): the test directory is then owned by that
@@ -22,133 +24,18 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-TOP_BUILDDIR = os.path.abspath(os.environ.get("top_builddir") or ".")
-TMPDIR = os.environ.get("TEST_TMPDIR") or "/var/tmp"
-MASTER = os.path.join(TOP_BUILDDIR, "master", "master")
-LMTPD = os.path.join(TOP_BUILDDIR, "lmtpd", "lmtpd")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import (MASTER, TMPDIR, TOP_BUILDDIR, Fail,  # noqa: E402
+                     MasterRun, check, chown_run_as, connect_socket,
+                     drop_privileges, free_port, root_stays, run_tests,
+                     service_line, wait_until)
+
 LMTPD_DIR = os.path.join(TOP_BUILDDIR, "lmtpd")
+LMTPD = os.path.join(LMTPD_DIR, "lmtpd")
 MBTOOL = os.path.join(TOP_BUILDDIR, "tools", "mbtool")
-MASTERSTATUS = os.path.join(TOP_BUILDDIR, "tools", "masterstatus")
-TAG_VAR = "LMTP_TEST_TAG"
 SERVERNAME = "test.example"
 KEEP = os.environ.get("LMTP_KEEP") == "1"
-
-
-class Fail(Exception):
-    pass
-
-
-class Skip(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
-
-
-def wait_until(pred, timeout, step=0.02):
-    """Poll pred() until it returns a true value or timeout; returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(step)
-
-
-def _run_as():
-    """The passwd entry the master switches to when started as root, or
-    None (not root, or no user cyrus: then cyrus_user: root is written)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        import pwd
-        return pwd.getpwnam("cyrus")
-    except (ImportError, KeyError):
-        return None
-
-
-RUN_AS = _run_as()
-
-
-def drop_privileges():
-    """preexec_fn: become RUN_AS (for mbtool, saslpasswd2)."""
-    if RUN_AS is not None:
-        os.setgroups([])
-        os.setgid(RUN_AS.pw_gid)
-        os.setuid(RUN_AS.pw_uid)
-
-
-def chown_run_as(path):
-    if RUN_AS is not None:
-        os.chown(path, RUN_AS.pw_uid, RUN_AS.pw_gid)
-
-
-# ---- processes ---------------------------------------------------------
-
-def proc_stat(pid):
-    """(state, ppid) of pid, or None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rindex(b")") + 2:].split()
-    return rest[0].decode(), int(rest[1])
-
-
-def alive(pid):
-    st = proc_stat(pid)
-    return st is not None and st[0] != "Z"
-
-
-def children_of(ppid):
-    """Live (non-zombie) PIDs whose parent is ppid, read from /proc."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        st = proc_stat(int(name))
-        if st and st[1] == ppid and st[0] != "Z":
-            out.append(int(name))
-    return out
-
-
-def tagged_processes(tag):
-    """Live processes whose environment carries TAG_VAR=tag."""
-    needle = ("%s=%s" % (TAG_VAR, tag)).encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if needle in env and alive(int(name)):
-            out.append(int(name))
-    return out
-
-
-def cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def free_port(host="127.0.0.1"):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 # ---- certificates and sasldb ---------------------------------------------
@@ -217,16 +104,7 @@ class Conn:
     exactly the bytes it is given, parses replies line by line."""
 
     def __init__(self, addr, timeout=30.0):
-        if isinstance(addr, str):
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        else:
-            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
-        try:
-            self.sock.connect(addr)
-        except BaseException:
-            self.sock.close()
-            raise
+        self.sock = connect_socket(addr, timeout)
         self.buf = b""
         self.eof = False
         self.tls = None
@@ -276,6 +154,14 @@ class Conn:
         self.send(line.encode() + b"\r\n" if isinstance(line, str)
                   else line + b"\r\n")
         return self.reply()
+
+    def expect(self, line, code, enh=None, what="%r"):
+        """cmd(line), checked: its reply must have code (and the enhanced
+        status code enh when one is given), else Fail with what % reply.
+        Returns the reply."""
+        r = self.cmd(line)
+        check(r.code == code and (enh is None or r.enh == enh), what % r)
+        return r
 
     def at_eof(self, timeout=5.0):
         """True when the server closed the connection (nothing more)."""
@@ -349,16 +235,13 @@ def transaction(conn, sender, rcpts, message, lhlo=None, mail_params=""):
 
 # ---- the instance --------------------------------------------------------
 
-def service_line(name, cmd, listen, **opts):
-    words = ['%s cmd="%s" listen="%s"' % (name, cmd, listen)]
-    words += ["%s=%s" % (k, v) for k, v in opts.items()]
-    return "  " + " ".join(words) + "\n"
-
-
-class Instance:
+class Instance(MasterRun):
     """A master + lmtpd with its own configuration, mailbox list and
     spool.  Use as a context manager: leaving it stops the master and
     checks that nothing it started is left (raises Fail otherwise)."""
+
+    TAG_VAR = "LMTP_TEST_TAG"
+    CHILD_ZOMBIES = False
 
     def __init__(self, name, conf=None, tls=False, sasl=None):
         self.name = name
@@ -401,9 +284,6 @@ class Instance:
         # not trouble
         self.ignore_sigkill = False
 
-    def path(self, *parts):
-        return os.path.join(self.dir, *parts)
-
     def write_imapd_conf(self, extra):
         opts = {
             "configdirectory": self.confdir,
@@ -411,7 +291,7 @@ class Instance:
             "servername": SERVERNAME,
             "lmtp_max_recipients": "1000",
         }
-        if os.geteuid() == 0 and RUN_AS is None:
+        if root_stays():
             opts["cyrus_user"] = "root"
         if self.cert:
             opts["tls_server_cert"] = self.cert
@@ -456,16 +336,9 @@ class Instance:
     # -- master --
 
     def start(self, ready=1, timeout=15):
-        cmd = [MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
-               self.cyrus_conf, "-p", self.pidfile, "-S", LMTPD_DIR,
-               "-s", self.statusfile, "-T", "10"]
-        env = dict(os.environ)
-        env[TAG_VAR] = self.dir
-        with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log, env=env,
-                                         cwd=self.dir)
-        self.pid = self.proc.pid
+        self.spawn([MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
+                    self.cyrus_conf, "-p", self.pidfile, "-S", LMTPD_DIR,
+                    "-s", self.statusfile, "-T", "10"])
         ok = wait_until(lambda: not self.running()
                         or (self.svc_int("lmtpunix", "ready") or 0) >= ready
                         or (ready == 0 and "master" in self.status()),
@@ -477,77 +350,12 @@ class Instance:
               "(log: %s)" % (ready, timeout, self.log()[-600:]))
         return self
 
-    def running(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def log(self):
-        try:
-            with open(self.logfile, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
     def mark_log(self):
         """Remember the log's length: new_log() returns what came after."""
         self.log_mark = len(self.log())
 
     def new_log(self):
         return self.log()[self.log_mark:]
-
-    def status(self):
-        """The status file: {"master": {...}, "services": {name: {...}},
-        "children": [{...}]}; {} when missing."""
-        try:
-            with open(self.statusfile, errors="replace") as f:
-                text = f.read()
-        except OSError:
-            return {}
-        st = {"services": {}, "children": []}
-        for line in text.splitlines():
-            words = line.split()
-            if not words:
-                continue
-            kv = {}
-            for w in words[1:]:
-                if "=" in w:
-                    k, v = w.split("=", 1)
-                    kv[k] = v
-            if words[0] == "master":
-                st["master"] = kv
-            elif words[0] == "service" and len(words) > 1:
-                kv["name"] = words[1]
-                st["services"][words[1]] = kv
-            elif words[0] == "child" and len(words) > 1:
-                kv["name"] = words[1]
-                st["children"].append(kv)
-        return st
-
-    def svc_int(self, name, key):
-        s = self.status().get("services", {}).get(name)
-        try:
-            return int(s[key]) if s else None
-        except (KeyError, ValueError):
-            return None
-
-    def child_pids(self, name=None, state=None):
-        out = []
-        for c in self.status().get("children", []):
-            if name is not None and c.get("name") != name:
-                continue
-            if state is not None and c.get("state") != state:
-                continue
-            try:
-                out.append(int(c["pid"]))
-            except (KeyError, ValueError):
-                pass
-        return out
-
-    def children(self):
-        if not self.running():
-            return []
-        pids = children_of(self.pid)
-        self.seen_children.update(pids)
-        return pids
 
     def worker_trouble(self, text=None):
         """Lines of the master log (since mark_log) that tell of a worker
@@ -585,20 +393,7 @@ class Instance:
             self.rc = self.proc.wait(5)
         if self.rc not in (0, None) and not problems:
             problems.append("master exit status %s" % self.rc)
-        left = wait_until(lambda: [p for p in self.seen_children
-                                   if alive(p)] + tagged_processes(self.dir)
-                          == [] or None, 5)
-        if left is None:
-            rest = sorted(set([p for p in self.seen_children if alive(p)]
-                              + tagged_processes(self.dir)))
-            problems.append("processes left after the master stopped: %s"
-                            % ", ".join("%d(%s)" % (p, cmdline(p))
-                                        for p in rest))
-            for p in rest:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except OSError:
-                    pass
+        problems += self.leftovers(5)
         self.proc = None
         return problems
 
@@ -835,44 +630,6 @@ def header_value(data, name):
 
 # ---- runner ---------------------------------------------------------------
 
-def run_tests(tests, env_var="LMTP_TESTS", needs=(MASTER, LMTPD, MBTOOL)):
-    """Run test functions; print PASS/FAIL/SKIP lines and the summary."""
-    for prog in needs:
-        if not os.access(prog, os.X_OK):
-            print("FAIL: setup (missing %s: run make first)" % prog)
-            print("0 passed, 1 failed")
-            return 1
-    only = (os.environ.get(env_var) or "").split()
-    passed = failed = skipped = 0
-    t_all = time.monotonic()
-    for t in tests:
-        name = t.__name__[len("test_"):]
-        if only and name not in only:
-            continue
-        t0 = time.monotonic()
-        try:
-            t()
-        except Skip as e:
-            skipped += 1
-            print("SKIP: %s (%s)" % (name, e))
-            sys.stdout.flush()
-            continue
-        except Fail as e:
-            failed += 1
-            print("FAIL: %s: %s" % (name, e))
-            sys.stdout.flush()
-            continue
-        except Exception as e:  # noqa: BLE001 - report, go on
-            failed += 1
-            print("FAIL: %s: unexpected %r" % (name, e))
-            sys.stdout.flush()
-            continue
-        passed += 1
-        print("PASS: %s (%.1f s)" % (name, time.monotonic() - t0))
-        sys.stdout.flush()
-    if skipped:
-        print("# %d skipped" % skipped)
-    print("# total %.1f s" % (time.monotonic() - t_all))
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 else 1
-
+def run_lmtp_tests(tests):
+    """run_tests() for the lmtpd programs: LMTP_TESTS picks a subset."""
+    return run_tests(tests, "LMTP_TESTS", (MASTER, LMTPD, MBTOOL))

@@ -32,10 +32,11 @@ import threading
 import time
 
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lmtphelp import (Conn, ConnectionClosed, Fail, Instance, check,  # noqa: E402
-                      dot_stuff, header_value, make_message, run_tests,
-                      wait_until)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # lmtphelp, ../testlib
+from testlib import Fail, check, run_threads, wait_until  # noqa: E402
+from lmtphelp import (Conn, ConnectionClosed, Instance,  # noqa: E402
+                      dot_stuff, header_value, make_message, run_lmtp_tests)
 
 NMSG = int(os.environ.get("CRASH_MESSAGES") or "2000")
 NCLIENTS = 20
@@ -216,10 +217,7 @@ def test_sigkill_storm():
             for k in range(NCLIENTS)]
         kt = threading.Thread(target=killer, args=(inst, stop, kills))
         kt.start()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(DEADLINE + 60)
+        run_threads(threads, DEADLINE + 60)
         stop.set()
         kt.join(10)
         took = time.monotonic() - t0
@@ -282,4 +280,4 @@ def test_sigkill_storm():
 TESTS = [test_sigkill_storm]
 
 if __name__ == "__main__":
-    sys.exit(run_tests(TESTS))
+    sys.exit(run_lmtp_tests(TESTS))

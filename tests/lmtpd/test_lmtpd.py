@@ -29,11 +29,14 @@ import threading
 import time
 
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lmtphelp import (Conn, ConnectionClosed, Fail, Instance, SERVERNAME,  # noqa: E402
-                      Skip, check, dot_stuff, header_value, make_message,
-                      run_tests, split_added_headers, transaction,
-                      wait_until, LMTPD, RUN_AS, drop_privileges)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # lmtphelp, ../testlib
+from testlib import (RUN_AS, Fail, Skip, check,  # noqa: E402
+                     drop_privileges, wait_until)
+from lmtphelp import (LMTPD, SERVERNAME, Conn,  # noqa: E402
+                      ConnectionClosed, Instance, dot_stuff, header_value,
+                      make_message, run_lmtp_tests, split_added_headers,
+                      transaction)
 
 MAXSIZE = 100000
 MAXRCPT = 1000
@@ -136,11 +139,9 @@ def test_greeting_and_commands():
         g = c.reply()
         check(g.code == 220 and SERVERNAME in g.text and "LMTP" in g.text,
               "greeting %r" % g)
-        r = c.cmd("HELO client.example")
-        check(r.code == 500 and r.enh == "5.5.1",
-              "HELO: %r (LMTP wants LHLO: 500 5.5.1)" % r)
-        r = c.cmd("EHLO client.example")
-        check(r.code == 500 and r.enh == "5.5.1", "EHLO: %r" % r)
+        c.expect("HELO client.example", 500, "5.5.1",
+                 "HELO: %r (LMTP wants LHLO: 500 5.5.1)")
+        c.expect("EHLO client.example", 500, "5.5.1", "EHLO: %r")
         r = c.cmd("LHLO client.example")
         check(r.code == 250 and r.lines[0].startswith(SERVERNAME),
               "LHLO: %r" % r)
@@ -151,18 +152,13 @@ def test_greeting_and_commands():
         size = [l for l in r.lines[1:] if l.upper().startswith("SIZE")]
         check(size and size[0].split()[1:] == [str(MAXSIZE)],
               "SIZE not from maxmessagesize: %r" % size)
-        r = c.cmd("NOOP")
-        check(r.code == 250 and r.enh == "2.0.0", "NOOP: %r" % r)
-        r = c.cmd("VRFY alice")
-        check(r.code == 252 and r.enh == "2.5.0", "VRFY: %r" % r)
-        r = c.cmd("VRFY nosuchuser")
-        check(r.code == 252, "VRFY of an unknown user leaks: %r" % r)
-        r = c.cmd("HELP")
-        check(r.code == 214, "HELP: %r" % r)
-        r = c.cmd("RSET")
-        check(r.code == 250 and r.enh == "2.0.0", "RSET: %r" % r)
-        r = c.cmd("QUIT")
-        check(r.code == 221 and r.enh == "2.0.0", "QUIT: %r" % r)
+        c.expect("NOOP", 250, "2.0.0", "NOOP: %r")
+        c.expect("VRFY alice", 252, "2.5.0", "VRFY: %r")
+        c.expect("VRFY nosuchuser", 252, None,
+                 "VRFY of an unknown user leaks: %r")
+        c.expect("HELP", 214, None, "HELP: %r")
+        c.expect("RSET", 250, "2.0.0", "RSET: %r")
+        c.expect("QUIT", 221, "2.0.0", "QUIT: %r")
         check(c.at_eof(), "connection still open after QUIT")
 
 
@@ -766,28 +762,20 @@ def test_unknown_and_out_of_order():
     inst = main_instance()
     with Survives(inst), Conn(inst.unix_socket) as c:
         check(c.reply().code == 220, "greeting")
-        r = c.cmd("MAIL FROM:<o@example.org>")
-        check(r.code == 503 and r.enh == "5.5.1", "MAIL before LHLO: %r" % r)
-        r = c.cmd("FROBNICATE now")
-        check(r.code == 500 and r.enh == "5.5.2", "unknown command: %r" % r)
+        c.expect("MAIL FROM:<o@example.org>", 503, "5.5.1",
+                 "MAIL before LHLO: %r")
+        c.expect("FROBNICATE now", 500, "5.5.2", "unknown command: %r")
         check(c.cmd("LHLO o.example").code == 250, "LHLO")
-        r = c.cmd("RCPT TO:<erin>")
-        check(r.code == 503 and r.enh == "5.5.1", "RCPT before MAIL: %r" % r)
-        r = c.cmd("DATA")
-        check(r.code == 503, "DATA before MAIL: %r" % r)
-        r = c.cmd("MAIL TO:<x@example.org>")
-        check(r.code == 501 and r.enh == "5.5.4", "MAIL syntax: %r" % r)
-        r = c.cmd("MAIL FROM:<o@example.org>")
-        check(r.code == 250, "MAIL: %r" % r)
-        r = c.cmd("MAIL FROM:<o@example.org>")
-        check(r.code == 503, "second MAIL in a transaction: %r" % r)
-        r = c.cmd("RCPT TO:")
-        check(r.code == 501, "RCPT without address: %r" % r)
-        r = c.cmd("RCPT TO:<nobody>")
-        check(r.code == 550, "unknown: %r" % r)
-        r = c.cmd("DATA")
-        check(r.code == 503 and r.enh == "5.5.1",
-              "DATA without an accepted recipient: %r" % r)
+        c.expect("RCPT TO:<erin>", 503, "5.5.1", "RCPT before MAIL: %r")
+        c.expect("DATA", 503, None, "DATA before MAIL: %r")
+        c.expect("MAIL TO:<x@example.org>", 501, "5.5.4", "MAIL syntax: %r")
+        c.expect("MAIL FROM:<o@example.org>", 250, None, "MAIL: %r")
+        c.expect("MAIL FROM:<o@example.org>", 503, None,
+                 "second MAIL in a transaction: %r")
+        c.expect("RCPT TO:", 501, None, "RCPT without address: %r")
+        c.expect("RCPT TO:<nobody>", 550, None, "unknown: %r")
+        c.expect("DATA", 503, "5.5.1",
+                 "DATA without an accepted recipient: %r")
         # the chunk of a refused BDAT is still read (RFC 3030 4.2)
         c.send(b"BDAT 3 LAST\r\nabcNOOP\r\n")
         rs = c.replies(2)
@@ -1006,22 +994,24 @@ def test_starttls_auth_plain():
             check(r.code == 250 and len(r.lines) == 1,
                   "the command sent in plaintext behind STARTTLS was "
                   "answered under TLS: %r" % r)
+
+    def swaks_tls_auth(mech, tag):
+        """swaks: STARTTLS, AUTH mech as SASL_USER, a message to dave
+        with X-Test-Id: tag; (exit status, output)."""
+        return swaks("--server", "127.0.0.1", "--port",
+                     str(inst.tcp_port), "--protocol", "LMTP", "-tls",
+                     "-a", mech, "-au", SASL_USER, "-ap", SASL_PASS,
+                     "--to", "dave@test.example",
+                     "--header", "X-Test-Id: %s" % tag)
+
     # swaks: STARTTLS + AUTH LOGIN
     tag = uniq("swlogin")
-    rc, out = swaks("--server", "127.0.0.1", "--port", str(inst.tcp_port),
-                    "--protocol", "LMTP", "-tls", "-a", "LOGIN",
-                    "-au", SASL_USER, "-ap", SASL_PASS,
-                    "--to", "dave@test.example",
-                    "--header", "X-Test-Id: %s" % tag)
+    rc, out = swaks_tls_auth("LOGIN", tag)
     check(rc == 0 and find_by_header(inst, "user.dave", "X-Test-Id", tag),
           "swaks STARTTLS + AUTH LOGIN: rc %d:\n%s" % (rc, out[-1500:]))
     # swaks: STARTTLS + AUTH PLAIN, right password
     tag = uniq("swtls")
-    rc, out = swaks("--server", "127.0.0.1", "--port", str(inst.tcp_port),
-                    "--protocol", "LMTP", "-tls", "-a", "PLAIN",
-                    "-au", SASL_USER, "-ap", SASL_PASS,
-                    "--to", "dave@test.example",
-                    "--header", "X-Test-Id: %s" % tag)
+    rc, out = swaks_tls_auth("PLAIN", tag)
     check(rc == 0, "swaks STARTTLS + AUTH PLAIN: rc %d:\n%s"
           % (rc, out[-2000:]))
     check(re.search(r"(?m)^<\S*\s+235", out), "no 235 for AUTH:\n%s" % out[-1500:])
@@ -1191,7 +1181,7 @@ TESTS = [
 
 def main():
     try:
-        return run_tests(TESTS)
+        return run_lmtp_tests(TESTS)
     finally:
         if _main is not None:       # a subset run: stop and remove it
             _main.stop()

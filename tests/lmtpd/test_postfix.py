@@ -21,7 +21,6 @@ import os
 import pwd
 import re
 import shutil
-import signal
 import smtplib
 import subprocess
 import sys
@@ -29,9 +28,13 @@ import threading
 import time
 
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lmtphelp import (Fail, Instance, Skip, alive, check, free_port,  # noqa: E402
-                      header_value, make_message, run_tests, wait_until)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # lmtphelp, ../testlib
+from testlib import (Fail, Skip, alive, check,  # noqa: E402
+                     find_processes, free_port, kill_all, proc_read,
+                     read_text, run_threads, wait_until)
+from lmtphelp import (Instance, header_value, make_message,  # noqa: E402
+                      run_lmtp_tests)
 
 NMSG = int(os.environ.get("POSTFIX_MESSAGES") or "2000")
 NBOX = 20
@@ -39,6 +42,7 @@ NTHREADS = 8
 DOMAIN = "test.example"
 POSTFIX = shutil.which("postfix") or "/usr/sbin/postfix"
 POSTQUEUE = shutil.which("postqueue") or "/usr/sbin/postqueue"
+TOOL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 
 MASTER_CF = """\
 # service type  private unpriv  chroot  wakeup  maxproc command
@@ -129,10 +133,9 @@ class Postfix:
         self.started = False
 
     def run(self, *args, timeout=120):
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
         r = subprocess.run([POSTFIX, "-c", self.confdir] + list(args),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=timeout, env=env)
+                           timeout=timeout, env=TOOL_ENV)
         return r.returncode, r.stdout.decode(errors="replace")
 
     def master_pid(self):
@@ -166,27 +169,21 @@ class Postfix:
         return True
 
     def queue_listing(self):
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
         r = subprocess.run([POSTQUEUE, "-c", self.confdir, "-p"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=60, env=env)
+                           timeout=60, env=TOOL_ENV)
         return r.stdout.decode(errors="replace")
 
     def queue_empty(self):
         return "Mail queue is empty" in self.queue_listing()
 
     def flush(self):
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
         subprocess.run([POSTQUEUE, "-c", self.confdir, "-f"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=60, env=env)
+                       timeout=60, env=TOOL_ENV)
 
     def log(self):
-        try:
-            with open(self.logfile, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return read_text(self.logfile)
 
     def stop(self):
         """postfix stop; abort and SIGKILL as fallbacks.  Returns a list
@@ -202,41 +199,27 @@ class Postfix:
             problems.append("Postfix master %d alive 20 s after stop" % pid)
             self.run("abort", timeout=60)
             if not wait_until(lambda: not alive(pid), 10, 0.1):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                kill_all([pid])
         # its children (smtpd, qmgr, lmtp, ...) leave with the master
         left = wait_until(lambda: not self.processes() or None, 10, 0.1)
         if left is None:
             rest = self.processes()
             problems.append("Postfix processes left: %s" % rest)
-            for p in rest:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except OSError:
-                    pass
+            kill_all(rest)
         self.started = False
         return problems
 
     def processes(self):
         """PIDs of processes of this instance (their command line or
         environment names our config directory)."""
-        out = []
         needle = self.confdir.encode()
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == os.getpid():
-                continue
-            try:
-                with open("/proc/%s/cmdline" % name, "rb") as f:
-                    cmd = f.read()
-                with open("/proc/%s/environ" % name, "rb") as f:
-                    env = f.read()
-            except OSError:
-                continue
-            if (needle in cmd or needle in env) and alive(int(name)):
-                out.append(int(name))
-        return out
+
+        def match(pid):
+            cmd = proc_read(pid, "cmdline")
+            env = proc_read(pid, "environ")
+            return (cmd is not None and env is not None
+                    and (needle in cmd or needle in env))
+        return find_processes(match)
 
 
 def submit(port, ids, errors, counter, lock):
@@ -299,10 +282,7 @@ def test_postfix_end_to_end():
             threads = [threading.Thread(target=submit, args=(
                 pf.port, range(k, NMSG, NTHREADS), errors, counter, lock))
                 for k in range(NTHREADS)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
+            run_threads(threads, 300)
             t_submit = time.monotonic() - t0
             check(not errors, "submission: %s" % "; ".join(errors[:3]))
             check(counter[0] == NMSG, "%d of %d submitted"
@@ -369,4 +349,4 @@ def test_postfix_end_to_end():
 TESTS = [test_postfix_end_to_end]
 
 if __name__ == "__main__":
-    sys.exit(run_tests(TESTS))
+    sys.exit(run_lmtp_tests(TESTS))

@@ -31,119 +31,22 @@ import tempfile
 import threading
 import time
 
-TOP_BUILDDIR = os.path.abspath(os.environ.get("top_builddir") or ".")
-TMPDIR = os.environ.get("TEST_TMPDIR") or "/var/tmp"
-MASTER = os.path.join(TOP_BUILDDIR, "master", "master")
+sys.dont_write_bytecode = True     # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import (MASTER, MASTERSTATUS, RUN_AS, TMPDIR,  # noqa: E402
+                     TOP_BUILDDIR, Fail, MasterRun, Skip, alive, check,
+                     chown_run_as, cmdline, connect_socket, free_port,
+                     pgrep_children, proc_stat, root_stays, run_tests,
+                     run_threads, service_line, wait_until)
+
 SVCDIR = os.path.join(TOP_BUILDDIR, "tests", "master")
 TESTSVC = os.path.join(SVCDIR, "testsvc")
-MASTERSTATUS = os.path.join(TOP_BUILDDIR, "tools", "masterstatus")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-TAG_VAR = "MASTER_TEST_TAG"
-
-
-def _run_as():
-    """The user a master started as root switches to, or None."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        import pwd
-        return pwd.getpwnam("cyrus")
-    except (ImportError, KeyError):
-        return None
-
-
-RUN_AS = _run_as()
-
-
-class Fail(Exception):
-    pass
-
-
-class Skip(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
 
 
 def kv(key, value):
     """A regex for a log field key=value, also in the key=<value> form."""
     return r"\b%s=<?%s>?(?![\w.])" % (key, value)
-
-
-def wait_until(pred, timeout, step=0.02):
-    """Poll pred() until it returns a true value or timeout; returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(step)
-
-
-# ---- processes ---------------------------------------------------------
-
-def proc_stat(pid):
-    """(state, ppid, utime+stime ticks) of pid, or None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rindex(b")") + 2:].split()
-    return rest[0].decode(), int(rest[1]), int(rest[11]) + int(rest[12])
-
-
-def alive(pid):
-    st = proc_stat(pid)
-    return st is not None and st[0] != "Z"
-
-
-def children_of(ppid, include_zombies=True):
-    """PIDs whose parent is ppid (read from /proc: cheap enough to sample
-    every 20 ms)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        st = proc_stat(int(name))
-        if st and st[1] == ppid and (include_zombies or st[0] != "Z"):
-            out.append(int(name))
-    return out
-
-
-def pgrep_children(ppid):
-    r = subprocess.run(["pgrep", "-P", str(ppid)], stdout=subprocess.PIPE,
-                       stderr=subprocess.DEVNULL, timeout=10)
-    return [int(x) for x in r.stdout.split()]
-
-
-def tagged_processes(tag):
-    """Live processes whose environment carries TAG_VAR=tag: everything the
-    master of one test started, whoever its parent is now."""
-    needle = ("%s=%s" % (TAG_VAR, tag)).encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if needle in env and alive(int(name)):
-            out.append(int(name))
-    return out
-
-
-def cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 # ---- clients -----------------------------------------------------------
@@ -152,17 +55,7 @@ class Client:
     """A line-oriented client of a testsvc service."""
 
     def __init__(self, addr, timeout=5.0):
-        if isinstance(addr, str):
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        else:
-            fam = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-            self.sock = socket.socket(fam, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
-        try:
-            self.sock.connect(addr)
-        except BaseException:
-            self.sock.close()
-            raise
+        self.sock = connect_socket(addr, timeout)
         self.buf = b""
         self.eof = False
 
@@ -229,15 +122,6 @@ def connect_fails(addr, timeout=1.0):
     return False
 
 
-def free_port(family=socket.AF_INET, host="127.0.0.1"):
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
 def have_ipv6():
     if not socket.has_ipv6:
         return False
@@ -256,9 +140,11 @@ def have_ipv6():
 
 # ---- the master under test -----------------------------------------------
 
-class Master:
+class Master(MasterRun):
     """One master with its own directory; use as a context manager: leaving
     it stops the master and checks that nothing it started remains."""
+
+    TAG_VAR = "MASTER_TEST_TAG"
 
     def __init__(self, name):
         self.name = name
@@ -272,19 +158,15 @@ class Master:
         self.pidfile = self.path("master.pid")
         with open(self.imapd_conf, "w") as f:
             f.write("configdirectory: %s\n" % self.confdir)
-            if os.geteuid() == 0 and RUN_AS is None:
+            if root_stays():
                 f.write("cyrus_user: root\n")
-        if os.geteuid() == 0 and RUN_AS is not None:
-            # started as root the master becomes cyrus_user (default
-            # "cyrus"): that user must own the test's directory
-            for d in (self.dir, self.confdir):
-                os.chown(d, RUN_AS.pw_uid, RUN_AS.pw_gid)
+        # started as root the master becomes cyrus_user (default
+        # "cyrus"): that user must own the test's directory
+        for d in (self.dir, self.confdir):
+            chown_run_as(d)
         self.proc = None
         self.rc = None
         self.seen_children = set()
-
-    def path(self, *parts):
-        return os.path.join(self.dir, *parts)
 
     def write_conf(self, text):
         tmp = self.cyrus_conf + ".new"
@@ -293,16 +175,9 @@ class Master:
         os.rename(tmp, self.cyrus_conf)
 
     def start(self, wait=True, args=()):
-        cmd = [MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
-               self.cyrus_conf, "-p", self.pidfile, "-S", SVCDIR,
-               "-s", self.statusfile, "-T", "10"] + list(args)
-        env = dict(os.environ)
-        env[TAG_VAR] = self.dir
-        with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log, env=env,
-                                         cwd=self.dir)
-        self.pid = self.proc.pid
+        self.spawn([MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
+                    self.cyrus_conf, "-p", self.pidfile, "-S", SVCDIR,
+                    "-s", self.statusfile, "-T", "10"] + list(args))
         if wait:
             ok = wait_until(lambda: self.proc.poll() is not None
                             or "master" in self.status(), 5)
@@ -312,9 +187,6 @@ class Master:
             check(ok, "no status file %s 5 s after start" % self.statusfile)
         return self
 
-    def running(self):
-        return self.proc is not None and self.proc.poll() is None
-
     def wait_exit(self, timeout):
         try:
             self.rc = self.proc.wait(timeout)
@@ -322,76 +194,11 @@ class Master:
             return None
         return self.rc
 
-    def log(self):
-        try:
-            with open(self.logfile, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    def status(self):
-        """The status file parsed: {"master": {...}, "services": {name:
-        {...}}, "children": [{...}]}; {} when missing or unreadable."""
-        try:
-            with open(self.statusfile, errors="replace") as f:
-                text = f.read()
-        except OSError:
-            return {}
-        st = {"services": {}, "children": []}
-        for line in text.splitlines():
-            words = line.split()
-            if not words:
-                continue
-            kv = {}
-            for w in words[1:]:
-                if "=" in w:
-                    k, v = w.split("=", 1)
-                    kv[k] = v
-            if words[0] == "master":
-                st["master"] = kv
-            elif words[0] == "service" and len(words) > 1:
-                kv["name"] = words[1]
-                st["services"][words[1]] = kv
-            elif words[0] == "child" and len(words) > 1:
-                kv["name"] = words[1]
-                st["children"].append(kv)
-        return st
-
-    def service(self, name):
-        return self.status().get("services", {}).get(name)
-
-    def svc_int(self, name, key):
-        s = self.service(name)
-        try:
-            return int(s[key]) if s else None
-        except (KeyError, ValueError):
-            return None
-
-    def child_pids(self, name=None, state=None):
-        out = []
-        for c in self.status().get("children", []):
-            if name is not None and c.get("name") != name:
-                continue
-            if state is not None and c.get("state") != state:
-                continue
-            try:
-                out.append(int(c["pid"]))
-            except (KeyError, ValueError):
-                pass
-        return out
-
     def wait_ready(self, name, n, timeout=5):
         ok = wait_until(lambda: (self.svc_int(name, "ready") or 0) >= n,
                         timeout)
         check(ok, "service %s: fewer than %d ready children after %g s "
               "(status: %s)" % (name, n, timeout, self.service(name)))
-
-    def children(self):
-        if not self.running():
-            return []
-        pids = children_of(self.pid)
-        self.seen_children.update(pids)
-        return pids
 
     def cpu_ticks(self):
         st = proc_stat(self.pid)
@@ -412,21 +219,7 @@ class Master:
                 self.wait_exit(5)
         else:
             self.wait_exit(5)
-        left = wait_until(lambda: [p for p in self.seen_children
-                                   if alive(p)] + tagged_processes(self.dir)
-                          == [] or None, 3)
-        if left is None:
-            rest = sorted(set([p for p in self.seen_children if alive(p)]
-                              + tagged_processes(self.dir)))
-            problems.append("processes left after the master stopped: %s"
-                            % ", ".join("%d(%s)" % (p, cmdline(p))
-                                        for p in rest))
-            for p in rest:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except OSError:
-                    pass
-        return problems
+        return problems + self.leftovers(3)
 
     def __enter__(self):
         return self
@@ -449,12 +242,6 @@ class Master:
         if etype is None and problems:
             raise Fail("; ".join(problems))
         return False
-
-
-def service_line(name, cmd, listen, **opts):
-    words = ['%s cmd="%s" listen="%s"' % (name, cmd, listen)]
-    words += ["%s=%s" % (k, v) for k, v in opts.items()]
-    return "  " + " ".join(words) + "\n"
 
 
 def services_conf(*lines, start=(), daemon=(), events=()):
@@ -555,10 +342,7 @@ def test_maxchild_50_clients():
         cpu0, t0 = m.cpu_ticks(), time.monotonic()
         clients = [threading.Thread(target=client, args=(i,))
                    for i in range(nclients)]
-        for c in clients:
-            c.start()
-        for c in clients:
-            c.join(40)
+        run_threads(clients, 40)
         wall = time.monotonic() - t0
         cpu = (m.cpu_ticks() - cpu0) / CLK_TCK
         stop_sampling.set()
@@ -704,10 +488,7 @@ def test_maxforkrate():
         t0 = time.monotonic()
         ts = [threading.Thread(target=client, args=(i,))
               for i in range(nclients)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(30)
+        run_threads(ts, 30)
         check(not errors, "clients failed: %s" % "; ".join(errors[:5]))
         check(len(hellos) == nclients, "%d of %d served"
               % (len(hellos), nclients))
@@ -1211,41 +992,7 @@ TESTS = [
 
 
 def main():
-    for prog in (MASTER, TESTSVC, MASTERSTATUS):
-        if not os.access(prog, os.X_OK):
-            print("FAIL: setup (missing %s: run make first)" % prog)
-            print("0 passed, 1 failed")
-            return 1
-    only = (os.environ.get("MASTER_TESTS") or "").split()
-    passed = failed = skipped = 0
-    t_all = time.monotonic()
-    for t in TESTS:
-        name = t.__name__[len("test_"):]
-        if only and name not in only:
-            continue
-        t0 = time.monotonic()
-        try:
-            t()
-        except Skip as e:
-            skipped += 1
-            print("SKIP: %s (%s)" % (name, e))
-            continue
-        except Fail as e:
-            failed += 1
-            print("FAIL: %s: %s" % (name, e))
-            continue
-        except Exception as e:  # noqa: BLE001 - report, go on
-            failed += 1
-            print("FAIL: %s: unexpected %r" % (name, e))
-            continue
-        passed += 1
-        print("PASS: %s (%.1f s)" % (name, time.monotonic() - t0))
-        sys.stdout.flush()
-    if skipped:
-        print("# %d skipped" % skipped)
-    print("# total %.1f s" % (time.monotonic() - t_all))
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 else 1
+    return run_tests(TESTS, "MASTER_TESTS", (MASTER, TESTSVC, MASTERSTATUS))
 
 
 if __name__ == "__main__":
