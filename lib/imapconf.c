@@ -160,14 +160,13 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 1, .max = 1024,
       .desc = "staging directories per partition (PARTITION/stage./NN); "
               "concurrent deliveries are spread over them by process id" },
-    /* default file, by measurement (appendbench, 8 processes, this
-     * machine kind's virtual disk): ext4 already merges concurrent
-     * fsyncs into one journal commit, and syncfs() writes back every
-     * dirty page of the file system, so group rounds were slower (1
-     * rcpt: 894-1234 vs 1083-1487 msgs/s; 10 rcpts: 230-262 vs 433-496).
-     * group pays off where a flush is slow relative to the data (disks
-     * with a real cache flush cost); measure with tests/bench/lmtpstorm.sh */
-    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "file",
+    /* default group, by measurement on this machine kind (ext4 on a
+     * virtual disk, 2 cores): tests/bench/lmtpstorm.sh, smtp-source -L,
+     * 2,000 messages of 13,870 bytes, median of 3, msgs/s group vs file:
+     * 960 vs 841 (1 connection), 1532 vs 1463 (10), 1430 vs 1362 (20),
+     * 1570 vs 1321 (40), 1300 vs 1278 (100); off (no sync) 1119-1705.
+     * 0.26-1 syncfs per message instead of 3 fsyncs.  doc/bench/lmtp.md */
+    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "group",
       .words = imapconf_spool_sync_words,
       .desc = "how a delivery is made durable before it is acknowledged: "
               "group = deliveries waiting at the same moment share one "

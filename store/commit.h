@@ -14,14 +14,14 @@
  * How a round is made is chosen by imapd.conf's spool_sync (read from the
  * batch's configuration; a NULL configuration means "file"):
  *
- *   group  group commit across processes: the committers
+ *   group (the default)  group commit across processes: the committers
  *       waiting at the same moment on the same file system share ONE
  *       syncfs() issued by one of them (the leader), coordinated through
  *       CONFIGDIR/commit.shm; see commit.c for the protocol and the
  *       durability argument.  When the shared state cannot be used (no
  *       configdirectory, no permission, no free file-system slot) the
  *       commit is made the "file" way, with one warning per process.
- *   file (the default)  fsync() of each file (data and inode: the link count of a
+ *   file  fsync() of each file (data and inode: the link count of a
  *       hard-linked message), then fsync() of each directory, each object
  *       once, in the order added.
  *   off   NO SYNC AT ALL.  UNSAFE: a crash of the machine or a power loss

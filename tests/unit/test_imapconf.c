@@ -214,7 +214,7 @@ static const struct {
     { "tls_server_key", IMAPCONF_STRING, "" },
     { "cyrus_user", IMAPCONF_STRING, "cyrus" },
     { "stage_dirs", IMAPCONF_INT, "16" },
-    { "spool_sync", IMAPCONF_ENUM, "file" },
+    { "spool_sync", IMAPCONF_ENUM, "group" },
     { "lmtp_bare_newlines", IMAPCONF_ENUM, "reject" },
     { "maxheaderlines", IMAPCONF_INT, "1000" },
     { "lmtp_max_recipients", IMAPCONF_INT, "1000" },
