@@ -32,7 +32,7 @@ sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # lmtphelp, ../testlib
 from testlib import (RUN_AS, Fail, Skip, check,  # noqa: E402
-                     drop_privileges, wait_until)
+                     chown_run_as, drop_privileges, wait_until)
 from lmtphelp import (LMTPD, SERVERNAME, Conn,  # noqa: E402
                       ConnectionClosed, Instance, dot_stuff, header_value,
                       make_message, run_lmtp_tests, split_added_headers,
@@ -1079,6 +1079,74 @@ def test_sigterm_idle_clients():
               "killed: %s" % inst.log()[-800:])
 
 
+def test_full_disk():
+    """The spool's file system fills up (a 1 MiB tmpfs mounted on the
+    partition): the delivery that does not fit gets 452 4.3.1, never 250;
+    every message acknowledged before is complete; the worker goes on
+    serving; the mailbox checks; with space again delivery works."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to mount a small tmpfs")
+    with Instance("full") as inst:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755",
+                            "tmpfs", inst.partition],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if r.returncode != 0:
+            raise Skip("cannot mount a tmpfs: %s"
+                       % r.stdout.decode(errors="replace").strip())
+        try:
+            chown_run_as(inst.partition)
+            inst.create("user.full")
+            inst.write_cyrus_conf(prefork=1, maxchild=2)
+            inst.start()
+            acked, refused = {}, None
+            with connect(inst) as c:
+                for i in range(60):
+                    mid = uniq("full")
+                    body = (b"%04d " % i + b"f" * 73 + b"\r\n") * 640
+                    msg = make_message(mid, body=body)
+                    mr, rr, dr, res = transaction(c, "f@example.org",
+                                                  ["full"], msg)
+                    check(mr.code == 250 and codes(rr) == [250]
+                          and dr is not None and dr.code == 354,
+                          "MAIL/RCPT/DATA %d: %r %r %r" % (i, mr, rr, dr))
+                    if res[0].code == 250:
+                        acked[mid] = body
+                        continue
+                    refused = res[0]
+                    break
+                check(refused is not None, "60 x 50 KB all accepted on a "
+                      "1 MiB file system")
+                print("#   full disk: %d messages accepted, then %r"
+                      % (len(acked), refused))
+                check(refused.code == 452 and refused.enh == "4.3.1",
+                      "full disk answered %r, not 452 4.3.1" % refused)
+                check(c.cmd("NOOP").code == 250, "session gone after the "
+                      "full-disk reply")
+            stored = inst.messages("user.full")
+            check(len(stored) == len(acked), "%d acknowledged, %d stored"
+                  % (len(acked), len(stored)))
+            for m in stored:
+                mid = header_value(m, "Message-ID")
+                key = mid.strip("<>") if mid else None
+                check(key in acked and m.endswith(acked[key]),
+                      "stored message %r incomplete or not acknowledged"
+                      % key)
+            rc, out, err = inst.mbtool("check", "user.full",
+                                       check_rc=False)
+            check(rc == 0, "mbtool check after the full disk: %s%s"
+                  % (out, err))
+            subprocess.run(["mount", "-o", "remount,size=8m",
+                            inst.partition], check=True)
+            with connect(inst) as c:
+                _, rr, _, res = transaction(c, "f@example.org", ["full"],
+                                            make_message(uniq("full")))
+                check(codes(res) == [250], "no delivery after space came "
+                      "back: %r" % res)
+        finally:
+            inst.stop()
+            subprocess.run(["umount", inst.partition])
+
+
 # ---- the second instance ---------------------------------------------------
 
 def test_strict_instance():
@@ -1174,6 +1242,7 @@ TESTS = [
     test_starttls_auth_plain,
     test_timeout_421,
     test_sigterm_idle_clients,
+    test_full_disk,
     test_strict_instance,
     test_main_instance_stops_clean,
 ]
