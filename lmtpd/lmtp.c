@@ -86,6 +86,7 @@ struct lmtp_server {
     int timeout;
     int bare_fix;
     int overquota_perm;
+    int db_failed;              /* the last open of the databases failed */
     unsigned long seq;          /* for Received ids */
 };
 
@@ -142,6 +143,33 @@ struct lmtp_session {
 
 /* ---- the server ------------------------------------------------------- */
 
+/* Open the delivery and recipient contexts if they are not open yet (at
+ * start, and again at each RCPT after a failure: a damaged or locked
+ * mailbox list makes RCPT answer 451 until it is repaired, instead of
+ * the worker dying at start and the master backing it off while clients
+ * wait).  STORE_OK or the error (logged once per failure streak). */
+static int lmtp_server_dbs(struct lmtp_server *srv)
+{
+    int r = STORE_OK;
+
+    if (!srv->dctx)
+        r = deliver_ctx_new(srv->conf, &srv->dctx);
+    if (r == STORE_OK && !srv->rctx)
+        r = rcpt_ctx_new(srv->conf, &srv->rctx);
+    if (r != STORE_OK) {
+        if (!srv->db_failed)
+            log_error("lmtp: cannot open the mailbox list error=<%s>; "
+                      "recipients get 451 until it opens",
+                      store_strerror(r));
+        srv->db_failed = 1;
+        return r;
+    }
+    if (srv->db_failed)
+        log_info("lmtp: mailbox list open again");
+    srv->db_failed = 0;
+    return STORE_OK;
+}
+
 int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
                     int sasl_ok, struct lmtp_server **srv_r)
 {
@@ -159,15 +187,7 @@ int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
     srv->conf = conf;
     srv->tls = tls;
     srv->sasl_ok = sasl_ok;
-    r = deliver_ctx_new(conf, &srv->dctx);
-    if (r == STORE_OK)
-        r = rcpt_ctx_new(conf, &srv->rctx);
-    if (r != STORE_OK) {
-        log_error("lmtp: cannot open the mailbox list error=<%s>",
-                  store_strerror(r));
-        lmtp_server_free(&srv);
-        return -1;
-    }
+    (void)lmtp_server_dbs(srv);   /* a failure is retried at RCPT */
     name = imapconf_getstring(conf, "servername");
     if (name && *name) {
         snprintf(srv->servername, sizeof(srv->servername), "%s", name);
@@ -938,6 +958,10 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
     }
     if (s->nrcpts >= s->srv->maxrcpts) {
         lmtp_reply(s, "452 4.5.3 Too many recipients");
+        goto out;
+    }
+    if (lmtp_server_dbs(s->srv) != STORE_OK) {
+        lmtp_reply(s, R_TEMPFAIL);
         goto out;
     }
     res = rcpt_resolve(s->srv->rctx, path.local.s, path.local.len,

@@ -33,8 +33,10 @@ struct lmtp_conn {
 
 /* The per-process part.  tls may be NULL (no STARTTLS); sasl_ok says
  * whether saslserver_init() worked (else AUTH is never offered).  conf,
- * and tls must outlive the server.  0, or -1 with the reason logged
- * (a database did not open, out of memory). */
+ * and tls must outlive the server.  0, or -1 when out of memory.  The
+ * databases are opened here and, if that fails (a damaged or missing
+ * mailbox list), again at each RCPT, which answers 451 4.3.0 meanwhile:
+ * the worker stays up and the client is told to come back. */
 int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
                     int sasl_ok, struct lmtp_server **srv_r);
 void lmtp_server_free(struct lmtp_server **srvp);

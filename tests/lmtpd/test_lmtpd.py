@@ -1079,6 +1079,40 @@ def test_sigterm_idle_clients():
               "killed: %s" % inst.log()[-800:])
 
 
+def test_damaged_mailbox_list():
+    """mailboxes.db overwritten with garbage before the start: the worker
+    still comes up, RCPT answers 451 4.3.0 (never 250, never a dropped
+    connection) and the log says why; once the file is good again the
+    same worker delivers."""
+    with Instance("dmgdb") as inst:
+        inst.create("user.dmg")
+        db = os.path.join(inst.confdir, "mailboxes.db")
+        with open(db, "rb") as f:
+            good = f.read()
+        with open(db, "r+b") as f:
+            f.write(b"\x5a" * len(good))
+        inst.write_cyrus_conf(prefork=1, maxchild=1)
+        inst.start()
+        msg = make_message(uniq("dmg"))
+        with connect(inst) as c:
+            mr, rr, dr, res = transaction(c, "d@example.org", ["dmg"], msg)
+            check(mr.code == 250 and len(rr) == 1 and rr[0].code == 451
+                  and rr[0].enh == "4.3.0",
+                  "damaged mailbox list: MAIL %r RCPT %r" % (mr, rr))
+            check(c.cmd("RSET").code == 250, "session gone after 451")
+            with open(db, "wb") as f:
+                f.write(good)
+            _, rr, _, res = transaction(c, "d@example.org", ["dmg"], msg)
+            check(codes(rr) == [250] and codes(res) == [250],
+                  "after the repair: RCPT %r DATA %r" % (rr, res))
+        check(inst.count("user.dmg") == 1, "%d messages stored, want 1"
+              % inst.count("user.dmg"))
+        check("cannot open the mailbox list" in inst.log(),
+              "no log line about the damaged mailbox list")
+        check("crashed" not in inst.log() and "backing off" not in
+              inst.log(), "workers died: %s" % inst.log()[-800:])
+
+
 def test_full_disk():
     """The spool's file system fills up (a 1 MiB tmpfs mounted on the
     partition): the delivery that does not fit gets 452 4.3.1, never 250;
@@ -1243,6 +1277,7 @@ TESTS = [
     test_timeout_421,
     test_sigterm_idle_clients,
     test_full_disk,
+    test_damaged_mailbox_list,
     test_strict_instance,
     test_main_instance_stops_clean,
 ]
