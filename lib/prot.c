@@ -53,6 +53,7 @@ struct prot {
     int timeout;                /* seconds, 0 = forever */
     int notsock;                /* fd is not a socket: read()/write() */
     int (*interrupt)(void);     /* prot_set_interrupt(), or NULL */
+    int mem;                    /* prot_new_mem(): no descriptor at all */
 
     unsigned char *in;          /* PROT_BUFSIZE bytes */
     size_t in_start, in_end;
@@ -110,6 +111,32 @@ struct prot *prot_new(int fd)
         return NULL;
     }
     p->fd = fd;
+    snprintf(p->error, sizeof(p->error), "no error");
+    return p;
+}
+
+struct prot *prot_new_mem(const void *data, size_t len)
+{
+    struct prot *p = calloc(1, sizeof(*p));
+
+    if (!p)
+        return NULL;
+    /* the whole input at once; read_eof makes prot_fill() stop there, so
+     * the buffer is never compacted or refilled and may be of any size */
+    p->in = malloc(len > 0 ? len : 1);
+    p->out = malloc(PROT_BUFSIZE);
+    if (!p->in || !p->out) {
+        free(p->in);
+        free(p->out);
+        free(p);
+        return NULL;
+    }
+    if (len > 0)
+        memcpy(p->in, data, len);
+    p->in_end = len;
+    p->read_eof = 1;
+    p->mem = 1;
+    p->fd = -1;
     snprintf(p->error, sizeof(p->error), "no error");
     return p;
 }
@@ -565,6 +592,11 @@ static int prot_send_buffered(struct prot *p)
         p->out_len = 0;
         return p->write_error;
     }
+    if (p->mem) {               /* prot_new_mem(): output goes nowhere */
+        p->bytes_out += p->out_len;
+        p->out_len = 0;
+        return PROT_OK;
+    }
     while (done < p->out_len) {
         int r;
 
@@ -689,6 +721,10 @@ int prot_starttls(struct prot *p, struct tls_server *tls,
 
     if (discarded_r)
         *discarded_r = 0;
+    if (p->mem) {
+        prot_seterror(p, "starttls: a memory stream has no connection");
+        return PROT_IOERROR;
+    }
     if (p->ssl) {
         prot_seterror(p, "starttls: TLS is already active");
         return PROT_IOERROR;

@@ -64,6 +64,11 @@ struct tls_server;        /* lib/tls.h */
 /* A stream on the connected socket fd (borrowed).  NULL when out of
  * memory. */
 struct prot *prot_new(int fd);
+/* A stream without a connection, for parsers fed from memory (fuzz
+ * targets, tests): reads return a copy of data[0 .. len) and then
+ * PROT_EOF; output is accepted and thrown away (prot_flush() returns
+ * PROT_OK); no TLS.  NULL when out of memory. */
+struct prot *prot_new_mem(const void *data, size_t len);
 /* Frees the stream (and its TLS session, after sending close_notify when
  * possible); does not close fd.  Sets *pp NULL; no-op on NULL. */
 void prot_free(struct prot **pp);

@@ -12,6 +12,7 @@ packages=(
   libcmocka-dev                                            # unit tests
   cyrus-imapd cyrus-clients                                # compatibility tests against Cyrus 3.6
   python3                                                  # integration tests
+  clang                                                    # the fuzz target (libFuzzer)
   swaks libnet-ssleay-perl postfix                         # LMTP client (with TLS), upstream MTA
   sasl2-bin libsasl2-modules openssl strace                # sasldb, certificates, the benchmark's sync counts
 )
