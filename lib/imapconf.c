@@ -191,6 +191,10 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 10, .max = 86400,
       .desc = "seconds an LMTP client may stay silent before the "
               "connection is closed with 421" },
+    { .name = "timeout", .type = IMAPCONF_INT, .def = "32",
+      .min = 30, .max = 1440,
+      .desc = "minutes an IMAP client may stay idle before the autologout "
+              "(RFC 3501 asks for at least 30)" },
     { .name = "syslog_prefix", .type = IMAPCONF_STRING, .def = "",
       .desc = "string put before the program name in syslog lines" },
 };
