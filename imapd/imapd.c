@@ -1,0 +1,331 @@
+/*
+ * imapd.c - the IMAP worker: command line, and the callbacks
+ * lib/service.h's service_main() runs (init once per process, serve once
+ * per connection, done before exit).  The protocol is session.c.
+ *
+ *   imapd [-C imapd.conf] [-s] [-U uses] [-T idlesecs]
+ *
+ * imapd.conf: -C, else $CYRUSDELIVER_CONF (the master sets it), else
+ * /etc/imapd.conf.  -s: implicit TLS (an imaps listener): the TLS
+ * handshake comes before the greeting.  -U / -T override the master's
+ * maxuses / idle timeout for this worker.
+ *
+ * Run by hand (fd 3 is not a listening socket) imapd serves one session
+ * on stdin/stdout.  The stream layer needs one socket for both
+ * directions, so when stdin is not a socket a relay child copies stdin
+ * into a socketpair and the replies out to stdout.
+ */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "lib/imapconf.h"
+#include "lib/log.h"
+#include "lib/prot.h"
+#include "lib/saslserver.h"
+#include "lib/service.h"
+#include "lib/tls.h"
+#include "imapd/session.h"
+
+#define IMAPD_DEFAULT_CONF "/etc/imapd.conf"
+
+struct imapd_state {
+    const char *confpath;
+    int implicit_tls;
+    struct imapconf *conf;
+    struct tls_server *tls;
+    int sasl_ok;
+    struct imap_server *srv;
+};
+
+static void imapd_usage(void)
+{
+    fprintf(stderr,
+            "usage: imapd [-C imapd.conf] [-s] [-U uses] [-T idlesecs]\n");
+}
+
+/* Where log lines go: stderr when it leads somewhere (master -l, a
+ * terminal, a file), else syslog. */
+static enum log_target imapd_log_target(void)
+{
+    struct stat st, nul;
+
+    if (fstat(2, &st) != 0)
+        return LOG_TO_SYSLOG;
+    if (S_ISCHR(st.st_mode) && stat("/dev/null", &nul) == 0 &&
+        st.st_rdev == nul.st_rdev)
+        return LOG_TO_SYSLOG;
+    return LOG_TO_STDERR;
+}
+
+static int imapd_init(int argc, char **argv, void *rock)
+{
+    struct imapd_state *ls = rock;
+    char *err = NULL;
+
+    (void)argc;
+    (void)argv;
+    if (imapconf_load(ls->confpath, &ls->conf, &err) != 0) {
+        log_error("imapd: cannot load the configuration file=<%s> "
+                  "error=<%s>", ls->confpath, err ? err : "out of memory");
+        free(err);
+        return 1;
+    }
+    if (tls_server_new(ls->conf, &ls->tls, &err) != 0) {
+        log_info("imapd: STARTTLS not offered reason=<%s>",
+                 err ? err : "out of memory");
+        free(err);
+        err = NULL;
+        ls->tls = NULL;
+    }
+    ls->sasl_ok = saslserver_init(ls->conf, "imapd") == 0;
+    if (imap_server_new(ls->conf, ls->tls, ls->sasl_ok, &ls->srv) != 0)
+        return 1;
+    return 0;
+}
+
+/* "a.b.c.d;port" for SASL from a socket address, or "" */
+static void imapd_sasl_addr(const struct sockaddr_storage *ss, char *out,
+                            size_t outlen)
+{
+    char host[INET6_ADDRSTRLEN];
+
+    out[0] = '\0';
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+
+        if (inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host)))
+            snprintf(out, outlen, "%s;%u", host,
+                     (unsigned)ntohs(sin->sin_port));
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)ss;
+
+        if (inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host)))
+            snprintf(out, outlen, "%s;%u", host,
+                     (unsigned)ntohs(sin6->sin6_port));
+    }
+}
+
+static void imapd_session(struct imapd_state *ls, int fd, const char *peer)
+{
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    char local[INET6_ADDRSTRLEN + 8], remote[INET6_ADDRSTRLEN + 8];
+    struct imap_conn conn;
+    struct prot *p;
+    int tcp;
+
+    memset(&conn, 0, sizeof(conn));
+    local[0] = remote[0] = '\0';
+    sslen = sizeof(ss);
+    memset(&ss, 0, sizeof(ss));
+    tcp = getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0 &&
+          (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
+    if (tcp) {
+        imapd_sasl_addr(&ss, local, sizeof(local));
+        sslen = sizeof(ss);
+        memset(&ss, 0, sizeof(ss));
+        if (getpeername(fd, (struct sockaddr *)&ss, &sslen) == 0)
+            imapd_sasl_addr(&ss, remote, sizeof(remote));
+    }
+    conn.peer = peer;
+    conn.localaddr = local[0] ? local : NULL;
+    conn.remoteaddr = remote[0] ? remote : NULL;
+    conn.implicit_tls = ls->implicit_tls;
+
+    p = prot_new(fd);
+    if (!p) {
+        log_error("imapd: out of memory peer=<%s>", peer);
+        return;
+    }
+    imap_serve(ls->srv, p, &conn);
+    prot_free(&p);
+}
+
+/* Copy stdin into the socket and the socket out to stdout until the
+ * session ends.  Runs in a child; never returns. */
+static void imapd_relay(int sock)
+{
+    char buf[65536];
+    int in_open = 1;
+
+    for (;;) {
+        struct pollfd pfd[2];
+        int n = 0, r;
+        ssize_t got;
+
+        pfd[n].fd = sock;
+        pfd[n].events = POLLIN;
+        pfd[n++].revents = 0;
+        if (in_open) {
+            pfd[n].fd = 0;
+            pfd[n].events = POLLIN;
+            pfd[n++].revents = 0;
+        }
+        r = poll(pfd, (nfds_t)n, -1);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            _exit(1);
+        }
+        if (pfd[0].revents) {
+            got = read(sock, buf, sizeof(buf));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                _exit(0);       /* the session ended */
+            for (ssize_t off = 0; off < got;) {
+                ssize_t w = write(1, buf + off, (size_t)(got - off));
+                if (w < 0 && errno == EINTR)
+                    continue;
+                if (w <= 0)
+                    _exit(1);
+                off += w;
+            }
+        }
+        if (in_open && n > 1 && pfd[1].revents) {
+            got = read(0, buf, sizeof(buf));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                in_open = 0;
+                shutdown(sock, SHUT_WR);
+                continue;
+            }
+            for (ssize_t off = 0; off < got;) {
+                ssize_t w = write(sock, buf + off, (size_t)(got - off));
+                if (w < 0 && errno == EINTR)
+                    continue;
+                if (w <= 0)
+                    _exit(0);   /* the session is gone */
+                off += w;
+            }
+        }
+    }
+}
+
+static void imapd_serve(int fd, const char *peer, void *rock)
+{
+    struct imapd_state *ls = rock;
+    struct stat st;
+    int sv[2];
+    pid_t pid;
+
+    if (fd != 0 || (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode))) {
+        imapd_session(ls, fd, peer);
+        return;
+    }
+    /* stdin by hand: relay through a socketpair */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        log_error("imapd: socketpair failed error=<%s>", strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    pid = fork();
+    if (pid < 0) {
+        log_error("imapd: fork failed error=<%s>", strerror(errno));
+        close(sv[0]);
+        close(sv[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(sv[0]);
+        imapd_relay(sv[1]);
+    }
+    close(sv[1]);
+    imapd_session(ls, sv[0], peer);
+    close(sv[0]);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+}
+
+static void imapd_done(void *rock)
+{
+    struct imapd_state *ls = rock;
+
+    imap_server_free(&ls->srv);
+    if (ls->sasl_ok)
+        saslserver_done();
+    ls->sasl_ok = 0;
+    tls_server_free(&ls->tls);
+    imapconf_free(&ls->conf);
+}
+
+/* A positive decimal for -U / -T. */
+static int imapd_number(const char *s)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < 0 || v > 1000000000L)
+        return -1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct imapd_state ls;
+    struct service_callbacks cb;
+    const char *env;
+    int opt, status;
+
+    memset(&ls, 0, sizeof(ls));
+    log_init("imapd", imapd_log_target());
+    while ((opt = getopt(argc, argv, "C:sU:T:")) != -1) {
+        switch (opt) {
+        case 'C':
+            ls.confpath = optarg;
+            break;
+        case 's':
+            ls.implicit_tls = 1;
+            break;
+        case 'U':
+            if (imapd_number(optarg) != 0) {
+                imapd_usage();
+                return 2;
+            }
+            setenv("CYRUSDELIVER_MAXUSES", optarg, 1);
+            break;
+        case 'T':
+            if (imapd_number(optarg) != 0) {
+                imapd_usage();
+                return 2;
+            }
+            setenv("CYRUSDELIVER_IDLETIMEOUT", optarg, 1);
+            break;
+        default:
+            imapd_usage();
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        imapd_usage();
+        return 2;
+    }
+    if (!ls.confpath) {
+        env = getenv("CYRUSDELIVER_CONF");
+        ls.confpath = env && *env ? env : IMAPD_DEFAULT_CONF;
+    }
+    memset(&cb, 0, sizeof(cb));
+    cb.init = imapd_init;
+    cb.serve = imapd_serve;
+    cb.done = imapd_done;
+    cb.rock = &ls;
+    status = service_main(argc, argv, &cb);
+    if (status == 75)
+        imapd_done(&ls);   /* init failed half way */
+    return status;
+}

@@ -1,0 +1,175 @@
+"""imaphelp.py - what the imapd tests share: a private master running
+imapd (a plain "imap" listener with STARTTLS and an "imaps" listener
+with implicit TLS, both on 127.0.0.1) with its own imapd.conf, mailbox
+list and spool, built on lmtphelp.Instance (configuration, certificate,
+sasldb, mbtool, log checks, cleanup); a raw IMAP client that sends
+exactly the bytes given and reads every response line; and the runner.
+
+Environment: top_builddir, TEST_TMPDIR (see ../testlib.py), IMAP_TESTS
+(space separated test names: run only those), LMTP_KEEP=1 (keep the
+temporary directories).  Python 3 standard library only.
+"""
+import os
+import re
+import socket
+import ssl
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+sys.path[:0] = [TESTS, os.path.join(TESTS, "lmtpd")]
+from testlib import (MASTER, TOP_BUILDDIR, Fail, check,  # noqa: E402
+                     free_port, run_tests, service_line, wait_until)
+from lmtphelp import MBTOOL, SERVERNAME, Instance, crc32c, make_sasldb  # noqa: E402,F401
+
+IMAPD_DIR = os.path.join(TOP_BUILDDIR, "imapd")
+IMAPD = os.path.join(IMAPD_DIR, "imapd")
+
+
+class ImapInstance(Instance):
+    """A master + imapd.  Use as a context manager (see lmtphelp)."""
+
+    TAG_VAR = "IMAP_TEST_TAG"
+
+    def write_cyrus_conf(self, prefork=1, maxchild=10, imaps=True):
+        self.tcp_port = free_port()
+        lines = [service_line("imap", "imapd", "127.0.0.1:%d"
+                              % self.tcp_port, prefork=prefork,
+                              maxchild=maxchild)]
+        if imaps:
+            self.imaps_port = free_port()
+            lines.append(service_line("imaps", "imapd -s", "127.0.0.1:%d"
+                                      % self.imaps_port, prefork=0,
+                                      maxchild=maxchild))
+        with open(self.cyrus_conf, "w") as f:
+            f.write("SERVICES {\n" + "".join(lines) + "}\n")
+        return self
+
+    def start(self, ready=1, timeout=15):
+        self.spawn([MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
+                    self.cyrus_conf, "-p", self.pidfile, "-S", IMAPD_DIR,
+                    "-s", self.statusfile, "-T", "10"])
+        ok = wait_until(lambda: not self.running()
+                        or (self.svc_int("imap", "ready") or 0) >= ready,
+                        timeout)
+        if not self.running():
+            raise Fail("master exited at start with status %s: %s"
+                       % (self.proc.returncode, self.log()[-600:]))
+        check(ok, "imap: fewer than %d ready children %d s after start "
+              "(log: %s)" % (ready, timeout, self.log()[-600:]))
+        return self
+
+    def addr(self):
+        return ("127.0.0.1", self.tcp_port)
+
+
+class ConnectionClosed(Exception):
+    pass
+
+
+class Raw:
+    """A raw IMAP client: send() bytes as given, line() one response line
+    (bytes, without CRLF), until_tagged(tag) every line up to and
+    including the tagged one."""
+
+    def __init__(self, addr, timeout=20.0):
+        self.sock = socket.create_connection(addr, timeout=timeout)
+        self.buf = b""
+
+    def _recv(self):
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionClosed("connection closed by the server")
+        self.buf += data
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            self._recv()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def send(self, data):
+        if isinstance(data, str):
+            data = data.encode()
+        self.sock.sendall(data)
+
+    def until_tagged(self, tag):
+        out = []
+        t = tag.encode() + b" "
+        while True:
+            ln = self.line()
+            out.append(ln)
+            if ln.startswith(t):
+                return out
+
+    def cmd(self, tag, text):
+        self.send("%s %s\r\n" % (tag, text))
+        return self.until_tagged(tag)
+
+    def starttls(self, tag="st"):
+        r = self.cmd(tag, "STARTTLS")
+        check(r[-1].startswith(tag.encode() + b" OK"), "STARTTLS: %r" % r)
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        self.sock = ctx.wrap_socket(self.sock, server_hostname="localhost")
+        self.buf = b""
+
+    def at_eof(self, timeout=5.0):
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                self._recv()
+        except ConnectionClosed:
+            return True
+        except (socket.timeout, OSError):
+            return False
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+
+def make_sasldb_extra(instance, user, password):
+    """Add user to the instance's sasldb, in the servername's realm."""
+    make_sasldb(instance.sasldb, user, password, [SERVERNAME])
+
+
+def tls_context():
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+# RFC 3501 grammar of the response lines the tests look at
+RE_LIST = re.compile(rb'^\* (LIST|LSUB) \(((?:\\[A-Za-z]+ ?)*)\) '
+                     rb'(?:"[./]"|NIL) ("(?:[^"\\\r\n]|\\["\\])*"|[^ ()"]+)$')
+
+
+def parse_list(lines, what="LIST"):
+    """{name: set(flags)} from LIST/LSUB lines; Fail on a malformed one."""
+    out = {}
+    for ln in lines:
+        if not ln.startswith(b"* " + what.encode()):
+            continue
+        m = RE_LIST.match(ln)
+        check(m is not None, "malformed %s line %r" % (what, ln))
+        name = m.group(3)
+        if name.startswith(b'"'):
+            name = re.sub(rb'\\(.)', rb'\1', name[1:-1])
+        out[name.decode()] = set(m.group(2).split())
+        out[name.decode()] = {f.decode() for f in out[name.decode()]}
+    return out
+
+
+def run_imap_tests(tests):
+    return run_tests(tests, "IMAP_TESTS", (MASTER, IMAPD, MBTOOL))

@@ -1,0 +1,548 @@
+#!/usr/bin/env python3
+"""test_imapd.py - imapd end to end under the real master.
+
+One instance: an "imap" listener on 127.0.0.1 (STARTTLS) and an "imaps"
+one (imapd -s, implicit TLS), a self-signed certificate and a sasldb made
+with saslpasswd2 in the servername's realm (users alice and bob),
+`admins: admin`, allowplaintext off.  Clients: Python's imaplib and a raw
+socket client that sends exactly the bytes given.  Mailboxes are set up
+with the real tools/mbtool; a message is delivered with `mbtool deliver`
+for STATUS.
+
+After the bad-input tests the session must go on (a NOOP answers OK),
+and at the end the master log must show no crashed or failed worker
+(nor a sanitizer report).  The last test SIGTERMs the master with an
+idle client connected, which must get "* BYE Server shutting down".
+
+Environment: see imaphelp.py.
+"""
+import base64
+import imaplib
+import os
+import re
+import sys
+
+sys.dont_write_bytecode = True     # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from imaphelp import (SERVERNAME, ImapInstance, Raw,  # noqa: E402
+                      ConnectionClosed, check, crc32c, make_sasldb_extra,
+                      parse_list, run_imap_tests, tls_context, wait_until)
+
+ALICE, ALICE_PW = "alice", "s3cret-pw"
+BOB, BOB_PW = "bob", "b0b-pw"
+ADMIN, ADMIN_PW = "admin", "adm1n-pw"
+FLAG_DELETED = 1 << 2
+FLAG_SEEN = 1 << 4
+
+_inst = None
+
+
+def inst():
+    global _inst
+    if _inst is None:
+        i = ImapInstance("imapd", conf={"admins": ADMIN},
+                         tls=True, sasl=(ALICE, ALICE_PW))
+        try:
+            make_sasldb_extra(i, BOB, BOB_PW)
+            make_sasldb_extra(i, ADMIN, ADMIN_PW)
+            i.create("user.alice")
+            i.create("user.alice.Sent")
+            i.create("user.alice.Sent.2024")
+            i.create("user.alice.Private")
+            i.create("user.bob")
+            i.create("user.bob.Secret")
+            i.create("shared.closed", {"anyone": "lr"})
+            i.create("shared.hidden")
+            i.write_cyrus_conf()
+            i.start()
+        except BaseException:
+            i.stop()
+            i.cleanup()
+            raise
+        _inst = i
+    return _inst
+
+
+def login(user=ALICE, pw=ALICE_PW):
+    """An imaplib session after STARTTLS and LOGIN."""
+    m = imaplib.IMAP4(*inst().addr(), timeout=20)
+    m.starttls(tls_context())
+    m.login(user, pw)
+    return m
+
+
+def close(m):
+    """Drop an imaplib connection (after LOGOUT too)."""
+    try:
+        m.shutdown()
+    except OSError:
+        pass
+
+
+def list_names(m, ref='""', pat="*"):
+    typ, data = m.list(ref, pat)
+    check(typ == "OK", "LIST %r %r: %s %r" % (ref, pat, typ, data))
+    lines = [b"* LIST " + d for d in data if d is not None]
+    return parse_list(lines)
+
+
+def no_error(fn, *args):
+    """Run an imaplib call that must answer NO; its text."""
+    try:
+        typ, data = fn(*args)
+    except imaplib.IMAP4.error as e:
+        return str(e)
+    check(typ == "NO", "expected NO, got %s %r" % (typ, data))
+    return b" ".join(d for d in data if d).decode()
+
+
+# ---- tests ----------------------------------------------------------------
+
+def test_greeting_capability():
+    with Raw(inst().addr()) as c:
+        g = c.line()
+        m = re.match(rb"^\* OK \[CAPABILITY ([^\]]+)\] (\S+) cyrusdeliver "
+                     rb"IMAP ready$", g)
+        check(m is not None, "greeting %r" % g)
+        check(m.group(2).decode() == SERVERNAME, "servername in %r" % g)
+        caps = m.group(1).split()
+        for cap in (b"IMAP4rev1", b"LITERAL+", b"SASL-IR", b"ID", b"ENABLE",
+                    b"NAMESPACE", b"IDLE", b"UIDPLUS", b"MOVE",
+                    b"CONDSTORE", b"STARTTLS", b"LOGINDISABLED"):
+            check(cap in caps, "%r not in greeting capabilities %r"
+                  % (cap, caps))
+        # plaintext mechanisms are not offered without TLS
+        check(b"AUTH=PLAIN" not in caps, "AUTH=PLAIN offered without TLS")
+        r = c.cmd("a1", "CAPABILITY")
+        check(len(r) == 2 and r[0].startswith(b"* CAPABILITY IMAP4rev1 ")
+              and r[1] == b"a1 OK CAPABILITY completed", "CAPABILITY %r" % r)
+        r = c.cmd("a2", "NOOP")
+        check(r == [b"a2 OK NOOP completed"], "NOOP %r" % r)
+        r = c.cmd("a3", 'ID ("name" "test")')
+        check(r[0].startswith(b'* ID ("name" "cyrusdeliver"')
+              and r[1].startswith(b"a3 OK"), "ID %r" % r)
+        # after STARTTLS: no STARTTLS, no LOGINDISABLED, AUTH=PLAIN
+        c.starttls()
+        r = c.cmd("a4", "CAPABILITY")
+        caps = r[0].split()
+        check(b"STARTTLS" not in caps and b"LOGINDISABLED" not in caps
+              and b"AUTH=PLAIN" in caps, "capabilities under TLS %r" % r)
+
+
+def test_login_refused_without_tls():
+    m = imaplib.IMAP4(*inst().addr(), timeout=20)
+    try:
+        text = no_error(m.login, ALICE, ALICE_PW)
+        check("PRIVACYREQUIRED" in text, "LOGIN without TLS: %r" % text)
+        # still not authenticated
+        with Raw(inst().addr()) as c:
+            c.line()
+            r = c.cmd("a1", "LOGIN alice s3cret-pw")
+            check(r[-1].startswith(b"a1 NO [PRIVACYREQUIRED]"), "%r" % r)
+            r = c.cmd("a2", "LIST \"\" *")
+            check(r[-1].startswith(b"a2 BAD"), "LIST before login %r" % r)
+    finally:
+        close(m)
+
+
+def test_login_after_starttls():
+    m = login()
+    try:
+        typ, data = m.noop()
+        check(typ == "OK", "NOOP after login %r" % data)
+        check(m.state == "AUTH", "imaplib state %s" % m.state)
+        typ, data = m.logout()
+        check(typ == "BYE", "LOGOUT %s %r" % (typ, data))
+    finally:
+        close(m)
+
+
+def test_wrong_password():
+    m = imaplib.IMAP4(*inst().addr(), timeout=20)
+    m.starttls(tls_context())
+    try:
+        text = no_error(m.login, ALICE, "wrong")
+        check("AUTHENTICATIONFAILED" in text, "wrong password: %r" % text)
+        text = no_error(m.login, "nosuchuser", "x")
+        check("AUTHENTICATIONFAILED" in text, "unknown user: %r" % text)
+        typ, _ = m.login(ALICE, ALICE_PW)
+        check(typ == "OK", "login after failures")
+        m.logout()
+    finally:
+        close(m)
+
+
+def test_authenticate_plain_imaps():
+    # imaps: TLS first, then AUTHENTICATE PLAIN by continuation (imaplib)
+    m = imaplib.IMAP4_SSL("127.0.0.1", inst().imaps_port,
+                          ssl_context=tls_context(), timeout=20)
+    try:
+        typ, _ = m.authenticate(
+            "PLAIN", lambda _: ("\0%s\0%s" % (BOB, BOB_PW)).encode())
+        check(typ == "OK", "AUTHENTICATE PLAIN")
+        check("INBOX" in list_names(m, '""', "INBOX"), "bob's INBOX")
+        m.logout()
+    finally:
+        close(m)
+    # SASL-IR, a cancelled exchange, a bad mechanism, bad base64
+    with Raw(inst().addr()) as c:
+        c.line()
+        c.starttls()
+        r = c.cmd("a1", "AUTHENTICATE NOSUCHMECH")
+        check(r[-1].startswith(b"a1 NO"), "unknown mechanism %r" % r)
+        c.send("a2 AUTHENTICATE PLAIN\r\n")
+        check(c.line() == b"+ ", "continuation")
+        c.send("*\r\n")
+        r = c.until_tagged("a2")
+        check(r[-1].startswith(b"a2 BAD"), "cancel %r" % r)
+        c.send("a3 AUTHENTICATE PLAIN\r\n")
+        c.line()
+        c.send("!!!notbase64\r\n")
+        r = c.until_tagged("a3")
+        check(r[-1].startswith(b"a3 BAD"), "bad base64 %r" % r)
+        ir = base64.b64encode(("\0%s\0%s" % (ALICE, ALICE_PW)).encode())
+        r = c.cmd("a4", "AUTHENTICATE PLAIN " + ir.decode())
+        check(r[-1].startswith(b"a4 OK [CAPABILITY IMAP4rev1"),
+              "SASL-IR %r" % r)
+        r = c.cmd("a5", "LOGIN alice s3cret-pw")
+        check(r[-1].startswith(b"a5 BAD"), "second login %r" % r)
+
+
+def test_list_and_acl():
+    m = login()
+    try:
+        names = list_names(m)
+        for n in ("INBOX", "INBOX.Sent", "INBOX.Sent.2024", "INBOX.Private",
+                  "shared.closed"):
+            check(n in names, "%s not in alice's LIST: %r" % (n, names))
+        for n in names:
+            check("bob" not in n and n != "shared.hidden",
+                  "alice sees %s" % n)
+        check("\\HasChildren" in names["INBOX"] and
+              "\\HasChildren" in names["INBOX.Sent"] and
+              "\\HasNoChildren" in names["INBOX.Sent.2024"],
+              "child flags %r" % names)
+        top = list_names(m, '""', "%")
+        check(set(top) == {"INBOX", "shared"}, "LIST %% %r" % top)
+        check("\\Noselect" in top["shared"], "shared is \\Noselect %r" % top)
+        lvl = list_names(m, "INBOX.", "%")
+        check(set(lvl) == {"INBOX.Sent", "INBOX.Private"},
+              "LIST INBOX. %% %r" % lvl)
+        lower = list_names(m, '""', "inbox")
+        check(set(lower) == {"INBOX"}, "inbox in any case %r" % lower)
+        typ, data = m.list('""', '""')
+        check(typ == "OK" and data[0].startswith(b'(\\Noselect) "." '),
+              "LIST \"\" \"\" %r" % data)
+        # bob's mailboxes are not there for alice
+        text = no_error(m.status, "user.bob.Secret", "(MESSAGES)")
+        check("NONEXISTENT" in text, "STATUS of bob's mailbox: %r" % text)
+        text = no_error(m.delete, "user.bob")
+        check("NONEXISTENT" in text, "DELETE of bob's INBOX: %r" % text)
+        text = no_error(m.create, "user.bob.Mine")
+        check("NOPERM" in text, "CREATE in bob's tree: %r" % text)
+        text = no_error(m.create, "toplevel")
+        check("NOPERM" in text, "CREATE at top level: %r" % text)
+        text = no_error(m.delete, "shared.closed")
+        check("NOPERM" in text, "DELETE without x: %r" % text)
+        m.logout()
+    finally:
+        close(m)
+
+
+def test_create_delete_rename():
+    m = login()
+    try:
+        typ, _ = m.create("INBOX.Work")
+        check(typ == "OK", "CREATE INBOX.Work")
+        check(inst().info("user.alice.Work"), "user.alice.Work on disk")
+        text = no_error(m.create, "INBOX.Work")
+        check("ALREADYEXISTS" in text, "second CREATE: %r" % text)
+        typ, _ = m.create("INBOX.Work.Deep.")    # trailing separator dropped
+        check(typ == "OK", "CREATE nested")
+        typ, _ = m.rename("INBOX.Work", "INBOX.Done")
+        check(typ == "OK", "RENAME")
+        names = list_names(m, '""', "INBOX.*")
+        check("INBOX.Done" in names and "INBOX.Done.Deep" in names
+              and "INBOX.Work" not in names, "after RENAME %r" % names)
+        text = no_error(m.rename, "INBOX.Done", "INBOX.Done.Below")
+        check("CANNOT" in text, "RENAME below itself: %r" % text)
+        text = no_error(m.rename, "INBOX.Nope", "INBOX.X")
+        check("NONEXISTENT" in text, "RENAME of a missing one: %r" % text)
+        text = no_error(m.rename, "INBOX.Done", "user.bob.Stolen")
+        check("NOPERM" in text, "RENAME into bob's tree: %r" % text)
+        text = no_error(m.delete, "INBOX")
+        check("CANNOT" in text, "DELETE INBOX: %r" % text)
+        text = no_error(m.create, "INBOX..bad")
+        check("CANNOT" in text, "bad name: %r" % text)
+        typ, _ = m.delete("INBOX.Done.Deep")
+        check(typ == "OK", "DELETE child")
+        typ, _ = m.delete("INBOX.Done")
+        check(typ == "OK", "DELETE")
+        text = no_error(m.delete, "INBOX.Done")
+        check("NONEXISTENT" in text, "second DELETE: %r" % text)
+        m.logout()
+    finally:
+        close(m)
+    # the admin may create anywhere and delete others' mailboxes
+    m = login(ADMIN, ADMIN_PW)
+    try:
+        typ, _ = m.create("shared.adminmade")
+        check(typ == "OK", "admin CREATE")
+        typ, _ = m.delete("shared.adminmade")
+        check(typ == "OK", "admin DELETE")
+        check("user.bob.Secret" in list_names(m, "user.", "*"),
+              "admin sees bob's mailboxes")
+        m.logout()
+    finally:
+        close(m)
+
+
+def test_subscribe_lsub():
+    m = login()
+    try:
+        for n in ("INBOX", "INBOX.Sent", "shared.closed"):
+            typ, _ = m.subscribe(n)
+            check(typ == "OK", "SUBSCRIBE %s" % n)
+        typ, data = m.lsub('""', "*")
+        check(typ == "OK", "LSUB")
+        subs = parse_list([b"* LSUB " + d for d in data if d], "LSUB")
+        check(set(subs) == {"INBOX", "INBOX.Sent", "shared.closed"},
+              "LSUB %r" % subs)
+        typ, _ = m.unsubscribe("INBOX.Sent")
+        check(typ == "OK", "UNSUBSCRIBE")
+        text = no_error(m.unsubscribe, "INBOX.Sent")
+        check("NONEXISTENT" in text, "second UNSUBSCRIBE: %r" % text)
+        typ, data = m.lsub('""', "INBOX*")
+        subs = parse_list([b"* LSUB " + d for d in data if d], "LSUB")
+        check(set(subs) == {"INBOX"}, "LSUB INBOX* %r" % subs)
+        m.logout()
+    finally:
+        close(m)
+
+
+def test_status():
+    i = inst()
+    msg = (b"From: a@example.com\r\nTo: alice@example.com\r\n"
+           b"Subject: s\r\n\r\nbody\r\n")
+    for _ in range(2):
+        i.mbtool("deliver", "-m", "Private", "alice", input=msg)
+    m = login()
+    try:
+        typ, data = m.status("INBOX.Private",
+                             "(MESSAGES RECENT UIDNEXT UIDVALIDITY UNSEEN "
+                             "HIGHESTMODSEQ)")
+        check(typ == "OK", "STATUS %r" % data)
+        mm = re.match(rb'^"INBOX\.Private" \(MESSAGES 2 RECENT 0 UIDNEXT 3 '
+                      rb'UIDVALIDITY (\d+) UNSEEN 2 HIGHESTMODSEQ (\d+)\)$',
+                      data[0])
+        check(mm is not None and int(mm.group(1)) > 0, "STATUS %r" % data)
+        typ, data = m.status("INBOX", "(MESSAGES)")
+        check(typ == "OK" and data[0] == b'"INBOX" (MESSAGES 0)',
+              "STATUS INBOX %r" % data)
+        text = no_error(m.status, "INBOX.NoSuch", "(MESSAGES)")
+        check("NONEXISTENT" in text, "STATUS missing %r" % text)
+        m.logout()
+    finally:
+        close(m)
+
+
+def test_misc_authenticated():
+    with Raw(inst().addr()) as c:
+        c.line()
+        c.starttls()
+        r = c.cmd("a0", "LOGIN alice s3cret-pw")
+        check(r[-1].startswith(b"a0 OK"), "%r" % r)
+        r = c.cmd("a1", "NAMESPACE")
+        check(r[0] == b'* NAMESPACE (("INBOX." ".")) (("user." ".")) '
+              b'(("" "."))', "NAMESPACE %r" % r)
+        r = c.cmd("a2", "ENABLE CONDSTORE")
+        check(r[0] == b"* ENABLED CONDSTORE" and r[1].startswith(b"a2 OK"),
+              "ENABLE %r" % r)
+        c.send("a3 IDLE\r\n")
+        check(c.line().startswith(b"+ "), "IDLE continuation")
+        c.send("DONE\r\n")
+        r = c.until_tagged("a3")
+        check(r[-1].startswith(b"a3 OK"), "IDLE %r" % r)
+        r = c.cmd("a5", "FETCH 1 FLAGS")
+        check(r[-1].startswith(b"a5 BAD"), "FETCH unselected %r" % r)
+        # APPEND with a synchronizing literal: refused before the data
+        c.send("a6 APPEND INBOX {10}\r\n")
+        r = c.until_tagged("a6")
+        check(r[-1].startswith(b"a6 NO [CANNOT]"), "APPEND %r" % r)
+        # LITERAL+: the data is read and dropped, the session stays in step
+        c.send("a7 APPEND INBOX {10+}\r\n0123456789\r\n")
+        r = c.until_tagged("a7")
+        check(r[-1].startswith(b"a7 NO [CANNOT]"), "APPEND+ %r" % r)
+        r = c.cmd("a8", "NOOP")
+        check(r == [b"a8 OK NOOP completed"], "NOOP %r" % r)
+
+
+def add_flags(directory, recno, bits):
+    """Set system flag bits on record recno of DIR/cyrus.index in place,
+    under the mailbox's exclusive lock, with the record's CRC-32C
+    recomputed (what a STORE would leave; no counter changes)."""
+    import fcntl
+    import struct
+    path = os.path.join(directory, "cyrus.index")
+    with open(path, "r+b") as f:
+        fcntl.lockf(f.fileno(), fcntl.LOCK_EX, 1, 0)
+        try:
+            off = 4096 + recno * 128
+            f.seek(off)
+            rec = bytearray(f.read(128))
+            flags, = struct.unpack_from("<I", rec, 4)
+            struct.pack_into("<I", rec, 4, flags | bits)
+            struct.pack_into("<I", rec, 124, crc32c(bytes(rec[:124])))
+            f.seek(off)
+            f.write(rec)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.lockf(f.fileno(), fcntl.LOCK_UN, 1, 0)
+
+
+def test_select_examine_close():
+    i = inst()
+    i.create("user.alice.Sel")
+    for n in range(3):
+        i.mbtool("deliver", "-D", "-m", "Sel", "alice",
+                 input=b"Subject: %d\r\n\r\nbody\r\n" % n)
+    d = i.mailbox_dir("user.alice.Sel")
+    add_flags(d, 0, FLAG_SEEN)
+    add_flags(d, 2, FLAG_DELETED)
+    with Raw(i.addr()) as c:
+        c.line()
+        c.starttls()
+        c.cmd("a0", "LOGIN alice s3cret-pw")
+        r = c.cmd("a1", "EXAMINE INBOX.Sel")
+        text = b"\n".join(r)
+        for want in (rb"^\* FLAGS \(\\Answered \\Flagged \\Deleted "
+                     rb"\\Seen \\Draft\)$",
+                     rb"^\* 3 EXISTS$", rb"^\* 0 RECENT$",
+                     rb"^\* OK \[UNSEEN 2\] ", rb"^\* OK \[UIDVALIDITY \d+\]",
+                     rb"^\* OK \[UIDNEXT 4\]", rb"^\* OK \[HIGHESTMODSEQ \d+\]",
+                     rb"^\* OK \[PERMANENTFLAGS \(\)\]",
+                     rb"^a1 OK \[READ-ONLY\] EXAMINE completed$"):
+            check(re.search(want, text, re.M), "EXAMINE: %r not in %r"
+                  % (want, r))
+        r = c.cmd("a2", "FETCH 1 FLAGS")
+        check(r[-1].startswith(b"a2 NO [CANNOT]"), "FETCH %r" % r)
+        r = c.cmd("a3", "CLOSE")       # read-only: nothing expunged
+        check(r[-1].startswith(b"a3 OK"), "CLOSE %r" % r)
+        r = c.cmd("a4", "FETCH 1 FLAGS")
+        check(r[-1].startswith(b"a4 BAD"), "FETCH after CLOSE %r" % r)
+        r = c.cmd("a5", "SELECT INBOX.Sel")
+        check(r[-1].startswith(b"a5 OK [READ-WRITE]") and b"* 3 EXISTS" in r
+              and any(ln.startswith(b"* OK [PERMANENTFLAGS (") and b"\\*"
+                      in ln for ln in r), "SELECT %r" % r)
+        r = c.cmd("a6", "UNSELECT")
+        check(r[-1].startswith(b"a6 OK"), "UNSELECT %r" % r)
+        r = c.cmd("a7", "STATUS INBOX.Sel (MESSAGES)")
+        check(r[0] == b'* STATUS "INBOX.Sel" (MESSAGES 3)', "%r" % r)
+        r = c.cmd("a8", "SELECT INBOX.Sel")
+        r = c.cmd("a9", "CLOSE")       # read-write: \Deleted expunged
+        check(r[-1].startswith(b"a9 OK"), "CLOSE %r" % r)
+        r = c.cmd("a10", "STATUS INBOX.Sel (MESSAGES UNSEEN)")
+        check(r[0] == b'* STATUS "INBOX.Sel" (MESSAGES 2 UNSEEN 1)', "%r" % r)
+        # a failed SELECT leaves the client unselected
+        r = c.cmd("b1", "SELECT INBOX.Sel")
+        r = c.cmd("b2", "SELECT user.bob.Secret")
+        check(r[-1].startswith(b"b2 NO [NONEXISTENT]"), "%r" % r)
+        r = c.cmd("b3", "CHECK")
+        check(r[-1].startswith(b"b3 BAD"), "CHECK unselected %r" % r)
+    i.mbtool("check", "user.alice.Sel")
+
+
+def test_bad_input():
+    with Raw(inst().addr()) as c:
+        c.line()
+        for tag, line in (("b1", "FROB"), ("b2", "LOGIN"),
+                          ("b3", "NOOP extra"), ("b4", 'LOGIN "unterminated'),
+                          ("b5", "CREATE a b")):
+            r = c.cmd(tag, line)
+            check(len(r) == 1 and r[0].startswith(tag.encode() + b" BAD ")
+                  and len(r[0]) > len(tag) + 6, "%s: %r" % (line, r))
+        c.send("\r\n")
+        r = c.line()
+        check(r.startswith(b"* BAD"), "empty line %r" % r)
+        # an over-long line
+        c.send("b6 NOOP " + "x" * 70000 + "\r\n")
+        r = c.line()
+        check(r.startswith(b"* BAD") or r.startswith(b"b6 BAD"),
+              "long line %r" % r[:100])
+        # a literal over the limit is refused before the client sends it
+        c.send("b7 LOGIN {100000}\r\n")
+        r = c.line()
+        check(r.startswith(b"b7 BAD") and b"too large" in r.lower(),
+              "big literal %r" % r)
+        # a literal within the limit is accepted with "+"
+        c.send("b8 LOGIN {5}\r\n")
+        check(c.line().startswith(b"+ "), "continuation")
+        c.send("alice {3}\r\n")
+        check(c.line().startswith(b"+ "), "continuation 2")
+        c.send("pwd\r\n")
+        r = c.until_tagged("b8")
+        check(r[-1].startswith(b"b8 NO [PRIVACYREQUIRED]"), "%r" % r)
+        r = c.cmd("b9", "NOOP")
+        check(r == [b"b9 OK NOOP completed"], "session alive %r" % r)
+        r = c.cmd("b10", "LOGOUT")
+        check(r[0].startswith(b"* BYE") and r[1] == b"b10 OK LOGOUT completed",
+              "LOGOUT %r" % r)
+        check(c.at_eof(), "connection closed after LOGOUT")
+    check(not inst().worker_trouble(inst().log()), "worker trouble: %r"
+          % inst().worker_trouble(inst().log()))
+
+
+def test_sigterm_idle_client():
+    i = inst()
+    with Raw(i.addr()) as c:
+        c.line()
+        r = c.cmd("s1", "NOOP")
+        check(r[-1].startswith(b"s1 OK"), "%r" % r)
+        global _inst
+        _inst = None
+        try:
+            i.proc.send_signal(15)
+            got = []
+            try:
+                while True:
+                    got.append(c.line())
+            except (ConnectionClosed, OSError):
+                pass
+            check(b"* BYE Server shutting down" in got,
+                  "no BYE at shutdown: %r" % got)
+            check(wait_until(lambda: not i.running(), 15), "master running")
+        finally:
+            i.__exit__(None, None, None)
+
+
+def finish():
+    global _inst
+    if _inst is not None:
+        _inst.__exit__(None, None, None)
+        _inst = None
+
+
+if __name__ == "__main__":
+    rc = run_imap_tests([
+        test_greeting_capability,
+        test_login_refused_without_tls,
+        test_login_after_starttls,
+        test_wrong_password,
+        test_authenticate_plain_imaps,
+        test_list_and_acl,
+        test_create_delete_rename,
+        test_subscribe_lsub,
+        test_status,
+        test_misc_authenticated,
+        test_select_examine_close,
+        test_bad_input,
+        test_sigterm_idle_client,
+    ])
+    try:
+        finish()
+    except Exception as e:  # noqa: BLE001
+        print("FAIL: cleanup: %s" % e)
+        rc = 1
+    sys.exit(rc)
