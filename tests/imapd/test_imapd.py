@@ -366,14 +366,15 @@ def test_misc_authenticated():
         check(r[-1].startswith(b"a3 OK"), "IDLE %r" % r)
         r = c.cmd("a5", "FETCH 1 FLAGS")
         check(r[-1].startswith(b"a5 BAD"), "FETCH unselected %r" % r)
-        # APPEND with a synchronizing literal: refused before the data
-        c.send("a6 APPEND INBOX {10}\r\n")
+        # APPEND to a missing mailbox, synchronizing literal: refused
+        # before the data
+        c.send("a6 APPEND INBOX.Missing {10}\r\n")
         r = c.until_tagged("a6")
-        check(r[-1].startswith(b"a6 NO [CANNOT]"), "APPEND %r" % r)
+        check(r[-1].startswith(b"a6 NO [TRYCREATE]"), "APPEND %r" % r)
         # LITERAL+: the data is read and dropped, the session stays in step
-        c.send("a7 APPEND INBOX {10+}\r\n0123456789\r\n")
+        c.send("a7 APPEND INBOX.Missing {10+}\r\n0123456789\r\n")
         r = c.until_tagged("a7")
-        check(r[-1].startswith(b"a7 NO [CANNOT]"), "APPEND+ %r" % r)
+        check(r[-1].startswith(b"a7 NO [TRYCREATE]"), "APPEND+ %r" % r)
         r = c.cmd("a8", "NOOP")
         check(r == [b"a8 OK NOOP completed"], "NOOP %r" % r)
 
@@ -427,7 +428,8 @@ def test_select_examine_close():
             check(re.search(want, text, re.M), "EXAMINE: %r not in %r"
                   % (want, r))
         r = c.cmd("a2", "FETCH 1 FLAGS")
-        check(r[-1].startswith(b"a2 NO [CANNOT]"), "FETCH %r" % r)
+        check(r == [b"* 1 FETCH (FLAGS (\\Seen))", b"a2 OK FETCH completed"],
+              "FETCH %r" % r)
         r = c.cmd("a3", "CLOSE")       # read-only: nothing expunged
         check(r[-1].startswith(b"a3 OK"), "CLOSE %r" % r)
         r = c.cmd("a4", "FETCH 1 FLAGS")
@@ -517,6 +519,296 @@ def test_sigterm_idle_client():
             i.__exit__(None, None, None)
 
 
+# ---- messages: FETCH, STORE, EXPUNGE, APPEND, COPY, MOVE, IDLE ----------
+
+MULTI = (b"From: Ann Example <ann@example.com>\r\n"
+         b"To: alice@example.com, Bob <bob@example.net>\r\n"
+         b"Subject: multi part\r\n"
+         b"Date: Thu, 21 Nov 2024 12:00:00 +0000\r\n"
+         b"Message-ID: <m1@example.com>\r\n"
+         b"MIME-Version: 1.0\r\n"
+         b"Content-Type: multipart/mixed; boundary=\"XX\"\r\n"
+         b"\r\n"
+         b"preamble\r\n"
+         b"--XX\r\n"
+         b"Content-Type: text/plain; charset=us-ascii\r\n"
+         b"\r\n"
+         b"first part\r\n"
+         b"--XX\r\n"
+         b"Content-Type: text/html\r\n"
+         b"Content-Transfer-Encoding: 7bit\r\n"
+         b"\r\n"
+         b"<p>second</p>\r\n"
+         b"--XX--\r\n")
+
+
+def raw_login(c, user="alice", pw=ALICE_PW):
+    c.line()
+    c.starttls()
+    r = c.cmd("L0", "LOGIN %s %s" % (user, pw))
+    check(r[-1].startswith(b"L0 OK"), "LOGIN %r" % r)
+
+
+def literal_of(resp, label):
+    """The bytes of `label {n}` inside one FETCH response."""
+    i = resp.find(label + b" {")
+    check(i >= 0, "%r not in %r" % (label, resp[:300]))
+    j = resp.index(b"}\r\n", i)
+    n = int(resp[i + len(label) + 2:j])
+    return resp[j + 3:j + 3 + n]
+
+
+def ok(r, tag):
+    check(r[-1].startswith(tag.encode() + b" OK"), "%s: %r" % (tag, r))
+    return r
+
+
+def test_fetch():
+    i = inst()
+    i.create("user.alice.Fetch")
+    i.mbtool("deliver", "-m", "Fetch", "alice", input=MULTI)
+    d = i.mailbox_dir("user.alice.Fetch")
+    with open(os.path.join(d, "1."), "rb") as f:
+        spool = f.read()
+    hdr_end = spool.index(b"\r\n\r\n") + 4
+    with Raw(i.addr()) as c:
+        raw_login(c)
+        ok(c.cmd("a1", "SELECT INBOX.Fetch"), "a1")
+        r = ok(c.lcmd("a2", "FETCH 1 (BODY.PEEK[] RFC822.SIZE FLAGS UID "
+                            "INTERNALDATE)"), "a2")
+        check(len(r) == 2, "one FETCH response %r" % r)
+        check(literal_of(r[0], b"BODY[]") == spool, "BODY[] != spool file")
+        check(b"RFC822.SIZE %d" % len(spool) in r[0], "size %r" % r[0])
+        check(b"FLAGS ()" in r[0] and b"UID 1" in r[0], "%r" % r[0])
+        check(re.search(rb'INTERNALDATE "\d\d-[A-Z][a-z]{2}-\d{4} '
+                        rb'\d\d:\d\d:\d\d [+-]\d{4}"', r[0]), "%r" % r[0])
+        # partials
+        r = ok(c.lcmd("a3", "FETCH 1 (BODY.PEEK[]<0.10> "
+                            "BODY.PEEK[TEXT]<5.8>)"), "a3")
+        check(literal_of(r[0], b"BODY[]<0>") == spool[:10], "%r" % r[0])
+        check(literal_of(r[0], b"BODY[TEXT]<5>") ==
+              spool[hdr_end + 5:hdr_end + 13], "%r" % r[0])
+        r = ok(c.lcmd("a4", "FETCH 1 (BODY.PEEK[]<99999.5>)"), "a4")
+        check(b"BODY[]<99999> {0}" in r[0] or b'BODY[]<99999> ""' in r[0],
+              "origin past the end %r" % r[0])
+        # sections
+        r = ok(c.lcmd("a5", "FETCH 1 (BODY.PEEK[1] BODY.PEEK[2.MIME] "
+                            "BODY.PEEK[HEADER.FIELDS (Subject)] "
+                            "RFC822.HEADER)"), "a5")
+        check(literal_of(r[0], b"BODY[1]") == b"first part", "%r" % r[0])
+        check(literal_of(r[0], b"BODY[2.MIME]").startswith(
+            b"Content-Type: text/html\r\n"), "%r" % r[0])
+        check(literal_of(r[0], b"BODY[HEADER.FIELDS (SUBJECT)]") ==
+              b"Subject: multi part\r\n\r\n", "%r" % r[0])
+        check(literal_of(r[0], b"RFC822.HEADER") == spool[:hdr_end],
+              "%r" % r[0])
+        r = ok(c.lcmd("a6", "FETCH 1 (ENVELOPE BODYSTRUCTURE BODY)"), "a6")
+        check(b'"multi part"' in r[0] and b'"<m1@example.com>"' in r[0] and
+              b'(("Ann Example" NIL "ann" "example.com"))' in r[0],
+              "ENVELOPE %r" % r[0])
+        check(re.search(rb'BODYSTRUCTURE \(\("TEXT" "PLAIN" \("CHARSET" '
+                        rb'"us-ascii"\) NIL NIL "7BIT" 10 1 .*\)\("TEXT" '
+                        rb'"HTML" NIL NIL NIL "7BIT" 13 1.*\) "MIXED" '
+                        rb'\("BOUNDARY" "XX"\)', r[0]), "BS %r" % r[0])
+        check(b"FLAGS" not in r[0], "no \\Seen from ENVELOPE %r" % r[0])
+        ok(c.cmd("a7", "FETCH 1 ALL"), "a7")
+        ok(c.cmd("a8", "FETCH 1 FAST"), "a8")
+        ok(c.lcmd("a9", "FETCH 1 FULL"), "a9")
+        r = ok(c.cmd("b1", "FETCH 1 FLAGS"), "b1")
+        check(b"FLAGS ()" in r[0], "peek kept unseen %r" % r)
+        # EXAMINE: a body fetch sets nothing
+        ok(c.cmd("b2", "EXAMINE INBOX.Fetch"), "b2")
+        r = ok(c.lcmd("b3", "FETCH 1 BODY[TEXT]"), "b3")
+        check(b"FLAGS" not in r[0], "read-only fetch %r" % r)
+        # RFC822.TEXT without PEEK sets \Seen and reports FLAGS
+        ok(c.cmd("b4", "SELECT INBOX.Fetch"), "b4")
+        r = ok(c.lcmd("b5", "FETCH 1 RFC822.TEXT"), "b5")
+        check(literal_of(r[0], b"RFC822.TEXT") == spool[hdr_end:]
+              and b"FLAGS (\\Seen)" in r[0], "RFC822.TEXT %r" % r)
+        r = ok(c.lcmd("b6", "UID FETCH 1:* (RFC822 MODSEQ)"), "b6")
+        check(literal_of(r[0], b"RFC822") == spool and b"UID 1" in r[0]
+              and re.search(rb"MODSEQ \(\d+\)", r[0]), "%r" % r)
+        r = c.cmd("b7", "FETCH 5 FLAGS")
+        check(r[-1].startswith(b"b7 BAD"), "bad number %r" % r)
+        r = c.cmd("b8", "UID FETCH 5:7 FLAGS")
+        check(r == [b"b8 OK UID FETCH completed"], "no such uid %r" % r)
+        r = c.cmd("b9", "SEARCH ALL")
+        check(r[-1].startswith(b"b9 NO [CANNOT]"), "SEARCH %r" % r)
+    # imaplib understands the responses
+    m = login()
+    try:
+        m.select("INBOX.Fetch", readonly=True)
+        typ, data = m.fetch("1", "(BODY.PEEK[] FLAGS)")
+        check(typ == "OK" and data[0][1] == spool, "imaplib %r" % data[:1])
+        m.logout()
+    finally:
+        close(m)
+
+
+def test_store_expunge_two_sessions():
+    i = inst()
+    i.create("user.alice.Two")
+    for n in range(4):
+        i.mbtool("deliver", "-D", "-m", "Two", "alice",
+                 input=b"Subject: %d\r\n\r\nbody %d\r\n" % (n, n))
+    with Raw(i.addr()) as a, Raw(i.addr()) as b:
+        raw_login(a)
+        raw_login(b)
+        ok(a.cmd("a1", "SELECT INBOX.Two"), "a1")
+        ok(b.cmd("b1", "SELECT INBOX.Two"), "b1")
+        r = ok(a.cmd("a2", "STORE 1 +FLAGS (\\Flagged)"), "a2")
+        check(re.match(rb"^\* 1 FETCH \(FLAGS \(\\Flagged\) UID 1\)$", r[0]),
+              "STORE %r" % r)
+        r = ok(b.cmd("b2", "NOOP"), "b2")
+        check(r[0] == b"* 1 FETCH (FLAGS (\\Flagged) UID 1)", "NOOP %r" % r)
+        r = ok(a.cmd("a3", "STORE 2 +FLAGS.SILENT (\\Deleted)"), "a3")
+        check(len(r) == 1, ".SILENT %r" % r)
+        r = ok(a.cmd("a4", "UID STORE 1 FLAGS (\\Seen $Work)"), "a4")
+        check(r[0] == b"* 1 FETCH (FLAGS (\\Seen $Work) UID 1)", "%r" % r)
+        r = ok(a.cmd("a5", "STORE 1 -FLAGS ($Work)"), "a5")
+        check(r[0] == b"* 1 FETCH (FLAGS (\\Seen) UID 1)", "%r" % r)
+        r = a.cmd("a6", "STORE 1 +FLAGS (\\Bogus)")
+        check(r[-1].startswith(b"a6 BAD"), "bad flag %r" % r)
+        # CONDSTORE
+        r = ok(a.cmd("a7", "FETCH 1 (MODSEQ)"), "a7")
+        ms = int(re.search(rb"MODSEQ \((\d+)\)", r[0]).group(1))
+        r = ok(a.cmd("a8", "STORE 1,3 (UNCHANGEDSINCE %d) +FLAGS (\\Answered)"
+                     % (ms - 1)), "a8")
+        check(b"[MODIFIED 1]" in r[-1] and any(ln.startswith(b"* 3 FETCH")
+                                               for ln in r), "%r" % r)
+        # EXPUNGE: reported to the expunger at once, to the other session
+        # not during FETCH, then on NOOP
+        r = ok(a.cmd("a9", "EXPUNGE"), "a9")
+        check(b"* 2 EXPUNGE" in r, "EXPUNGE %r" % r)
+        r = ok(b.cmd("b3", "FETCH 1:4 FLAGS"), "b3")
+        check(not any(b"EXPUNGE" in ln for ln in r), "during FETCH %r" % r)
+        r = ok(b.cmd("b4", "NOOP"), "b4")
+        check(b"* 2 EXPUNGE" in r, "NOOP after expunge %r" % r)
+        r = ok(b.cmd("b5", "FETCH 1:* UID"), "b5")
+        check([ln.split(b" FETCH")[0] for ln in r[:-1]] ==
+              [b"* 1", b"* 2", b"* 3"] and b"UID 4" in r[2], "%r" % r)
+        # UID EXPUNGE removes only the uids given
+        ok(a.cmd("a10", "STORE 1:3 +FLAGS.SILENT (\\Deleted)"), "a10")
+        r = ok(a.cmd("a11", "UID EXPUNGE 3"), "a11")
+        check(b"* 2 EXPUNGE" in r and not any(ln.startswith(b"* 1 EXPUNGE")
+                                              for ln in r), "%r" % r)
+        r = ok(b.cmd("b6", "CHECK"), "b6")
+        check(b"* 2 EXPUNGE" in r, "CHECK %r" % r)
+        r = ok(a.cmd("a12", "STATUS INBOX.Two (MESSAGES)"), "a12")
+        check(b"(MESSAGES 2)" in r[0], "%r" % r)
+    i.mbtool("check", "user.alice.Two")
+
+
+def test_append():
+    i = inst()
+    i.create("user.alice.App")
+    msg = b"Subject: appended\r\nFrom: a@example.com\r\n\r\nline 1\r\n"
+    m = login()
+    try:
+        typ, data = m.append("INBOX.App", "(\\Seen $Label)",
+                             imaplib.Time2Internaldate(1700000000), msg)
+        check(typ == "OK" and re.match(rb"^\[APPENDUID \d+ 1\]", data[0]),
+              "APPEND %r" % data)
+        typ, data = m.select("INBOX.App")
+        check(typ == "OK" and data[0] == b"1", "SELECT %r" % data)
+        typ, data = m.fetch("1", "(BODY.PEEK[] FLAGS INTERNALDATE)")
+        check(typ == "OK" and data[0][1] == msg, "FETCH %r" % data)
+        text = data[0][0] + data[1]
+        check(b"\\Seen" in text and b"$Label" in text and
+              b'"14-Nov-2023 22:13:20 +0000"' in text, "%r" % data)
+        # another session's APPEND shows as EXISTS on NOOP
+        with Raw(i.addr()) as c:
+            raw_login(c)
+            c.send("x1 APPEND INBOX.App {%d+}\r\n" % len(msg) + msg.decode()
+                   + "\r\n")
+            r = c.until_tagged("x1")
+            check(re.match(rb"^x1 OK \[APPENDUID \d+ 2\]", r[-1]),
+                  "LITERAL+ %r" % r)
+            c.send("x2 APPEND INBOX.NoSuch {5}\r\n")
+            r = c.until_tagged("x2")
+            check(r[-1].startswith(b"x2 NO [TRYCREATE]"), "%r" % r)
+            c.send("x3 APPEND INBOX.NoSuch {5+}\r\nabcde\r\n")
+            r = c.until_tagged("x3")
+            check(r[-1].startswith(b"x3 NO [TRYCREATE]"), "%r" % r)
+            r = c.cmd("x4", "NOOP")
+            check(r == [b"x4 OK NOOP completed"], "%r" % r)
+        typ, data = m.noop()
+        check(typ == "OK" and m.untagged_responses.get("EXISTS", [])[-1:] == [b"2"],
+              "EXISTS after APPEND %r" % m.untagged_responses)
+        m.logout()
+    finally:
+        close(m)
+    i.mbtool("check", "user.alice.App")
+
+
+def test_copy_move():
+    i = inst()
+    i.create("user.alice.Src")
+    i.create("user.alice.Dst")
+    for n in range(3):
+        i.mbtool("deliver", "-D", "-m", "Src", "alice",
+                 input=b"Subject: c%d\r\n\r\nbody %d\r\n" % (n, n))
+    with Raw(i.addr()) as c:
+        raw_login(c)
+        ok(c.cmd("a1", "SELECT INBOX.Src"), "a1")
+        ok(c.cmd("a2", "STORE 2 +FLAGS ($Kw \\Flagged)"), "a2")
+        r = ok(c.cmd("a3", "COPY 1:2 INBOX.Dst"), "a3")
+        m = re.match(rb"^a3 OK \[COPYUID (\d+) 1:2 1:2\]", r[-1])
+        check(m is not None, "COPY %r" % r)
+        r = c.cmd("a4", "COPY 1 INBOX.Nope")
+        check(r[-1].startswith(b"a4 NO [TRYCREATE]"), "%r" % r)
+        r = ok(c.cmd("a5", "UID MOVE 2:3 INBOX.Dst"), "a5")
+        check(any(re.match(rb"^\* OK \[COPYUID \d+ 2:3 3:4\]", ln)
+                  for ln in r) and b"* 3 EXPUNGE" in r and
+              b"* 2 EXPUNGE" in r, "MOVE %r" % r)
+        r = ok(c.cmd("a6", "FETCH 1:* UID"), "a6")
+        check(len(r) == 2 and b"UID 1" in r[0], "after MOVE %r" % r)
+        ok(c.cmd("a7", "SELECT INBOX.Dst"), "a7")
+        r = ok(c.lcmd("a8", "FETCH 1:4 (FLAGS BODY.PEEK[HEADER.FIELDS "
+                            "(SUBJECT)])"), "a8")
+        subj = [literal_of(x, b"BODY[HEADER.FIELDS (SUBJECT)]")
+                for x in r[:-1]]
+        check(subj == [b"Subject: c0\r\n\r\n", b"Subject: c1\r\n\r\n",
+                       b"Subject: c1\r\n\r\n", b"Subject: c2\r\n\r\n"],
+              "copied %r" % subj)
+        check(b"$Kw" in r[1] and b"\\Flagged" in r[1] and b"$Kw" in r[2],
+              "flags copied %r" % r)
+    i.mbtool("check", "user.alice.Src")
+    i.mbtool("check", "user.alice.Dst")
+
+
+def test_idle_sees_lmtp_delivery():
+    import time
+    i = inst()
+    with Raw(i.addr()) as c:
+        raw_login(c, "bob", BOB_PW)
+        r = ok(c.cmd("i1", "SELECT INBOX"), "i1")
+        n = int([ln for ln in r if ln.endswith(b" EXISTS")][0].split()[1])
+        c.send("i2 IDLE\r\n")
+        check(c.line().startswith(b"+ "), "IDLE continuation")
+        t0 = time.monotonic()
+        i.lmtp_deliver("bob", MULTI)
+        delivered = time.monotonic()
+        c.sock.settimeout(5)
+        ln = c.line()
+        seen = time.monotonic()
+        check(ln == b"* %d EXISTS" % (n + 1), "IDLE got %r" % ln)
+        check(seen - delivered < 1.0, "EXISTS %.2f s after the delivery "
+              "(%.2f s after IDLE)" % (seen - delivered, seen - t0))
+        # a flag change by another session shows too
+        with Raw(i.addr()) as o:
+            raw_login(o, "bob", BOB_PW)
+            ok(o.cmd("o1", "SELECT INBOX"), "o1")
+            ok(o.cmd("o2", "STORE %d +FLAGS.SILENT (\\Flagged)" % (n + 1)),
+               "o2")
+        ln = c.line()
+        check(ln.startswith(b"* %d FETCH (FLAGS (\\Flagged)" % (n + 1)),
+              "IDLE flags %r" % ln)
+        c.send("DONE\r\n")
+        r = c.until_tagged("i2")
+        check(r[-1] == b"i2 OK IDLE terminated", "%r" % r)
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -537,6 +829,11 @@ if __name__ == "__main__":
         test_status,
         test_misc_authenticated,
         test_select_examine_close,
+        test_fetch,
+        test_store_expunge_two_sessions,
+        test_append,
+        test_copy_move,
+        test_idle_sees_lmtp_delivery,
         test_bad_input,
         test_sigterm_idle_client,
     ])
