@@ -199,15 +199,27 @@ pid_t master_service_forkexec(char *const argv[], int listen_fd,
                               char *const env[])
 {
     char *prog = master_service_resolve(argv[0]);
+    sigset_t all, saved;
     pid_t pid;
+    int err;
 
+    /* Every signal stays blocked from before fork() until the child has
+     * reset its dispositions: a SIGTERM sent to the new pid in between
+     * would otherwise run the master's handler in the child (which only
+     * writes to the master's self-pipe) and be lost, and the child would
+     * exec and never stop.  Blocked, it stays pending and, once the
+     * disposition is the default, ends the child when unblocked. */
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &saved);
     pid = fork();
-    if (pid < 0) {
-        log_error("master: fork failed error=<%s>", strerror(errno));
-        free(prog);
-        return -1;
-    }
-    if (pid > 0) {
+    if (pid != 0) {
+        err = errno;
+        sigprocmask(SIG_SETMASK, &saved, NULL);
+        if (pid < 0) {
+            log_error("master: fork failed error=<%s>", strerror(err));
+            free(prog);
+            return -1;
+        }
         free(prog);
         return pid;
     }

@@ -579,7 +579,7 @@ def test_sighup_reload():
                 service_line("gamma", "testsvc echo", sc, prefork=1)))
             os.kill(m.pid, signal.SIGHUP)
             # added
-            check(wait_until(lambda: os.path.exists(sc), 3),
+            check(wait_until(lambda: os.path.exists(sc), 10),
                   "gamma's socket not created after SIGHUP")
             echo_session(sc)
             # removed: no new connections; the one in progress completes
