@@ -17,13 +17,29 @@
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
  *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
- *                  read-write and the user has e), UNSELECT
- * Answered "NO [CANNOT] ... not implemented yet": APPEND (a synchronizing
- * APPEND literal is refused before the client sends it; a LITERAL+ one is
- * read and dropped first), and in the selected state EXPUNGE, SEARCH,
- * FETCH, STORE, COPY, MOVE and their UID forms.  Outside the selected
- * state those answer "BAD No mailbox selected".  No untagged EXISTS /
- * EXPUNGE / FETCH updates are sent yet: NOOP and IDLE only answer.
+ *                  read-write and the user has e), UNSELECT, FETCH, STORE,
+ *                  EXPUNGE, COPY, MOVE, SEARCH and their UID forms;
+ *                  APPEND in the authenticated and selected states
+ * Outside the selected state the selected-state commands answer "BAD No
+ * mailbox selected".
+ *
+ * The client's view.  In the selected state s->msgs holds, per sequence
+ * number, the uid and the flags and modseq the client was last told of.
+ * Before every tagged OK/NO in that state imap_update() compares the
+ * index with it (under the shared lock) and sends FLAGS (new keywords),
+ * FETCH FLAGS, EXPUNGE (descending) and EXISTS; during FETCH, STORE and
+ * SEARCH (not their UID forms) expunged messages stay in the view marked
+ * gone (RFC 3501 7.4.1).  IDLE polls cyrus.index's stat data every
+ * 250 ms (a SIGALRM timer interrupts the wait for DONE) and sends the
+ * updates as they happen.
+ *
+ * Locks and durability.  Reads take the mailbox's shared lock, changes
+ * the exclusive one (mailbox_rewrite_record(): durable at
+ * mailbox_unlock()); responses are built in memory and written after the
+ * lock is released, so a client slow to read holds no lock.  APPEND,
+ * COPY and MOVE put messages in through store/append.h (staging file,
+ * append_add(), one append_commit()), like lmtpd.  \Seen is the index
+ * flag (the per-user seen database is not used yet).
  *
  * Names.  The client sees the user's own mailboxes as INBOX and
  * INBOX<sep>child ("user.U" and "user.U.child" inside), other users'
@@ -50,15 +66,21 @@
 #include "config.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "imapd/imapparse.h"
+#include "imapd/search.h"
 #include "imapd/session.h"
 #include "lib/buf.h"
 #include "lib/imapconf.h"
@@ -68,9 +90,11 @@
 #include "lib/service.h"
 #include "lib/strarray.h"
 #include "store/acl.h"
+#include "store/append.h"
 #include "store/mailbox.h"
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
+#include "store/message.h"
 #include "store/store.h"
 #include "store/subs.h"
 
@@ -93,6 +117,18 @@ struct imap_server {
 
 enum imap_state { IMAP_NOTAUTH = 0, IMAP_AUTH = 1, IMAP_SELECTED = 2 };
 
+/* One message of the client's view of the selected mailbox: sequence
+ * number = index + 1.  flags/uflags/modseq are what the client was last
+ * told (or would have seen), to notice other sessions' changes. */
+struct imap_msg {
+    uint32_t uid;
+    uint32_t flags;                         /* system flags */
+    uint32_t uflags[MAILBOX_USER_FLAGS / 32];
+    uint64_t modseq;
+    int gone;                               /* expunged, EXPUNGE not sent
+                                               yet (RFC 3501 7.4.1) */
+};
+
 struct imap_session {
     struct imap_server *srv;
     struct prot *p;
@@ -110,6 +146,14 @@ struct imap_session {
     int quit;
     int append_refused;          /* the continuation callback refused an
                                     APPEND literal: answer NO */
+    char errbuf[128];            /* the continuation callback's text */
+    struct imap_msg *msgs;       /* the client's view of the mailbox */
+    size_t nmsgs, msgalloc;
+    uint32_t lastuid;            /* highest uid in the view */
+    int in_update;               /* imap_update() running */
+    int no_expunge;              /* the command may not see EXPUNGE */
+    struct stat ist;             /* cyrus.index at the last update */
+    int nkeywords;               /* keywords the client was told of */
     struct imapparse_cmd cmd;
     struct imapparse_options opts;
     struct buf line;
@@ -194,12 +238,19 @@ static const char *imap_tag(const struct imap_session *s)
 static void imap_tagged(struct imap_session *s, const char *status,
                         const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+static void imap_update(struct imap_session *s);
+static void imap_flags_lines(struct imap_session *s, struct buf *out);
+
 static void imap_tagged(struct imap_session *s, const char *status,
                         const char *fmt, ...)
 {
     struct buf b = BUF_INITIALIZER;
     va_list ap;
 
+    /* the selected mailbox's news go before a command's completion */
+    if (s->state == IMAP_SELECTED && s->sel && !s->in_update &&
+        strcmp(status, "BAD") != 0)
+        imap_update(s);
     va_start(ap, fmt);
     buf_vprintf(&b, fmt, ap);
     va_end(ap);
@@ -231,6 +282,7 @@ static void imap_store_no(struct imap_session *s, int r)
     case STORE_BADNAME: code = "[CANNOT] "; break;
     case STORE_PERMISSION: code = "[NOPERM] "; break;
     case STORE_OVERQUOTA: code = "[OVERQUOTA] "; break;
+    case STORE_TOOBIG: code = "[TOOBIG] "; break;
     case STORE_NOTIMPLEMENTED: code = "[CANNOT] "; break;
     case STORE_INTERNAL: code = "[SERVERBUG] "; break;
     default: code = "[UNAVAILABLE] "; break;
@@ -1085,8 +1137,38 @@ static int imap_unselect(struct imap_session *s, int expunge)
         }
     }
     mailbox_close(&s->sel);
+    free(s->msgs);
+    s->msgs = NULL;
+    s->nmsgs = s->msgalloc = 0;
+    s->lastuid = 0;
     s->state = IMAP_AUTH;
     return r;
+}
+
+/* Append a record to the client's view.  0, or -1 out of memory. */
+static int imap_msgs_push(struct imap_session *s,
+                          const struct mailbox_record *rec)
+{
+    struct imap_msg *m;
+
+    if (s->nmsgs == s->msgalloc) {
+        size_t n = s->msgalloc ? s->msgalloc * 2 : 64;
+        struct imap_msg *nm = realloc(s->msgs, n * sizeof(*nm));
+
+        if (!nm)
+            return -1;
+        s->msgs = nm;
+        s->msgalloc = n;
+    }
+    m = &s->msgs[s->nmsgs++];
+    memset(m, 0, sizeof(*m));
+    m->uid = rec->uid;
+    m->flags = rec->flags & MAILBOX_SYSTEM_FLAGS;
+    memcpy(m->uflags, rec->user_flags, sizeof(m->uflags));
+    m->modseq = rec->modseq;
+    if (rec->uid > s->lastuid)
+        s->lastuid = rec->uid;
+    return 0;
 }
 
 static void imap_cmd_select(struct imap_session *s, int examine)
@@ -1106,8 +1188,16 @@ static void imap_cmd_select(struct imap_session *s, int examine)
         rights = imap_rights(s, e->acl);
         r = mailbox_open(s->srv->conf, e->name, e->partition, &s->sel);
     }
-    if (r == STORE_OK)
+    if (r == STORE_OK) {
+        struct buf ipath = BUF_INITIALIZER;
+
+        buf_printf(&ipath, "%s/%s", mailbox_dir(s->sel),
+                   MAILBOX_INDEX_FNAME);
+        if (stat(buf_cstring(&ipath), &s->ist) != 0)
+            memset(&s->ist, 0, sizeof(s->ist));
+        buf_free(&ipath);
         r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    }
     if (r == STORE_OK) {
         locked = 1;
         h = *mailbox_get_header(s->sel);
@@ -1121,23 +1211,21 @@ static void imap_cmd_select(struct imap_session *s, int examine)
             seq++;
             if (!firstunseen && !(rec.flags & MAILBOX_FLAG_SEEN))
                 firstunseen = seq;
+            if (imap_msgs_push(s, &rec) != 0)
+                r = STORE_NOMEM;
         }
     }
     if (r == STORE_OK) {
-        prot_puts(s->p, "* FLAGS (\\Answered \\Flagged \\Deleted \\Seen "
-                        "\\Draft");
-        for (int i = 0; i < MAILBOX_USER_FLAGS; i++) {
-            const char *f = mailbox_user_flag_name(s->sel, i);
+        struct buf fl = BUF_INITIALIZER;
 
-            if (f)
-                prot_printf(s->p, " %s", f);
-        }
-        prot_puts(s->p, ")\r\n");
+        imap_flags_lines(s, &fl);
+        prot_write(s->p, fl.s, fl.len);
+        buf_free(&fl);
     }
     if (locked)
         mailbox_unlock(s->sel);
     if (r != STORE_OK) {
-        mailbox_close(&s->sel);
+        imap_unselect(s, 0);
         imap_store_no(s, r);
         goto out;
     }
@@ -1156,7 +1244,7 @@ static void imap_cmd_select(struct imap_session *s, int examine)
                     (rights & ACL_DELETEMSG) ? "\\Deleted " : "",
                     (rights & ACL_SEEN) ? "\\Seen " : "",
                     (rights & ACL_WRITE) ? "\\*" : "");
-    prot_printf(s->p, "* %u EXISTS\r\n", (unsigned)h.exists);
+    prot_printf(s->p, "* %zu EXISTS\r\n", s->nmsgs);
     prot_puts(s->p, "* 0 RECENT\r\n");
     if (firstunseen)
         prot_printf(s->p, "* OK [UNSEEN %u] First unseen\r\n",
@@ -1174,6 +1262,886 @@ static void imap_cmd_select(struct imap_session *s, int examine)
 out:
     mboxlist_entry_free(&e);
     buf_free(&name);
+}
+
+/* ---- the client's view and its updates ------------------------------- */
+
+/* stat() of the selected mailbox's cyrus.index into st (zeroed on error). */
+static void imap_index_stat(struct imap_session *s, struct stat *st)
+{
+    struct buf path = BUF_INITIALIZER;
+
+    buf_printf(&path, "%s/%s", mailbox_dir(s->sel), MAILBOX_INDEX_FNAME);
+    if (stat(buf_cstring(&path), st) != 0)
+        memset(st, 0, sizeof(*st));
+    buf_free(&path);
+}
+
+/* Has cyrus.index changed since the last update?  (Every change writes
+ * the file: its mtime moves; cleanup replaces it: its inode changes.) */
+static int imap_index_changed(struct imap_session *s)
+{
+    struct stat st;
+
+    imap_index_stat(s, &st);
+    return st.st_ino != s->ist.st_ino || st.st_dev != s->ist.st_dev ||
+           st.st_size != s->ist.st_size ||
+           st.st_mtim.tv_sec != s->ist.st_mtim.tv_sec ||
+           st.st_mtim.tv_nsec != s->ist.st_mtim.tv_nsec;
+}
+
+/* "(\Seen kw ...)" of a message's flags into out. */
+static void imap_flags_text(struct imap_session *s, uint32_t flags,
+                            const uint32_t *uflags, struct buf *out)
+{
+    static const struct { uint32_t bit; const char *name; } sys[] = {
+        { MAILBOX_FLAG_ANSWERED, "\\Answered" },
+        { MAILBOX_FLAG_FLAGGED, "\\Flagged" },
+        { MAILBOX_FLAG_DELETED, "\\Deleted" },
+        { MAILBOX_FLAG_SEEN, "\\Seen" },
+        { MAILBOX_FLAG_DRAFT, "\\Draft" },
+    };
+    int first = 1;
+
+    buf_putc(out, '(');
+    for (size_t i = 0; i < sizeof(sys) / sizeof(sys[0]); i++) {
+        if (flags & sys[i].bit) {
+            if (!first)
+                buf_putc(out, ' ');
+            buf_appendcstr(out, sys[i].name);
+            first = 0;
+        }
+    }
+    for (int i = 0; i < MAILBOX_USER_FLAGS; i++) {
+        const char *name;
+
+        if (!(uflags[i / 32] & (1u << (i % 32))))
+            continue;
+        name = mailbox_user_flag_name(s->sel, i);
+        if (!name)
+            continue;
+        if (!first)
+            buf_putc(out, ' ');
+        buf_appendcstr(out, name);
+        first = 0;
+    }
+    buf_putc(out, ')');
+}
+
+/* Remember what the client was told about message m. */
+static void imap_msg_told(struct imap_msg *m, const struct mailbox_record *rec)
+{
+    m->flags = rec->flags & MAILBOX_SYSTEM_FLAGS;
+    memcpy(m->uflags, rec->user_flags, sizeof(m->uflags));
+    m->modseq = rec->modseq;
+}
+
+/* "* seq FETCH (FLAGS (...) UID u [MODSEQ (m)])" */
+static void imap_send_flags(struct imap_session *s, size_t seq,
+                            const struct mailbox_record *rec,
+                            struct buf *out)
+{
+    buf_printf(out, "* %zu FETCH (FLAGS ", seq);
+    imap_flags_text(s, rec->flags, rec->user_flags, out);
+    buf_printf(out, " UID %u", (unsigned)rec->uid);
+    if (s->condstore)
+        buf_printf(out, " MODSEQ (%llu)", (unsigned long long)rec->modseq);
+    buf_appendcstr(out, ")\r\n");
+}
+
+/* The FLAGS and PERMANENTFLAGS lines (SELECT, and when a keyword was
+ * defined: RFC 3501 7.2.6). */
+static void imap_flags_lines(struct imap_session *s, struct buf *out)
+{
+    int n = 0;
+
+    buf_appendcstr(out, "* FLAGS (\\Answered \\Flagged \\Deleted \\Seen "
+                        "\\Draft");
+    for (int i = 0; i < MAILBOX_USER_FLAGS; i++) {
+        const char *f = mailbox_user_flag_name(s->sel, i);
+
+        if (f) {
+            buf_printf(out, " %s", f);
+            n++;
+        }
+    }
+    buf_appendcstr(out, ")\r\n");
+    s->nkeywords = n;
+}
+
+/* Under a lock of s->sel: compare the index with the client's view and
+ * put into out FLAGS when keywords were defined, FETCH FLAGS for changed
+ * messages, EXPUNGE for removed ones (when allow_expunge; else they stay
+ * in the view, marked gone) and EXISTS for new ones.  (Written to the
+ * client after the lock is released: a slow reader holds no lock.) */
+static int imap_reconcile(struct imap_session *s, int allow_expunge,
+                          struct buf *out)
+{
+    uint32_t visible = mailbox_get_header(s->sel)->visible;
+    size_t i = 0, oldn = s->nmsgs;
+    int r = STORE_OK, nkw = 0;
+
+    for (int k = 0; k < MAILBOX_USER_FLAGS; k++)
+        if (mailbox_user_flag_name(s->sel, k))
+            nkw++;
+    if (nkw != s->nkeywords)
+        imap_flags_lines(s, out);
+
+    for (uint32_t recno = 0; recno < visible; recno++) {
+        struct mailbox_record rec;
+
+        r = mailbox_read_record(s->sel, recno, &rec);
+        if (r != STORE_OK)
+            return r;
+        if (rec.flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED))
+            continue;
+        /* view entries with smaller uids are gone */
+        while (i < oldn && s->msgs[i].uid < rec.uid)
+            s->msgs[i++].gone = 1;
+        if (i < oldn && s->msgs[i].uid == rec.uid) {
+            struct imap_msg *m = &s->msgs[i];
+
+            if (!m->gone &&
+                (m->flags != (rec.flags & MAILBOX_SYSTEM_FLAGS) ||
+                 memcmp(m->uflags, rec.user_flags, sizeof(m->uflags)) != 0 ||
+                 (s->condstore && m->modseq != rec.modseq))) {
+                imap_send_flags(s, i + 1, &rec, out);
+                imap_msg_told(m, &rec);
+            }
+            i++;
+        } else if (rec.uid > s->lastuid) {
+            if (imap_msgs_push(s, &rec) != 0)
+                return STORE_NOMEM;
+        }
+    }
+    while (i < oldn)
+        s->msgs[i++].gone = 1;
+    if (allow_expunge) {
+        size_t n = s->nmsgs, w;
+
+        /* descending: each number is right when its line is read */
+        for (size_t k = oldn; k-- > 0;)
+            if (s->msgs[k].gone)
+                buf_printf(out, "* %zu EXPUNGE\r\n", k + 1);
+        for (w = 0, i = 0; i < n; i++)
+            if (!s->msgs[i].gone)
+                s->msgs[w++] = s->msgs[i];
+        s->nmsgs = w;
+        if (n != oldn || w != oldn)
+            buf_printf(out, "* %zu EXISTS\r\n", s->nmsgs);
+    } else if (s->nmsgs != oldn) {
+        buf_printf(out, "* %zu EXISTS\r\n", s->nmsgs);
+    }
+    return r;
+}
+
+/* Tell the client what changed in the selected mailbox (before a tagged
+ * reply, on NOOP/CHECK/IDLE).  Errors are logged, not answered. */
+static void imap_update(struct imap_session *s)
+{
+    struct buf out = BUF_INITIALIZER;
+    int r;
+
+    if (s->state != IMAP_SELECTED || !s->sel || s->in_update)
+        return;
+    s->in_update = 1;
+    imap_index_stat(s, &s->ist);
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        r = imap_reconcile(s, !s->no_expunge, &out);
+        mailbox_unlock(s->sel);
+    }
+    if (out.len)
+        prot_write(s->p, out.s, out.len);
+    buf_free(&out);
+    if (r != STORE_OK)
+        log_error("imap: mailbox update failed mailbox=<%s> error=<%s>",
+                  mailbox_name(s->sel), store_strerror(r));
+    s->in_update = 0;
+}
+
+/* ---- message sets ---------------------------------------------------- */
+
+/* Is the command's set valid for the view?  A message number beyond the
+ * view, or "*" in an empty mailbox, is BAD (answered here: -1). */
+static int imap_check_set(struct imap_session *s)
+{
+    const struct imapparse_seqset *set = &s->cmd.set;
+
+    if (s->cmd.uid)
+        return 0;
+    for (size_t i = 0; i < set->n; i++) {
+        uint32_t lo = set->r[i].lo, hi = set->r[i].hi;
+
+        if (lo > s->nmsgs || hi > s->nmsgs ||
+            ((lo == 0 || hi == 0) && s->nmsgs == 0)) {
+            imap_tagged(s, "BAD", "Invalid message sequence number");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Is view entry i in the command's set (message numbers or UIDs)? */
+static int imap_in_set(struct imap_session *s,
+                       const struct imapparse_seqset *set, size_t i)
+{
+    if (s->cmd.uid)
+        return imapparse_seqset_contains(set, s->msgs[i].uid, s->lastuid);
+    return imapparse_seqset_contains(set, (uint32_t)(i + 1),
+                                     (uint32_t)s->nmsgs);
+}
+
+/* Append a number to a compact set text ("1:3,7") being built; *prev is
+ * the last number added (0 at the start), *run whether a range is open. */
+static void imap_set_add(struct buf *out, uint32_t n, uint32_t *prev,
+                         int *run)
+{
+    if (*prev && n == *prev + 1) {
+        *run = 1;
+    } else {
+        if (*run)
+            buf_printf(out, ":%u", (unsigned)*prev);
+        *run = 0;
+        if (out->len)
+            buf_putc(out, ',');
+        buf_printf(out, "%u", (unsigned)n);
+    }
+    *prev = n;
+}
+
+static void imap_set_end(struct buf *out, uint32_t prev, int run)
+{
+    if (run)
+        buf_printf(out, ":%u", (unsigned)prev);
+}
+
+/* Find and read the record of a uid under the lock: STORE_OK, or
+ * STORE_NOTFOUND when it is gone (also when expunged). */
+static int imap_read_uid(struct imap_session *s, struct mailbox *mb,
+                         uint32_t uid, uint32_t *recno_r,
+                         struct mailbox_record *rec)
+{
+    int r = mailbox_find_uid(mb, uid, recno_r);
+
+    if (r == STORE_OK)
+        r = mailbox_read_record(mb, *recno_r, rec);
+    (void)s;
+    if (r == STORE_OK &&
+        (rec->flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED)))
+        r = STORE_NOTFOUND;
+    return r;
+}
+
+/* ---- FETCH ----------------------------------------------------------- */
+
+/* A message file mapped read-only and parsed. */
+struct imap_msgfile {
+    int fd;
+    void *base;
+    size_t len;
+    struct message *msg;
+};
+
+static int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
+                             struct imap_msgfile *mf)
+{
+    struct stat st;
+    int r;
+
+    memset(mf, 0, sizeof(*mf));
+    mf->fd = -1;
+    r = mailbox_open_message(mb, uid, &mf->fd);
+    if (r != STORE_OK)
+        return r;
+    if (fstat(mf->fd, &st) != 0)
+        goto ioerr;
+    mf->len = (size_t)st.st_size;
+    if (mf->len) {
+        mf->base = mmap(NULL, mf->len, PROT_READ, MAP_SHARED, mf->fd, 0);
+        if (mf->base == MAP_FAILED) {
+            mf->base = NULL;
+            goto ioerr;
+        }
+    }
+    if (message_parse(mf->base, mf->len, &mf->msg) != MESSAGE_OK) {
+        r = STORE_NOMEM;
+        goto fail;
+    }
+    return STORE_OK;
+ioerr:
+    r = STORE_IOERROR;
+fail:
+    if (mf->base)
+        munmap(mf->base, mf->len);
+    close(mf->fd);
+    memset(mf, 0, sizeof(*mf));
+    mf->fd = -1;
+    return r;
+}
+
+static void imap_msgfile_close(struct imap_msgfile *mf)
+{
+    message_free(&mf->msg);
+    if (mf->base)
+        munmap(mf->base, mf->len);
+    if (mf->fd >= 0)
+        close(mf->fd);
+    memset(mf, 0, sizeof(*mf));
+    mf->fd = -1;
+}
+
+static int imap_att_needs_msg(const struct imapparse_fetch_att *a)
+{
+    switch (a->kind) {
+    case IMAPPARSE_FETCH_ENVELOPE:
+    case IMAPPARSE_FETCH_BODY:
+    case IMAPPARSE_FETCH_BODYSTRUCTURE:
+    case IMAPPARSE_FETCH_RFC822:
+    case IMAPPARSE_FETCH_RFC822_HEADER:
+    case IMAPPARSE_FETCH_RFC822_TEXT:
+    case IMAPPARSE_FETCH_SECTION:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int imap_att_sets_seen(const struct imapparse_fetch_att *a)
+{
+    return (a->kind == IMAPPARSE_FETCH_SECTION && !a->peek) ||
+           a->kind == IMAPPARSE_FETCH_RFC822 ||
+           a->kind == IMAPPARSE_FETCH_RFC822_TEXT;
+}
+
+/* One FETCH item into out. */
+static int imap_fetch_att(struct imap_session *s,
+                          const struct imapparse_fetch_att *a,
+                          const struct mailbox_record *rec,
+                          const struct imap_msgfile *mf, struct buf *out)
+{
+    static const char *const mon[] = { "Jan", "Feb", "Mar", "Apr", "May",
+        "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
+    struct message_section sec;
+    time_t t;
+    struct tm tm;
+    int r = MESSAGE_OK;
+
+    memset(&sec, 0, sizeof(sec));
+    switch (a->kind) {
+    case IMAPPARSE_FETCH_FLAGS:
+        buf_appendcstr(out, "FLAGS ");
+        imap_flags_text(s, rec->flags, rec->user_flags, out);
+        break;
+    case IMAPPARSE_FETCH_INTERNALDATE:
+        t = (time_t)rec->internaldate;
+        if (!gmtime_r(&t, &tm))
+            memset(&tm, 0, sizeof(tm));
+        buf_printf(out, "INTERNALDATE \"%02d-%s-%04d %02d:%02d:%02d +0000\"",
+                   tm.tm_mday, mon[tm.tm_mon % 12], tm.tm_year + 1900,
+                   tm.tm_hour, tm.tm_min, tm.tm_sec);
+        break;
+    case IMAPPARSE_FETCH_RFC822_SIZE:
+        buf_printf(out, "RFC822.SIZE %u", (unsigned)rec->size);
+        break;
+    case IMAPPARSE_FETCH_UID:
+        buf_printf(out, "UID %u", (unsigned)rec->uid);
+        break;
+    case IMAPPARSE_FETCH_MODSEQ:
+        buf_printf(out, "MODSEQ (%llu)", (unsigned long long)rec->modseq);
+        break;
+    case IMAPPARSE_FETCH_ENVELOPE:
+        buf_appendcstr(out, "ENVELOPE ");
+        r = message_write_envelope(mf->msg, out);
+        break;
+    case IMAPPARSE_FETCH_BODY:
+        buf_appendcstr(out, "BODY ");
+        r = message_write_body(mf->msg, 0, out);
+        break;
+    case IMAPPARSE_FETCH_BODYSTRUCTURE:
+        buf_appendcstr(out, "BODYSTRUCTURE ");
+        r = message_write_body(mf->msg, 1, out);
+        break;
+    case IMAPPARSE_FETCH_RFC822:
+        buf_appendcstr(out, "RFC822 ");
+        sec.kind = MESSAGE_SECTION_CONTENT;
+        r = message_write_section(mf->msg, &sec, 0, SIZE_MAX, out);
+        break;
+    case IMAPPARSE_FETCH_RFC822_HEADER:
+        buf_appendcstr(out, "RFC822.HEADER ");
+        sec.kind = MESSAGE_SECTION_HEADER;
+        r = message_write_section(mf->msg, &sec, 0, SIZE_MAX, out);
+        break;
+    case IMAPPARSE_FETCH_RFC822_TEXT:
+        buf_appendcstr(out, "RFC822.TEXT ");
+        sec.kind = MESSAGE_SECTION_TEXT;
+        r = message_write_section(mf->msg, &sec, 0, SIZE_MAX, out);
+        break;
+    case IMAPPARSE_FETCH_SECTION:
+        sec.part = a->parts;
+        sec.npart = a->nparts;
+        switch (a->text) {
+        case IMAPPARSE_SECTION_HEADER:
+            sec.kind = MESSAGE_SECTION_HEADER; break;
+        case IMAPPARSE_SECTION_HEADER_FIELDS:
+            sec.kind = MESSAGE_SECTION_HEADER_FIELDS; break;
+        case IMAPPARSE_SECTION_HEADER_FIELDS_NOT:
+            sec.kind = MESSAGE_SECTION_HEADER_FIELDS_NOT; break;
+        case IMAPPARSE_SECTION_TEXT:
+            sec.kind = MESSAGE_SECTION_TEXT; break;
+        case IMAPPARSE_SECTION_MIME:
+            sec.kind = MESSAGE_SECTION_MIME; break;
+        default:
+            sec.kind = MESSAGE_SECTION_CONTENT; break;
+        }
+        sec.fields = a->fields.s;
+        sec.nfields = a->fields.n;
+        buf_printf(out, "BODY[%s]", a->section ? a->section : "");
+        if (a->partial)
+            buf_printf(out, "<%u>", (unsigned)a->origin);
+        buf_putc(out, ' ');
+        r = message_write_section(mf->msg, &sec,
+                                  a->partial ? a->origin : 0,
+                                  a->partial ? a->count : SIZE_MAX, out);
+        break;
+    }
+    return r == MESSAGE_OK ? STORE_OK
+           : r == MESSAGE_NOMEM ? STORE_NOMEM : STORE_BADMESSAGE;
+}
+
+/* One message a FETCH answers for, collected under the lock. */
+struct imap_fetch_item {
+    size_t idx;                     /* into s->msgs */
+    int markseen;                   /* \Seen set by this FETCH */
+    struct mailbox_record rec;
+};
+
+/* FETCH in two phases: under the lock (exclusive when a body fetch sets
+ * \Seen) the records are read and \Seen set; after it, the message
+ * files are mapped and the responses written, so that a client slow to
+ * read holds no lock.  A file removed meanwhile (another session
+ * expunged the message and cleanup ran) is left out, and the command
+ * answers NO. */
+static void imap_cmd_fetch(struct imap_session *s)
+{
+    const struct imapparse_fetch *f = &s->cmd.fetch;
+    int needmsg = 0, setseen = 0, wantflags = 0, wantuid = 0;
+    int wantmodseq = 0, failed = 0, r, ur;
+    struct imap_fetch_item *items = NULL;
+    size_t nitems = 0;
+    struct buf out = BUF_INITIALIZER;
+
+    if (imap_check_set(s) != 0)
+        return;
+    for (size_t k = 0; k < f->n; k++) {
+        const struct imapparse_fetch_att *a = &f->atts[k];
+
+        needmsg |= imap_att_needs_msg(a);
+        setseen |= imap_att_sets_seen(a);
+        wantflags |= a->kind == IMAPPARSE_FETCH_FLAGS;
+        wantuid |= a->kind == IMAPPARSE_FETCH_UID;
+        wantmodseq |= a->kind == IMAPPARSE_FETCH_MODSEQ;
+    }
+    if (wantmodseq || f->changedsince_set)
+        s->condstore = 1;       /* CONDSTORE-enabling (RFC 7162 3.1) */
+    if (s->sel_readonly || !(s->sel_rights & ACL_SEEN))
+        setseen = 0;
+    items = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*items));
+    if (!items) {
+        imap_store_no(s, STORE_NOMEM);
+        return;
+    }
+    r = mailbox_lock(s->sel, setseen ? MAILBOX_LOCK_EXCLUSIVE
+                                     : MAILBOX_LOCK_SHARED);
+    if (r != STORE_OK) {
+        free(items);
+        imap_store_no(s, r);
+        return;
+    }
+    for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
+        struct imap_fetch_item *it = &items[nitems];
+        uint32_t recno;
+        int rr;
+
+        if (s->msgs[i].gone || !imap_in_set(s, &s->cmd.set, i))
+            continue;
+        rr = imap_read_uid(s, s->sel, s->msgs[i].uid, &recno, &it->rec);
+        if (rr == STORE_NOTFOUND)
+            continue;           /* expunged meanwhile: nothing to send */
+        if (rr != STORE_OK) {
+            r = rr;
+            break;
+        }
+        if (f->changedsince_set && it->rec.modseq <= f->changedsince)
+            continue;
+        it->idx = i;
+        if (setseen && !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+            it->rec.flags |= MAILBOX_FLAG_SEEN;
+            r = mailbox_rewrite_record(s->sel, recno, &it->rec);
+            if (r == STORE_OK)
+                r = mailbox_read_record(s->sel, recno, &it->rec);
+            it->markseen = 1;
+        }
+        nitems++;
+    }
+    ur = mailbox_unlock(s->sel);
+    if (r == STORE_OK)
+        r = ur;
+    for (size_t n = 0; n < nitems && r == STORE_OK; n++) {
+        struct imap_fetch_item *it = &items[n];
+        struct imap_msg *m = &s->msgs[it->idx];
+        struct imap_msgfile mf;
+        int rr;
+
+        memset(&mf, 0, sizeof(mf));
+        mf.fd = -1;
+        if (needmsg) {
+            rr = imap_msgfile_open(s->sel, m->uid, &mf);
+            if (rr != STORE_OK) {
+                log_error("imap: cannot read message mailbox=<%s> uid=<%u> "
+                          "error=<%s>", mailbox_name(s->sel),
+                          (unsigned)m->uid, store_strerror(rr));
+                failed = 1;
+                continue;
+            }
+        }
+        buf_reset(&out);
+        buf_printf(&out, "* %zu FETCH (", it->idx + 1);
+        if (s->cmd.uid && !wantuid)
+            buf_printf(&out, "UID %u ", (unsigned)it->rec.uid);
+        for (size_t k = 0; k < f->n && r == STORE_OK; k++) {
+            if (k)
+                buf_putc(&out, ' ');
+            r = imap_fetch_att(s, &f->atts[k], &it->rec, &mf, &out);
+        }
+        if (it->markseen && !wantflags) {
+            buf_appendcstr(&out, " FLAGS ");
+            imap_flags_text(s, it->rec.flags, it->rec.user_flags, &out);
+        }
+        /* RFC 7162 3.2: MODSEQ with CHANGEDSINCE, and with FLAGS once
+         * CONDSTORE is on */
+        if (!wantmodseq && (f->changedsince_set ||
+                            (s->condstore && (wantflags || it->markseen))))
+            buf_printf(&out, " MODSEQ (%llu)",
+                       (unsigned long long)it->rec.modseq);
+        buf_appendcstr(&out, ")\r\n");
+        imap_msgfile_close(&mf);
+        if (r == STORE_OK) {
+            prot_write(s->p, out.s, out.len);
+            if (it->markseen || wantflags)
+                imap_msg_told(m, &it->rec);
+        }
+    }
+    free(items);
+    buf_free(&out);
+    s->no_expunge = !s->cmd.uid;
+    if (r != STORE_OK)
+        imap_store_no(s, r);
+    else if (failed)
+        imap_tagged(s, "NO", "[UNAVAILABLE] Some messages could not be "
+                             "read");
+    else
+        imap_tagged(s, "OK", "%s completed", s->cmd.name);
+    s->no_expunge = 0;
+}
+
+/* ---- STORE ----------------------------------------------------------- */
+
+/* Flags of a STORE/APPEND list into system bits and user flag bits.
+ * create: define new keywords (the exclusive lock is held).  0, or -1
+ * with *err_r (a BAD text when *bad_r, else a NO text). */
+static int imap_flag_list(struct imap_session *s, struct mailbox *mb,
+                          const struct imapparse_strlist *l, int create,
+                          uint32_t *sys_r, uint32_t *user_r, int *bad_r,
+                          const char **err_r)
+{
+    static const struct { const char *name; uint32_t bit; } sys[] = {
+        { "\\Answered", MAILBOX_FLAG_ANSWERED },
+        { "\\Flagged", MAILBOX_FLAG_FLAGGED },
+        { "\\Deleted", MAILBOX_FLAG_DELETED },
+        { "\\Seen", MAILBOX_FLAG_SEEN },
+        { "\\Draft", MAILBOX_FLAG_DRAFT },
+    };
+
+    (void)s;
+    *sys_r = 0;
+    *bad_r = 0;
+    memset(user_r, 0, sizeof(uint32_t) * (MAILBOX_USER_FLAGS / 32));
+    for (size_t i = 0; i < l->n; i++) {
+        const char *f = l->s[i];
+        size_t k;
+        int num, r;
+
+        if (f[0] == '\\') {
+            for (k = 0; k < sizeof(sys) / sizeof(sys[0]); k++)
+                if (strcasecmp(f, sys[k].name) == 0)
+                    break;
+            if (k == sizeof(sys) / sizeof(sys[0])) {
+                if (strcasecmp(f, "\\Recent") == 0)
+                    continue;   /* not settable; ignored */
+                *bad_r = 1;
+                *err_r = "Invalid system flag";
+                return -1;
+            }
+            *sys_r |= sys[k].bit;
+            continue;
+        }
+        r = mailbox_user_flag(mb, f, create, &num);
+        if (r == STORE_NOTFOUND && !create)
+            continue;
+        if (r == STORE_BADNAME) {
+            *bad_r = 1;
+            *err_r = "Invalid keyword";
+            return -1;
+        }
+        if (r == STORE_OVERQUOTA) {
+            *err_r = "[LIMIT] Too many keywords in this mailbox";
+            return -1;
+        }
+        if (r != STORE_OK) {
+            *err_r = "[UNAVAILABLE] Cannot define the keyword";
+            return -1;
+        }
+        user_r[num / 32] |= 1u << (num % 32);
+    }
+    return 0;
+}
+
+/* The system flags the user may change in the selected mailbox. */
+static uint32_t imap_changeable(struct imap_session *s)
+{
+    uint32_t m = 0;
+
+    if (s->sel_rights & ACL_SEEN)
+        m |= MAILBOX_FLAG_SEEN;
+    if (s->sel_rights & ACL_DELETEMSG)
+        m |= MAILBOX_FLAG_DELETED;
+    if (s->sel_rights & ACL_WRITE)
+        m |= MAILBOX_FLAG_ANSWERED | MAILBOX_FLAG_FLAGGED |
+             MAILBOX_FLAG_DRAFT;
+    return m;
+}
+
+static void imap_cmd_store(struct imap_session *s)
+{
+    const struct imapparse_store *st = &s->cmd.store;
+    uint32_t sys, user[MAILBOX_USER_FLAGS / 32], changeable;
+    struct buf modified = BUF_INITIALIZER, resp = BUF_INITIALIZER;
+    uint32_t mprev = 0;
+    int mrun = 0, bad = 0, r, ur;
+    const char *err = NULL;
+    int kwok;
+
+    if (imap_check_set(s) != 0)
+        return;
+    if (s->sel_readonly) {
+        imap_tagged(s, "NO", "[READ-ONLY] Mailbox is read-only");
+        return;
+    }
+    if (st->unchangedsince_set)
+        s->condstore = 1;
+    changeable = imap_changeable(s);
+    kwok = (s->sel_rights & ACL_WRITE) != 0;
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_EXCLUSIVE);
+    if (r != STORE_OK) {
+        imap_store_no(s, r);
+        return;
+    }
+    if (imap_flag_list(s, s->sel, &st->flags,
+                       st->op != IMAPPARSE_STORE_REMOVE && kwok, &sys, user,
+                       &bad, &err) != 0) {
+        mailbox_unlock(s->sel);
+        imap_tagged(s, bad ? "BAD" : "NO", "%s", err);
+        return;
+    }
+    if (sys & ~changeable) {
+        mailbox_unlock(s->sel);
+        imap_tagged(s, "NO", "[NOPERM] Permission denied for these flags");
+        return;
+    }
+    for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
+        struct imap_msg *m = &s->msgs[i];
+        struct mailbox_record rec, old;
+        uint32_t recno;
+        int rr;
+
+        if (m->gone || !imap_in_set(s, &s->cmd.set, i))
+            continue;
+        rr = imap_read_uid(s, s->sel, m->uid, &recno, &rec);
+        if (rr == STORE_NOTFOUND)
+            continue;
+        if (rr != STORE_OK) {
+            r = rr;
+            break;
+        }
+        if (st->unchangedsince_set && rec.modseq > st->unchangedsince) {
+            imap_set_add(&modified, s->cmd.uid ? m->uid : (uint32_t)(i + 1),
+                         &mprev, &mrun);
+            continue;
+        }
+        old = rec;
+        switch (st->op) {
+        case IMAPPARSE_STORE_ADD:
+            rec.flags |= sys;
+            for (int k = 0; k < MAILBOX_USER_FLAGS / 32; k++)
+                rec.user_flags[k] |= user[k];
+            break;
+        case IMAPPARSE_STORE_REMOVE:
+            rec.flags &= ~sys;
+            if (kwok)
+                for (int k = 0; k < MAILBOX_USER_FLAGS / 32; k++)
+                    rec.user_flags[k] &= ~user[k];
+            break;
+        default:
+            rec.flags = (rec.flags & ~changeable) | sys;
+            if (kwok)
+                memcpy(rec.user_flags, user, sizeof(user));
+            break;
+        }
+        if (rec.flags != old.flags ||
+            memcmp(rec.user_flags, old.user_flags,
+                   sizeof(rec.user_flags)) != 0) {
+            r = mailbox_rewrite_record(s->sel, recno, &rec);
+            if (r == STORE_OK)
+                r = mailbox_read_record(s->sel, recno, &rec);
+            if (r != STORE_OK)
+                break;
+        }
+        if (!st->silent || (s->condstore && rec.modseq != old.modseq)) {
+            if (st->silent) {
+                buf_printf(&resp, "* %zu FETCH (UID %u MODSEQ (%llu))\r\n",
+                           i + 1, (unsigned)rec.uid,
+                           (unsigned long long)rec.modseq);
+            } else {
+                imap_send_flags(s, i + 1, &rec, &resp);
+            }
+        }
+        imap_msg_told(m, &rec);
+    }
+    ur = mailbox_unlock(s->sel);
+    if (r == STORE_OK)
+        r = ur;
+    if (resp.len)
+        prot_write(s->p, resp.s, resp.len);
+    buf_free(&resp);
+    imap_set_end(&modified, mprev, mrun);
+    s->no_expunge = !s->cmd.uid;
+    if (r != STORE_OK)
+        imap_store_no(s, r);
+    else if (modified.len)
+        imap_tagged(s, "OK", "[MODIFIED %s] Conditional STORE failed",
+                    buf_cstring(&modified));
+    else
+        imap_tagged(s, "OK", "%s completed", s->cmd.name);
+    s->no_expunge = 0;
+    buf_free(&modified);
+}
+
+/* ---- EXPUNGE --------------------------------------------------------- */
+
+/* Mark \Deleted messages expunged: all of them (uidset NULL) or those of
+ * the view in uidset.  Under no lock; takes the exclusive one. */
+static int imap_expunge(struct imap_session *s,
+                        const struct imapparse_seqset *uidset)
+{
+    uint32_t visible;
+    int r, ur;
+
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_EXCLUSIVE);
+    if (r != STORE_OK)
+        return r;
+    visible = mailbox_get_header(s->sel)->visible;
+    for (uint32_t recno = 0; recno < visible && r == STORE_OK; recno++) {
+        struct mailbox_record rec;
+
+        r = mailbox_read_record(s->sel, recno, &rec);
+        if (r != STORE_OK)
+            break;
+        if (!(rec.flags & MAILBOX_FLAG_DELETED) ||
+            (rec.flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED)))
+            continue;
+        if (uidset && (rec.uid > s->lastuid ||
+                       !imapparse_seqset_contains(uidset, rec.uid,
+                                                  s->lastuid)))
+            continue;
+        rec.flags |= MAILBOX_FLAG_EXPUNGED;
+        r = mailbox_rewrite_record(s->sel, recno, &rec);
+    }
+    ur = mailbox_unlock(s->sel);
+    return r == STORE_OK ? ur : r;
+}
+
+/* SEARCH / UID SEARCH (imapd/search.c does the matching): the view's
+ * uids in sequence order go to the evaluator under the shared lock, the
+ * answer is written after the unlock.  With a MODSEQ key the answer ends
+ * in (MODSEQ n) and CONDSTORE is on from then (RFC 7162 3.1.5). */
+static void imap_cmd_search(struct imap_session *s)
+{
+    struct imapparse_cmd *c = &s->cmd;
+    struct search_params sp;
+    struct search_result res;
+    uint32_t *uids;
+    size_t i;
+    int r;
+
+    memset(&res, 0, sizeof(res));
+    uids = malloc((s->nmsgs ? s->nmsgs : 1) * sizeof(*uids));
+    if (!uids) {
+        imap_store_no(s, STORE_NOMEM);
+        return;
+    }
+    for (i = 0; i < s->nmsgs; i++)
+        uids[i] = s->msgs[i].uid;
+    memset(&sp, 0, sizeof(sp));
+    sp.mb = s->sel;
+    sp.uids = uids;
+    sp.nmsgs = (uint32_t)s->nmsgs;
+    sp.utf8 = c->utf8;
+    sp.return_uids = c->uid;
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        r = search_run(&sp, c->search, &res);
+        mailbox_unlock(s->sel);
+    }
+    free(uids);
+    if (r != STORE_OK) {
+        search_result_free(&res);
+        imap_store_no(s, r);
+        return;
+    }
+    if (res.has_modseq)
+        s->condstore = 1;
+    prot_puts(s->p, "* SEARCH");
+    for (i = 0; i < res.n; i++)
+        prot_printf(s->p, " %lu", (unsigned long)res.nums[i]);
+    if (res.has_modseq && res.n)
+        prot_printf(s->p, " (MODSEQ %llu)",
+                    (unsigned long long)res.highest_modseq);
+    prot_puts(s->p, "\r\n");
+    search_result_free(&res);
+    /* SEARCH: no expunges may be reported with its reply */
+    s->no_expunge = !c->uid;
+    imap_tagged(s, "OK", "%s completed", c->uid ? "UID SEARCH" : "SEARCH");
+    s->no_expunge = 0;
+}
+
+static void imap_cmd_expunge(struct imap_session *s)
+{
+    int r;
+
+    if (s->sel_readonly) {
+        imap_tagged(s, "NO", "[READ-ONLY] Mailbox is read-only");
+        return;
+    }
+    if (!(s->sel_rights & ACL_EXPUNGE)) {
+        imap_tagged(s, "NO", "[NOPERM] Permission denied");
+        return;
+    }
+    r = imap_expunge(s, s->cmd.uid ? &s->cmd.set : NULL);
+    if (r != STORE_OK)
+        imap_store_no(s, r);
+    else
+        imap_tagged(s, "OK", "%s completed", s->cmd.name);
 }
 
 /* ---- other commands -------------------------------------------------- */
@@ -1210,18 +2178,95 @@ static void imap_cmd_id(struct imap_session *s)
     imap_tagged(s, "OK", "ID completed");
 }
 
+/* IDLE.  While a mailbox is selected, a SIGALRM timer ticks every
+ * IMAP_IDLE_POLL_MS so that the wait for DONE asks imap_idle_check()
+ * that often; it stats cyrus.index, and a change ends the wait for an
+ * update (EXISTS / EXPUNGE / FETCH), after which the wait goes on.  The
+ * part of the DONE line read before an interruption is kept. */
+#define IMAP_IDLE_POLL_MS 250
+
+static struct imap_session *imap_idle_session;
+
+static void imap_idle_alarm(int sig)
+{
+    (void)sig;      /* only there to interrupt poll() */
+}
+
+static int imap_idle_check(void)
+{
+    struct imap_session *s = imap_idle_session;
+
+    if (service_stopping())
+        return 1;
+    return s && s->state == IMAP_SELECTED && s->sel &&
+           imap_index_changed(s);
+}
+
+static void imap_idle_timer(int on)
+{
+    struct itimerval it;
+
+    memset(&it, 0, sizeof(it));
+    if (on) {
+        it.it_interval.tv_usec = IMAP_IDLE_POLL_MS * 1000;
+        it.it_value.tv_usec = IMAP_IDLE_POLL_MS * 1000;
+    }
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
 static void imap_cmd_idle(struct imap_session *s)
 {
-    int r;
+    struct sigaction sa, old;
+    struct buf acc = BUF_INITIALIZER;
+    int r, polling = s->state == IMAP_SELECTED && s->sel;
 
+    imap_update(s);
     prot_puts(s->p, "+ idling\r\n");
     if (prot_flush(s->p) != PROT_OK) {
         s->quit = 1;
         return;
     }
-    prot_set_interrupt(s->p, service_stopping);
-    r = prot_getline(s->p, &s->line, IMAP_IDLE_LINE_MAX, NULL);
-    prot_set_interrupt(s->p, NULL);
+    if (polling) {
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = imap_idle_alarm;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = 0;        /* no SA_RESTART: poll() returns EINTR */
+        sigaction(SIGALRM, &sa, &old);
+        imap_idle_session = s;
+    }
+    for (;;) {
+        if (polling)
+            imap_idle_timer(1);
+        prot_set_interrupt(s->p, polling ? imap_idle_check
+                                         : service_stopping);
+        r = prot_getline(s->p, &s->line, IMAP_IDLE_LINE_MAX, NULL);
+        prot_set_interrupt(s->p, NULL);
+        if (polling)
+            imap_idle_timer(0);
+        if (r == PROT_INTERRUPTED && !service_stopping()) {
+            buf_append(&acc, s->line.s, s->line.len);
+            if (acc.len > IMAP_IDLE_LINE_MAX) {
+                r = PROT_TOOLONG;
+                break;
+            }
+            imap_update(s);
+            if (prot_flush(s->p) != PROT_OK) {
+                r = PROT_IOERROR;
+                break;
+            }
+            continue;
+        }
+        if (r == PROT_OK) {
+            buf_append(&acc, s->line.s, s->line.len);
+            buf_setmap(&s->line, acc.s ? acc.s : "", acc.len);
+        }
+        break;
+    }
+    if (polling) {
+        sigaction(SIGALRM, &old, NULL);
+        imap_idle_session = NULL;
+    }
+    buf_free(&acc);
     switch (r) {
     case PROT_OK:
         if (strcasecmp(buf_cstring(&s->line), "DONE") == 0)
@@ -1246,24 +2291,389 @@ static void imap_cmd_idle(struct imap_session *s)
     }
 }
 
-/* APPEND: the message literal is read and dropped (a synchronizing one
- * was refused by imap_continue before the client sent it). */
+/* ---- APPEND, COPY, MOVE ---------------------------------------------- */
+
+/* Set keywords (by name, created as needed) on message uid of mb, which
+ * is open and unlocked.  Unknown-to-IMAP names are skipped. */
+static int imap_add_keywords(struct mailbox *mb, uint32_t uid,
+                             const char *const *names, size_t n)
+{
+    struct mailbox_record rec;
+    uint32_t recno;
+    int r, ur;
+
+    if (!n)
+        return STORE_OK;
+    r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+    if (r != STORE_OK)
+        return r;
+    r = mailbox_find_uid(mb, uid, &recno);
+    if (r == STORE_OK)
+        r = mailbox_read_record(mb, recno, &rec);
+    if (r == STORE_OK) {
+        struct mailbox_record old = rec;
+
+        for (size_t i = 0; i < n; i++) {
+            int num;
+
+            if (names[i][0] == '\\')
+                continue;
+            if (mailbox_user_flag(mb, names[i], 1, &num) == STORE_OK)
+                rec.user_flags[num / 32] |= 1u << (num % 32);
+        }
+        if (memcmp(rec.user_flags, old.user_flags,
+                   sizeof(rec.user_flags)) != 0)
+            r = mailbox_rewrite_record(mb, recno, &rec);
+    }
+    ur = mailbox_unlock(mb);
+    return r == STORE_OK ? ur : r;
+}
+
+/* System flags of an APPEND flag list (unknown \flags ignored). */
+static uint32_t imap_sysflags_of(const struct imapparse_strlist *l)
+{
+    uint32_t f = 0;
+
+    for (size_t i = 0; i < l->n; i++) {
+        const char *n = l->s[i];
+
+        if (strcasecmp(n, "\\Answered") == 0) f |= MAILBOX_FLAG_ANSWERED;
+        else if (strcasecmp(n, "\\Flagged") == 0) f |= MAILBOX_FLAG_FLAGGED;
+        else if (strcasecmp(n, "\\Deleted") == 0) f |= MAILBOX_FLAG_DELETED;
+        else if (strcasecmp(n, "\\Seen") == 0) f |= MAILBOX_FLAG_SEEN;
+        else if (strcasecmp(n, "\\Draft") == 0) f |= MAILBOX_FLAG_DRAFT;
+    }
+    return f;
+}
+
+/* The system flags a user with `rights` may set on a new message. */
+static uint32_t imap_settable(int rights)
+{
+    uint32_t m = 0;
+
+    if (rights & ACL_SEEN)
+        m |= MAILBOX_FLAG_SEEN;
+    if (rights & ACL_DELETEMSG)
+        m |= MAILBOX_FLAG_DELETED;
+    if (rights & ACL_WRITE)
+        m |= MAILBOX_FLAG_ANSWERED | MAILBOX_FLAG_FLAGGED |
+             MAILBOX_FLAG_DRAFT;
+    return m;
+}
+
+/* The destination of APPEND/COPY/MOVE (cmd.arg[0]): looked up with the
+ * i right and opened.  STORE_OK, or an error answered here (NO
+ * [TRYCREATE] for a missing mailbox) when answer is set. */
+static int imap_dest_open(struct imap_session *s, int answer,
+                          struct mboxlist_entry **e_r, struct mailbox **mb_r)
+{
+    struct buf name = BUF_INITIALIZER;
+    const char *err = NULL;
+    struct buf tmp = BUF_INITIALIZER;
+    int r;
+
+    *mb_r = NULL;
+    *e_r = NULL;
+    r = imap_to_internal(s, imap_strip_sep(s, s->cmd.arg[0], &tmp), &name,
+                         &err);
+    buf_free(&tmp);
+    if (r != STORE_OK) {
+        if (answer)
+            imap_tagged(s, "NO", "[CANNOT] Invalid mailbox name: %s",
+                        err ? err : store_strerror(r));
+        buf_free(&name);
+        return r;
+    }
+    r = imap_lookup(s, buf_cstring(&name), ACL_INSERT, e_r);
+    if (r == STORE_OK)
+        r = mailbox_open(s->srv->conf, (*e_r)->name, (*e_r)->partition,
+                         mb_r);
+    if (r != STORE_OK) {
+        mboxlist_entry_free(e_r);
+        if (answer) {
+            if (r == STORE_NOTFOUND)
+                imap_tagged(s, "NO", "[TRYCREATE] Mailbox does not exist");
+            else
+                imap_store_no(s, r);
+        }
+    }
+    buf_free(&name);
+    return r;
+}
+
+/* APPEND: the message literal is streamed into a staging file, then put
+ * in through append_add()/append_commit(), as lmtpd does. */
 static void imap_cmd_append(struct imap_session *s)
 {
-    int r = PROT_OK;
+    const struct imapparse_append *ap = &s->cmd.append;
+    struct mboxlist_entry *e = NULL;
+    struct mailbox *mb = NULL;
+    struct append_stage *st = NULL;
+    struct append_txn *t = NULL;
+    struct buf chunk = BUF_INITIALIZER;
+    size_t left = ap->size;
+    uint32_t uid = 0, uidvalidity = 0;
+    int r, werr, pr;
 
-    if (s->cmd.append.size)
-        r = prot_read(s->p, NULL, s->cmd.append.size);
-    if (r != PROT_OK) {
+    r = imap_dest_open(s, 0, &e, &mb);
+    if (r == STORE_OK)
+        r = append_stage_open(s->srv->conf, e->partition, &st);
+    werr = r;
+    while (left > 0) {
+        size_t n = 0;
+
+        buf_reset(&chunk);
+        pr = prot_read_some(s->p, &chunk, left < 65536 ? left : 65536, &n);
+        if (pr != PROT_OK) {
+            s->quit = 1;
+            goto out;
+        }
+        if (werr == STORE_OK)
+            werr = append_stage_write(st, chunk.s, n);
+        left -= n;
+    }
+    pr = imapparse_append_end(s->p, &s->opts, &s->cmd);
+    if (!imapparse_in_sync(pr)) {
         s->quit = 1;
+        goto out;
+    }
+    if (pr != IMAPPARSE_OK) {
+        imap_tagged(s, "BAD", "%s", s->cmd.error);
+        goto out;
+    }
+    if (r == STORE_NOTFOUND) {
+        imap_tagged(s, "NO", "[TRYCREATE] Mailbox does not exist");
+        goto out;
+    }
+    r = werr;
+    if (r == STORE_OK)
+        r = append_stage_close(st);
+    if (r == STORE_OK)
+        r = append_begin(s->srv->conf, &t);
+    if (r == STORE_OK) {
+        int rights = imap_rights(s, e->acl);
+
+        r = append_add(t, mb, st, ap->date_set ? (int64_t)ap->date : 0,
+                       imap_sysflags_of(&ap->flags) & imap_settable(rights),
+                       0, &uid);
+        if (r == STORE_OK)
+            r = append_commit(t);
+        else
+            append_abort(t);
+        if (r == STORE_OK && (rights & ACL_WRITE) && ap->flags.n) {
+            int kr = imap_add_keywords(mb, uid, ap->flags.s, ap->flags.n);
+
+            if (kr != STORE_OK)
+                log_error("imap: keywords of an appended message lost "
+                          "mailbox=<%s> uid=<%u> error=<%s>", e->name,
+                          (unsigned)uid, store_strerror(kr));
+        }
+        uidvalidity = mailbox_get_header(mb)->uidvalidity;
+    }
+    if (r != STORE_OK) {
+        imap_store_no(s, r);
+        goto out;
+    }
+    log_info("imap: append user=<%s> mailbox=<%s> uid=<%u> size=<%zu>",
+             s->userid, e->name, (unsigned)uid, ap->size);
+    imap_tagged(s, "OK", "[APPENDUID %u %u] APPEND completed",
+                (unsigned)uidvalidity, (unsigned)uid);
+out:
+    append_free(&t);
+    append_stage_free(&st);
+    mailbox_close(&mb);
+    mboxlist_entry_free(&e);
+    buf_free(&chunk);
+}
+
+/* A copy of a message file in a new staging file on `partition`. */
+static int imap_stage_copy(struct imap_session *s, uint32_t uid,
+                           const char *partition, struct append_stage **st_r)
+{
+    char data[65536];
+    int fd = -1, r;
+
+    *st_r = NULL;
+    r = mailbox_open_message(s->sel, uid, &fd);
+    if (r == STORE_OK)
+        r = append_stage_open(s->srv->conf, partition, st_r);
+    while (r == STORE_OK) {
+        ssize_t n = read(fd, data, sizeof(data));
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            r = STORE_IOERROR;
+        else if (n == 0)
+            break;
+        else
+            r = append_stage_write(*st_r, data, (size_t)n);
+    }
+    if (r == STORE_OK)
+        r = append_stage_close(*st_r);
+    if (fd >= 0)
+        close(fd);
+    if (r != STORE_OK)
+        append_stage_free(st_r);
+    return r;
+}
+
+/* COPY / MOVE (RFC 6851) and their UID forms: every message goes through
+ * the append path (one commit round for all), with its flags and
+ * internal date; MOVE then expunges the sources. */
+static void imap_cmd_copy(struct imap_session *s, int move)
+{
+    struct mboxlist_entry *e = NULL;
+    struct mailbox *dst = NULL;
+    struct append_txn *t = NULL;
+    struct append_stage **stages = NULL;
+    struct mailbox_record *recs = NULL;
+    uint32_t *newuids = NULL;
+    size_t n = 0;
+    struct buf srcset = BUF_INITIALIZER, dstset = BUF_INITIALIZER;
+    struct buf names = BUF_INITIALIZER;
+    uint32_t sprev = 0, dprev = 0, uidvalidity = 0;
+    int srun = 0, drun = 0, r, rights;
+
+    if (imap_check_set(s) != 0)
+        return;
+    if (move && (s->sel_readonly || !(s->sel_rights & ACL_EXPUNGE) ||
+                 !(s->sel_rights & ACL_DELETEMSG))) {
+        imap_tagged(s, "NO", "[NOPERM] Cannot remove messages from this "
+                             "mailbox");
         return;
     }
-    r = imapparse_append_end(s->p, &s->opts, &s->cmd);
-    if (!imapparse_in_sync(r)) {
-        s->quit = 1;
+    if (imap_dest_open(s, 1, &e, &dst) != STORE_OK)
         return;
+    rights = imap_rights(s, e->acl);
+    /* the messages, in uid order */
+    recs = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*recs));
+    newuids = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*newuids));
+    stages = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*stages));
+    if (!recs || !newuids || !stages) {
+        r = STORE_NOMEM;
+        goto fail;
     }
-    imap_tagged(s, "NO", "[CANNOT] APPEND is not implemented yet");
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    if (r != STORE_OK)
+        goto fail;
+    for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
+        uint32_t recno;
+        int rr;
+
+        if (s->msgs[i].gone || !imap_in_set(s, &s->cmd.set, i))
+            continue;
+        rr = imap_read_uid(s, s->sel, s->msgs[i].uid, &recno, &recs[n]);
+        if (rr == STORE_OK)
+            n++;
+        else if (rr != STORE_NOTFOUND)
+            r = rr;
+    }
+    mailbox_unlock(s->sel);
+    if (r != STORE_OK)
+        goto fail;
+    if (n == 0) {
+        /* RFC 3501: an empty set copies nothing */
+        imap_tagged(s, "OK", "%s completed (no messages)", s->cmd.name);
+        goto out;
+    }
+    r = append_begin(s->srv->conf, &t);
+    for (size_t k = 0; k < n && r == STORE_OK; k++) {
+        r = imap_stage_copy(s, recs[k].uid, e->partition, &stages[k]);
+        if (r == STORE_OK)
+            r = append_add(t, dst, stages[k], recs[k].internaldate,
+                           recs[k].flags & MAILBOX_SYSTEM_FLAGS &
+                           imap_settable(rights), 0, &newuids[k]);
+    }
+    if (r == STORE_OK)
+        r = append_commit(t);
+    else if (t)
+        append_abort(t);
+    if (r != STORE_OK)
+        goto fail;
+    uidvalidity = mailbox_get_header(dst)->uidvalidity;
+    /* keywords, by name */
+    if (rights & ACL_WRITE) {
+        for (size_t k = 0; k < n; k++) {
+            const char *kw[MAILBOX_USER_FLAGS];
+            size_t nkw = 0;
+
+            for (int b = 0; b < MAILBOX_USER_FLAGS; b++) {
+                const char *nm;
+
+                if (!(recs[k].user_flags[b / 32] & (1u << (b % 32))))
+                    continue;
+                nm = mailbox_user_flag_name(s->sel, b);
+                if (nm)
+                    kw[nkw++] = nm;
+            }
+            if (nkw && imap_add_keywords(dst, newuids[k], kw, nkw)
+                           != STORE_OK)
+                log_error("imap: keywords of a copied message lost "
+                          "mailbox=<%s> uid=<%u>", e->name,
+                          (unsigned)newuids[k]);
+        }
+    }
+    for (size_t k = 0; k < n; k++) {
+        imap_set_add(&srcset, recs[k].uid, &sprev, &srun);
+        imap_set_add(&dstset, newuids[k], &dprev, &drun);
+    }
+    imap_set_end(&srcset, sprev, srun);
+    imap_set_end(&dstset, dprev, drun);
+    if (!move) {
+        imap_tagged(s, "OK", "[COPYUID %u %s %s] %s completed",
+                    (unsigned)uidvalidity, buf_cstring(&srcset),
+                    buf_cstring(&dstset), s->cmd.name);
+        goto out;
+    }
+    /* MOVE: expunge the sources */
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_EXCLUSIVE);
+    if (r == STORE_OK) {
+        int ur;
+
+        for (size_t k = 0; k < n && r == STORE_OK; k++) {
+            struct mailbox_record rec;
+            uint32_t recno;
+            int rr = imap_read_uid(s, s->sel, recs[k].uid, &recno, &rec);
+
+            if (rr == STORE_NOTFOUND)
+                continue;
+            r = rr;
+            if (r == STORE_OK) {
+                rec.flags |= MAILBOX_FLAG_EXPUNGED;
+                r = mailbox_rewrite_record(s->sel, recno, &rec);
+            }
+        }
+        ur = mailbox_unlock(s->sel);
+        if (r == STORE_OK)
+            r = ur;
+    }
+    prot_printf(s->p, "* OK [COPYUID %u %s %s] Moved\r\n",
+                (unsigned)uidvalidity, buf_cstring(&srcset),
+                buf_cstring(&dstset));
+    if (r != STORE_OK) {
+        imap_store_no(s, r);
+        goto out;
+    }
+    imap_tagged(s, "OK", "%s completed", s->cmd.name);
+    goto out;
+fail:
+    if (r == STORE_NOTFOUND)
+        imap_tagged(s, "NO", "[EXPUNGEISSUED] Some messages were expunged");
+    else
+        imap_store_no(s, r);
+out:
+    append_free(&t);
+    for (size_t k = 0; stages && k < n; k++)
+        append_stage_free(&stages[k]);
+    free(stages);
+    free(recs);
+    free(newuids);
+    buf_free(&srcset);
+    buf_free(&dstset);
+    buf_free(&names);
+    mailbox_close(&dst);
+    mboxlist_entry_free(&e);
 }
 
 /* ---- dispatch -------------------------------------------------------- */
@@ -1275,11 +2685,30 @@ static int imap_continue(void *rock, struct prot *p, size_t size, int append,
 
     (void)size;
     if (append) {
-        s->append_refused = 1;
-        *error_r = s->state == IMAP_NOTAUTH
-                       ? "Please log in first"
-                       : "[CANNOT] APPEND is not implemented yet";
-        return -1;
+        struct mboxlist_entry *e = NULL;
+        struct mailbox *mb = NULL;
+        int r;
+
+        if (s->state == IMAP_NOTAUTH) {
+            s->append_refused = 1;
+            *error_r = "Please log in first";
+            return -1;
+        }
+        /* a missing or forbidden mailbox is refused before the data */
+        r = imap_dest_open(s, 0, &e, &mb);
+        mailbox_close(&mb);
+        mboxlist_entry_free(&e);
+        if (r != STORE_OK) {
+            s->append_refused = 1;
+            snprintf(s->errbuf, sizeof(s->errbuf), "%s%s",
+                     r == STORE_NOTFOUND ? "[TRYCREATE] "
+                     : r == STORE_PERMISSION ? "[NOPERM] "
+                     : r == STORE_BADNAME ? "[CANNOT] " : "[UNAVAILABLE] ",
+                     r == STORE_NOTFOUND ? "Mailbox does not exist"
+                                         : store_strerror(r));
+            *error_r = s->errbuf;
+            return -1;
+        }
     }
     prot_puts(p, "+ Ready for more\r\n");
     if (prot_flush(p) != PROT_OK) {
@@ -1303,6 +2732,7 @@ static void imap_command(struct imap_session *s)
         imap_tagged(s, "OK", "CAPABILITY completed");
         return;
     case IMAPPARSE_CMD_NOOP:
+        /* the selected mailbox's news come with the tagged reply */
         imap_tagged(s, "OK", "NOOP completed");
         return;
     case IMAPPARSE_CMD_LOGOUT:
@@ -1422,9 +2852,18 @@ static void imap_command(struct imap_session *s)
                 imap_tagged(s, "OK", "%s completed",
                             c->id == IMAPPARSE_CMD_CLOSE ? "CLOSE"
                                                          : "UNSELECT");
+        } else if (c->id == IMAPPARSE_CMD_FETCH) {
+            imap_cmd_fetch(s);
+        } else if (c->id == IMAPPARSE_CMD_STORE) {
+            imap_cmd_store(s);
+        } else if (c->id == IMAPPARSE_CMD_EXPUNGE) {
+            imap_cmd_expunge(s);
+        } else if (c->id == IMAPPARSE_CMD_COPY) {
+            imap_cmd_copy(s, 0);
+        } else if (c->id == IMAPPARSE_CMD_MOVE) {
+            imap_cmd_copy(s, 1);
         } else {
-            imap_tagged(s, "NO", "[CANNOT] %s is not implemented yet",
-                        c->name ? c->name : "command");
+            imap_cmd_search(s);
         }
         break;
     default:
@@ -1489,7 +2928,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
             imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_REFUSED:
-            if (s.append_refused && s.state == IMAP_AUTH)
+            if (s.append_refused && s.state != IMAP_NOTAUTH)
                 imap_tagged(&s, "NO", "%s", s.cmd.error);
             else
                 imap_tagged(&s, "BAD", "%s", s.cmd.error);

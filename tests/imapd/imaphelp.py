@@ -20,7 +20,9 @@ TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, os.path.join(TESTS, "lmtpd")]
 from testlib import (MASTER, TOP_BUILDDIR, Fail, check,  # noqa: E402
                      free_port, run_tests, service_line, wait_until)
-from lmtphelp import MBTOOL, SERVERNAME, Instance, crc32c, make_sasldb  # noqa: E402,F401
+from lmtphelp import (LMTPD, MBTOOL, SERVERNAME, Conn,  # noqa: E402,F401
+                      Instance, crc32c, make_message, make_sasldb,
+                      transaction)
 
 IMAPD_DIR = os.path.join(TOP_BUILDDIR, "imapd")
 IMAPD = os.path.join(IMAPD_DIR, "imapd")
@@ -31,11 +33,16 @@ class ImapInstance(Instance):
 
     TAG_VAR = "IMAP_TEST_TAG"
 
-    def write_cyrus_conf(self, prefork=1, maxchild=10, imaps=True):
+    def write_cyrus_conf(self, prefork=1, maxchild=10, imaps=True,
+                         lmtp=True):
         self.tcp_port = free_port()
         lines = [service_line("imap", "imapd", "127.0.0.1:%d"
                               % self.tcp_port, prefork=prefork,
                               maxchild=maxchild)]
+        if lmtp:
+            # lmtpd in the same master, on a UNIX socket (trusted)
+            lines.append(service_line("lmtpunix", LMTPD, self.unix_socket,
+                                      prefork=0, maxchild=maxchild))
         if imaps:
             self.imaps_port = free_port()
             lines.append(service_line("imaps", "imapd -s", "127.0.0.1:%d"
@@ -61,6 +68,18 @@ class ImapInstance(Instance):
 
     def addr(self):
         return ("127.0.0.1", self.tcp_port)
+
+    def lmtp_deliver(self, user, message, folder=None):
+        """Deliver one message to user (user+folder) through lmtpd."""
+        rcpt = user + ("+" + folder if folder else "")
+        with Conn(self.unix_socket) as c:
+            c.reply()
+            mr, rr, dr, per = transaction(c, "sender@example.com", [rcpt],
+                                          message, lhlo="test.example.com")
+            check(len(per) == 1 and per[0].code == 250,
+                  "LMTP delivery to %s: %r %r %r %r" % (rcpt, mr, rr, dr,
+                                                        per))
+            c.cmd("QUIT")
 
 
 class ConnectionClosed(Exception):
@@ -105,6 +124,35 @@ class Raw:
     def cmd(self, tag, text):
         self.send("%s %s\r\n" % (tag, text))
         return self.until_tagged(tag)
+
+    def _read(self, n):
+        while len(self.buf) < n:
+            self._recv()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def response(self):
+        """One response with its literals: the line, and for each {n} at
+        its end the n bytes and the rest of the response, verbatim."""
+        out = b""
+        while True:
+            ln = self.line()
+            out += ln
+            m = re.search(rb"\{(\d+)\}$", ln)
+            if not m:
+                return out
+            out += b"\r\n" + self._read(int(m.group(1)))
+
+    def lcmd(self, tag, text):
+        """cmd() for responses that may hold literals (see response())."""
+        self.send("%s %s\r\n" % (tag, text))
+        out = []
+        t = tag.encode() + b" "
+        while True:
+            r = self.response()
+            out.append(r)
+            if r.startswith(t):
+                return out
 
     def starttls(self, tag="st"):
         r = self.cmd(tag, "STARTTLS")
@@ -172,4 +220,4 @@ def parse_list(lines, what="LIST"):
 
 
 def run_imap_tests(tests):
-    return run_tests(tests, "IMAP_TESTS", (MASTER, IMAPD, MBTOOL))
+    return run_tests(tests, "IMAP_TESTS", (MASTER, IMAPD, MBTOOL, LMTPD))
