@@ -4,9 +4,11 @@
 # into the store the way a delivery agent does, shows the spool, the index
 # and quota, damages and reconstructs an index, shows the cyrusdb tools on
 # the databases, and then starts the system: the master with lmtpd on a
-# UNIX socket and on TCP (127.0.0.1:${DEMO_LMTP_PORT:-2003}), delivers a
-# message with a real LMTP client, and leaves the master running (the
-# script prints how to stop it).  imapd joins when it is built.
+# UNIX socket and on TCP (127.0.0.1:${DEMO_LMTP_PORT:-2003}) and imapd on
+# 127.0.0.1:${DEMO_IMAP_PORT:-1143}, delivers a message with a real LMTP
+# client, reads it back with a real IMAP client (user demo, password
+# demo-password, from a sasldb the script makes), and leaves the master
+# running (the script prints how to stop it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/scripts/deps.sh"
@@ -29,7 +31,16 @@ mkdir -p "$dir/conf" "$dir/spool"
 cat > "$conf" <<CONF
 configdirectory: $dir/conf
 partition-default: $dir/spool
+servername: localhost
+# IMAP logins: the demo user is in a sasldb; plaintext LOGIN is allowed
+# because the demo listens on 127.0.0.1 only (use TLS anywhere else)
+sasl_pwcheck_method: auxprop
+sasl_auxprop_plugin: sasldb
+sasl_sasldb_path: $dir/sasldb2
+sasl_mech_list: PLAIN LOGIN
+allowplaintext: yes
 CONF
+printf '%s' demo-password | saslpasswd2 -p -c -f "$dir/sasldb2" -u localhost demo
 mb() { run "$bin/mbtool" -C "$conf" "$@"; }
 
 echo
@@ -86,8 +97,9 @@ run "$bin/ctl_cyrusdb" -C "$conf" -r
 run "$bin/ctl_cyrusdb" -C "$conf" -c
 
 echo
-echo "== the system: master with lmtpd (cyrus.conf), a delivery over LMTP"
+echo "== the system: master with lmtpd and imapd (cyrus.conf), a delivery over LMTP, read over IMAP"
 port=${DEMO_LMTP_PORT:-2003}
+imapport=${DEMO_IMAP_PORT:-1143}
 mb quota remove user.demo
 mb setacl user.demo.Sent anyone p
 mkdir -p "$dir/socket"
@@ -98,6 +110,7 @@ START {
 SERVICES {
   lmtpunix cmd="$PWD/lmtpd/lmtpd" listen="$dir/socket/lmtp" prefork=5 maxchild=10
   lmtp     cmd="$PWD/lmtpd/lmtpd -a" listen="127.0.0.1:$port" prefork=1 maxchild=10
+  imap     cmd="$PWD/imapd/imapd" listen="127.0.0.1:$imapport" prefork=2 maxchild=20
 }
 EVENTS {
   checkpoint cmd="$bin/ctl_cyrusdb -C $conf -c" period=30
@@ -136,9 +149,28 @@ if command -v swaks >/dev/null; then
 fi
 mb info user.demo
 mb info user.demo.Sent
+echo "\$ python3 imaplib -> 127.0.0.1:$imapport (user demo)"
+python3 - "$imapport" <<'PY'
+import imaplib, sys
+m = imaplib.IMAP4("127.0.0.1", int(sys.argv[1]))
+m.login("demo", "demo-password")
+for box in ("INBOX", "INBOX.Sent"):
+    typ, data = m.select(box, readonly=True)
+    print("%s: %s messages" % (box, data[0].decode()))
+    typ, data = m.fetch("1:*", "(UID BODY.PEEK[HEADER.FIELDS (SUBJECT FROM)])")
+    for item in data:
+        if isinstance(item, tuple):
+            hdr = item[1].decode(errors="replace").strip().replace("\r\n", " | ")
+            print("  %s  %s" % (item[0].decode().split(" (")[0], hdr))
+m.select("INBOX", readonly=True)
+typ, data = m.search(None, "FROM", "bob")
+print("SEARCH FROM bob in INBOX ->", data[0].decode() or "(none)")
+m.logout()
+PY
 
 echo
 echo "demo done; files are in $dir"
 echo "the master is still running (pid $(cat "$dir/master.pid")): deliver with"
 echo "  swaks --protocol LMTP --socket $dir/socket/lmtp --to demo@example.org"
+echo "read with any IMAP client on 127.0.0.1:$imapport, user demo, password demo-password"
 echo "stop it with: kill \$(cat $dir/master.pid)   then remove the files: rm -rf $dir"
