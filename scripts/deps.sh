@@ -13,6 +13,7 @@ packages=(
   cyrus-imapd cyrus-clients                                # compatibility tests against Cyrus 3.6
   python3                                                  # integration tests
   clang                                                    # the fuzz target (libFuzzer)
+  isync                                                    # mbsync, an IMAP client for the sync tests
   swaks libnet-ssleay-perl postfix                         # LMTP client (with TLS), upstream MTA
   sasl2-bin libsasl2-modules openssl strace                # sasldb, certificates, the benchmark's sync counts
 )
