@@ -38,8 +38,19 @@
  * mailbox_unlock()); responses are built in memory and written after the
  * lock is released, so a client slow to read holds no lock.  APPEND,
  * COPY and MOVE put messages in through store/append.h (staging file,
- * append_add(), one append_commit()), like lmtpd.  \Seen is the index
- * flag (the per-user seen database is not used yet).
+ * append_add(), one append_commit()), like lmtpd.
+ *
+ * \Seen is per user (store/seen.h; Cyrus's non-shared-seen mailboxes):
+ * SELECT/EXAMINE read the user's record of the mailbox (keyed by its
+ * unique id) into s->seen, and every record read for the client's view
+ * gets its \Seen bit from that set (imap_rec_seen()), never from the
+ * index, whose own \Seen bit imapd leaves alone.  FETCH (body without
+ * PEEK), STORE, APPEND and COPY change the set and write it back before
+ * the command answers; each update rereads it, so another session of
+ * the same user shows its \Seen changes as FETCH FLAGS.  The record is
+ * read, changed and written without a lock across the three steps: two
+ * sessions of one user changing \Seen at once may lose one change.
+ * \Seen changes do not move modseqs.
  *
  * Names.  The client sees the user's own mailboxes as INBOX and
  * INBOX<sep>child ("user.U" and "user.U.child" inside), other users'
@@ -95,6 +106,7 @@
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
 #include "store/message.h"
+#include "store/seen.h"
 #include "store/store.h"
 #include "store/subs.h"
 
@@ -154,6 +166,11 @@ struct imap_session {
     int no_expunge;              /* the command may not see EXPUNGE */
     struct stat ist;             /* cyrus.index at the last update */
     int nkeywords;               /* keywords the client was told of */
+    struct seen_db *seendb;      /* the user's seen file (opened at the
+                                    first use, closed at the end) */
+    int sel_useseen;             /* \Seen of s->sel is in s->seen (else
+                                    the index bit: no unique id) */
+    struct seen_data seen;       /* the user's seen state of s->sel */
     struct imapparse_cmd cmd;
     struct imapparse_options opts;
     struct buf line;
@@ -1023,20 +1040,157 @@ out:
     buf_free(&name);
 }
 
+/* ---- seen state ------------------------------------------------------ */
+
+/* The user's seen file, opened at the first use. */
+static int imap_seendb(struct imap_session *s, struct seen_db **db_r)
+{
+    int r = STORE_OK;
+
+    if (!s->seendb)
+        r = seen_open(s->srv->conf, s->userid, &s->seendb);
+    if (r != STORE_OK) {
+        log_error("imap: cannot open the seen state user=<%s> error=<%s>",
+                  s->userid, store_strerror(r));
+        s->seendb = NULL;
+    }
+    *db_r = s->seendb;
+    return r;
+}
+
+/* Read the user's seen state of the mailbox with unique id `uniqueid`
+ * into *d.  A value that does not parse counts as nothing seen. */
+static int imap_seen_read(struct imap_session *s, const char *uniqueid,
+                          struct seen_data *d)
+{
+    struct seen_db *db;
+    int r = imap_seendb(s, &db);
+
+    if (r == STORE_OK)
+        r = seen_read(db, uniqueid, d);
+    if (r == STORE_CORRUPT)
+        r = STORE_OK;           /* logged; *d is zeroed */
+    return r;
+}
+
+/* Reread s->seen from the seen file (another session of the user may
+ * have changed it).  On error the old state stays (logged). */
+static int imap_seen_reload(struct imap_session *s)
+{
+    int r;
+
+    if (!s->sel_useseen)
+        return STORE_OK;
+    r = imap_seen_read(s, mailbox_uniqueid(s->sel), &s->seen);
+    if (r != STORE_OK)
+        log_error("imap: cannot read the seen state user=<%s> mailbox=<%s> "
+                  "error=<%s>", s->userid, mailbox_name(s->sel),
+                  store_strerror(r));
+    return r;
+}
+
+/* Write s->seen back (after a change). */
+static int imap_seen_write(struct imap_session *s)
+{
+    struct seen_db *db;
+    int r = imap_seendb(s, &db);
+
+    if (r == STORE_OK) {
+        s->seen.lastchange = time(NULL);
+        r = seen_write(db, mailbox_uniqueid(s->sel), &s->seen);
+    }
+    if (r != STORE_OK)
+        log_error("imap: cannot write the seen state user=<%s> "
+                  "mailbox=<%s> error=<%s>", s->userid,
+                  mailbox_name(s->sel), store_strerror(r));
+    return r;
+}
+
+/* Does mailbox mb keep \Seen in the seen state (it has a unique id)? */
+static int imap_mb_useseen(struct mailbox *mb)
+{
+    const char *u = mailbox_uniqueid(mb);
+
+    return u && *u;
+}
+
+/* Add uids[0..n-1] to the user's seen state of mb (APPEND and COPY with
+ * \Seen).  Logged on error: the messages are in, only \Seen is lost. */
+static void imap_seen_add_uids(struct imap_session *s, struct mailbox *mb,
+                               const uint32_t *uids, size_t n)
+{
+    struct seen_data d = { 0, 0, 0, BUF_INITIALIZER };
+    struct seen_db *db;
+    int r;
+
+    if (n == 0)
+        return;
+    r = imap_seendb(s, &db);
+    if (r == STORE_OK)
+        r = seen_read(db, mailbox_uniqueid(mb), &d);
+    if (r == STORE_CORRUPT) {
+        buf_reset(&d.seenuids);
+        r = STORE_OK;
+    }
+    for (size_t k = 0; k < n && r == STORE_OK; k++) {
+        r = seen_set_update(&d.seenuids, uids[k], 1);
+        if (uids[k] > d.lastuid)
+            d.lastuid = uids[k];
+    }
+    if (r == STORE_OK) {
+        d.lastchange = time(NULL);
+        r = seen_write(db, mailbox_uniqueid(mb), &d);
+    }
+    if (r != STORE_OK)
+        log_error("imap: \\Seen of new messages lost user=<%s> "
+                  "mailbox=<%s> error=<%s>", s->userid, mailbox_name(mb),
+                  store_strerror(r));
+    seen_data_free(&d);
+}
+
+/* The record's flags as this user sees them: \Seen from the seen state. */
+static void imap_rec_seen(struct imap_session *s, struct mailbox_record *rec)
+{
+    if (!s->sel_useseen)
+        return;
+    rec->flags &= ~(uint32_t)MAILBOX_FLAG_SEEN;
+    if (seen_set_contains(buf_cstring(&s->seen.seenuids), rec->uid))
+        rec->flags |= MAILBOX_FLAG_SEEN;
+}
+
+/* Set (add != 0) or clear uid's \Seen in s->seen. */
+static int imap_seen_set(struct imap_session *s, uint32_t uid, int add)
+{
+    int r = seen_set_update(&s->seen.seenuids, uid, add);
+
+    if (r == STORE_CORRUPT) {
+        buf_reset(&s->seen.seenuids);   /* unreadable: start afresh */
+        r = seen_set_update(&s->seen.seenuids, uid, add);
+    }
+    if (r == STORE_OK && add && uid > s->seen.lastuid)
+        s->seen.lastuid = uid;
+    return r;
+}
+
 static void imap_cmd_status(struct imap_session *s)
 {
     struct buf name = BUF_INITIALIZER;
     struct mboxlist_entry *e = NULL;
     struct mailbox *mb = NULL;
     struct mailbox_header h;
+    struct seen_data sd = { 0, 0, 0, BUF_INITIALIZER };
     uint32_t unseen = 0;
-    int r, locked = 0;
+    int r, locked = 0, useseen = 0;
 
     if (imap_name_arg(s, 0, &name) != 0)
         goto out;
     r = imap_lookup(s, buf_cstring(&name), ACL_READ, &e);
     if (r == STORE_OK)
         r = mailbox_open(s->srv->conf, e->name, e->partition, &mb);
+    if (r == STORE_OK && mailbox_uniqueid(mb) && *mailbox_uniqueid(mb)) {
+        useseen = 1;
+        r = imap_seen_read(s, mailbox_uniqueid(mb), &sd);
+    }
     if (r == STORE_OK)
         r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);
     if (r == STORE_OK) {
@@ -1049,13 +1203,16 @@ static void imap_cmd_status(struct imap_session *s)
             if (r == STORE_OK &&
                 !(rec.flags & (MAILBOX_FLAG_EXPUNGED |
                                MAILBOX_FLAG_ABORTED)) &&
-                !(rec.flags & MAILBOX_FLAG_SEEN))
+                !(useseen ? seen_set_contains(buf_cstring(&sd.seenuids),
+                                              rec.uid) != 0
+                          : (rec.flags & MAILBOX_FLAG_SEEN) != 0))
                 unseen++;
         }
     }
     if (locked)
         mailbox_unlock(mb);
     mailbox_close(&mb);
+    seen_data_free(&sd);
     if (r != STORE_OK) {
         imap_store_no(s, r);
         goto out;
@@ -1137,6 +1294,8 @@ static int imap_unselect(struct imap_session *s, int expunge)
         }
     }
     mailbox_close(&s->sel);
+    seen_data_free(&s->seen);
+    s->sel_useseen = 0;
     free(s->msgs);
     s->msgs = NULL;
     s->nmsgs = s->msgalloc = 0;
@@ -1196,6 +1355,12 @@ static void imap_cmd_select(struct imap_session *s, int examine)
         if (stat(buf_cstring(&ipath), &s->ist) != 0)
             memset(&s->ist, 0, sizeof(s->ist));
         buf_free(&ipath);
+        if (mailbox_uniqueid(s->sel) && *mailbox_uniqueid(s->sel)) {
+            s->sel_useseen = 1;
+            r = imap_seen_read(s, mailbox_uniqueid(s->sel), &s->seen);
+        }
+    }
+    if (r == STORE_OK) {
         r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
     }
     if (r == STORE_OK) {
@@ -1209,6 +1374,7 @@ static void imap_cmd_select(struct imap_session *s, int examine)
                 (rec.flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED)))
                 continue;
             seq++;
+            imap_rec_seen(s, &rec);
             if (!firstunseen && !(rec.flags & MAILBOX_FLAG_SEEN))
                 firstunseen = seq;
             if (imap_msgs_push(s, &rec) != 0)
@@ -1395,6 +1561,7 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
             return r;
         if (rec.flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED))
             continue;
+        imap_rec_seen(s, &rec);
         /* view entries with smaller uids are gone */
         while (i < oldn && s->msgs[i].uid < rec.uid)
             s->msgs[i++].gone = 1;
@@ -1446,6 +1613,7 @@ static void imap_update(struct imap_session *s)
         return;
     s->in_update = 1;
     imap_index_stat(s, &s->ist);
+    imap_seen_reload(s);
     r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
     if (r == STORE_OK) {
         r = imap_reconcile(s, !s->no_expunge, &out);
@@ -1726,7 +1894,7 @@ static void imap_cmd_fetch(struct imap_session *s)
 {
     const struct imapparse_fetch *f = &s->cmd.fetch;
     int needmsg = 0, setseen = 0, wantflags = 0, wantuid = 0;
-    int wantmodseq = 0, failed = 0, r, ur;
+    int wantmodseq = 0, failed = 0, seenchanged = 0, r, ur;
     struct imap_fetch_item *items = NULL;
     size_t nitems = 0;
     struct buf out = BUF_INITIALIZER;
@@ -1751,8 +1919,16 @@ static void imap_cmd_fetch(struct imap_session *s)
         imap_store_no(s, STORE_NOMEM);
         return;
     }
-    r = mailbox_lock(s->sel, setseen ? MAILBOX_LOCK_EXCLUSIVE
-                                     : MAILBOX_LOCK_SHARED);
+    /* changes start from the stored state (another session of the user
+     * may have changed it) */
+    if (setseen && s->sel_useseen && imap_seen_reload(s) != STORE_OK) {
+        free(items);
+        imap_store_no(s, STORE_IOERROR);
+        return;
+    }
+    r = mailbox_lock(s->sel, setseen && !s->sel_useseen
+                                 ? MAILBOX_LOCK_EXCLUSIVE
+                                 : MAILBOX_LOCK_SHARED);
     if (r != STORE_OK) {
         free(items);
         imap_store_no(s, r);
@@ -1775,7 +1951,14 @@ static void imap_cmd_fetch(struct imap_session *s)
         if (f->changedsince_set && it->rec.modseq <= f->changedsince)
             continue;
         it->idx = i;
-        if (setseen && !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+        imap_rec_seen(s, &it->rec);
+        if (setseen && s->sel_useseen &&
+            !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+            r = imap_seen_set(s, it->rec.uid, 1);
+            it->rec.flags |= MAILBOX_FLAG_SEEN;
+            it->markseen = 1;
+            seenchanged = 1;
+        } else if (setseen && !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
             it->rec.flags |= MAILBOX_FLAG_SEEN;
             r = mailbox_rewrite_record(s->sel, recno, &it->rec);
             if (r == STORE_OK)
@@ -1787,6 +1970,10 @@ static void imap_cmd_fetch(struct imap_session *s)
     ur = mailbox_unlock(s->sel);
     if (r == STORE_OK)
         r = ur;
+    if (r == STORE_OK && seenchanged)
+        r = imap_seen_write(s);
+    else if (seenchanged)
+        imap_seen_reload(s);    /* forget the unwritten change */
     for (size_t n = 0; n < nitems && r == STORE_OK; n++) {
         struct imap_fetch_item *it = &items[n];
         struct imap_msg *m = &s->msgs[it->idx];
@@ -1928,7 +2115,7 @@ static void imap_cmd_store(struct imap_session *s)
     uint32_t sys, user[MAILBOX_USER_FLAGS / 32], changeable;
     struct buf modified = BUF_INITIALIZER, resp = BUF_INITIALIZER;
     uint32_t mprev = 0;
-    int mrun = 0, bad = 0, r, ur;
+    int mrun = 0, bad = 0, r, ur, seenchanged = 0;
     const char *err = NULL;
     int kwok;
 
@@ -1942,6 +2129,11 @@ static void imap_cmd_store(struct imap_session *s)
         s->condstore = 1;
     changeable = imap_changeable(s);
     kwok = (s->sel_rights & ACL_WRITE) != 0;
+    /* changes start from the stored seen state */
+    if (s->sel_useseen && imap_seen_reload(s) != STORE_OK) {
+        imap_store_no(s, STORE_IOERROR);
+        return;
+    }
     r = mailbox_lock(s->sel, MAILBOX_LOCK_EXCLUSIVE);
     if (r != STORE_OK) {
         imap_store_no(s, r);
@@ -1962,7 +2154,7 @@ static void imap_cmd_store(struct imap_session *s)
     for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
         struct imap_msg *m = &s->msgs[i];
         struct mailbox_record rec, old;
-        uint32_t recno;
+        uint32_t recno, idxseen;
         int rr;
 
         if (m->gone || !imap_in_set(s, &s->cmd.set, i))
@@ -1979,6 +2171,9 @@ static void imap_cmd_store(struct imap_session *s)
                          &mprev, &mrun);
             continue;
         }
+        /* the index's own \Seen bit is kept; the user's is in s->seen */
+        idxseen = rec.flags & MAILBOX_FLAG_SEEN;
+        imap_rec_seen(s, &rec);
         old = rec;
         switch (st->op) {
         case IMAPPARSE_STORE_ADD:
@@ -1998,6 +2193,18 @@ static void imap_cmd_store(struct imap_session *s)
                 memcpy(rec.user_flags, user, sizeof(user));
             break;
         }
+        if (s->sel_useseen) {
+            uint32_t seen = rec.flags & MAILBOX_FLAG_SEEN;
+
+            if (seen != (old.flags & MAILBOX_FLAG_SEEN)) {
+                r = imap_seen_set(s, rec.uid, seen != 0);
+                if (r != STORE_OK)
+                    break;
+                seenchanged = 1;
+            }
+            rec.flags = (rec.flags & ~(uint32_t)MAILBOX_FLAG_SEEN) | idxseen;
+            old.flags = (old.flags & ~(uint32_t)MAILBOX_FLAG_SEEN) | idxseen;
+        }
         if (rec.flags != old.flags ||
             memcmp(rec.user_flags, old.user_flags,
                    sizeof(rec.user_flags)) != 0) {
@@ -2007,6 +2214,7 @@ static void imap_cmd_store(struct imap_session *s)
             if (r != STORE_OK)
                 break;
         }
+        imap_rec_seen(s, &rec);
         if (!st->silent || (s->condstore && rec.modseq != old.modseq)) {
             if (st->silent) {
                 buf_printf(&resp, "* %zu FETCH (UID %u MODSEQ (%llu))\r\n",
@@ -2021,6 +2229,16 @@ static void imap_cmd_store(struct imap_session *s)
     ur = mailbox_unlock(s->sel);
     if (r == STORE_OK)
         r = ur;
+    /* the seen state goes to its file after the index's changes: written
+     * even when a later message failed, like those changes */
+    if (seenchanged) {
+        int sr = imap_seen_write(s);
+
+        if (r == STORE_OK)
+            r = sr;
+        if (sr != STORE_OK)
+            imap_seen_reload(s);
+    }
     if (resp.len)
         prot_write(s->p, resp.s, resp.len);
     buf_free(&resp);
@@ -2098,6 +2316,10 @@ static void imap_cmd_search(struct imap_session *s)
     sp.nmsgs = (uint32_t)s->nmsgs;
     sp.utf8 = c->utf8;
     sp.return_uids = c->uid;
+    if (s->sel_useseen) {
+        sp.seen = search_seen_set;
+        sp.rock = (void *)buf_cstring(&s->seen.seenuids);
+    }
     r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
     if (r == STORE_OK) {
         r = search_run(&sp, c->search, &res);
@@ -2413,7 +2635,7 @@ static void imap_cmd_append(struct imap_session *s)
     struct buf chunk = BUF_INITIALIZER;
     size_t left = ap->size;
     uint32_t uid = 0, uidvalidity = 0;
-    int r, werr, pr;
+    int r, werr, pr, seenit = 0;
 
     r = imap_dest_open(s, 0, &e, &mb);
     if (r == STORE_OK)
@@ -2452,10 +2674,14 @@ static void imap_cmd_append(struct imap_session *s)
         r = append_begin(s->srv->conf, &t);
     if (r == STORE_OK) {
         int rights = imap_rights(s, e->acl);
+        uint32_t fl = imap_sysflags_of(&ap->flags) & imap_settable(rights);
 
+        /* the user's \Seen goes to the seen state, not the index */
+        seenit = imap_mb_useseen(mb) && (fl & MAILBOX_FLAG_SEEN);
+        if (seenit)
+            fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
         r = append_add(t, mb, st, ap->date_set ? (int64_t)ap->date : 0,
-                       imap_sysflags_of(&ap->flags) & imap_settable(rights),
-                       0, &uid);
+                       fl, 0, &uid);
         if (r == STORE_OK)
             r = append_commit(t);
         else
@@ -2474,6 +2700,8 @@ static void imap_cmd_append(struct imap_session *s)
         imap_store_no(s, r);
         goto out;
     }
+    if (seenit)
+        imap_seen_add_uids(s, mb, &uid, 1);
     log_info("imap: append user=<%s> mailbox=<%s> uid=<%u> size=<%zu>",
              s->userid, e->name, (unsigned)uid, ap->size);
     imap_tagged(s, "OK", "[APPENDUID %u %u] APPEND completed",
@@ -2528,12 +2756,12 @@ static void imap_cmd_copy(struct imap_session *s, int move)
     struct append_txn *t = NULL;
     struct append_stage **stages = NULL;
     struct mailbox_record *recs = NULL;
-    uint32_t *newuids = NULL;
+    uint32_t *newuids = NULL, *seenuids = NULL;
     size_t n = 0;
     struct buf srcset = BUF_INITIALIZER, dstset = BUF_INITIALIZER;
     struct buf names = BUF_INITIALIZER;
     uint32_t sprev = 0, dprev = 0, uidvalidity = 0;
-    int srun = 0, drun = 0, r, rights;
+    int srun = 0, drun = 0, r, rights, dstseen;
 
     if (imap_check_set(s) != 0)
         return;
@@ -2546,11 +2774,13 @@ static void imap_cmd_copy(struct imap_session *s, int move)
     if (imap_dest_open(s, 1, &e, &dst) != STORE_OK)
         return;
     rights = imap_rights(s, e->acl);
+    dstseen = imap_mb_useseen(dst);
     /* the messages, in uid order */
     recs = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*recs));
     newuids = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*newuids));
+    seenuids = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*seenuids));
     stages = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*stages));
-    if (!recs || !newuids || !stages) {
+    if (!recs || !newuids || !seenuids || !stages) {
         r = STORE_NOMEM;
         goto fail;
     }
@@ -2565,7 +2795,7 @@ static void imap_cmd_copy(struct imap_session *s, int move)
             continue;
         rr = imap_read_uid(s, s->sel, s->msgs[i].uid, &recno, &recs[n]);
         if (rr == STORE_OK)
-            n++;
+            imap_rec_seen(s, &recs[n++]);
         else if (rr != STORE_NOTFOUND)
             r = rr;
     }
@@ -2580,10 +2810,18 @@ static void imap_cmd_copy(struct imap_session *s, int move)
     r = append_begin(s->srv->conf, &t);
     for (size_t k = 0; k < n && r == STORE_OK; k++) {
         r = imap_stage_copy(s, recs[k].uid, e->partition, &stages[k]);
-        if (r == STORE_OK)
+        if (r == STORE_OK) {
+            uint32_t fl = recs[k].flags & MAILBOX_SYSTEM_FLAGS &
+                          imap_settable(rights);
+
+            /* the user's \Seen goes to the seen state of dst */
+            if (dstseen && (fl & MAILBOX_FLAG_SEEN))
+                fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
+            else
+                recs[k].flags &= ~(uint32_t)MAILBOX_FLAG_SEEN;
             r = append_add(t, dst, stages[k], recs[k].internaldate,
-                           recs[k].flags & MAILBOX_SYSTEM_FLAGS &
-                           imap_settable(rights), 0, &newuids[k]);
+                           fl, 0, &newuids[k]);
+        }
     }
     if (r == STORE_OK)
         r = append_commit(t);
@@ -2591,6 +2829,15 @@ static void imap_cmd_copy(struct imap_session *s, int move)
         append_abort(t);
     if (r != STORE_OK)
         goto fail;
+    if (dstseen) {
+        size_t ns = 0;
+
+        /* the new uids of the messages copied with \Seen */
+        for (size_t k = 0; k < n; k++)
+            if (recs[k].flags & MAILBOX_FLAG_SEEN)
+                seenuids[ns++] = newuids[k];
+        imap_seen_add_uids(s, dst, seenuids, ns);
+    }
     uidvalidity = mailbox_get_header(dst)->uidvalidity;
     /* keywords, by name */
     if (rights & ACL_WRITE) {
@@ -2669,6 +2916,7 @@ out:
     free(stages);
     free(recs);
     free(newuids);
+    free(seenuids);
     buf_free(&srcset);
     buf_free(&dstset);
     buf_free(&names);
@@ -2961,6 +3209,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         log_info("imap: logout user=<%s> peer=<%s>", s.userid, conn->peer);
 out:
     imap_unselect(&s, 0);
+    seen_close(&s.seendb);
     imapparse_cmd_free(&s.cmd);
     buf_free(&s.line);
     buf_free(&s.inbox);

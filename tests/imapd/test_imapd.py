@@ -413,12 +413,18 @@ def test_select_examine_close():
         i.mbtool("deliver", "-D", "-m", "Sel", "alice",
                  input=b"Subject: %d\r\n\r\nbody\r\n" % n)
     d = i.mailbox_dir("user.alice.Sel")
-    add_flags(d, 0, FLAG_SEEN)
+    # the index's shared \Seen bit is not the user's \Seen
+    add_flags(d, 1, FLAG_SEEN)
     add_flags(d, 2, FLAG_DELETED)
     with Raw(i.addr()) as c:
         c.line()
         c.starttls()
         c.cmd("a0", "LOGIN alice s3cret-pw")
+        r = c.cmd("s0", "SELECT INBOX.Sel")
+        check(r[-1].startswith(b"s0 OK") and
+              b"* OK [UNSEEN 1] First unseen" in r, "SELECT %r" % r)
+        r = c.cmd("s1", "STORE 1 +FLAGS.SILENT (\\Seen)")
+        check(r == [b"s1 OK STORE completed"], "STORE %r" % r)
         r = c.cmd("a1", "EXAMINE INBOX.Sel")
         text = b"\n".join(r)
         for want in (rb"^\* FLAGS \(\\Answered \\Flagged \\Deleted "
@@ -777,6 +783,86 @@ def test_store_expunge_two_sessions():
     i.mbtool("check", "user.alice.Two")
 
 
+def index_flags(directory, recno):
+    """The system flag bits of record recno of DIR/cyrus.index."""
+    import struct
+    with open(os.path.join(directory, "cyrus.index"), "rb") as f:
+        f.seek(4096 + recno * 128)
+        return struct.unpack_from("<I", f.read(128), 4)[0]
+
+
+def test_seen_per_user():
+    """\\Seen is per user (the seen-state database), not the index's."""
+    i = inst()
+    i.create("user.alice.Shared", {"bob": "lrs"})
+    for n in range(3):
+        i.mbtool("deliver", "-D", "-m", "Shared", "alice",
+                 input=b"Subject: %d\r\n\r\nbody %d\r\n" % (n, n))
+    d = i.mailbox_dir("user.alice.Shared")
+    with Raw(i.addr()) as a, Raw(i.addr()) as b:
+        raw_login(a)
+        raw_login(b, "bob", BOB_PW)
+        r = ok(a.cmd("a1", "SELECT INBOX.Shared"), "a1")
+        check(b"* OK [UNSEEN 1] First unseen" in r, "SELECT %r" % r)
+        r = ok(b.cmd("b1", "SELECT user.alice.Shared"), "b1")
+        check(b"READ-WRITE" in r[-1] and b"\\Seen" in
+              next(ln for ln in r if b"PERMANENTFLAGS" in ln), "%r" % r)
+        # a body fetch sets alice's \Seen, STORE another
+        r = ok(a.cmd("a2", "FETCH 1 BODY[TEXT]"), "a2")
+        check(b"FLAGS (\\Seen)" in b"".join(r), "FETCH BODY %r" % r)
+        r = ok(a.cmd("a3", "STORE 2 +FLAGS (\\Seen \\Flagged)"), "a3")
+        check(r[0] == b"* 2 FETCH (FLAGS (\\Flagged \\Seen) UID 2)",
+              "STORE %r" % r)
+        # the index's shared \Seen bit stays clear
+        check(not index_flags(d, 0) & FLAG_SEEN and
+              not index_flags(d, 1) & FLAG_SEEN, "index \\Seen set")
+        # bob: \Flagged (shared) shows on NOOP, alice's \Seen does not
+        r = ok(b.cmd("b2", "NOOP"), "b2")
+        check(r[:-1] == [b"* 2 FETCH (FLAGS (\\Flagged) UID 2)"],
+              "bob NOOP %r" % r)
+        r = ok(b.cmd("b3", "FETCH 1:3 FLAGS"), "b3")
+        check(r[:-1] == [b"* 1 FETCH (FLAGS ())",
+                         b"* 2 FETCH (FLAGS (\\Flagged))",
+                         b"* 3 FETCH (FLAGS ())"], "bob FETCH %r" % r)
+        r = ok(b.cmd("b4", "SEARCH UNSEEN"), "b4")
+        check(r[0] == b"* SEARCH 1 2 3", "bob SEARCH %r" % r)
+        r = ok(b.cmd("b5", "STORE 3 +FLAGS (\\Seen)"), "b5")
+        check(r[0] == b"* 3 FETCH (FLAGS (\\Seen) UID 3)", "%r" % r)
+        # and bob's \Seen does not show for alice
+        r = ok(a.cmd("a4", "NOOP"), "a4")
+        check(len(r) == 1, "alice NOOP %r" % r)
+        r = ok(a.cmd("a5", "SEARCH SEEN"), "a5")
+        check(r[0] == b"* SEARCH 1 2", "alice SEARCH %r" % r)
+        r = ok(b.cmd("b6", "STATUS user.alice.Shared (UNSEEN)"), "b6")
+        check(b"(UNSEEN 2)" in r[0], "bob STATUS %r" % r)
+    # a new session reads the state back from the seen database
+    with Raw(i.addr()) as a:
+        raw_login(a)
+        r = ok(a.cmd("c1", "STATUS INBOX.Shared (UNSEEN MESSAGES)"), "c1")
+        check(b"UNSEEN 1" in r[0], "STATUS %r" % r)
+        r = ok(a.cmd("c2", "EXAMINE INBOX.Shared"), "c2")
+        check(b"* OK [UNSEEN 3] First unseen" in r, "EXAMINE %r" % r)
+        r = ok(a.cmd("c3", "FETCH 1:3 FLAGS"), "c3")
+        check(r[:-1] == [b"* 1 FETCH (FLAGS (\\Seen))",
+                         b"* 2 FETCH (FLAGS (\\Flagged \\Seen))",
+                         b"* 3 FETCH (FLAGS ())"], "FETCH %r" % r)
+        # EXAMINE: a body fetch marks nothing
+        r = ok(a.cmd("c4", "FETCH 3 BODY[TEXT]"), "c4")
+        check(b"FLAGS" not in b"".join(r), "read-only FETCH %r" % r)
+        r = ok(a.cmd("c5", "SELECT INBOX.Shared"), "c5")
+        check(b"* OK [UNSEEN 3] First unseen" in r, "SELECT %r" % r)
+        r = ok(a.cmd("c6", "STORE 1 -FLAGS.SILENT (\\Seen)"), "c6")
+        r = ok(a.cmd("c7", "SEARCH UNSEEN"), "c7")
+        check(r[0] == b"* SEARCH 1 3", "SEARCH %r" % r)
+    with Raw(i.addr()) as b:
+        raw_login(b, "bob", BOB_PW)
+        r = ok(b.cmd("d1", "EXAMINE user.alice.Shared"), "d1")
+        check(b"* OK [UNSEEN 1] First unseen" in r, "bob EXAMINE %r" % r)
+        r = ok(b.cmd("d2", "FETCH 3 FLAGS"), "d2")
+        check(r[0] == b"* 3 FETCH (FLAGS (\\Seen))", "bob FETCH %r" % r)
+    i.mbtool("check", "user.alice.Shared")
+
+
 def test_append():
     i = inst()
     i.create("user.alice.App")
@@ -919,6 +1005,7 @@ if __name__ == "__main__":
         test_fetch,
         test_search,
         test_store_expunge_two_sessions,
+        test_seen_per_user,
         test_append,
         test_copy_move,
         test_idle_sees_lmtp_delivery,
