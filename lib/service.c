@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -279,4 +281,103 @@ int service_main(int argc, char **argv, const struct service_callbacks *cb)
     status = service_loop(cb, maxuses, idletimeout);
     if (cb->done) cb->done(cb->rock);
     return status;
+}
+
+/* Copy stdin into the socket and the socket out to stdout until the
+ * session ends.  Runs in a child; never returns. */
+static void service_relay(int sock)
+{
+    char buf[65536];
+    int in_open = 1;
+
+    for (;;) {
+        struct pollfd pfd[2];
+        int n = 0, r;
+        ssize_t got;
+
+        pfd[n].fd = sock;
+        pfd[n].events = POLLIN;
+        pfd[n++].revents = 0;
+        if (in_open) {
+            pfd[n].fd = 0;
+            pfd[n].events = POLLIN;
+            pfd[n++].revents = 0;
+        }
+        r = poll(pfd, (nfds_t)n, -1);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            _exit(1);
+        }
+        if (pfd[0].revents) {
+            got = read(sock, buf, sizeof(buf));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                _exit(0);       /* the session ended */
+            for (ssize_t off = 0; off < got;) {
+                ssize_t w = write(1, buf + off, (size_t)(got - off));
+                if (w < 0 && errno == EINTR)
+                    continue;
+                if (w <= 0)
+                    _exit(1);
+                off += w;
+            }
+        }
+        if (in_open && n > 1 && pfd[1].revents) {
+            got = read(0, buf, sizeof(buf));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                in_open = 0;
+                shutdown(sock, SHUT_WR);
+                continue;
+            }
+            for (ssize_t off = 0; off < got;) {
+                ssize_t w = write(sock, buf + off, (size_t)(got - off));
+                if (w < 0 && errno == EINTR)
+                    continue;
+                if (w <= 0)
+                    _exit(0);   /* the session is gone */
+                off += w;
+            }
+        }
+    }
+}
+
+/* See service.h. */
+void service_serve_stdio(int fd, const char *peer,
+                         void (*fn)(int fd, const char *peer, void *rock),
+                         void *rock)
+{
+    struct stat st;
+    int sv[2];
+    pid_t pid;
+
+    if (fd != 0 || (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode))) {
+        fn(fd, peer, rock);
+        return;
+    }
+    /* stdin by hand: relay through a socketpair */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        log_error("service: socketpair failed error=<%s>", strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    pid = fork();
+    if (pid < 0) {
+        log_error("service: fork failed error=<%s>", strerror(errno));
+        close(sv[0]);
+        close(sv[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(sv[0]);
+        service_relay(sv[1]);
+    }
+    close(sv[1]);
+    fn(sv[0], peer, rock);
+    close(sv[0]);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
 }

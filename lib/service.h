@@ -69,6 +69,15 @@ struct service_callbacks {
  * serves stdin/stdout once (fd 0) and returns. */
 int service_main(int argc, char **argv, const struct service_callbacks *cb);
 
+/* For serve(): when fd is a socket, call fn(fd, peer, rock).  When it is
+ * not (the program run by hand with stdin/stdout on a pipe or a file),
+ * make a socketpair, fork a child that copies stdin into it and its
+ * output to stdout until the session ends, and call fn on the other end
+ * (a protocol stream needs one socket for both directions). */
+void service_serve_stdio(int fd, const char *peer,
+                         void (*fn)(int fd, const char *peer, void *rock),
+                         void *rock);
+
 /* Set by service_main when SIGTERM arrived: a long serve() may poll it to
  * finish early at a clean point (it need not). */
 int service_stopping(void);
