@@ -1403,13 +1403,23 @@ static void imap_cmd_select(struct imap_session *s, int examine)
         s->condstore = 1;
     if (s->sel_readonly)
         prot_puts(s->p, "* OK [PERMANENTFLAGS ()] Read-only mailbox\r\n");
-    else
-        prot_printf(s->p, "* OK [PERMANENTFLAGS (%s%s%s%s)] Ok\r\n",
-                    (rights & ACL_WRITE) ? "\\Answered \\Flagged \\Draft "
-                                         : "",
-                    (rights & ACL_DELETEMSG) ? "\\Deleted " : "",
-                    (rights & ACL_SEEN) ? "\\Seen " : "",
-                    (rights & ACL_WRITE) ? "\\*" : "");
+    else {
+        /* flags separated by single spaces, none at the end (RFC 3501
+         * flag-perm list) */
+        struct buf pf = BUF_INITIALIZER;
+
+        if (rights & ACL_WRITE)
+            buf_appendcstr(&pf, " \\Answered \\Flagged \\Draft");
+        if (rights & ACL_DELETEMSG)
+            buf_appendcstr(&pf, " \\Deleted");
+        if (rights & ACL_SEEN)
+            buf_appendcstr(&pf, " \\Seen");
+        if (rights & ACL_WRITE)
+            buf_appendcstr(&pf, " \\*");
+        prot_printf(s->p, "* OK [PERMANENTFLAGS (%s)] Ok\r\n",
+                    pf.len ? buf_cstring(&pf) + 1 : "");
+        buf_free(&pf);
+    }
     prot_printf(s->p, "* %zu EXISTS\r\n", s->nmsgs);
     prot_puts(s->p, "* 0 RECENT\r\n");
     if (firstunseen)

@@ -26,6 +26,9 @@
  */
 #include "config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,4 +460,45 @@ const char *saslserver_user(const struct saslserver *s)
 const char *saslserver_error(const struct saslserver *s)
 {
     return s->error;
+}
+
+/* "a.b.c.d;port" of a socket address, or "" */
+static void saslserver_addr(const struct sockaddr_storage *ss, char *out)
+{
+    char host[INET6_ADDRSTRLEN];
+
+    out[0] = '\0';
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
+
+        if (inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host)))
+            snprintf(out, SASLSERVER_ADDRLEN, "%s;%u", host,
+                     (unsigned)ntohs(sin->sin_port));
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)ss;
+
+        if (inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host)))
+            snprintf(out, SASLSERVER_ADDRLEN, "%s;%u", host,
+                     (unsigned)ntohs(sin6->sin6_port));
+    }
+}
+
+int saslserver_sockaddrs(int fd, char *local, char *remote)
+{
+    struct sockaddr_storage ss;
+    socklen_t sslen = sizeof(ss);
+    int tcp;
+
+    local[0] = remote[0] = '\0';
+    memset(&ss, 0, sizeof(ss));
+    tcp = getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0 &&
+          (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
+    if (!tcp)
+        return 0;
+    saslserver_addr(&ss, local);
+    sslen = sizeof(ss);
+    memset(&ss, 0, sizeof(ss));
+    if (getpeername(fd, (struct sockaddr *)&ss, &sslen) == 0)
+        saslserver_addr(&ss, remote);
+    return 1;
 }

@@ -37,6 +37,12 @@ struct saslserver;
 struct saslserver *saslserver_new(const char *service, const char *localaddr,
                                   const char *remoteaddr, int tls_ssf);
 void saslserver_free(struct saslserver **sp);
+/* The "a.b.c.d;port" forms SASL wants of a connection's local and remote
+ * addresses (IPv6 too), or "" for both on a UNIX socket.  Buffers of at
+ * least SASLSERVER_ADDRLEN bytes.  Returns 1 for a TCP connection, else
+ * 0. */
+#define SASLSERVER_ADDRLEN 64
+int saslserver_sockaddrs(int fd, char *local, char *remote);
 /* Tell SASL that TLS is now on (after STARTTLS): the mechanism list
  * changes.  0 or -1. */
 int saslserver_set_tls(struct saslserver *s, int tls_ssf);

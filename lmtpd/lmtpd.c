@@ -98,50 +98,15 @@ static int lmtpd_init(int argc, char **argv, void *rock)
     return 0;
 }
 
-/* "a.b.c.d;port" for SASL from a socket address, or "" */
-static void lmtpd_sasl_addr(const struct sockaddr_storage *ss, char *out,
-                            size_t outlen)
-{
-    char host[INET6_ADDRSTRLEN];
-
-    out[0] = '\0';
-    if (ss->ss_family == AF_INET) {
-        const struct sockaddr_in *sin = (const struct sockaddr_in *)ss;
-
-        if (inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host)))
-            snprintf(out, outlen, "%s;%u", host,
-                     (unsigned)ntohs(sin->sin_port));
-    } else if (ss->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)ss;
-
-        if (inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host)))
-            snprintf(out, outlen, "%s;%u", host,
-                     (unsigned)ntohs(sin6->sin6_port));
-    }
-}
-
 static void lmtpd_session(struct lmtpd_state *ls, int fd, const char *peer)
 {
-    struct sockaddr_storage ss;
-    socklen_t sslen;
-    char local[INET6_ADDRSTRLEN + 8], remote[INET6_ADDRSTRLEN + 8];
+    char local[SASLSERVER_ADDRLEN], remote[SASLSERVER_ADDRLEN];
     struct lmtp_conn conn;
     struct prot *p;
     int tcp;
 
     memset(&conn, 0, sizeof(conn));
-    local[0] = remote[0] = '\0';
-    sslen = sizeof(ss);
-    memset(&ss, 0, sizeof(ss));
-    tcp = getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0 &&
-          (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
-    if (tcp) {
-        lmtpd_sasl_addr(&ss, local, sizeof(local));
-        sslen = sizeof(ss);
-        memset(&ss, 0, sizeof(ss));
-        if (getpeername(fd, (struct sockaddr *)&ss, &sslen) == 0)
-            lmtpd_sasl_addr(&ss, remote, sizeof(remote));
-    }
+    tcp = saslserver_sockaddrs(fd, local, remote);
     conn.peer = peer;
     conn.localaddr = local[0] ? local : NULL;
     conn.remoteaddr = remote[0] ? remote : NULL;

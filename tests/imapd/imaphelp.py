@@ -23,6 +23,7 @@ from testlib import (MASTER, TOP_BUILDDIR, Fail, check,  # noqa: E402
 from lmtphelp import (LMTPD, MBTOOL, SERVERNAME, Conn,  # noqa: E402,F401
                       Instance, crc32c, make_message, make_sasldb,
                       transaction)
+from imapgrammar import Assembler, validate, validate_greeting  # noqa: E402
 
 IMAPD_DIR = os.path.join(TOP_BUILDDIR, "imapd")
 IMAPD = os.path.join(IMAPD_DIR, "imapd")
@@ -89,11 +90,24 @@ class ConnectionClosed(Exception):
 class Raw:
     """A raw IMAP client: send() bytes as given, line() one response line
     (bytes, without CRLF), until_tagged(tag) every line up to and
-    including the tagged one."""
+    including the tagged one.  Every response read is checked against
+    the RFC 3501 grammar (imapgrammar.py), the first one as a greeting;
+    a malformed one is a test failure."""
 
     def __init__(self, addr, timeout=20.0):
         self.sock = socket.create_connection(addr, timeout=timeout)
         self.buf = b""
+        self.asm = Assembler()
+        self.greeted = False
+
+    def _check(self, resp):
+        if self.greeted:
+            why = validate(resp)
+        else:
+            why = validate_greeting(resp)
+            self.greeted = True
+        check(why is None, "response violates the IMAP grammar: %s\n"
+              "response: %r" % (why, resp))
 
     def _recv(self):
         data = self.sock.recv(65536)
@@ -101,10 +115,17 @@ class Raw:
             raise ConnectionClosed("connection closed by the server")
         self.buf += data
 
-    def line(self):
+    def _line(self):
         while b"\r\n" not in self.buf:
             self._recv()
         line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def line(self):
+        line = self._line()
+        resp = self.asm.feed(line)
+        if resp is not None:
+            self._check(resp)
         return line
 
     def send(self, data):
@@ -136,10 +157,11 @@ class Raw:
         its end the n bytes and the rest of the response, verbatim."""
         out = b""
         while True:
-            ln = self.line()
+            ln = self._line()
             out += ln
             m = re.search(rb"\{(\d+)\}$", ln)
-            if not m:
+            if not m or out.startswith(b"+"):
+                self._check(out)
                 return out
             out += b"\r\n" + self._read(int(m.group(1)))
 

@@ -1,0 +1,751 @@
+"""imapgrammar.py - a strict recursive-descent check of IMAP server
+responses against the formal syntax of RFC 3501 section 9, with the
+extensions imapd sends: UIDPLUS (RFC 4315) APPENDUID/COPYUID codes,
+CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
+and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
+(RFC 2342) and the RFC 5530 response codes (any atom code with optional
+text is grammatical).  As in RFC 9051 the human-readable text after a
+status or continuation may be empty.
+
+validate(data) takes the raw bytes of one complete response (without its
+final CRLF; literals inlined as {n} CRLF and n bytes) and returns None if
+it is grammatical, else a message saying where and why it is not.
+Python 3 standard library only.
+"""
+
+import re
+
+MONTHS = (b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug",
+          b"Sep", b"Oct", b"Nov", b"Dec")
+ATOM_SPECIALS = set(b'(){ %*"\\]')
+MAX32 = 2 ** 32 - 1
+MAX63 = 2 ** 63 - 1
+
+
+class Bad(Exception):
+    pass
+
+
+def _atom_char(c):
+    return 0x20 < c < 0x7f and c not in ATOM_SPECIALS
+
+
+def _astring_char(c):
+    return _atom_char(c) or c == ord("]")
+
+
+class Parser:
+    def __init__(self, data):
+        self.d = data
+        self.i = 0
+
+    # -- primitives ---------------------------------------------------
+    def fail(self, why):
+        raise Bad("at offset %d (%r): %s"
+                  % (self.i, self.d[max(0, self.i - 20):self.i + 20], why))
+
+    def peek(self, n=1):
+        return self.d[self.i:self.i + n]
+
+    def eof(self):
+        return self.i >= len(self.d)
+
+    def lit(self, s, ci=True):
+        """Consume the exact token s (case-insensitive by default)."""
+        got = self.d[self.i:self.i + len(s)]
+        if (got.upper() if ci else got) != (s.upper() if ci else s):
+            self.fail("expected %r" % s)
+        self.i += len(s)
+
+    def opt(self, s):
+        if self.d[self.i:self.i + len(s)].upper() == s.upper():
+            self.i += len(s)
+            return True
+        return False
+
+    def sp(self):
+        self.lit(b" ")
+
+    def end(self):
+        if not self.eof():
+            self.fail("trailing data")
+
+    def number(self, nz=False, maximum=MAX32):
+        j = self.i
+        while j < len(self.d) and 0x30 <= self.d[j] <= 0x39:
+            j += 1
+        if j == self.i:
+            self.fail("expected a number")
+        s = self.d[self.i:j]
+        if nz and (s[0] == 0x30):
+            self.fail("expected a non-zero number without leading zero")
+        if int(s) > maximum:
+            self.fail("number out of range")
+        self.i = j
+        return int(s)
+
+    def atom(self):
+        j = self.i
+        while j < len(self.d) and _atom_char(self.d[j]):
+            j += 1
+        if j == self.i:
+            self.fail("expected an atom")
+        s, self.i = self.d[self.i:j], j
+        return s
+
+    def quoted(self):
+        self.lit(b'"')
+        out = bytearray()
+        while True:
+            if self.eof():
+                self.fail("unterminated quoted string")
+            c = self.d[self.i]
+            if c == 0x22:
+                self.i += 1
+                return bytes(out)
+            if c == 0x5c:
+                n = self.d[self.i + 1:self.i + 2]
+                if n not in (b'"', b"\\"):
+                    self.fail("bad escape in quoted string")
+                out += n
+                self.i += 2
+                continue
+            if c in (0x0d, 0x0a) or c == 0 or c > 0x7f:
+                self.fail("bad character in quoted string")
+            out.append(c)
+            self.i += 1
+
+    def literal(self):
+        self.lit(b"{")
+        n = self.number(maximum=MAX63)
+        self.lit(b"}\r\n", ci=False)
+        if self.i + n > len(self.d):
+            self.fail("literal of %d octets runs past the response" % n)
+        data = self.d[self.i:self.i + n]
+        if b"\0" in data:
+            self.fail("NUL in literal")
+        self.i += n
+        return data
+
+    def string(self):
+        c = self.peek()
+        if c == b'"':
+            return self.quoted()
+        if c == b"{":
+            return self.literal()
+        self.fail("expected a string")
+
+    def is_nil(self):
+        return (self.peek(3).upper() == b"NIL"
+                and not (len(self.d) > self.i + 3
+                         and _atom_char(self.d[self.i + 3])))
+
+    def nstring(self):
+        if self.is_nil():
+            self.i += 3
+            return None
+        return self.string()
+
+    def astring(self):
+        if self.peek() in (b'"', b"{"):
+            return self.string()
+        j = self.i
+        while j < len(self.d) and _astring_char(self.d[j]):
+            j += 1
+        if j == self.i:
+            self.fail("expected an astring")
+        s, self.i = self.d[self.i:j], j
+        return s
+
+    def text(self, stop=None):
+        """*TEXT-CHAR up to the end (or stop); empty is allowed."""
+        while not self.eof():
+            c = self.d[self.i]
+            if stop is not None and c == stop:
+                break
+            if c in (0, 0x0d, 0x0a) or c > 0x7f:
+                self.fail("bad character in text")
+            self.i += 1
+
+    def plist(self, item, allow_empty=True):
+        """"(" [item *(SP item)] ")"."""
+        self.lit(b"(")
+        if self.opt(b")"):
+            if not allow_empty:
+                self.fail("empty list")
+            return
+        item()
+        while self.opt(b" "):
+            item()
+        self.lit(b")")
+
+    def flag(self, perm=False):
+        if self.opt(b"\\"):
+            if perm and self.opt(b"*"):
+                return
+            self.atom()
+        else:
+            self.atom()
+
+    def seq_set(self, star):
+        def one():
+            if star and self.opt(b"*"):
+                return
+            self.number(nz=True)
+        while True:
+            one()
+            if self.opt(b":"):
+                one()
+            if not self.opt(b","):
+                return
+
+    # -- response ------------------------------------------------------
+    def response(self):
+        if self.opt(b"+"):
+            # continue-req: "+" SP (resp-text / base64)
+            if self.eof():
+                self.fail("expected SP after +")
+            self.sp()
+            self.resp_text()
+            return
+        if self.opt(b"* "):
+            self.untagged()
+            return
+        j = self.i
+        while j < len(self.d) and _astring_char(self.d[j]) \
+                and self.d[j] != 0x2b:
+            j += 1
+        if j == self.i:
+            self.fail("expected a tag, \"*\" or \"+\"")
+        self.i = j
+        self.sp()
+        w = self.atom().upper()
+        if w not in (b"OK", b"NO", b"BAD"):
+            self.i -= len(w)
+            self.fail("tagged response must be OK, NO or BAD")
+        self.sp()
+        self.resp_text()
+
+    def resp_text(self):
+        if self.opt(b"["):
+            self.resp_text_code()
+            self.lit(b"]")
+            if self.eof():
+                return          # RFC 9051: text is optional
+            self.sp()
+        self.text()
+
+    def resp_text_code(self):
+        code = self.atom().upper()
+        if code == b"BADCHARSET":
+            if self.opt(b" "):
+                self.plist(self.astring, allow_empty=False)
+        elif code == b"CAPABILITY":
+            self.capabilities()
+        elif code == b"PERMANENTFLAGS":
+            self.sp()
+            self.plist(lambda: self.flag(perm=True))
+        elif code in (b"UIDNEXT", b"UIDVALIDITY", b"UNSEEN"):
+            self.sp()
+            self.number(nz=True)
+        elif code == b"APPENDUID":
+            self.sp()
+            self.number(nz=True)
+            self.sp()
+            self.seq_set(False)
+        elif code == b"COPYUID":
+            self.sp()
+            self.number(nz=True)
+            self.sp()
+            self.seq_set(False)
+            self.sp()
+            self.seq_set(False)
+        elif code == b"HIGHESTMODSEQ":
+            self.sp()
+            self.number(maximum=MAX63)
+        elif code == b"MODIFIED":
+            self.sp()
+            self.seq_set(True)
+        elif code in (b"ALERT", b"PARSE", b"READ-ONLY", b"READ-WRITE",
+                      b"TRYCREATE", b"NOMODSEQ"):
+            pass
+        elif self.opt(b" "):
+            start = self.i
+            self.text(stop=ord("]"))
+            if self.i == start:
+                self.fail("empty response code text")
+
+    def capabilities(self):
+        caps = []
+        while self.opt(b" "):
+            caps.append(self.atom().upper())
+        if b"IMAP4REV1" not in caps:
+            self.fail("capability list without IMAP4rev1")
+
+    def untagged(self):
+        if self.peek().isdigit():
+            self.number()
+            self.sp()
+            w = self.atom().upper()
+            if w == b"FETCH":
+                self.sp()
+                self.msg_att()
+            elif w not in (b"EXISTS", b"RECENT", b"EXPUNGE"):
+                self.i -= len(w)
+                self.fail("unknown message-data %r" % w)
+            self.end()
+            return
+        w = self.atom().upper()
+        if w in (b"OK", b"NO", b"BAD", b"BYE", b"PREAUTH"):
+            self.sp()
+            self.resp_text()
+        elif w == b"CAPABILITY":
+            self.capabilities()
+        elif w in (b"LIST", b"LSUB"):
+            self.sp()
+            self.plist(lambda: (self.lit(b"\\"), self.atom()))
+            self.sp()
+            if self.is_nil():
+                self.i += 3
+            else:
+                self.lit(b'"')
+                c = self.peek()
+                if c == b"\\":
+                    self.i += 1
+                    if self.peek() not in (b'"', b"\\"):
+                        self.fail("bad escape in delimiter")
+                    self.i += 1
+                elif not c or c in b'"\r\n' or c[0] > 0x7f:
+                    self.fail("bad hierarchy delimiter")
+                else:
+                    self.i += 1
+                self.lit(b'"')
+            self.sp()
+            self.astring()
+        elif w == b"STATUS":
+            self.sp()
+            self.astring()
+            self.sp()
+
+            def att():
+                self.atom()
+                self.sp()
+                self.number(maximum=MAX63)
+            self.plist(att)
+        elif w == b"SEARCH":
+            while self.opt(b" "):
+                if self.opt(b"("):
+                    self.lit(b"MODSEQ ")
+                    self.number(maximum=MAX63)
+                    self.lit(b")")
+                    break
+                self.number(nz=True)
+        elif w == b"FLAGS":
+            self.sp()
+            self.plist(self.flag)
+        elif w == b"ENABLED":
+            while self.opt(b" "):
+                self.atom()
+        elif w == b"ID":
+            self.sp()
+            if self.is_nil():
+                self.i += 3
+            else:
+                def pair():
+                    self.string()
+                    self.sp()
+                    self.nstring()
+                self.plist(pair, allow_empty=False)
+        elif w == b"NAMESPACE":
+            for k in range(3):
+                self.sp()
+                self.namespace()
+        else:
+            self.i -= len(w)
+            self.fail("unknown untagged response %r" % w)
+        self.end()
+
+    def namespace(self):
+        if self.is_nil():
+            self.i += 3
+            return
+        self.lit(b"(")
+        while True:
+            self.lit(b"(")
+            self.string()
+            self.sp()
+            if self.is_nil():
+                self.i += 3
+            else:
+                d = self.quoted()
+                if len(d) != 1:
+                    self.fail("namespace delimiter must be one character")
+            while self.opt(b" "):
+                self.string()
+                self.sp()
+                self.plist(self.string, allow_empty=False)
+            self.lit(b")")
+            if self.opt(b")"):
+                return
+
+    # -- FETCH -----------------------------------------------------------
+    def msg_att(self):
+        self.plist(self.msg_att_item, allow_empty=False)
+
+    def msg_att_item(self):
+        j = self.i
+        while j < len(self.d) and (self.d[j:j + 1].isalnum()
+                                   or self.d[j] == 0x2e):
+            j += 1
+        if j == self.i:
+            self.fail("expected a FETCH item name")
+        name, self.i = self.d[self.i:j].upper(), j
+        if name == b"FLAGS":
+            self.sp()
+            self.plist(self.flag)
+        elif name == b"ENVELOPE":
+            self.sp()
+            self.envelope()
+        elif name == b"INTERNALDATE":
+            self.sp()
+            self.date_time()
+        elif name in (b"RFC822", b"RFC822.HEADER", b"RFC822.TEXT"):
+            self.sp()
+            self.nstring()
+        elif name == b"RFC822.SIZE":
+            self.sp()
+            self.number()
+        elif name == b"BODYSTRUCTURE":
+            self.sp()
+            self.body()
+        elif name == b"BODY":
+            if self.peek() == b"[":
+                self.section()
+                if self.opt(b"<"):
+                    self.number()
+                    self.lit(b">")
+                self.sp()
+                self.nstring()
+            else:
+                self.sp()
+                self.body()
+        elif name == b"UID":
+            self.sp()
+            self.number(nz=True)
+        elif name == b"MODSEQ":
+            self.sp()
+            self.lit(b"(")
+            self.number(maximum=MAX63)
+            self.lit(b")")
+        else:
+            self.i -= len(name)
+            self.fail("unknown FETCH item %r" % name)
+
+    def section(self):
+        self.lit(b"[")
+        if self.opt(b"]"):
+            return
+        if self.peek().isdigit():
+            self.number(nz=True)
+            while self.opt(b"."):
+                if self.peek().isdigit():
+                    self.number(nz=True)
+                else:
+                    if not self.opt(b"MIME"):
+                        self.msgtext()
+                    break
+        else:
+            self.msgtext()
+        self.lit(b"]")
+
+    def msgtext(self):
+        if self.opt(b"HEADER.FIELDS"):
+            self.opt(b".NOT")
+            self.sp()
+            self.plist(self.astring, allow_empty=False)
+        elif not (self.opt(b"HEADER") or self.opt(b"TEXT")):
+            self.fail("bad section")
+
+    def date_time(self):
+        self.lit(b'"')
+        if self.opt(b" "):
+            self.digits(1)
+        else:
+            self.digits(2)
+        self.lit(b"-")
+        if self.peek(3) not in MONTHS:
+            self.fail("bad month")
+        self.i += 3
+        self.lit(b"-")
+        self.digits(4)
+        self.sp()
+        self.digits(2)
+        self.lit(b":")
+        self.digits(2)
+        self.lit(b":")
+        self.digits(2)
+        self.sp()
+        if self.peek() not in (b"+", b"-"):
+            self.fail("bad zone")
+        self.i += 1
+        self.digits(4)
+        self.lit(b'"')
+
+    def digits(self, n):
+        s = self.peek(n)
+        if len(s) != n or not s.isdigit():
+            self.fail("expected %d digits" % n)
+        self.i += n
+
+    def envelope(self):
+        self.lit(b"(")
+        self.nstring()          # date
+        self.sp()
+        self.nstring()          # subject
+        for k in range(6):      # from sender reply-to to cc bcc
+            self.sp()
+            if self.is_nil():
+                self.i += 3
+            else:
+                self.lit(b"(")
+                self.address()
+                while self.peek() == b"(":
+                    self.address()
+                self.lit(b")")
+        self.sp()
+        self.nstring()          # in-reply-to
+        self.sp()
+        self.nstring()          # message-id
+        self.lit(b")")
+
+    def address(self):
+        self.lit(b"(")
+        for k in range(4):
+            if k:
+                self.sp()
+            self.nstring()
+        self.lit(b")")
+
+    def body(self, depth=0):
+        if depth > 100:
+            self.fail("body nested too deeply")
+        self.lit(b"(")
+        if self.peek() == b"(":
+            # body-type-mpart
+            while self.peek() == b"(":
+                self.body(depth + 1)
+            self.sp()
+            self.string()       # media-subtype
+            if self.opt(b" "):
+                self.fld_param()
+                self.ext_tail()
+        else:
+            mtype = self.string().upper()
+            self.sp()
+            sub = self.string().upper()
+            self.sp()
+            self.fld_param()    # body-fields
+            self.sp()
+            self.nstring()      # id
+            self.sp()
+            self.nstring()      # description
+            self.sp()
+            self.string()       # encoding
+            self.sp()
+            self.number()       # octets
+            if mtype == b"MESSAGE" and sub in (b"RFC822", b"GLOBAL"):
+                self.sp()
+                self.envelope()
+                self.sp()
+                self.body(depth + 1)
+                self.sp()
+                self.number()
+            elif mtype == b"TEXT":
+                self.sp()
+                self.number()
+            if self.opt(b" "):
+                self.nstring()  # md5
+                self.ext_tail()
+        self.lit(b")")
+
+    def ext_tail(self):
+        """[SP dsp [SP lang [SP loc *(SP body-extension)]]]"""
+        if not self.opt(b" "):
+            return
+        if self.is_nil():       # body-fld-dsp
+            self.i += 3
+        else:
+            self.lit(b"(")
+            self.string()
+            self.sp()
+            self.fld_param()
+            self.lit(b")")
+        if not self.opt(b" "):
+            return
+        if self.peek() == b"(":  # body-fld-lang
+            self.plist(self.string, allow_empty=False)
+        else:
+            self.nstring()
+        if not self.opt(b" "):
+            return
+        self.nstring()          # body-fld-loc
+        while self.opt(b" "):
+            self.body_extension()
+
+    def body_extension(self, depth=0):
+        if depth > 100:
+            self.fail("body extension nested too deeply")
+        if self.peek() == b"(":
+            self.plist(lambda: self.body_extension(depth + 1),
+                       allow_empty=False)
+        elif self.peek().isdigit():
+            self.number()
+        else:
+            self.nstring()
+
+    def fld_param(self):
+        if self.is_nil():
+            self.i += 3
+            return
+
+        def pair():
+            self.string()
+            self.sp()
+            self.string()
+        self.plist(pair, allow_empty=False)
+
+
+def validate(data):
+    """None if data (one response, literals inlined) is grammatical, else
+    why not."""
+    if isinstance(data, str):
+        data = data.encode()
+    p = Parser(data)
+    try:
+        p.response()
+        p.end()
+    except Bad as e:
+        return str(e)
+    return None
+
+
+def validate_greeting(data):
+    """The greeting: "*" SP (resp-cond-auth / resp-cond-bye)."""
+    if isinstance(data, str):
+        data = data.encode()
+    if not (data[:5].upper() in (b"* OK ", b"* BYE")
+            or data[:10].upper() == b"* PREAUTH "):
+        return "greeting must be * OK, * PREAUTH or * BYE: %r" % data[:40]
+    return validate(data)
+
+
+class Assembler:
+    """Joins response lines (split at CRLF) back into whole responses:
+    feed() each line; it returns the complete response (literals inlined)
+    once the line ends it, else None."""
+
+    def __init__(self):
+        self.cur = None
+        self.need = 0
+
+    def feed(self, line):
+        if self.cur is None:
+            self.cur = line
+            return self._tail()
+        chunk = line + b"\r\n"
+        if len(chunk) <= self.need:
+            self.cur += chunk
+            self.need -= len(chunk)
+            return None         # literal continues (or ended with CRLF)
+        # the literal ends inside this line; the response goes on after it
+        self.cur += line if self.need <= len(line) else chunk
+        self.need = 0
+        return self._tail()
+
+    def _tail(self):
+        m = re.search(rb"\{(\d+)\}$", self.cur)
+        if m and not self.cur.startswith(b"+"):
+            self.need = int(m.group(1))
+            self.cur += b"\r\n"
+            return None
+        out, self.cur = self.cur, None
+        return out
+
+
+SELFTEST_GOOD = [
+    b"* OK [CAPABILITY IMAP4rev1 LITERAL+ UIDPLUS] server ready",
+    b"+ ",
+    b"+ Ready for literal data",
+    b"a1 OK [READ-WRITE] Completed",
+    b"a2 NO [TRYCREATE] Mailbox does not exist",
+    b"a3 NO [BADCHARSET (UTF-8 US-ASCII)] unsupported charset",
+    b"a4 OK [APPENDUID 38505 3955] APPEND completed",
+    b"a5 OK [COPYUID 38505 304,319:320 3956:3958] Done",
+    b"a6 OK [MODIFIED 7,9] Conditional STORE failed",
+    b"a7 NO [OVERQUOTA] Over quota",
+    b"* OK [HIGHESTMODSEQ 715194045007] Highest",
+    b"* OK [PERMANENTFLAGS (\\Deleted \\Seen \\*)] Limited",
+    b"* CAPABILITY IMAP4rev1 STARTTLS AUTH=PLAIN",
+    b'* LIST (\\Noselect \\HasChildren) "/" ~/Mail/foo',
+    b'* LIST () NIL "a \\"b\\""',
+    b'* LSUB () "." {3}\r\nfoo',
+    b"* STATUS blurdybloop (MESSAGES 231 UIDNEXT 44292)",
+    b"* SEARCH 2 84 882 (MODSEQ 917162500)",
+    b"* SEARCH",
+    b"* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft $Forwarded)",
+    b"* 23 EXISTS",
+    b"* 0 RECENT",
+    b"* ENABLED CONDSTORE",
+    b'* ID ("name" "Cyrus" "version" NIL)',
+    b'* NAMESPACE (("" "/")) NIL (("shared/" "/"))',
+    b'* 12 FETCH (FLAGS (\\Seen) INTERNALDATE " 7-Feb-1994 21:52:25 -0800"'
+    b' RFC822.SIZE 4286 UID 7 MODSEQ (12121231000))',
+    b'* 12 FETCH (ENVELOPE ("Wed, 17 Jul 1996 02:23:25 -0700 (PDT)" '
+    b'"IMAP4rev1 WG mtg summary and minutes" (("Terry Gray" NIL "gray" '
+    b'"cac.washington.edu")) NIL NIL ((NIL NIL "imap" "cac.washington.edu"))'
+    b' ((NIL NIL "undisclosed" NIL)(NIL NIL NIL NIL)) NIL NIL '
+    b'"<B27397-0100000@cac.washington.edu>"))',
+    b'* 12 FETCH (BODYSTRUCTURE (("TEXT" "PLAIN" ("CHARSET" "US-ASCII") NIL'
+    b' NIL "7BIT" 1152 23 NIL NIL NIL NIL)("MESSAGE" "RFC822" NIL NIL NIL '
+    b'"7BIT" 100 (NIL NIL NIL NIL NIL NIL NIL NIL NIL NIL) ("TEXT" "PLAIN" '
+    b'NIL NIL NIL "7BIT" 3 1) 5) "MIXED" ("BOUNDARY" "x") ("inline" NIL) '
+    b'("en" "de") "loc" 1 (2 "x")))',
+    b'* 1 FETCH (BODY[HEADER.FIELDS (FROM SUBJECT)]<0> {5}\r\nab\r\n\r UID 1)',
+    b'* 1 FETCH (BODY[1.2.MIME] NIL BODY[] "")',
+]
+SELFTEST_BAD = [
+    b'* 12 FETCH (FLAGS (\\Seen) UID 7',
+    b'* 12 FETCH (FLAGS (\\Seen)) UID 7)',
+    b'* 12 FETCH (INTERNALDATE "7-Feb-1994 21:52:25 -0800")',
+    b'* 12 FETCH (BODY[] {10}\r\nshort)',
+    b"a1 FOO done",
+    b"* CAPABILITY STARTTLS",
+    b'* LIST (\\Noselect) "//" foo',
+    b"* SEARCH 0",
+    b"* OK [UIDNEXT abc] x",
+    b"* OK [PERMANENTFLAGS (\\Seen )] Ok",
+    b"* OK [UIDVALIDITY 0] x",
+    b'* ID ("name")',
+    b"a1 OK [READ-WRITE]trailing",
+    b"* 3 EXISTS extra",
+    b'* LIST () "/" "a\rb"',
+    b"",
+]
+
+
+def selftest():
+    for r in SELFTEST_GOOD:
+        why = validate(r)
+        if why is not None:
+            raise AssertionError("valid response rejected: %r: %s"
+                                 % (r, why))
+    for r in SELFTEST_BAD:
+        if validate(r) is None:
+            raise AssertionError("invalid response accepted: %r" % r)
+    a = Assembler()
+    got = [a.feed(x) for x in (b"* 1 FETCH (BODY[] {7}", b"ab", b"c) UID 1)")]
+    if got != [None, None, b"* 1 FETCH (BODY[] {7}\r\nab\r\nc) UID 1)"]:
+        raise AssertionError("Assembler: %r" % got)
+
+
+selftest()
