@@ -117,9 +117,9 @@ def client(inst, ids, stats, stop_at):
     conn = None
     try:
         for i in ids:
-            todo = rcpts_of(i)
+            pending = rcpts_of(i)
             backoff = 0.02
-            while todo:
+            while pending:
                 if time.monotonic() > stop_at:
                     raise Fail("deadline: message %d not delivered" % i)
                 with stats.lock:
@@ -132,7 +132,7 @@ def client(inst, ids, stats, stop_at):
                             raise ConnectionClosed("greeting %r" % g)
                         if conn.cmd("LHLO storm.example").code != 250:
                             raise ConnectionClosed("LHLO refused")
-                    res = deliver_one(conn, i, todo)
+                    res = deliver_one(conn, i, pending)
                 except (ConnectionClosed, OSError, socket.timeout):
                     with stats.lock:
                         stats.conn_errors += 1
@@ -143,7 +143,7 @@ def client(inst, ids, stats, stop_at):
                     backoff = min(backoff * 2, 0.5)
                     continue
                 left = []
-                for r in todo:
+                for r in pending:
                     code = res[r]
                     if code == 250:
                         with stats.lock:
@@ -155,8 +155,8 @@ def client(inst, ids, stats, stop_at):
                     else:
                         with stats.lock:
                             stats.other.append((i, r, code))
-                todo = left
-                if todo:
+                pending = left
+                if pending:
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 0.5)
         if conn is not None:
