@@ -59,16 +59,39 @@ def read_text(path):
 
 # ---- the user a master started as root becomes ---------------------------
 
+def _can_run(pw, path):
+    """True when user pw can execute path (every directory above it
+    searchable): checked in a child that becomes that user."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            os._exit(0 if os.access(path, os.X_OK) else 1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def _run_as():
     """The passwd entry the master switches to when started as root, or
-    None (not root, or no user cyrus: then cyrus_user: root is written)."""
+    None (not root, no user cyrus, or the build tree out of that user's
+    reach, e.g. a checkout in a private mktemp directory: then the
+    processes stay root and cyrus_user: root is written)."""
     if os.geteuid() != 0:
         return None
     try:
         import pwd
-        return pwd.getpwnam("cyrus")
+        pw = pwd.getpwnam("cyrus")
     except (ImportError, KeyError):
         return None
+    if not _can_run(pw, MASTER):
+        print("# the build tree is not reachable for user cyrus: the "
+              "master and its workers run as root in these tests")
+        return None
+    return pw
 
 
 RUN_AS = _run_as()
