@@ -70,7 +70,8 @@
  * Limits.  Command lines, literals and commands are bounded by the
  * parser (64 KiB line, 64 KiB literal, 1 MiB command); an oversized
  * synchronizing literal is refused before the client sends it.  The
- * autologout is imapd.conf's `timeout` (minutes).  SIGTERM (the master
+ * autologout is imapd.conf's `timeout` (minutes) once the client has
+ * logged in, `prelogin_timeout` (seconds) before.  SIGTERM (the master
  * stopping) is noticed while waiting for a command: "* BYE Server
  * shutting down".
  */
@@ -120,7 +121,8 @@ struct imap_server {
     int sasl_ok;
     struct mboxlist *ml;         /* NULL until it opens */
     char servername[256];
-    int timeout;                 /* seconds */
+    int timeout;                 /* seconds, once logged in */
+    int prelogin_timeout;        /* seconds, before */
     int unixsep;
     char sep;
     int allowplaintext;
@@ -139,6 +141,7 @@ struct imap_msg {
     uint64_t modseq;
     int gone;                               /* expunged, EXPUNGE not sent
                                                yet (RFC 3501 7.4.1) */
+    int recent;                             /* \Recent in this session */
 };
 
 struct imap_session {
@@ -171,9 +174,21 @@ struct imap_session {
     int sel_useseen;             /* \Seen of s->sel is in s->seen (else
                                     the index bit: no unique id) */
     struct seen_data seen;       /* the user's seen state of s->sel */
+    struct imap_seen_chg *seenchg;  /* changes to s->seen not yet written */
+    size_t nseenchg, seenchg_alloc;
+    uint32_t recent_base;        /* read-only view: uids above it were
+                                    \Recent at SELECT (not claimed) */
+    int recent_new;              /* messages came into the view: claim
+                                    them, then send RECENT */
     struct imapparse_cmd cmd;
     struct imapparse_options opts;
     struct buf line;
+};
+
+/* One \Seen change of a session, replayed on the stored state. */
+struct imap_seen_chg {
+    uint32_t uid;
+    int add;
 };
 
 /* ---- server ---------------------------------------------------------- */
@@ -205,6 +220,8 @@ int imap_server_new(const struct imapconf *conf, struct tls_server *tls,
     srv->servername[sizeof(srv->servername) - 1] = '\0';
     v = imapconf_getint(conf, "timeout");
     srv->timeout = (int)((v > 0 ? v : IMAP_DEFAULT_TIMEOUT) * 60);
+    v = imapconf_getint(conf, "prelogin_timeout");
+    srv->prelogin_timeout = (int)(v > 0 ? v : 60);
     srv->unixsep = imapconf_getswitch(conf, "unixhierarchysep");
     srv->sep = srv->unixsep ? '/' : '.';
     srv->allowplaintext = imapconf_getswitch(conf, "allowplaintext");
@@ -256,6 +273,7 @@ static void imap_tagged(struct imap_session *s, const char *status,
                         const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void imap_update(struct imap_session *s);
+static size_t imap_recent_mark(struct imap_session *s);
 static void imap_flags_lines(struct imap_session *s, struct buf *out);
 
 static void imap_tagged(struct imap_session *s, const char *status,
@@ -510,6 +528,7 @@ static int imap_login_done(struct imap_session *s, const char *user,
     buf_free(&uid);
     s->admin = (acl_rights("", s->userid, s->srv->admins) & ACL_ADMIN) != 0;
     s->state = IMAP_AUTH;
+    prot_settimeout(s->p, s->srv->timeout);    /* the autologout from now */
     log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s>%s",
              s->userid, mech, s->conn->peer,
              prot_tls_info(s->p) ? prot_tls_info(s->p) : "none",
@@ -1074,11 +1093,13 @@ static int imap_seen_read(struct imap_session *s, const char *uniqueid,
 }
 
 /* Reread s->seen from the seen file (another session of the user may
- * have changed it).  On error the old state stays (logged). */
+ * have changed it); changes not yet written are forgotten.  On error the
+ * old state stays (logged). */
 static int imap_seen_reload(struct imap_session *s)
 {
     int r;
 
+    s->nseenchg = 0;
     if (!s->sel_useseen)
         return STORE_OK;
     r = imap_seen_read(s, mailbox_uniqueid(s->sel), &s->seen);
@@ -1089,16 +1110,31 @@ static int imap_seen_reload(struct imap_session *s)
     return r;
 }
 
-/* Write s->seen back (after a change). */
+/* seen_update() callback: replay the session's changes on the state as
+ * stored now, so that another session's changes made meanwhile stay. */
+static int imap_seen_replay(struct seen_data *d, void *rock)
+{
+    struct imap_session *s = rock;
+    int r = STORE_OK;
+
+    for (size_t k = 0; k < s->nseenchg && r == STORE_OK; k++)
+        r = seen_set_update(&d->seenuids, s->seenchg[k].uid,
+                            s->seenchg[k].add);
+    d->lastchange = time(NULL);
+    return r;
+}
+
+/* Write the session's \Seen changes (imap_seen_set()) to the seen file in
+ * one locked read-modify-write, and take the result as s->seen. */
 static int imap_seen_write(struct imap_session *s)
 {
     struct seen_db *db;
     int r = imap_seendb(s, &db);
 
-    if (r == STORE_OK) {
-        s->seen.lastchange = time(NULL);
-        r = seen_write(db, mailbox_uniqueid(s->sel), &s->seen);
-    }
+    if (r == STORE_OK)
+        r = seen_update(db, mailbox_uniqueid(s->sel), imap_seen_replay, s,
+                        &s->seen);
+    s->nseenchg = 0;
     if (r != STORE_OK)
         log_error("imap: cannot write the seen state user=<%s> "
                   "mailbox=<%s> error=<%s>", s->userid,
@@ -1114,12 +1150,29 @@ static int imap_mb_useseen(struct mailbox *mb)
     return u && *u;
 }
 
+struct imap_seen_uids {
+    const uint32_t *uids;
+    size_t n;
+};
+
+/* seen_update() callback: add the uids. */
+static int imap_seen_adduids(struct seen_data *d, void *rock)
+{
+    const struct imap_seen_uids *u = rock;
+    int r = STORE_OK;
+
+    for (size_t k = 0; k < u->n && r == STORE_OK; k++)
+        r = seen_set_update(&d->seenuids, u->uids[k], 1);
+    d->lastchange = time(NULL);
+    return r;
+}
+
 /* Add uids[0..n-1] to the user's seen state of mb (APPEND and COPY with
  * \Seen).  Logged on error: the messages are in, only \Seen is lost. */
 static void imap_seen_add_uids(struct imap_session *s, struct mailbox *mb,
                                const uint32_t *uids, size_t n)
 {
-    struct seen_data d = { 0, 0, 0, BUF_INITIALIZER };
+    struct imap_seen_uids u = { uids, n };
     struct seen_db *db;
     int r;
 
@@ -1127,25 +1180,12 @@ static void imap_seen_add_uids(struct imap_session *s, struct mailbox *mb,
         return;
     r = imap_seendb(s, &db);
     if (r == STORE_OK)
-        r = seen_read(db, mailbox_uniqueid(mb), &d);
-    if (r == STORE_CORRUPT) {
-        buf_reset(&d.seenuids);
-        r = STORE_OK;
-    }
-    for (size_t k = 0; k < n && r == STORE_OK; k++) {
-        r = seen_set_update(&d.seenuids, uids[k], 1);
-        if (uids[k] > d.lastuid)
-            d.lastuid = uids[k];
-    }
-    if (r == STORE_OK) {
-        d.lastchange = time(NULL);
-        r = seen_write(db, mailbox_uniqueid(mb), &d);
-    }
+        r = seen_update(db, mailbox_uniqueid(mb), imap_seen_adduids, &u,
+                        NULL);
     if (r != STORE_OK)
         log_error("imap: \\Seen of new messages lost user=<%s> "
                   "mailbox=<%s> error=<%s>", s->userid, mailbox_name(mb),
                   store_strerror(r));
-    seen_data_free(&d);
 }
 
 /* The record's flags as this user sees them: \Seen from the seen state. */
@@ -1158,17 +1198,31 @@ static void imap_rec_seen(struct imap_session *s, struct mailbox_record *rec)
         rec->flags |= MAILBOX_FLAG_SEEN;
 }
 
-/* Set (add != 0) or clear uid's \Seen in s->seen. */
+/* Set (add != 0) or clear uid's \Seen in s->seen, and note the change
+ * for imap_seen_write(). */
 static int imap_seen_set(struct imap_session *s, uint32_t uid, int add)
 {
-    int r = seen_set_update(&s->seen.seenuids, uid, add);
+    int r;
 
+    if (s->nseenchg == s->seenchg_alloc) {
+        size_t na = s->seenchg_alloc ? s->seenchg_alloc * 2 : 16;
+        struct imap_seen_chg *nc = realloc(s->seenchg, na * sizeof(*nc));
+
+        if (!nc)
+            return STORE_NOMEM;
+        s->seenchg = nc;
+        s->seenchg_alloc = na;
+    }
+    r = seen_set_update(&s->seen.seenuids, uid, add);
     if (r == STORE_CORRUPT) {
         buf_reset(&s->seen.seenuids);   /* unreadable: start afresh */
         r = seen_set_update(&s->seen.seenuids, uid, add);
     }
-    if (r == STORE_OK && add && uid > s->seen.lastuid)
-        s->seen.lastuid = uid;
+    if (r == STORE_OK) {
+        s->seenchg[s->nseenchg].uid = uid;
+        s->seenchg[s->nseenchg].add = add;
+        s->nseenchg++;
+    }
     return r;
 }
 
@@ -1179,7 +1233,7 @@ static void imap_cmd_status(struct imap_session *s)
     struct mailbox *mb = NULL;
     struct mailbox_header h;
     struct seen_data sd = { 0, 0, 0, BUF_INITIALIZER };
-    uint32_t unseen = 0;
+    uint32_t unseen = 0, recent = 0;
     int r, locked = 0, useseen = 0;
 
     if (imap_name_arg(s, 0, &name) != 0)
@@ -1200,10 +1254,13 @@ static void imap_cmd_status(struct imap_session *s)
             struct mailbox_record rec;
 
             r = mailbox_read_record(mb, i, &rec);
-            if (r == STORE_OK &&
-                !(rec.flags & (MAILBOX_FLAG_EXPUNGED |
-                               MAILBOX_FLAG_ABORTED)) &&
-                !(useseen ? seen_set_contains(buf_cstring(&sd.seenuids),
+            if (r != STORE_OK ||
+                (rec.flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED)))
+                continue;
+            /* \Recent: not yet seen by a read-write SELECT of the user */
+            if (useseen && rec.uid > sd.lastuid)
+                recent++;
+            if (!(useseen ? seen_set_contains(buf_cstring(&sd.seenuids),
                                               rec.uid) != 0
                           : (rec.flags & MAILBOX_FLAG_SEEN) != 0))
                 unseen++;
@@ -1229,7 +1286,7 @@ static void imap_cmd_status(struct imap_session *s)
             prot_printf(s->p, "MESSAGES %u", (unsigned)h.exists);
             break;
         case IMAPPARSE_STATUS_RECENT:
-            prot_puts(s->p, "RECENT 0");
+            prot_printf(s->p, "RECENT %u", (unsigned)recent);
             break;
         case IMAPPARSE_STATUS_UIDNEXT:
             prot_printf(s->p, "UIDNEXT %u", (unsigned)h.uidnext);
@@ -1420,8 +1477,9 @@ static void imap_cmd_select(struct imap_session *s, int examine)
                     pf.len ? buf_cstring(&pf) + 1 : "");
         buf_free(&pf);
     }
+    s->recent_base = s->seen.lastuid;
     prot_printf(s->p, "* %zu EXISTS\r\n", s->nmsgs);
-    prot_puts(s->p, "* 0 RECENT\r\n");
+    prot_printf(s->p, "* %zu RECENT\r\n", imap_recent_mark(s));
     if (firstunseen)
         prot_printf(s->p, "* OK [UNSEEN %u] First unseen\r\n",
                     (unsigned)firstunseen);
@@ -1466,10 +1524,117 @@ static int imap_index_changed(struct imap_session *s)
            st.st_mtim.tv_nsec != s->ist.st_mtim.tv_nsec;
 }
 
-/* "(\Seen kw ...)" of a message's flags into out. */
-static void imap_flags_text(struct imap_session *s, uint32_t flags,
-                            const uint32_t *uflags, struct buf *out)
+/* The view entry of uid (binary search: the view is in uid order), or
+ * NULL. */
+static struct imap_msg *imap_msg_find(const struct imap_session *s,
+                                      uint32_t uid)
 {
+    size_t lo = 0, hi = s->nmsgs;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (s->msgs[mid].uid == uid)
+            return &s->msgs[mid];
+        if (s->msgs[mid].uid < uid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* Is uid \Recent in this session? */
+static int imap_uid_recent(const struct imap_session *s, uint32_t uid)
+{
+    const struct imap_msg *m = imap_msg_find(s, uid);
+
+    return m && m->recent;
+}
+
+/* search_params.recent callback (rock = the session). */
+static int imap_search_recent(void *rock, uint32_t uid)
+{
+    return imap_uid_recent(rock, uid);
+}
+
+/* search_params.seen callback (rock = the session). */
+static int imap_search_seen(void *rock, uint32_t uid)
+{
+    struct imap_session *s = rock;
+
+    return seen_set_contains(buf_cstring(&s->seen.seenuids), uid) != 0;
+}
+
+struct imap_recent_claim {
+    uint32_t upto;      /* in: the highest uid of the view */
+    uint32_t from;      /* out: the user's watermark before the claim */
+};
+
+/* seen_update() callback: move the user's \Recent watermark (the seen
+ * state's LASTUID) up to c->upto; SEEN_UPDATE_UNCHANGED when another
+ * session already has them. */
+static int imap_recent_claim_cb(struct seen_data *d, void *rock)
+{
+    struct imap_recent_claim *c = rock;
+
+    c->from = d->lastuid;
+    if (c->upto <= d->lastuid)
+        return SEEN_UPDATE_UNCHANGED;
+    d->lastuid = c->upto;
+    return STORE_OK;
+}
+
+/* \Recent (RFC 3501 2.3.2): a message is \Recent in the first session
+ * of the user that sees it in a read-write SELECT.  The claim is the
+ * seen state's LASTUID, moved up under the seen file's lock, so that two
+ * sessions never both get a message as \Recent.  A read-only view shows
+ * as \Recent what is above the watermark it found at SELECT and claims
+ * nothing.  Marks the view's entries; the number of \Recent messages. */
+static size_t imap_recent_mark(struct imap_session *s)
+{
+    uint32_t from = s->recent_base, upto = UINT32_MAX;
+    size_t n = 0;
+
+    s->recent_new = 0;
+    if (!s->sel_useseen)
+        return 0;
+    if (!s->sel_readonly) {
+        struct imap_recent_claim c = { s->lastuid, 0 };
+        struct seen_db *db;
+        int r = imap_seendb(s, &db);
+
+        if (r == STORE_OK)
+            r = seen_update(db, mailbox_uniqueid(s->sel),
+                            imap_recent_claim_cb, &c, NULL);
+        if (r != STORE_OK) {
+            log_error("imap: cannot record \\Recent user=<%s> "
+                      "mailbox=<%s> error=<%s>", s->userid,
+                      mailbox_name(s->sel), store_strerror(r));
+            from = s->lastuid;      /* nothing is claimed */
+        } else {
+            from = c.from;
+            upto = c.upto;
+        }
+    }
+    for (size_t i = 0; i < s->nmsgs; i++) {
+        struct imap_msg *m = &s->msgs[i];
+
+        if (m->uid > from && m->uid <= upto)
+            m->recent = 1;
+        if (m->recent && !m->gone)
+            n++;
+    }
+    return n;
+}
+
+/* "(\Seen kw ...)" of a message's flags into out. */
+static void imap_flags_text(struct imap_session *s,
+                            const struct mailbox_record *rec,
+                            struct buf *out)
+{
+    uint32_t flags = rec->flags;
+    const uint32_t *uflags = rec->user_flags;
     static const struct { uint32_t bit; const char *name; } sys[] = {
         { MAILBOX_FLAG_ANSWERED, "\\Answered" },
         { MAILBOX_FLAG_FLAGGED, "\\Flagged" },
@@ -1487,6 +1652,12 @@ static void imap_flags_text(struct imap_session *s, uint32_t flags,
             buf_appendcstr(out, sys[i].name);
             first = 0;
         }
+    }
+    if (imap_uid_recent(s, rec->uid)) {
+        if (!first)
+            buf_putc(out, ' ');
+        buf_appendcstr(out, "\\Recent");
+        first = 0;
     }
     for (int i = 0; i < MAILBOX_USER_FLAGS; i++) {
         const char *name;
@@ -1518,7 +1689,7 @@ static void imap_send_flags(struct imap_session *s, size_t seq,
                             struct buf *out)
 {
     buf_printf(out, "* %zu FETCH (FLAGS ", seq);
-    imap_flags_text(s, rec->flags, rec->user_flags, out);
+    imap_flags_text(s, rec, out);
     buf_printf(out, " UID %u", (unsigned)rec->uid);
     if (s->condstore)
         buf_printf(out, " MODSEQ (%llu)", (unsigned long long)rec->modseq);
@@ -1589,6 +1760,7 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
         } else if (rec.uid > s->lastuid) {
             if (imap_msgs_push(s, &rec) != 0)
                 return STORE_NOMEM;
+            s->recent_new = 1;
         }
     }
     while (i < oldn)
@@ -1629,6 +1801,10 @@ static void imap_update(struct imap_session *s)
         r = imap_reconcile(s, !s->no_expunge, &out);
         mailbox_unlock(s->sel);
     }
+    /* new messages: \Recent to this session if no other has them (the
+     * claim takes the seen file's lock, never under the mailbox lock) */
+    if (s->recent_new)
+        buf_printf(&out, "* %zu RECENT\r\n", imap_recent_mark(s));
     if (out.len)
         prot_write(s->p, out.s, out.len);
     buf_free(&out);
@@ -1809,7 +1985,7 @@ static int imap_fetch_att(struct imap_session *s,
     switch (a->kind) {
     case IMAPPARSE_FETCH_FLAGS:
         buf_appendcstr(out, "FLAGS ");
-        imap_flags_text(s, rec->flags, rec->user_flags, out);
+        imap_flags_text(s, rec, out);
         break;
     case IMAPPARSE_FETCH_INTERNALDATE:
         t = (time_t)rec->internaldate;
@@ -1936,9 +2112,8 @@ static void imap_cmd_fetch(struct imap_session *s)
         imap_store_no(s, STORE_IOERROR);
         return;
     }
-    r = mailbox_lock(s->sel, setseen && !s->sel_useseen
-                                 ? MAILBOX_LOCK_EXCLUSIVE
-                                 : MAILBOX_LOCK_SHARED);
+    r = mailbox_lock(s->sel, setseen ? MAILBOX_LOCK_EXCLUSIVE
+                                     : MAILBOX_LOCK_SHARED);
     if (r != STORE_OK) {
         free(items);
         imap_store_no(s, r);
@@ -1946,7 +2121,7 @@ static void imap_cmd_fetch(struct imap_session *s)
     }
     for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
         struct imap_fetch_item *it = &items[nitems];
-        uint32_t recno;
+        uint32_t recno, idxseen;
         int rr;
 
         if (s->msgs[i].gone || !imap_in_set(s, &s->cmd.set, i))
@@ -1961,10 +2136,20 @@ static void imap_cmd_fetch(struct imap_session *s)
         if (f->changedsince_set && it->rec.modseq <= f->changedsince)
             continue;
         it->idx = i;
+        idxseen = it->rec.flags & MAILBOX_FLAG_SEEN;
         imap_rec_seen(s, &it->rec);
         if (setseen && s->sel_useseen &&
             !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+            struct mailbox_record raw = it->rec;
+
             r = imap_seen_set(s, it->rec.uid, 1);
+            /* the modseq moves with the user's \Seen (see STORE); the
+             * index's own \Seen bit stays as it was */
+            raw.flags = (raw.flags & ~(uint32_t)MAILBOX_FLAG_SEEN) | idxseen;
+            if (r == STORE_OK)
+                r = mailbox_rewrite_record(s->sel, recno, &raw);
+            if (r == STORE_OK)
+                r = mailbox_read_record(s->sel, recno, &it->rec);
             it->rec.flags |= MAILBOX_FLAG_SEEN;
             it->markseen = 1;
             seenchanged = 1;
@@ -2013,7 +2198,7 @@ static void imap_cmd_fetch(struct imap_session *s)
         }
         if (it->markseen && !wantflags) {
             buf_appendcstr(&out, " FLAGS ");
-            imap_flags_text(s, it->rec.flags, it->rec.user_flags, &out);
+            imap_flags_text(s, &it->rec, &out);
         }
         /* RFC 7162 3.2: MODSEQ with CHANGEDSINCE, and with FLAGS once
          * CONDSTORE is on */
@@ -2165,7 +2350,7 @@ static void imap_cmd_store(struct imap_session *s)
         struct imap_msg *m = &s->msgs[i];
         struct mailbox_record rec, old;
         uint32_t recno, idxseen;
-        int rr;
+        int rr, recseen;
 
         if (m->gone || !imap_in_set(s, &s->cmd.set, i))
             continue;
@@ -2203,6 +2388,7 @@ static void imap_cmd_store(struct imap_session *s)
                 memcpy(rec.user_flags, user, sizeof(user));
             break;
         }
+        recseen = 0;
         if (s->sel_useseen) {
             uint32_t seen = rec.flags & MAILBOX_FLAG_SEEN;
 
@@ -2211,11 +2397,15 @@ static void imap_cmd_store(struct imap_session *s)
                 if (r != STORE_OK)
                     break;
                 seenchanged = 1;
+                recseen = 1;
             }
             rec.flags = (rec.flags & ~(uint32_t)MAILBOX_FLAG_SEEN) | idxseen;
             old.flags = (old.flags & ~(uint32_t)MAILBOX_FLAG_SEEN) | idxseen;
         }
-        if (rec.flags != old.flags ||
+        /* a change of the user's \Seen moves the message's modseq too
+         * (the record is rewritten with its flags as they were), so that
+         * CONDSTORE clients and the user's other sessions learn of it */
+        if (recseen || rec.flags != old.flags ||
             memcmp(rec.user_flags, old.user_flags,
                    sizeof(rec.user_flags)) != 0) {
             r = mailbox_rewrite_record(s->sel, recno, &rec);
@@ -2326,10 +2516,10 @@ static void imap_cmd_search(struct imap_session *s)
     sp.nmsgs = (uint32_t)s->nmsgs;
     sp.utf8 = c->utf8;
     sp.return_uids = c->uid;
-    if (s->sel_useseen) {
-        sp.seen = search_seen_set;
-        sp.rock = (void *)buf_cstring(&s->seen.seenuids);
-    }
+    sp.rock = s;
+    sp.recent = imap_search_recent;
+    if (s->sel_useseen)
+        sp.seen = imap_search_seen;
     r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
     if (r == STORE_OK) {
         r = search_run(&sp, c->search, &res);
@@ -2724,15 +2914,30 @@ out:
     buf_free(&chunk);
 }
 
-/* A copy of a message file in a new staging file on `partition`. */
-static int imap_stage_copy(struct imap_session *s, uint32_t uid,
+/* A stage for message `rec` of the selected mailbox on `partition`: a
+ * hard link of its file (single-instance store, no bytes copied), or a
+ * copy of the bytes when the file system refuses the link. */
+static int imap_stage_copy(struct imap_session *s,
+                           const struct mailbox_record *rec,
                            const char *partition, struct append_stage **st_r)
 {
     char data[65536];
+    struct buf path = BUF_INITIALIZER;
+    struct mailbox_msginfo info;
     int fd = -1, r;
 
     *st_r = NULL;
-    r = mailbox_open_message(s->sel, uid, &fd);
+    memset(&info, 0, sizeof(info));
+    info.size = rec->size;
+    info.header_size = rec->header_size;
+    memcpy(info.digest, rec->digest, sizeof(info.digest));
+    mailbox_message_path(s->sel, rec->uid, &path);
+    r = append_stage_link(s->srv->conf, partition, buf_cstring(&path), &info,
+                          st_r);
+    buf_free(&path);
+    if (r != STORE_NOTIMPLEMENTED)
+        return r;
+    r = mailbox_open_message(s->sel, rec->uid, &fd);
     if (r == STORE_OK)
         r = append_stage_open(s->srv->conf, partition, st_r);
     while (r == STORE_OK) {
@@ -2819,7 +3024,7 @@ static void imap_cmd_copy(struct imap_session *s, int move)
     }
     r = append_begin(s->srv->conf, &t);
     for (size_t k = 0; k < n && r == STORE_OK; k++) {
-        r = imap_stage_copy(s, recs[k].uid, e->partition, &stages[k]);
+        r = imap_stage_copy(s, &recs[k], e->partition, &stages[k]);
         if (r == STORE_OK) {
             uint32_t fl = recs[k].flags & MAILBOX_SYSTEM_FLAGS &
                           imap_settable(rights);
@@ -3144,7 +3349,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
     s.opts.cont = imap_continue;
     s.opts.rock = &s;
     imapparse_cmd_init(&s.cmd);
-    prot_settimeout(p, srv->timeout);
+    prot_settimeout(p, srv->prelogin_timeout);
     log_debug("imap: connection peer=<%s>", conn->peer);
 
     if (conn->implicit_tls) {
@@ -3220,6 +3425,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
 out:
     imap_unselect(&s, 0);
     seen_close(&s.seendb);
+    free(s.seenchg);
     imapparse_cmd_free(&s.cmd);
     buf_free(&s.line);
     buf_free(&s.inbox);

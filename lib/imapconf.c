@@ -191,6 +191,10 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 10, .max = 86400,
       .desc = "seconds an LMTP client may stay silent before the "
               "connection is closed with 421" },
+    { .name = "prelogin_timeout", .type = IMAPCONF_INT, .def = "60",
+      .min = 5, .max = 3600,
+      .desc = "seconds an IMAP client may stay idle before it has logged "
+              "in (then `timeout` applies)" },
     { .name = "timeout", .type = IMAPCONF_INT, .def = "32",
       .min = 30, .max = 1440,
       .desc = "minutes an IMAP client may stay idle before the autologout "

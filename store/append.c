@@ -128,7 +128,8 @@ static int append_errno(int e)
 
 /* Create a new empty staging file on partition `partname` into *p. */
 static int append_part_create(const struct imapconf *conf,
-                              const char *partname, struct append_part *p)
+                              const char *partname, const char *linkfrom,
+                              struct append_part *p)
 {
     struct buf dir = BUF_INITIALIZER, path = BUF_INITIALIZER;
     const char *root;
@@ -159,11 +160,30 @@ static int append_part_create(const struct imapconf *conf,
             r = STORE_NOMEM;
             goto out;
         }
-        fd = open(buf_cstring(&path), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-                  APPEND_FILE_MODE);
+        if (!linkfrom)
+            fd = open(buf_cstring(&path),
+                      O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, APPEND_FILE_MODE);
+        else if (link(linkfrom, buf_cstring(&path)) == 0) {
+            fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) {
+                e = errno;
+                unlink(buf_cstring(&path));
+                errno = e;
+            }
+        } else
+            fd = -1;
         if (fd >= 0)
             break;
         e = errno;
+        if (linkfrom && e != ENOENT && e != EEXIST && e != EINTR) {
+            /* EXDEV, EMLINK, EPERM...: the caller copies instead */
+            r = STORE_NOTIMPLEMENTED;
+            goto out;
+        }
+        if (linkfrom && e == ENOENT && access(linkfrom, F_OK) != 0) {
+            r = STORE_NOTFOUND;     /* the source went away */
+            goto out;
+        }
         if (e == ENOENT && !made_dir) {
             made_dir = 1;
             if (fs_mkdir_p(buf_cstring(&dir), APPEND_DIR_MODE) != 0) {
@@ -252,7 +272,7 @@ int append_stage_open(const struct imapconf *conf, const char *partition,
     maxsize = imapconf_getint(conf, "maxmessagesize");
     if (maxsize > 0 && (unsigned long long)maxsize < st->limit)
         st->limit = (uint64_t)maxsize;
-    r = append_part_create(conf, partition, &st->parts[0]);
+    r = append_part_create(conf, partition, NULL, &st->parts[0]);
     if (r)
         goto fail;
     st->nparts = 1;
@@ -265,6 +285,45 @@ fail:
     free(st->parts);
     free(st);
     return r;
+}
+
+int append_stage_link(const struct imapconf *conf, const char *partition,
+                      const char *msgpath, const struct mailbox_msginfo *info,
+                      struct append_stage **st_r)
+{
+    struct append_stage *st;
+    int r;
+
+    *st_r = NULL;
+    if (!partition)
+        partition = imapconf_getstring(conf, "defaultpartition");
+    if (!partition || !*partition)
+        return STORE_BADPARTITION;
+    st = calloc(1, sizeof(*st));
+    if (!st)
+        return STORE_NOMEM;
+    st->conf = conf;
+    st->parts = calloc(2, sizeof(*st->parts));
+    if (!st->parts) {
+        free(st);
+        return STORE_NOMEM;
+    }
+    st->parts_alloc = 2;
+    r = append_part_create(conf, partition, msgpath, &st->parts[0]);
+    if (r) {
+        free(st->parts);
+        free(st);
+        return r;
+    }
+    st->nparts = 1;
+    st->info = *info;
+    st->size = info->size;
+    st->header_size = info->header_size;
+    st->hdr = APPEND_HDR_DONE;
+    st->limit = APPEND_MAX_SIZE;
+    st->closed = 1;
+    *st_r = st;
+    return STORE_OK;
 }
 
 /* Write the buffered bytes to the staging file. */
@@ -491,7 +550,7 @@ static int append_stage_part(struct append_stage *st, const char *partname,
         st->parts_alloc = nalloc;
     }
     p = &st->parts[st->nparts];
-    r = append_part_create(st->conf, partname, p);
+    r = append_part_create(st->conf, partname, NULL, p);
     if (r)
         return r;
     r = append_part_copy(st, p);

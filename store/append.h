@@ -77,6 +77,19 @@ int append_stage_close(struct append_stage *st);
 /* Size, header size and digest; meaningful after a successful
  * append_stage_close() (zeros before).  Owned by the stage. */
 const struct mailbox_msginfo *append_stage_info(const struct append_stage *st);
+/* A closed stage for a message already in the store (IMAP COPY): the
+ * message file `msgpath` is hard-linked into the staging directory of
+ * `partition` (NULL = defaultpartition) instead of being copied, and
+ * `info` (the source record's size, header size and digest) is taken as
+ * the stage's.  Message files are never changed after their commit, so
+ * the link is the message.  STORE_OK, STORE_NOTFOUND (msgpath is gone:
+ * expunged and cleaned up meanwhile), STORE_NOTIMPLEMENTED (no hard link
+ * possible: another file system, EMLINK, ...; copy the bytes with
+ * append_stage_open() instead), STORE_BADPARTITION, STORE_IOERROR,
+ * STORE_NOSPACE, STORE_NOMEM. */
+int append_stage_link(const struct imapconf *conf, const char *partition,
+                      const char *msgpath, const struct mailbox_msginfo *info,
+                      struct append_stage **st_r);
 /* Close and unlink the staging file(s) and free; sets *stp NULL (no-op
  * when NULL).  The mailboxes' hard links keep the message. */
 void append_stage_free(struct append_stage **stp);

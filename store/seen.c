@@ -313,7 +313,11 @@ void seen_close(struct seen_db **sp)
 
 /* ---- read / write ----------------------------------------------------- */
 
-int seen_read(struct seen_db *s, const char *uniqueid, struct seen_data *d)
+/* seen_read() inside transaction *tid (NULL: its own); with lock set the
+ * record is read under the write lock (cyrusdb_fetchlock). */
+static int seen_read_tid(struct seen_db *s, const char *uniqueid,
+                         struct seen_data *d, struct cyrusdb_txn **tid,
+                         int lock)
 {
     const char *data;
     size_t datalen, keylen;
@@ -323,7 +327,10 @@ int seen_read(struct seen_db *s, const char *uniqueid, struct seen_data *d)
     seen_data_clear(d);
     if ((r = seen_keylen(uniqueid, &keylen)) != STORE_OK)
         return r;
-    r = cyrusdb_fetch(s->db, uniqueid, keylen, &data, &datalen, NULL);
+    if (lock)
+        r = cyrusdb_fetchlock(s->db, uniqueid, keylen, &data, &datalen, tid);
+    else
+        r = cyrusdb_fetch(s->db, uniqueid, keylen, &data, &datalen, tid);
     if (r == CYRUSDB_NOTFOUND)
         return STORE_OK;
     if (r != CYRUSDB_OK) {
@@ -344,8 +351,14 @@ int seen_read(struct seen_db *s, const char *uniqueid, struct seen_data *d)
     return STORE_OK;
 }
 
-int seen_write(struct seen_db *s, const char *uniqueid,
-               const struct seen_data *d)
+int seen_read(struct seen_db *s, const char *uniqueid, struct seen_data *d)
+{
+    return seen_read_tid(s, uniqueid, d, NULL, 0);
+}
+
+/* seen_write() inside transaction *tid (NULL: its own). */
+static int seen_write_tid(struct seen_db *s, const char *uniqueid,
+                          const struct seen_data *d, struct cyrusdb_txn **tid)
 {
     struct buf val = BUF_INITIALIZER;
     size_t keylen;
@@ -369,7 +382,7 @@ int seen_write(struct seen_db *s, const char *uniqueid,
         buf_free(&val);
         return STORE_NOMEM;
     }
-    r = cyrusdb_store(s->db, uniqueid, keylen, val.s, val.len, NULL);
+    r = cyrusdb_store(s->db, uniqueid, keylen, val.s, val.len, tid);
     buf_free(&val);
     if (r != CYRUSDB_OK) {
         log_error("seen: store failed file=<%s> uniqueid=<%s> error=<%s>",
@@ -378,6 +391,58 @@ int seen_write(struct seen_db *s, const char *uniqueid,
         return store_from_cyrusdb(r);
     }
     return STORE_OK;
+}
+
+int seen_write(struct seen_db *s, const char *uniqueid,
+               const struct seen_data *d)
+{
+    return seen_write_tid(s, uniqueid, d, NULL);
+}
+
+int seen_update(struct seen_db *s, const char *uniqueid,
+                int (*apply)(struct seen_data *d, void *rock), void *rock,
+                struct seen_data *result)
+{
+    struct cyrusdb_txn *tid = NULL;
+    struct seen_data d;
+    int r, cr;
+
+    memset(&d, 0, sizeof(d));
+    r = seen_read_tid(s, uniqueid, &d, &tid, 1);
+    if (r == STORE_CORRUPT) {
+        seen_data_clear(&d);    /* logged: start afresh */
+        r = STORE_OK;
+    }
+    if (r == STORE_OK) {
+        r = apply(&d, rock);
+        if (r == SEEN_UPDATE_UNCHANGED) {
+            if (tid)
+                cyrusdb_abort(s->db, tid);
+            seen_data_free(&d);
+            return STORE_OK;
+        }
+    }
+    if (r == STORE_OK)
+        r = seen_write_tid(s, uniqueid, &d, &tid);
+    if (tid) {
+        if (r == STORE_OK) {
+            cr = cyrusdb_commit(s->db, tid);
+            if (cr != CYRUSDB_OK) {
+                log_error("seen: commit failed file=<%s> error=<%s>",
+                          s->fname, cyrusdb_strerror(cr));
+                r = store_from_cyrusdb(cr);
+            }
+        } else {
+            cyrusdb_abort(s->db, tid);
+        }
+    }
+    if (r == STORE_OK && result) {
+        seen_data_free(result);
+        *result = d;
+    } else {
+        seen_data_free(&d);
+    }
+    return r;
 }
 
 int seen_delete(struct seen_db *s, const char *uniqueid)

@@ -49,6 +49,19 @@ int seen_read(struct seen_db *s, const char *uniqueid, struct seen_data *d);
  * would refuse it.  STORE_IOERROR. */
 int seen_write(struct seen_db *s, const char *uniqueid,
                const struct seen_data *d);
+/* Read-modify-write of a mailbox's state in ONE transaction, under the
+ * seen file's write lock, so that concurrent sessions of the user never
+ * lose each other's changes: reads the state (a damaged one counts as
+ * empty, logged), calls apply(d, rock) to change it (apply's non-zero
+ * STORE_* code aborts; nothing written; SEEN_UPDATE_UNCHANGED ends the
+ * transaction without a write and returns STORE_OK, *result untouched),
+ * writes and commits.  On STORE_OK
+ * the state written is moved into *result (when not NULL; what *result
+ * held is freed).  Errors as seen_read()/seen_write(). */
+#define SEEN_UPDATE_UNCHANGED (-1)
+int seen_update(struct seen_db *s, const char *uniqueid,
+                int (*apply)(struct seen_data *d, void *rock), void *rock,
+                struct seen_data *result);
 /* Remove a mailbox's state (STORE_OK also when there was none). */
 int seen_delete(struct seen_db *s, const char *uniqueid);
 void seen_data_free(struct seen_data *d);

@@ -9,6 +9,7 @@ Environment: top_builddir, TEST_TMPDIR (see ../testlib.py), IMAP_TESTS
 (space separated test names: run only those), LMTP_KEEP=1 (keep the
 temporary directories).  Python 3 standard library only.
 """
+import imaplib
 import os
 import re
 import socket
@@ -81,6 +82,67 @@ class ImapInstance(Instance):
                   "LMTP delivery to %s: %r %r %r %r" % (rcpt, mr, rr, dr,
                                                         per))
             c.cmd("QUIT")
+
+
+class _GrammarTee:
+    """Mixin for imaplib.IMAP4 / IMAP4_SSL: every byte imaplib reads from
+    the server (lines and literals) is also cut into whole responses,
+    each checked against the RFC 3501 grammar (imapgrammar.py), the first
+    as a greeting; a malformed one fails the test at once."""
+
+    def _tee(self, data):
+        if not hasattr(self, "_gbuf"):
+            self._gbuf = b""
+            self._gneed = 0
+            self._gcur = b""
+            self._ggreeted = False
+            self.responses_checked = 0
+        self._gbuf += data
+        while True:
+            if self._gneed:
+                take = min(self._gneed, len(self._gbuf))
+                self._gcur += self._gbuf[:take]
+                self._gbuf = self._gbuf[take:]
+                self._gneed -= take
+                if self._gneed:
+                    return
+            i = self._gbuf.find(b"\r\n")
+            if i < 0:
+                return
+            line, self._gbuf = self._gbuf[:i], self._gbuf[i + 2:]
+            self._gcur += line
+            m = re.search(rb"\{(\d+)\+?\}$", line)
+            if m and not self._gcur.startswith(b"+"):
+                self._gneed = int(m.group(1))
+                self._gcur += b"\r\n"
+                continue
+            resp, self._gcur = self._gcur, b""
+            if self._ggreeted:
+                why = validate(resp)
+            else:
+                why = validate_greeting(resp)
+                self._ggreeted = True
+            self.responses_checked += 1
+            check(why is None, "imaplib: response violates the IMAP "
+                  "grammar: %s\nresponse: %r" % (why, resp[:500]))
+
+    def readline(self):
+        line = super().readline()
+        self._tee(line)
+        return line
+
+    def read(self, size):
+        data = super().read(size)
+        self._tee(data)
+        return data
+
+
+class IMAP4(_GrammarTee, imaplib.IMAP4):
+    """imaplib.IMAP4 with every server response grammar-checked."""
+
+
+class IMAP4_SSL(_GrammarTee, imaplib.IMAP4_SSL):
+    """imaplib.IMAP4_SSL with every server response grammar-checked."""
 
 
 class ConnectionClosed(Exception):

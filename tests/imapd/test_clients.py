@@ -29,8 +29,8 @@ import tempfile
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from imaphelp import (ImapInstance, check, make_message,  # noqa: E402
-                      run_imap_tests, tls_context)
+from imaphelp import (IMAP4, ImapInstance, check,  # noqa: E402
+                      make_message, run_imap_tests, tls_context)
 from testlib import Skip  # noqa: E402
 
 IMTEST = "/usr/lib/cyrus/bin/imtest"
@@ -64,7 +64,7 @@ def tls_login_logged(log):
 
 
 def login():
-    m = imaplib.IMAP4(*inst().addr(), timeout=20)
+    m = IMAP4(*inst().addr(), timeout=20)
     m.starttls(tls_context())
     m.login(USER, PASSWORD)
     return m

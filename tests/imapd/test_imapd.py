@@ -28,8 +28,8 @@ import sys
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from imaphelp import (SERVERNAME, ImapInstance, Raw,  # noqa: E402
-                      ConnectionClosed, check, crc32c, make_sasldb_extra,
+from imaphelp import (IMAP4, IMAP4_SSL, SERVERNAME,  # noqa: E402
+                      ImapInstance, Raw, ConnectionClosed, check, crc32c, make_sasldb_extra,
                       parse_list, run_imap_tests, tls_context, wait_until)
 
 ALICE, ALICE_PW = "alice", "s3cret-pw"
@@ -44,7 +44,8 @@ _inst = None
 def inst():
     global _inst
     if _inst is None:
-        i = ImapInstance("imapd", conf={"admins": ADMIN},
+        i = ImapInstance("imapd", conf={"admins": ADMIN,
+                                        "prelogin_timeout": "5"},
                          tls=True, sasl=(ALICE, ALICE_PW))
         try:
             make_sasldb_extra(i, BOB, BOB_PW)
@@ -69,7 +70,7 @@ def inst():
 
 def login(user=ALICE, pw=ALICE_PW):
     """An imaplib session after STARTTLS and LOGIN."""
-    m = imaplib.IMAP4(*inst().addr(), timeout=20)
+    m = IMAP4(*inst().addr(), timeout=20)
     m.starttls(tls_context())
     m.login(user, pw)
     return m
@@ -134,7 +135,7 @@ def test_greeting_capability():
 
 
 def test_login_refused_without_tls():
-    m = imaplib.IMAP4(*inst().addr(), timeout=20)
+    m = IMAP4(*inst().addr(), timeout=20)
     try:
         text = no_error(m.login, ALICE, ALICE_PW)
         check("PRIVACYREQUIRED" in text, "LOGIN without TLS: %r" % text)
@@ -162,7 +163,7 @@ def test_login_after_starttls():
 
 
 def test_wrong_password():
-    m = imaplib.IMAP4(*inst().addr(), timeout=20)
+    m = IMAP4(*inst().addr(), timeout=20)
     m.starttls(tls_context())
     try:
         text = no_error(m.login, ALICE, "wrong")
@@ -178,7 +179,7 @@ def test_wrong_password():
 
 def test_authenticate_plain_imaps():
     # imaps: TLS first, then AUTHENTICATE PLAIN by continuation (imaplib)
-    m = imaplib.IMAP4_SSL("127.0.0.1", inst().imaps_port,
+    m = IMAP4_SSL("127.0.0.1", inst().imaps_port,
                           ssl_context=tls_context(), timeout=20)
     try:
         typ, _ = m.authenticate(
@@ -336,13 +337,16 @@ def test_status():
                              "(MESSAGES RECENT UIDNEXT UIDVALIDITY UNSEEN "
                              "HIGHESTMODSEQ)")
         check(typ == "OK", "STATUS %r" % data)
-        mm = re.match(rb'^"INBOX\.Private" \(MESSAGES 2 RECENT 0 UIDNEXT 3 '
+        mm = re.match(rb'^"INBOX\.Private" \(MESSAGES 2 RECENT 2 UIDNEXT 3 '
                       rb'UIDVALIDITY (\d+) UNSEEN 2 HIGHESTMODSEQ (\d+)\)$',
                       data[0])
         check(mm is not None and int(mm.group(1)) > 0, "STATUS %r" % data)
         typ, data = m.status("INBOX", "(MESSAGES)")
         check(typ == "OK" and data[0] == b'"INBOX" (MESSAGES 0)',
               "STATUS INBOX %r" % data)
+        # every response imaplib read was checked against the grammar
+        check(m.responses_checked >= 6, "grammar tee saw only %d responses"
+              % m.responses_checked)
         text = no_error(m.status, "INBOX.NoSuch", "(MESSAGES)")
         check("NONEXISTENT" in text, "STATUS missing %r" % text)
         m.logout()
@@ -588,7 +592,7 @@ def test_fetch():
         check(len(r) == 2, "one FETCH response %r" % r)
         check(literal_of(r[0], b"BODY[]") == spool, "BODY[] != spool file")
         check(b"RFC822.SIZE %d" % len(spool) in r[0], "size %r" % r[0])
-        check(b"FLAGS ()" in r[0] and b"UID 1" in r[0], "%r" % r[0])
+        check(b"FLAGS (\\Recent)" in r[0] and b"UID 1" in r[0], "%r" % r[0])
         check(re.search(rb'INTERNALDATE "\d\d-[A-Z][a-z]{2}-\d{4} '
                         rb'\d\d:\d\d:\d\d [+-]\d{4}"', r[0]), "%r" % r[0])
         # partials
@@ -624,7 +628,7 @@ def test_fetch():
         ok(c.cmd("a8", "FETCH 1 FAST"), "a8")
         ok(c.lcmd("a9", "FETCH 1 FULL"), "a9")
         r = ok(c.cmd("b1", "FETCH 1 FLAGS"), "b1")
-        check(b"FLAGS ()" in r[0], "peek kept unseen %r" % r)
+        check(b"FLAGS (\\Recent)" in r[0], "peek kept unseen %r" % r)
         # EXAMINE: a body fetch sets nothing
         ok(c.cmd("b2", "EXAMINE INBOX.Fetch"), "b2")
         r = c.cmd("b2a", "STORE 1 +FLAGS (\\Flagged)")
@@ -736,16 +740,17 @@ def test_store_expunge_two_sessions():
         ok(a.cmd("a1", "SELECT INBOX.Two"), "a1")
         ok(b.cmd("b1", "SELECT INBOX.Two"), "b1")
         r = ok(a.cmd("a2", "STORE 1 +FLAGS (\\Flagged)"), "a2")
-        check(re.match(rb"^\* 1 FETCH \(FLAGS \(\\Flagged\) UID 1\)$", r[0]),
-              "STORE %r" % r)
+        check(re.match(rb"^\* 1 FETCH \(FLAGS \(\\Flagged \\Recent\) UID 1\)$",
+                       r[0]), "STORE %r" % r)
         r = ok(b.cmd("b2", "NOOP"), "b2")
         check(r[0] == b"* 1 FETCH (FLAGS (\\Flagged) UID 1)", "NOOP %r" % r)
         r = ok(a.cmd("a3", "STORE 2 +FLAGS.SILENT (\\Deleted)"), "a3")
         check(len(r) == 1, ".SILENT %r" % r)
         r = ok(a.cmd("a4", "UID STORE 1 FLAGS (\\Seen $Work)"), "a4")
-        check(r[0] == b"* 1 FETCH (FLAGS (\\Seen $Work) UID 1)", "%r" % r)
+        check(r[0] == b"* 1 FETCH (FLAGS (\\Seen \\Recent $Work) UID 1)",
+              "%r" % r)
         r = ok(a.cmd("a5", "STORE 1 -FLAGS ($Work)"), "a5")
-        check(r[0] == b"* 1 FETCH (FLAGS (\\Seen) UID 1)", "%r" % r)
+        check(r[0] == b"* 1 FETCH (FLAGS (\\Seen \\Recent) UID 1)", "%r" % r)
         # the other session learns of the new keyword and the changes
         r = ok(b.cmd("b2a", "NOOP"), "b2a")
         check(any(ln.startswith(b"* FLAGS (") and b"$Work" in ln
@@ -809,25 +814,26 @@ def test_seen_per_user():
               next(ln for ln in r if b"PERMANENTFLAGS" in ln), "%r" % r)
         # a body fetch sets alice's \Seen, STORE another
         r = ok(a.cmd("a2", "FETCH 1 BODY[TEXT]"), "a2")
-        check(b"FLAGS (\\Seen)" in b"".join(r), "FETCH BODY %r" % r)
+        check(b"FLAGS (\\Seen \\Recent)" in b"".join(r), "FETCH BODY %r" % r)
         r = ok(a.cmd("a3", "STORE 2 +FLAGS (\\Seen \\Flagged)"), "a3")
-        check(r[0] == b"* 2 FETCH (FLAGS (\\Flagged \\Seen) UID 2)",
+        check(r[0] == b"* 2 FETCH (FLAGS (\\Flagged \\Seen \\Recent) UID 2)",
               "STORE %r" % r)
         # the index's shared \Seen bit stays clear
         check(not index_flags(d, 0) & FLAG_SEEN and
               not index_flags(d, 1) & FLAG_SEEN, "index \\Seen set")
-        # bob: \Flagged (shared) shows on NOOP, alice's \Seen does not
+        # bob: \Flagged (shared) shows on NOOP, alice's \Seen does not;
+        # \Recent is per user, so bob's first session has them too
         r = ok(b.cmd("b2", "NOOP"), "b2")
-        check(r[:-1] == [b"* 2 FETCH (FLAGS (\\Flagged) UID 2)"],
+        check(r[:-1] == [b"* 2 FETCH (FLAGS (\\Flagged \\Recent) UID 2)"],
               "bob NOOP %r" % r)
         r = ok(b.cmd("b3", "FETCH 1:3 FLAGS"), "b3")
-        check(r[:-1] == [b"* 1 FETCH (FLAGS ())",
-                         b"* 2 FETCH (FLAGS (\\Flagged))",
-                         b"* 3 FETCH (FLAGS ())"], "bob FETCH %r" % r)
+        check(r[:-1] == [b"* 1 FETCH (FLAGS (\\Recent))",
+                         b"* 2 FETCH (FLAGS (\\Flagged \\Recent))",
+                         b"* 3 FETCH (FLAGS (\\Recent))"], "bob FETCH %r" % r)
         r = ok(b.cmd("b4", "SEARCH UNSEEN"), "b4")
         check(r[0] == b"* SEARCH 1 2 3", "bob SEARCH %r" % r)
         r = ok(b.cmd("b5", "STORE 3 +FLAGS (\\Seen)"), "b5")
-        check(r[0] == b"* 3 FETCH (FLAGS (\\Seen) UID 3)", "%r" % r)
+        check(r[0] == b"* 3 FETCH (FLAGS (\\Seen \\Recent) UID 3)", "%r" % r)
         # and bob's \Seen does not show for alice
         r = ok(a.cmd("a4", "NOOP"), "a4")
         check(len(r) == 1, "alice NOOP %r" % r)
@@ -861,6 +867,140 @@ def test_seen_per_user():
         r = ok(b.cmd("d2", "FETCH 3 FLAGS"), "d2")
         check(r[0] == b"* 3 FETCH (FLAGS (\\Seen))", "bob FETCH %r" % r)
     i.mbtool("check", "user.alice.Shared")
+
+
+def test_recent():
+    """\\Recent (RFC 3501 2.3.2): the first read-write session of the user
+    to see a message gets it as \\Recent, no other; EXAMINE shows without
+    claiming; STATUS counts what no session has claimed yet."""
+    i = inst()
+    i.create("user.alice.Rec")
+    for n in range(2):
+        i.mbtool("deliver", "-D", "-m", "Rec", "alice",
+                 input=b"Subject: r%d\r\n\r\nbody\r\n" % n)
+    with Raw(i.addr()) as a, Raw(i.addr()) as b, Raw(i.addr()) as x:
+        raw_login(a)
+        raw_login(b)
+        raw_login(x)
+        r = ok(x.cmd("x1", "STATUS INBOX.Rec (MESSAGES RECENT)"), "x1")
+        check(r[0] == b'* STATUS "INBOX.Rec" (MESSAGES 2 RECENT 2)',
+              "STATUS %r" % r)
+        r = ok(x.cmd("x2", "EXAMINE INBOX.Rec"), "x2")
+        check(b"* 2 RECENT" in r, "EXAMINE shows \\Recent %r" % r)
+        r = ok(a.cmd("a1", "SELECT INBOX.Rec"), "a1")
+        check(b"* 2 RECENT" in r, "first SELECT %r" % r)
+        r = ok(b.cmd("b1", "SELECT INBOX.Rec"), "b1")
+        check(b"* 0 RECENT" in r, "second SELECT %r" % r)
+        r = ok(a.cmd("a2", "FETCH 1:2 FLAGS"), "a2")
+        check(r[:-1] == [b"* 1 FETCH (FLAGS (\\Recent))",
+                         b"* 2 FETCH (FLAGS (\\Recent))"], "%r" % r)
+        r = ok(b.cmd("b2", "FETCH 1:2 FLAGS"), "b2")
+        check(r[:-1] == [b"* 1 FETCH (FLAGS ())",
+                         b"* 2 FETCH (FLAGS ())"], "%r" % r)
+        r = ok(a.cmd("a3", "SEARCH RECENT"), "a3")
+        check(r[0] == b"* SEARCH 1 2", "%r" % r)
+        ok(a.cmd("a4", "STORE 1 +FLAGS.SILENT (\\Seen)"), "a4")
+        r = ok(a.cmd("a5", "SEARCH NEW"), "a5")
+        check(r[0] == b"* SEARCH 2", "%r" % r)
+        r = ok(b.cmd("b3", "SEARCH OLD"), "b3")
+        check(r[0] == b"* SEARCH 1 2", "%r" % r)
+        r = ok(x.cmd("x3", "STATUS INBOX.Rec (RECENT)"), "x3")
+        check(r[0] == b'* STATUS "INBOX.Rec" (RECENT 0)', "%r" % r)
+        # a new message: the session that hears of it first claims it
+        i.mbtool("deliver", "-D", "-m", "Rec", "alice",
+                 input=b"Subject: r2\r\n\r\nbody\r\n")
+        r = ok(b.cmd("b4", "NOOP"), "b4")
+        check(r[:-1] == [b"* 3 EXISTS", b"* 1 RECENT"], "b NOOP %r" % r)
+        r = ok(a.cmd("a6", "NOOP"), "a6")
+        check(r[:-1] == [b"* 3 EXISTS", b"* 2 RECENT"], "a NOOP %r" % r)
+        r = ok(b.cmd("b5", "FETCH 3 FLAGS"), "b5")
+        check(r[0] == b"* 3 FETCH (FLAGS (\\Recent))", "%r" % r)
+        r = ok(a.cmd("a7", "SEARCH RECENT"), "a7")
+        check(r[0] == b"* SEARCH 1 2", "%r" % r)
+    i.mbtool("check", "user.alice.Rec")
+
+
+def test_seen_concurrent_sessions():
+    """Two sessions of one user set \\Seen on different messages at the
+    same time: none of the changes is lost (the seen state is changed by
+    a locked read-modify-write), and the user's \\Seen moves the
+    message's modseq, so the other session learns of it (CONDSTORE)."""
+    import threading
+    i = inst()
+    i.create("user.alice.Conc")
+    n = 40
+    for k in range(n):
+        i.mbtool("deliver", "-D", "-m", "Conc", "alice",
+                 input=b"Subject: c%d\r\n\r\nbody\r\n" % k)
+    errors = []
+    with Raw(i.addr()) as a, Raw(i.addr()) as b:
+        raw_login(a)
+        raw_login(b)
+        ok(a.cmd("a1", "SELECT INBOX.Conc (CONDSTORE)"), "a1")
+        ok(b.cmd("b1", "SELECT INBOX.Conc (CONDSTORE)"), "b1")
+        r = ok(a.cmd("a2", "FETCH 1 (MODSEQ)"), "a2")
+        ms0 = int(re.search(rb"MODSEQ \((\d+)\)", r[0]).group(1))
+
+        def run(c, tag, first):
+            try:
+                for k in range(first, n + 1, 2):
+                    r = c.cmd("%s%d" % (tag, k),
+                              "STORE %d +FLAGS.SILENT (\\Seen)" % k)
+                    if not r[-1].startswith(b"%s%d OK" % (tag.encode(), k)):
+                        errors.append(r)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+        ts = [threading.Thread(target=run, args=(a, "p", 1)),
+              threading.Thread(target=run, args=(b, "q", 2))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        check(not errors, "STORE failed %r" % errors[:3])
+        r = ok(a.cmd("a3", "FETCH 1 (MODSEQ)"), "a3")
+        ms1 = int(re.search(rb"MODSEQ \((\d+)\)", r[-2]).group(1))
+        check(ms1 > ms0, "\\Seen did not move the modseq (%d, %d)"
+              % (ms0, ms1))
+        # a CONDSTORE client of the user learns of a \Seen change made
+        # by another session through CHANGEDSINCE
+        ok(a.cmd("a4", "STORE 1 -FLAGS.SILENT (\\Seen)"), "a4")
+        r = ok(b.cmd("b2", "FETCH 1:* (FLAGS) (CHANGEDSINCE %d)" % ms1),
+               "b2")
+        check(any(re.match(rb"^\* 1 FETCH \(.*FLAGS \(\)", ln)
+                  for ln in r), "CHANGEDSINCE %r" % r[:4])
+        ok(b.cmd("b3", "STORE 1 +FLAGS.SILENT (\\Seen)"), "b3")
+    with Raw(i.addr()) as c:
+        raw_login(c)
+        r = ok(c.cmd("c1", "STATUS INBOX.Conc (MESSAGES UNSEEN)"), "c1")
+        check(r[0] == b'* STATUS "INBOX.Conc" (MESSAGES %d UNSEEN 0)' % n,
+              "a \\Seen change was lost: %r" % r)
+
+
+def test_autologout():
+    """A client that does not log in is logged out after prelogin_timeout
+    (5 s here); a logged-in one is not (its timer is `timeout`, 30
+    minutes at least), and both timers are checked in the same wait."""
+    import time
+    i = inst()
+    with Raw(i.addr()) as u, Raw(i.addr()) as a:
+        raw_login(a)
+        greeting = u.line()
+        check(greeting.startswith(b"* OK"), "greeting %r" % greeting)
+        t0 = time.monotonic()
+        u.sock.settimeout(15)
+        ln = u.line()
+        waited = time.monotonic() - t0
+        check(ln == b"* BYE Autologout; idle for too long",
+              "unauthenticated client got %r" % ln)
+        check(4.0 <= waited <= 10.0, "autologout after %.1f s" % waited)
+        try:
+            rest = u.line()
+        except ConnectionClosed:
+            rest = None
+        check(not rest, "connection stays open after BYE: %r" % rest)
+        time.sleep(max(0.0, 6.0 - (time.monotonic() - t0)))
+        r = ok(a.cmd("a1", "NOOP"), "a1")
+        check(r == [b"a1 OK NOOP completed"], "logged-in session %r" % r)
 
 
 def test_append():
@@ -928,6 +1068,15 @@ def test_copy_move():
         r = ok(c.cmd("a3", "COPY 1:2 INBOX.Dst"), "a3")
         m = re.match(rb"^a3 OK \[COPYUID (\d+) 1:2 1:2\]", r[-1])
         check(m is not None, "COPY %r" % r)
+        # single-instance store: the copy is a hard link of the source
+        for uid in (1, 2):
+            a = os.stat(os.path.join(i.mailbox_dir("user.alice.Src"),
+                                     "%d." % uid))
+            b = os.stat(os.path.join(i.mailbox_dir("user.alice.Dst"),
+                                     "%d." % uid))
+            check(a.st_ino == b.st_ino and a.st_nlink == 2,
+                  "uid %d: copy is not a hard link (inodes %d %d, "
+                  "links %d)" % (uid, a.st_ino, b.st_ino, a.st_nlink))
         r = c.cmd("a4", "COPY 1 INBOX.Nope")
         check(r[-1].startswith(b"a4 NO [TRYCREATE]"), "%r" % r)
         r = ok(c.cmd("a5", "UID MOVE 2:3 INBOX.Dst"), "a5")
@@ -936,6 +1085,9 @@ def test_copy_move():
               b"* 2 EXPUNGE" in r, "MOVE %r" % r)
         r = ok(c.cmd("a6", "FETCH 1:* UID"), "a6")
         check(len(r) == 2 and b"UID 1" in r[0], "after MOVE %r" % r)
+        r = ok(c.cmd("a6b", "UID COPY 1 INBOX.Dst"), "a6b")
+        check(re.match(rb"^a6b OK \[COPYUID \d+ 1 5\]", r[-1]),
+              "UID COPY %r" % r)
         ok(c.cmd("a7", "SELECT INBOX.Dst"), "a7")
         r = ok(c.lcmd("a8", "FETCH 1:4 (FLAGS BODY.PEEK[HEADER.FIELDS "
                             "(SUBJECT)])"), "a8")
@@ -968,6 +1120,8 @@ def test_idle_sees_lmtp_delivery():
         check(ln == b"* %d EXISTS" % (n + 1), "IDLE got %r" % ln)
         check(seen - delivered < 1.0, "EXISTS %.2f s after the delivery "
               "(%.2f s after IDLE)" % (seen - delivered, seen - t0))
+        ln = c.line()
+        check(re.match(rb"^\* [1-9]\d* RECENT$", ln), "IDLE got %r" % ln)
         # a flag change by another session shows too
         with Raw(i.addr()) as o:
             raw_login(o, "bob", BOB_PW)
@@ -975,7 +1129,8 @@ def test_idle_sees_lmtp_delivery():
             ok(o.cmd("o2", "STORE %d +FLAGS.SILENT (\\Flagged)" % (n + 1)),
                "o2")
         ln = c.line()
-        check(ln.startswith(b"* %d FETCH (FLAGS (\\Flagged)" % (n + 1)),
+        check(ln.startswith(b"* %d FETCH (FLAGS (\\Flagged \\Recent)"
+                            % (n + 1)),
               "IDLE flags %r" % ln)
         c.send("DONE\r\n")
         r = c.until_tagged("i2")
@@ -1006,6 +1161,9 @@ if __name__ == "__main__":
         test_search,
         test_store_expunge_two_sessions,
         test_seen_per_user,
+        test_recent,
+        test_seen_concurrent_sessions,
+        test_autologout,
         test_append,
         test_copy_move,
         test_idle_sees_lmtp_delivery,

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -285,6 +286,86 @@ static void test_read_write(void **state)
     fx_done(&f);
 }
 
+/* seen_update() callbacks */
+static int add_uid_cb(struct seen_data *d, void *rock)
+{
+    return seen_set_update(&d->seenuids, *(const uint32_t *)rock, 1);
+}
+
+static int unchanged_cb(struct seen_data *d, void *rock)
+{
+    (void)d;
+    (void)rock;
+    return SEEN_UPDATE_UNCHANGED;
+}
+
+static int fail_cb(struct seen_data *d, void *rock)
+{
+    (void)rock;
+    d->lastuid = 99;
+    return STORE_NOMEM;
+}
+
+#define UPDATE_ROUNDS 150
+
+/* Two processes add disjoint uids to one record at the same time, each
+ * through seen_update(): no addition is lost (a plain read, then write,
+ * of the whole state would lose some).  Apply's UNCHANGED writes
+ * nothing; an apply error writes nothing and is returned. */
+static void test_update(void **state)
+{
+    struct fx f;
+    struct seen_db *s = NULL;
+    struct seen_data d;
+    pid_t pid[2];
+    int status;
+
+    fx_init(&f, state);
+    for (int k = 0; k < 2; k++) {
+        pid[k] = fork();
+        assert_true(pid[k] >= 0);
+        if (pid[k] == 0) {
+            struct seen_db *cs = NULL;
+            int bad = 0;
+
+            if (seen_open(f.conf, "frank", &cs) != STORE_OK)
+                _exit(2);
+            for (uint32_t u = (uint32_t)k + 1; u <= 2 * UPDATE_ROUNDS;
+                 u += 2)
+                if (seen_update(cs, "uid-c", add_uid_cb, &u, NULL)
+                        != STORE_OK)
+                    bad++;
+            seen_close(&cs);
+            _exit(bad ? 1 : 0);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(waitpid(pid[k], &status, 0), pid[k]);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+    }
+    assert_int_equal(seen_open(f.conf, "frank", &s), STORE_OK);
+    expect_data(s, "uid-c", 0, 0, 0, "1:300");
+
+    /* the result comes back; UNCHANGED and errors write nothing */
+    memset(&d, 0, sizeof(d));
+    {
+        uint32_t u = 400;
+
+        assert_int_equal(seen_update(s, "uid-c", add_uid_cb, &u, &d),
+                         STORE_OK);
+        assert_string_equal(buf_cstring(&d.seenuids), "1:300,400");
+    }
+    assert_int_equal(seen_update(s, "uid-c", unchanged_cb, NULL, NULL),
+                     STORE_OK);
+    assert_int_equal(seen_update(s, "uid-c", fail_cb, NULL, NULL),
+                     STORE_NOMEM);
+    expect_data(s, "uid-c", 0, 0, 0, "1:300,400");
+    seen_close(&s);
+    seen_data_free(&d);
+    fx_done(&f);
+}
+
 static void test_damaged(void **state)
 {
     static const char *const bad[] = {
@@ -435,6 +516,7 @@ static const struct th_case cases[] = {
     { "damaged", test_damaged },
     { "userids", test_userids },
     { "users", test_users },
+    { "update", test_update },
 };
 
 int main(void)
