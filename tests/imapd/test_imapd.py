@@ -45,7 +45,9 @@ def inst():
     global _inst
     if _inst is None:
         i = ImapInstance("imapd", conf={"admins": ADMIN,
-                                        "prelogin_timeout": "5"},
+                                        "prelogin_timeout": "5",
+                                        "sasl_mech_list": "PLAIN LOGIN "
+                                        "SCRAM-SHA-1 SCRAM-SHA-256"},
                          tls=True, sasl=(ALICE, ALICE_PW))
         try:
             make_sasldb_extra(i, BOB, BOB_PW)
@@ -211,6 +213,91 @@ def test_authenticate_plain_imaps():
               "SASL-IR %r" % r)
         r = c.cmd("a5", "LOGIN alice s3cret-pw")
         check(r[-1].startswith(b"a5 BAD"), "second login %r" % r)
+
+
+def scram_exchange(c, tag, mech, user, pw):
+    """An RFC 5802 SCRAM client over AUTHENTICATE (hash from the mechanism
+    name); checks the server's signature; the tagged response lines."""
+    import hashlib
+    import hmac
+    hname = {"SCRAM-SHA-1": "sha1", "SCRAM-SHA-256": "sha256"}[mech]
+    cnonce = base64.b64encode(os.urandom(18)).decode()
+    first_bare = "n=%s,r=%s" % (user, cnonce)
+    c.send("%s AUTHENTICATE %s\r\n" % (tag, mech))
+    ln = c.line()
+    check(ln == b"+ " or ln == b"+", "continuation %r" % ln)
+    c.send(base64.b64encode(("n,," + first_bare).encode()) + b"\r\n")
+    ln = c.line()
+    check(ln.startswith(b"+ "), "server-first %r" % ln)
+    server_first = base64.b64decode(ln[2:]).decode()
+    attrs = dict(kv.split("=", 1) for kv in server_first.split(","))
+    check(attrs["r"].startswith(cnonce), "nonce %r" % server_first)
+    salted = hashlib.pbkdf2_hmac(hname, pw.encode(),
+                                 base64.b64decode(attrs["s"]), int(attrs["i"]))
+    final_wo = "c=biws,r=" + attrs["r"]
+    auth_msg = ",".join((first_bare, server_first, final_wo)).encode()
+    ckey = hmac.new(salted, b"Client Key", hname).digest()
+    csig = hmac.new(hashlib.new(hname, ckey).digest(), auth_msg,
+                    hname).digest()
+    proof = bytes(a ^ b for a, b in zip(ckey, csig))
+    c.send(base64.b64encode((final_wo + ",p=" +
+                             base64.b64encode(proof).decode()).encode())
+           + b"\r\n")
+    ln = c.line()
+    skey = hmac.new(salted, b"Server Key", hname).digest()
+    want = "v=" + base64.b64encode(hmac.new(skey, auth_msg,
+                                            hname).digest()).decode()
+    if ln.startswith(b"+ "):
+        check(base64.b64decode(ln[2:]).decode() == want,
+              "server signature %r" % ln)
+        c.send("\r\n")
+        return c.until_tagged(tag)
+    return [ln] if ln.startswith(tag.encode()) else [ln] + c.until_tagged(tag)
+
+
+def test_authenticate_login_scram():
+    """AUTHENTICATE LOGIN, and SCRAM where the installed Cyrus SASL has it
+    (libsasl2-modules' libscram): a right password logs in and the
+    server proves it knows the password too; a wrong one gets NO."""
+    with Raw(inst().addr()) as c:
+        c.line()
+        c.starttls()
+        r = c.cmd("c1", "CAPABILITY")
+        caps = r[0].split()
+        check(b"AUTH=LOGIN" in caps, "AUTH=LOGIN not offered %r" % r)
+        c.send("l1 AUTHENTICATE LOGIN\r\n")
+        for answer in (ALICE, ALICE_PW):
+            ln = c.line()
+            check(ln.startswith(b"+ "), "LOGIN prompt %r" % ln)
+            c.send(base64.b64encode(answer.encode()) + b"\r\n")
+        r = c.until_tagged("l1")
+        check(r[-1].startswith(b"l1 OK"), "AUTHENTICATE LOGIN %r" % r)
+    scram = [m for m in ("SCRAM-SHA-256", "SCRAM-SHA-1")
+             if ("AUTH=" + m).encode() in caps]
+    if os.path.exists("/usr/lib/x86_64-linux-gnu/sasl2/libscram.so"):
+        check(scram, "libscram is installed but no SCRAM offered %r" % caps)
+    for mech in scram:
+        with Raw(inst().addr()) as c:
+            c.line()
+            c.starttls()
+            r = scram_exchange(c, "s1", mech, BOB, BOB_PW)
+            check(r[-1].startswith(b"s1 OK"), "%s %r" % (mech, r))
+            r = ok(c.cmd("s2", "SELECT INBOX"), "s2")
+        with Raw(inst().addr()) as c:
+            c.line()
+            c.starttls()
+            c.send("w1 AUTHENTICATE %s\r\n" % mech)
+            c.line()
+            c.send(base64.b64encode(b"n,,n=bob,r=abcdefgh") + b"\r\n")
+            ln = c.line()
+            server_first = base64.b64decode(ln[2:]).decode()
+            nonce = dict(kv.split("=", 1)
+                         for kv in server_first.split(","))["r"]
+            c.send(base64.b64encode(("c=biws,r=%s,p=%s" % (
+                nonce, base64.b64encode(b"x" * 20).decode())).encode())
+                + b"\r\n")
+            r = c.until_tagged("w1")
+            check(r[-1].startswith(b"w1 NO"), "wrong proof %r" % r)
 
 
 def test_list_and_acl():
@@ -1151,6 +1238,7 @@ if __name__ == "__main__":
         test_login_after_starttls,
         test_wrong_password,
         test_authenticate_plain_imaps,
+        test_authenticate_login_scram,
         test_list_and_acl,
         test_create_delete_rename,
         test_subscribe_lsub,
