@@ -43,7 +43,13 @@
  * and simply open again, so exactly one rename happens and everybody ends
  * up on the same fresh file.  For lmdb the lock file (NAME-lock) is set
  * aside with it, so that processes still holding the old environment keep
- * theirs and the fresh file gets a fresh one.
+ * theirs and the fresh file gets a fresh one.  An lmdb open takes the two
+ * files one after the other (lock file, then data file), so an open
+ * running across the two renames could pair the old lock file with the
+ * fresh data file, and two writers would then share a data file without
+ * sharing its writer lock.  So for lmdb every open holds a shared flock()
+ * on NAME.gate and the set-aside an exclusive one: the renames happen
+ * between opens, never inside one.
  *
  * PRUNE: one read-only walk collects the keys of expired (and damaged)
  * records into a buffer of at most DUPLICATE_PRUNE_MEM bytes; they are
@@ -60,6 +66,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -237,6 +244,32 @@ out:
     return ret;
 }
 
+/* flock() NAME.gate (created if missing): shared around an open,
+ * exclusive around a set-aside.  The descriptor (close it to unlock), or
+ * -1 (logged). */
+static int duplicate_gate(const char *fname, int exclusive)
+{
+    struct buf gate = BUF_INITIALIZER;
+    int fd = -1;
+
+    if (buf_printf(&gate, "%s.gate", fname) < 0)
+        return -1;
+    fd = open(gate.s, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        log_error("duplicate: cannot open the gate file=<%s> error=<%s>",
+                  gate.s, strerror(errno));
+    while (fd >= 0 && flock(fd, exclusive ? LOCK_EX : LOCK_SH) < 0) {
+        if (errno == EINTR)
+            continue;
+        log_error("duplicate: cannot lock the gate file=<%s> error=<%s>",
+                  gate.s, strerror(errno));
+        close(fd);
+        fd = -1;
+    }
+    buf_free(&gate);
+    return fd;
+}
+
 /*
  * cyrusdb_open() of deliver.db, setting a damaged file aside (see the top).
  * A file counts as damaged when two opens in a row fail on the same inode.
@@ -245,13 +278,19 @@ static int duplicate_open_db(const char *fname, const char *backend,
                              struct cyrusdb **db_r)
 {
     struct stat st, prev;
-    int have_prev = 0, tries, r = CYRUSDB_IOERROR;
+    int have_prev = 0, tries, r = CYRUSDB_IOERROR, gfd = -1, aside;
+    int gated = strcmp(backend, "lmdb") == 0;
     const char *err = NULL;
 
     for (tries = 0; tries < DUPLICATE_OPEN_TRIES; tries++) {
         int have = stat(fname, &st) == 0;
 
+        if (gated && (gfd = duplicate_gate(fname, 0)) < 0)
+            return CYRUSDB_IOERROR;
         r = cyrusdb_open(backend, fname, DUPLICATE_DBFLAGS, db_r, &err);
+        if (gfd >= 0)
+            close(gfd);
+        gfd = -1;
         if (r == CYRUSDB_OK || !duplicate_damage_code(r))
             return r;
         if (!have) {
@@ -266,7 +305,13 @@ static int duplicate_open_db(const char *fname, const char *backend,
             usleep(DUPLICATE_RETRY_USEC);
             continue;
         }
-        if (duplicate_set_aside(fname, backend, &st, err) < 0)
+        if (gated && (gfd = duplicate_gate(fname, 1)) < 0)
+            return r;
+        aside = duplicate_set_aside(fname, backend, &st, err);
+        if (gfd >= 0)
+            close(gfd);
+        gfd = -1;
+        if (aside < 0)
             return r;
         have_prev = 0;
     }
