@@ -1,0 +1,703 @@
+#!/usr/bin/env bash
+# servers.sh - set up, start and stop the mail servers of the benchmark
+# suite, each PRIVATELY: its own configuration files and data directory
+# (on the real disk unless a directory on tmpfs is given), listeners on a
+# UNIX socket and on 127.0.0.1 only, every process started by us and
+# stopped by PID.  System-wide services and /etc are never touched.
+#
+# Servers:
+#   ours     our master with lmtpd (UNIX socket + 127.0.0.1:PORT, -a) and
+#            imapd (127.0.0.1:PORT), from a build directory
+#   cyrus    Cyrus IMAP 3.6 from Debian (/usr/lib/cyrus/bin): master,
+#            lmtpd (UNIX socket), imapd (127.0.0.1:PORT)
+#   dovecot  Dovecot 2.3 from Debian: dovecot-core + dovecot-lmtpd
+#            installed, imap/imap-login from the dovecot-imapd .deb
+#            unpacked privately (it conflicts with cyrus-imapd)
+#
+# Listen backlog: Cyrus's master gets -l 128 (our master's default; its
+# own default of 32 drops connections when 100 clients connect at once).
+#
+# Every server keeps its DEFAULT durability: ours spool_sync group,
+# Cyrus's fsyncs (skiplist/twoskip, message files, index), Dovecot's
+# mail_fsync=optimized.  Users u0001..uN (BENCH_USERS, default 2000) log
+# in with the password "pw"; recipients uNNNN@example.com land in that
+# user's INBOX.
+#
+# As a library:  . bench/servers.sh
+#   srv_setup SERVER DIR [KEY=VALUE...]   configs + data + mailboxes in DIR
+#   srv_clone SRCDIR DSTDIR               a fresh copy of a set-up DIR
+#   srv_start DIR                         start; waits until LMTP and IMAP answer
+#   srv_stop DIR                          stop by PID, check nothing is left
+#                                         (1: something is left; 2: stopped,
+#                                         but a worker of ours crashed)
+#   srv_lmtp DIR / srv_lmtp_tcp DIR / srv_imap DIR   targets for clients
+#   srv_version SERVER                    one line: name and version
+#   srv_count DIR USER                    messages in USER's INBOX (via IMAP)
+# As a command:
+#   bench/servers.sh setup SERVER DIR [KEY=VALUE...]
+#   bench/servers.sh start|stop|status DIR
+#   bench/servers.sh clone SRCDIR DSTDIR | remove DIR
+#   bench/servers.sh version SERVER
+#   bench/servers.sh count DIR USER | count-all DIR   (messages, over IMAP)
+#
+# KEY=VALUE for ours: prefork=N maxchild=N (lmtpunix service; defaults 10
+# and 100), imap_prefork=N imap_maxchild=N, partition=DIR (the spool's
+# directory, e.g. on tmpfs), and any imapd.conf key (duplicate_db=lmdb
+# mboxlist_db=lmdb spool_sync=off stage_dirs=1 ...).  For cyrus:
+# prefork=N maxchild=N and imapd.conf keys.  For dovecot: format=sdbox
+# (default) | mdbox | maildir, and any dovecot.conf top-level key.
+#
+# Environment: BENCH_BUILD (our build directory, default ./build),
+# BENCH_USERS (2000), BENCH_CACHE (/var/cache/mailbench: the
+# dovecot-imapd .deb), BENCH_QUIET=1 (no progress on stderr).
+
+BENCH_USERS=${BENCH_USERS:-2000}
+BENCH_CACHE=${BENCH_CACHE:-/var/cache/mailbench}
+BENCH_SERVERNAME=bench.example
+BENCH_DOMAIN=example.com
+BENCH_PASSWORD=pw
+BENCH_ADMIN=benchadmin
+CYRUS_BIN=${CYRUS_BIN:-/usr/lib/cyrus/bin}
+
+srv_log() { [[ ${BENCH_QUIET:-0} == 1 ]] || echo "servers: $*" >&2; }
+srv_die() { echo "servers: $*" >&2; return 1; }
+
+srv_build_dir() {
+    local b=${BENCH_BUILD:-}
+    [[ -n $b ]] || b=${top_builddir:-$(pwd)/build}
+    (cd "$b" 2>/dev/null && pwd) || srv_die "no build directory $b (set BENCH_BUILD)"
+}
+
+# A free TCP port on 127.0.0.1 (the kernel picks it).
+srv_free_port() {
+    python3 -c 'import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Read DIR/bench.env into srv_* variables (SERVER LMTP LMTP_TCP IMAP PIDFILE ...).
+srv_env() {
+    local d=$1
+    [[ -f $d/bench.env ]] || { srv_die "$d is not a set-up server directory"; return 1; }
+    # shellcheck disable=SC1091
+    . "$d/bench.env"
+}
+
+srv_lmtp() { (srv_env "$1" && echo "$LMTP"); }
+srv_lmtp_tcp() { (srv_env "$1" && echo "$LMTP_TCP"); }
+srv_imap() { (srv_env "$1" && echo "$IMAP"); }
+srv_server() { (srv_env "$1" && echo "$SERVER"); }
+
+srv_version() {
+    case $1 in
+    ours)
+        local b; b=$(srv_build_dir) || return 1
+        local v
+        v=$(sed -n 's/^#define PACKAGE_VERSION "\(.*\)"/\1/p' "$b/config.h" 2>/dev/null)
+        local rev
+        rev=$(git -C "$(dirname "${BASH_SOURCE[0]}")/.." rev-parse --short HEAD 2>/dev/null || echo unknown)
+        echo "ours ${v:-?} (git $rev)" ;;
+    cyrus) echo "cyrus-imapd $(dpkg-query -W -f='${Version}' cyrus-imapd 2>/dev/null || echo '?')" ;;
+    dovecot) echo "dovecot $(dovecot --version 2>/dev/null || echo '?') (dovecot-core $(dpkg-query -W -f='${Version}' dovecot-core 2>/dev/null), imap from $(basename "$(srv_dovecot_deb 2>/dev/null || echo none)"))" ;;
+    *) srv_die "unknown server $1" ;;
+    esac
+}
+
+# The users' names, one per line.
+srv_users() { seq -f 'u%04g' 1 "$BENCH_USERS"; }
+
+# A sasldb (Berkeley DB hash, the format of Debian's libsasl2) with every
+# user's and the admin's password in realm $BENCH_SERVERNAME, written in
+# one go with db5.3_load (saslpasswd2 per user costs ~25 ms: 50 s for
+# 2,000 users).  One user is then checked with sasldblistusers2.
+srv_make_sasldb() {   # FILE
+    local f=$1
+    rm -f "$f"
+    { printf 'VERSION=3\nformat=print\ntype=hash\nHEADER=END\n'
+      { srv_users; echo "$BENCH_ADMIN"; } | awk -v r="$BENCH_SERVERNAME" -v p="$BENCH_PASSWORD" \
+          '{ printf " %s\\00%s\\00userPassword\n %s\n", $1, r, p }'
+      echo DATA=END; } | db5.3_load "$f" || { srv_die "db5.3_load failed"; return 1; }
+    sasldblistusers2 -f "$f" 2>/dev/null | grep "^u0001@$BENCH_SERVERNAME:" >/dev/null ||
+        { srv_die "sasldb $f does not list u0001"; return 1; }
+    chmod 640 "$f"
+}
+
+# Wait until an LMTP (220) or IMAP (* OK) server answers at TARGET
+# (a socket path or host:port); TIMEOUT seconds.
+srv_probe() {   # TARGET KIND(lmtp|imap) TIMEOUT [PID]
+    python3 - "$@" <<'PY'
+import os, socket, sys, time
+target, kind, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+pid = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] else 0
+want = b"220" if kind == "lmtp" else b"* OK"
+end = time.time() + timeout
+last = "no answer"
+while time.time() < end:
+    if pid:
+        try:
+            os.kill(pid, 0)
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    raise ProcessLookupError
+        except (ProcessLookupError, FileNotFoundError):
+            print("%s %s: the server (pid %d) exited" % (kind, target, pid), file=sys.stderr)
+            sys.exit(1)
+    try:
+        if target.startswith("/"):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(2); s.connect(target)
+        else:
+            h, p = target.rsplit(":", 1)
+            s = socket.create_connection((h, int(p)), timeout=2)
+        line = s.recv(512)
+        s.sendall(b"QUIT\r\n" if kind == "lmtp" else b"a LOGOUT\r\n")
+        s.close()
+        if line.startswith(want):
+            sys.exit(0)
+        last = repr(line[:80])
+    except OSError as e:
+        last = str(e)
+    time.sleep(0.1)
+print("%s %s: %s" % (kind, target, last), file=sys.stderr)
+sys.exit(1)
+PY
+}
+
+# Processes carrying BENCH_SERVER_TAG=DIR in their environment (every
+# process a server of DIR started, whoever its parent is by now).
+srv_tagged() {   # DIR
+    local f pid
+    for f in $(grep -lzxF "BENCH_SERVER_TAG=$1" /proc/[0-9]*/environ 2>/dev/null); do
+        pid=${f#/proc/}; pid=${pid%/environ}
+        [[ $pid == "$$" || $pid == "$BASHPID" ]] || echo "$pid"
+    done
+}
+
+# Run as the data's owner (the server's unprivileged user) when root.
+srv_as_owner() {
+    if [[ -n ${OWNER:-} && $(id -u) -eq 0 ]]; then
+        setpriv --reuid="$OWNER" --regid="$(id -g "$OWNER")" --clear-groups "$@"
+    else
+        "$@"
+    fi
+}
+
+# Split KEY=VALUE arguments: srv_kv_special gets the keys in $1 (space
+# separated); the rest go to srv_kv_rest as "KEY: VALUE" lines.
+srv_parse_kv() {   # "SPECIAL KEYS" KEY=VALUE...
+    local special=" $1 " kv k; shift
+    srv_kv_rest=()
+    declare -gA srv_kv=()
+    for kv in "$@"; do
+        [[ $kv == *=* ]] || { srv_die "not KEY=VALUE: $kv"; return 1; }
+        k=${kv%%=*}
+        if [[ $special == *" $k "* ]]; then srv_kv[$k]=${kv#*=}
+        else srv_kv_rest+=("$k: ${kv#*=}"); fi
+    done
+}
+
+# Create DIR (absolute) and refuse one that already holds a server.
+srv_newdir() {
+    local d=$1
+    [[ $d == /* ]] || { srv_die "$d: an absolute directory please"; return 1; }
+    [[ -e $d/bench.env ]] && { srv_die "$d already holds a server (stop it and remove it first)"; return 1; }
+    mkdir -p "$d" && chmod 755 "$d"
+}
+
+# --- ours -------------------------------------------------------------
+
+srv_setup_ours() {   # DIR KEY=VALUE...
+    local d=$1; shift
+    local b p
+    b=$(srv_build_dir) || return 1
+    for p in master/master lmtpd/lmtpd imapd/imapd tools/mbtool; do
+        [[ -x $b/$p ]] || { srv_die "missing $b/$p (build first, or set BENCH_BUILD)"; return 1; }
+    done
+    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition" "$@" || return 1
+    local prefork=${srv_kv[prefork]:-10} maxchild=${srv_kv[maxchild]:-100}
+    local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
+    local partition=$d/spool
+    [[ -n ${srv_kv[partition]:-} ]] && partition=${srv_kv[partition]%/}/$(basename "$d")
+    mkdir -p "$d/conf" "$d/socket" "$partition"
+    OWNER=
+    if [[ $(id -u) -eq 0 ]] && id cyrus >/dev/null 2>&1; then OWNER=cyrus; fi
+    {
+        echo "configdirectory: $d/conf"
+        echo "partition-default: $partition"
+        echo "servername: $BENCH_SERVERNAME"
+        echo "admins: $BENCH_ADMIN"
+        echo "allowplaintext: yes"
+        echo "sasl_pwcheck_method: auxprop"
+        echo "sasl_auxprop_plugin: sasldb"
+        echo "sasl_sasldb_path: $d/sasldb2"
+        echo "sasl_mech_list: PLAIN LOGIN"
+        [[ $(id -u) -eq 0 && -z $OWNER ]] && echo "cyrus_user: root"
+        ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}"
+    } > "$d/imapd.conf"
+    local lport iport
+    lport=$(srv_free_port) iport=$(srv_free_port)
+    cat > "$d/cyrus.conf" <<EOF
+SERVICES {
+  lmtpunix cmd="$b/lmtpd/lmtpd" listen="$d/socket/lmtp" prefork=$prefork maxchild=$maxchild
+  lmtp     cmd="$b/lmtpd/lmtpd -a" listen="127.0.0.1:$lport" prefork=0 maxchild=$maxchild
+  imap     cmd="$b/imapd/imapd" listen="127.0.0.1:$iport" prefork=$iprefork maxchild=$imaxchild
+}
+EOF
+    cat > "$d/bench.env" <<EOF
+SERVER=ours
+LMTP=$d/socket/lmtp
+LMTP_TCP=127.0.0.1:$lport
+IMAP=127.0.0.1:$iport
+PIDFILE=$d/master.pid
+LOG=$d/master.log
+OWNER=$OWNER
+PARTITION=$partition
+EOF
+    srv_make_sasldb "$d/sasldb2" || return 1
+    if [[ -n $OWNER ]]; then
+        chown -R "$OWNER:$(id -gn "$OWNER")" "$d" "$partition"
+    fi
+    # the mailboxes: 16 mbtool processes at a time (each create syncs)
+    srv_log "ours: creating $BENCH_USERS mailboxes in $d"
+    local as=(env)
+    [[ -n $OWNER ]] && as=(setpriv --reuid="$OWNER" --regid="$(id -g "$OWNER")" --clear-groups)
+    srv_users | sed 's/^/user./' |
+        MBTOOL=$b/tools/mbtool CONF=$d/imapd.conf xargs -P 16 -n 50 "${as[@]}" \
+            sh -c 'for m; do "$MBTOOL" -C "$CONF" create "$m" >/dev/null || exit 255; done' sh ||
+        { srv_die "ours: mbtool create failed"; return 1; }
+    local n
+    n=$(srv_as_owner "$b/tools/mbtool" -C "$d/imapd.conf" list 'user.*' | wc -l)
+    [[ $n -eq $BENCH_USERS ]] || { srv_die "ours: $n of $BENCH_USERS mailboxes created"; return 1; }
+}
+
+srv_start_ours() {   # DIR
+    local d=$1 b
+    b=$(srv_build_dir) || return 1
+    rm -f "$d/master.pid" "$d/master.status"
+    BENCH_SERVER_TAG=$d "$b/master/master" -D -l -C "$d/imapd.conf" -M "$d/cyrus.conf" \
+        -p "$d/master.pid" -s "$d/master.status" -T 10 >>"$d/master.log" 2>&1 </dev/null &
+    echo $! > "$d/master.pid.launch"
+}
+
+# --- Cyrus IMAP 3.6 ----------------------------------------------------
+
+srv_setup_cyrus() {   # DIR KEY=VALUE...
+    local d=$1; shift
+    local p
+    for p in master lmtpd imapd ctl_cyrusdb; do
+        [[ -x $CYRUS_BIN/$p ]] || { srv_die "missing $CYRUS_BIN/$p (Debian package cyrus-imapd)"; return 1; }
+    done
+    [[ $(id -u) -eq 0 ]] || { srv_die "cyrus: run as root (its master becomes the cyrus user)"; return 1; }
+    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition" "$@" || return 1
+    local prefork=${srv_kv[prefork]:-10} maxchild=${srv_kv[maxchild]:-100}
+    local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
+    local partition=$d/spool
+    [[ -n ${srv_kv[partition]:-} ]] && partition=${srv_kv[partition]%/}/$(basename "$d")
+    OWNER=cyrus
+    mkdir -p "$d/conf/socket" "$d/socket" "$d/tmp" "$partition"
+    local c=$d/imapd.conf
+    {
+        echo "configdirectory: $d/conf"
+        echo "partition-default: $partition"
+        echo "servername: $BENCH_SERVERNAME"
+        echo "admins: $BENCH_ADMIN"
+        echo "allowplaintext: yes"
+        echo "sasl_pwcheck_method: auxprop"
+        echo "sasl_auxprop_plugin: sasldb"
+        echo "sasl_sasldb_path: $d/sasldb2"
+        echo "sasl_mech_list: PLAIN LOGIN"
+        # private sockets and scratch space instead of /run/cyrus, /tmp
+        echo "idlesocket: $d/socket/idle"
+        echo "notifysocket: $d/socket/notify"
+        echo "lmtpsocket: $d/socket/lmtp"
+        echo "temp_path: $d/tmp"
+        echo "syslog_prefix: cyrus-bench"
+        ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}"
+    } > "$c"
+    local lport iport
+    lport=$(srv_free_port) iport=$(srv_free_port)
+    # its master does not hand -C to the children: every cmd names it
+    cat > "$d/cyrus.conf" <<EOF
+START {
+  recover cmd="$CYRUS_BIN/ctl_cyrusdb -C $c -r"
+}
+SERVICES {
+  imap     cmd="$CYRUS_BIN/imapd -C $c" listen="127.0.0.1:$iport" prefork=$iprefork maxchild=$imaxchild
+  lmtpunix cmd="$CYRUS_BIN/lmtpd -C $c" listen="$d/socket/lmtp" prefork=$prefork maxchild=$maxchild
+  lmtp     cmd="$CYRUS_BIN/lmtpd -a -C $c" listen="127.0.0.1:$lport" prefork=0 maxchild=$maxchild
+}
+EVENTS {
+  checkpoint cmd="$CYRUS_BIN/ctl_cyrusdb -C $c -c" period=30
+}
+EOF
+    cat > "$d/bench.env" <<EOF
+SERVER=cyrus
+LMTP=$d/socket/lmtp
+LMTP_TCP=127.0.0.1:$lport
+IMAP=127.0.0.1:$iport
+PIDFILE=$d/master.pid
+LOG=$d/master.log
+OWNER=$OWNER
+PARTITION=$partition
+EOF
+    srv_make_sasldb "$d/sasldb2" || return 1
+    chown -R cyrus:mail "$d" "$partition"
+    srv_start "$d" || return 1
+    srv_log "cyrus: creating $BENCH_USERS mailboxes over IMAP as $BENCH_ADMIN"
+    local ok=0
+    python3 - "$(srv_imap "$d")" "$BENCH_ADMIN" "$BENCH_PASSWORD" "$BENCH_USERS" <<'PY' && ok=1
+import imaplib, sys
+host, port = sys.argv[1].rsplit(":", 1)
+im = imaplib.IMAP4(host, int(port))
+im.login(sys.argv[2], sys.argv[3])
+typ, data = im.list('""', '""')
+sep = data[0].decode().split('"')[1] if data and data[0] else "."
+n = int(sys.argv[4])
+for i in range(1, n + 1):
+    name = "user%su%04d" % (sep, i)
+    typ, resp = im.create(name)
+    if typ != "OK":
+        sys.exit("CREATE %s: %s %r" % (name, typ, resp))
+typ, data = im.list('""', "user%s%%" % sep)
+if len(data) != n:
+    sys.exit("LIST shows %d of %d mailboxes" % (len(data), n))
+im.logout()
+PY
+    srv_stop "$d" || return 1
+    ((ok)) || { srv_die "cyrus: creating the mailboxes failed"; return 1; }
+}
+
+srv_start_cyrus() {   # DIR
+    local d=$1
+    rm -f "$d/master.pid"
+    BENCH_SERVER_TAG=$d "$CYRUS_BIN/master" -C "$d/imapd.conf" -M "$d/cyrus.conf" -l 128 \
+        -p "$d/master.pid" -L "$d/master.log" </dev/null >/dev/null 2>&1 &
+    echo $! > "$d/master.pid.launch"
+}
+
+# --- Dovecot 2.3 --------------------------------------------------------
+
+srv_dovecot_deb() {
+    local f
+    for f in "$BENCH_CACHE"/dovecot-imapd_*.deb; do
+        [[ -f $f ]] && { echo "$f"; return 0; }
+    done
+    srv_die "no dovecot-imapd .deb in $BENCH_CACHE (scripts/deps.sh --bench downloads it)"
+}
+
+# The dovecot-imapd binaries, unpacked once into the cache next to the .deb
+# (never installed: the package conflicts with cyrus-imapd).
+srv_dovecot_imap_dir() {
+    local deb x
+    deb=$(srv_dovecot_deb) || return 1
+    x=$BENCH_CACHE/$(basename "$deb" .deb)
+    if [[ ! -x $x/usr/lib/dovecot/imap-login ]]; then
+        rm -rf "$x.tmp" && mkdir -p "$x.tmp" && dpkg -x "$deb" "$x.tmp" && mv "$x.tmp" "$x" ||
+            { srv_die "dpkg -x $deb failed"; return 1; }
+    fi
+    echo "$x/usr/lib/dovecot"
+}
+
+srv_setup_dovecot() {   # DIR KEY=VALUE...
+    local d=$1; shift
+    command -v dovecot >/dev/null || { srv_die "dovecot not installed (dovecot-core)"; return 1; }
+    [[ -x /usr/lib/dovecot/lmtp ]] || { srv_die "dovecot lmtp not installed (dovecot-lmtpd)"; return 1; }
+    [[ $(id -u) -eq 0 ]] || { srv_die "dovecot: run as root (its master drops to dovecot/dovenull, mail as user mail)"; return 1; }
+    local x
+    x=$(srv_dovecot_imap_dir) || return 1
+    srv_parse_kv "format partition" "$@" || return 1
+    local format=${srv_kv[format]:-sdbox}
+    local mail=$d/mail
+    [[ -n ${srv_kv[partition]:-} ]] && mail=${srv_kv[partition]%/}/$(basename "$d")
+    case $format in sdbox|mdbox|maildir) ;; *) srv_die "dovecot: format sdbox, mdbox or maildir"; return 1 ;; esac
+    OWNER=mail
+    mkdir -p "$d/run" "$d/state" "$mail"
+    local iport
+    iport=$(srv_free_port)
+    cat > "$d/dovecot.conf" <<EOF
+# private Dovecot instance of the benchmark suite: nothing from /etc/dovecot
+base_dir = $d/run
+state_dir = $d/state
+instance_name = bench-$(basename "$d")
+log_path = $d/dovecot.log
+protocols = imap lmtp
+listen = 127.0.0.1
+ssl = no
+disable_plaintext_auth = no
+auth_mechanisms = plain login
+# recipient u0001@example.com and login u0001 are the same user u0001
+auth_username_format = %Ln
+default_internal_user = dovecot
+default_login_user = dovenull
+first_valid_uid = $(id -u mail)
+last_valid_uid = $(id -u mail)
+mail_location = $format:~/$format
+import_environment = TZ CORE_OUTOFMEM CORE_ERROR BENCH_SERVER_TAG
+namespace inbox {
+  inbox = yes
+  separator = /
+}
+passdb {
+  driver = static
+  args = password=$BENCH_PASSWORD
+}
+userdb {
+  driver = static
+  args = uid=mail gid=mail home=$mail/%n allow_all_users=yes
+}
+service imap-login {
+  executable = $x/imap-login
+  inet_listener imap {
+    address = 127.0.0.1
+    port = $iport
+  }
+  inet_listener imaps {
+    port = 0
+  }
+}
+service imap {
+  executable = $x/imap
+}
+service imap-hibernate {
+  executable = $x/imap-hibernate
+}
+service imap-urlauth {
+  executable = $x/imap-urlauth
+}
+service imap-urlauth-login {
+  executable = $x/imap-urlauth-login
+}
+service imap-urlauth-worker {
+  executable = $x/imap-urlauth-worker
+}
+service lmtp {
+  unix_listener lmtp {
+    mode = 0666
+  }
+}
+EOF
+    ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}" | sed 's/: / = /' >> "$d/dovecot.conf"
+    cat > "$d/bench.env" <<EOF
+SERVER=dovecot
+LMTP=$d/run/lmtp
+LMTP_TCP=
+IMAP=127.0.0.1:$iport
+PIDFILE=$d/master.pid
+LOG=$d/dovecot.log
+OWNER=$OWNER
+PARTITION=$mail
+EOF
+    chown mail:mail "$mail"
+    doveconf -c "$d/dovecot.conf" -n >/dev/null 2>"$d/doveconf.err" ||
+        { srv_die "dovecot: config refused: $(cat "$d/doveconf.err")"; return 1; }
+    # every INBOX made now (a login + STATUS each) so that a run starts
+    # with existing mailboxes, as with the other servers
+    srv_start "$d" || return 1
+    srv_log "dovecot: creating $BENCH_USERS INBOXes ($format) by logging in"
+    local ok=0
+    python3 - "$(srv_imap "$d")" "$BENCH_PASSWORD" "$BENCH_USERS" <<'PY' && ok=1
+import imaplib, sys
+from concurrent.futures import ThreadPoolExecutor
+host, port = sys.argv[1].rsplit(":", 1)
+def make(i):
+    im = imaplib.IMAP4(host, int(port))
+    im.login("u%04d" % i, sys.argv[2])
+    typ, data = im.select("INBOX")   # SELECT creates INBOX (STATUS does not)
+    if typ != "OK":
+        raise SystemExit("SELECT u%04d: %s %r" % (i, typ, data))
+    im.logout()
+with ThreadPoolExecutor(8) as ex:
+    list(ex.map(make, range(1, int(sys.argv[3]) + 1)))
+PY
+    srv_stop "$d" || return 1
+    ((ok)) || { srv_die "dovecot: creating the INBOXes failed"; return 1; }
+}
+
+srv_start_dovecot() {   # DIR
+    local d=$1
+    rm -f "$d/master.pid"
+    BENCH_SERVER_TAG=$d dovecot -F -c "$d/dovecot.conf" </dev/null >>"$d/dovecot.log" 2>&1 &
+    echo $! > "$d/master.pid.launch"
+}
+
+# --- common -------------------------------------------------------------
+
+srv_setup() {   # SERVER DIR KEY=VALUE...
+    local s=$1 d=${2%/}
+    shift 2 || { srv_die "usage: srv_setup SERVER DIR [KEY=VALUE...]"; return 1; }
+    srv_newdir "$d" || return 1
+    case $s in
+    ours|cyrus|dovecot) ( set -o pipefail; "srv_setup_$s" "$d" "$@" ) ;;
+    *) srv_die "unknown server $s (ours, cyrus, dovecot)" ;;
+    esac
+    local rc=$?
+    sync
+    return $rc
+}
+
+# A fresh copy of a set-up (stopped) server directory: same ports,
+# paths rewritten.
+srv_clone() {   # SRC DST
+    local s=${1%/} t=${2%/}
+    (
+        srv_env "$s" || exit 1
+        [[ -f $s/master.pid ]] && kill -0 "$(cat "$s/master.pid")" 2>/dev/null &&
+            { srv_die "$s is running"; exit 1; }
+        srv_newdir "$t" || exit 1
+        rmdir "$t"
+        cp -a "$s" "$t" || exit 1
+        local np=
+        if [[ $PARTITION != "$s"/* ]]; then
+            np=$(dirname "$PARTITION")/$(basename "$t")
+            rm -rf "$np"
+            cp -a "$PARTITION" "$np" || exit 1
+        fi
+        rm -f "$t"/master.pid* "$t"/master.status "$t"/*.log
+        local f
+        for f in "$t"/imapd.conf "$t"/cyrus.conf "$t"/dovecot.conf "$t"/bench.env; do
+            [[ -f $f ]] || continue
+            if [[ -n $np ]]; then sed -i "s|$PARTITION|$np|g" "$f"; fi
+            sed -i "s|$s/|$t/|g; s|=$s\$|=$t|; s|bench-$(basename "$s")\$|bench-$(basename "$t")|" "$f"
+        done
+    )
+}
+
+srv_start() {   # DIR
+    local d=${1%/}
+    (
+        srv_env "$d" || exit 1
+        if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+            srv_die "$SERVER in $d is running already"; exit 1
+        fi
+        "srv_start_$SERVER" "$d"
+        local ok=1
+        local pid
+        pid=$(cat "$d/master.pid.launch" 2>/dev/null || cat "$PIDFILE")
+        srv_probe "$LMTP" lmtp 30 "$pid" && srv_probe "$IMAP" imap 30 "$pid" || ok=0
+        if [[ $SERVER == ours && $ok == 1 ]]; then
+            # wait for the prefork children too (as the status file says)
+            local i
+            for ((i = 0; i < 100; i++)); do
+                awk '$1 == "service" && $2 == "lmtpunix" { for (i = 3; i <= NF; i++) if ($i ~ /^ready=/ && substr($i, 7) + 0 >= 1) ok = 1 } END { exit !ok }' \
+                    "$d/master.status" 2>/dev/null && break
+                sleep 0.1
+            done
+        fi
+        # the PID is the one of the process we started (the server's own
+        # pid file, if any, names the same process: all run in the foreground)
+        mv -f "$d/master.pid.launch" "$PIDFILE"
+        if ((!ok)); then
+            srv_die "$SERVER in $d did not answer; log $LOG:"
+            tail -20 "$LOG" >&2 2>/dev/null
+            srv_stop "$d"
+            exit 1
+        fi
+        srv_log "$SERVER started in $d (pid $(cat "$PIDFILE"), lmtp $LMTP, imap $IMAP)"
+    )
+}
+
+srv_stop() {   # DIR
+    local d=${1%/}
+    (
+        srv_env "$d" || exit 1
+        local pid= i left
+        [[ -s $PIDFILE ]] && pid=$(head -1 "$PIDFILE")
+        [[ -z $pid && -s $d/master.pid.launch ]] && pid=$(cat "$d/master.pid.launch")
+        if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid" 2>/dev/null
+            for ((i = 0; i < 200; i++)); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
+            if kill -0 "$pid" 2>/dev/null; then
+                srv_log "$SERVER master $pid did not stop in 20 s: killed"
+                kill -KILL "$pid" 2>/dev/null
+            fi
+        fi
+        # children still draining, then anything else the server started
+        for ((i = 0; i < 50; i++)); do
+            left=$(srv_tagged "$d")
+            [[ -z $left ]] && break
+            sleep 0.1
+        done
+        if [[ -n $left ]]; then
+            srv_log "$SERVER in $d: killing what is left: $(echo $left)"
+            kill -KILL $left 2>/dev/null
+            sleep 0.2
+            left=$(srv_tagged "$d")
+            if [[ -n $left ]]; then srv_die "$SERVER in $d: still running: $(echo $left)"; exit 1; fi
+        fi
+        rm -f "$PIDFILE" "$d/master.pid.launch"
+        if [[ $SERVER == ours ]] && grep -E 'crashed signal=|AddressSanitizer' "$LOG" >&2; then
+            srv_die "ours: stopped, but a worker crashed or was killed (log $LOG)"; exit 2
+        fi
+        exit 0
+    )
+}
+
+# Remove a stopped server directory (and its partition elsewhere).
+srv_remove() {   # DIR
+    local d=${1%/}
+    (
+        srv_env "$d" || exit 1
+        if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+            srv_die "$d: running; stop it first"; exit 1
+        fi
+        [[ $PARTITION != "$d"/* ]] && rm -rf "$PARTITION"
+        rm -rf "$d"
+    )
+}
+
+# Messages in USER's INBOX, over IMAP (for mailbench --verify cmd:).
+srv_count() {   # DIR USER
+    python3 - "$(srv_imap "$1")" "$2" "$BENCH_PASSWORD" <<'PY'
+import imaplib, re, sys
+host, port = sys.argv[1].rsplit(":", 1)
+im = imaplib.IMAP4(host, int(port))
+im.login(sys.argv[2], sys.argv[3])
+typ, data = im.status("INBOX", "(MESSAGES)")
+print(re.search(rb"MESSAGES (\d+)", data[0]).group(1).decode())
+im.logout()
+PY
+}
+
+# Messages in every user's INBOX, summed (one IMAP connection per user).
+srv_count_all() {   # DIR
+    python3 - "$(srv_imap "$1")" "$BENCH_PASSWORD" "$BENCH_USERS" <<'PY'
+import imaplib, re, sys
+host, port = sys.argv[1].rsplit(":", 1)
+total = 0
+for i in range(1, int(sys.argv[3]) + 1):
+    im = imaplib.IMAP4(host, int(port))
+    im.login("u%04d" % i, sys.argv[2])
+    typ, data = im.status("INBOX", "(MESSAGES)")
+    total += int(re.search(rb"MESSAGES (\d+)", data[0]).group(1))
+    im.logout()
+print(total)
+PY
+}
+
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    set -uo pipefail
+    usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2; }
+    [[ $# -ge 1 ]] || usage
+    cmd=$1; shift
+    case $cmd in
+    setup) [[ $# -ge 2 ]] || usage; srv_setup "$@" ;;
+    start) [[ $# -eq 1 ]] || usage; srv_start "$1" ;;
+    stop) [[ $# -eq 1 ]] || usage; srv_stop "$1" ;;
+    clone) [[ $# -eq 2 ]] || usage; srv_clone "$1" "$2" ;;
+    remove) [[ $# -eq 1 ]] || usage; srv_remove "$1" ;;
+    version) [[ $# -eq 1 ]] || usage; srv_version "$1" ;;
+    count) [[ $# -eq 2 ]] || usage; srv_count "$1" "$2" ;;
+    count-all) [[ $# -eq 1 ]] || usage; srv_count_all "$1" ;;
+    status)
+        [[ $# -eq 1 ]] || usage
+        ( srv_env "$1" || exit 1
+          if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+              echo "$SERVER running pid=$(cat "$PIDFILE") lmtp=$LMTP imap=$IMAP"
+          else
+              echo "$SERVER stopped lmtp=$LMTP imap=$IMAP"; exit 3
+          fi ) ;;
+    *) usage ;;
+    esac
+fi
