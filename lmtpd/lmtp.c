@@ -348,12 +348,20 @@ static int lmtp_is_xtext(const char *s, size_t len)
 
 /* ---- the transaction --------------------------------------------------- */
 
+/* Forget the message.  The two buffers keep their memory for the next
+ * message of the session (a 14 KB message would otherwise grow each of
+ * them by realloc from scratch, copying as it goes); lmtp_serve() frees
+ * them when the session ends. */
 static void lmtp_msg_discard(struct lmtp_msg *m)
 {
+    struct buf out = m->out, hdr = m->hdr;
+
     append_stage_free(&m->st);   /* unlinks the staging file */
-    buf_free(&m->out);
-    buf_free(&m->hdr);
+    buf_reset(&out);
+    buf_reset(&hdr);
     memset(m, 0, sizeof(*m));
+    m->out = out;
+    m->hdr = hdr;
 }
 
 static void lmtp_txn_reset(struct lmtp_session *s)
@@ -381,7 +389,7 @@ static void lmtp_msg_fail(struct lmtp_msg *m, enum lmtp_msgerr err,
         m->err = err;
         m->store_err = store_err;
     }
-    buf_free(&m->out);
+    buf_reset(&m->out);   /* nothing more is written; memory kept */
 }
 
 /* Write what the filter produced to the stage. */
@@ -444,7 +452,26 @@ static void lmtp_msg_eol(struct lmtp_session *s)
     m->linelen = 0;
 }
 
-/* Bytes of the message (after dot-unstuffing), cut anywhere. */
+/* The length of the run of bytes at p that are none of CR, LF and NUL
+ * (the filter's special bytes): three vectorized memchr() calls, each
+ * over what is left of the run, instead of a loop over every byte. */
+static size_t lmtp_plain_span(const char *p, size_t n)
+{
+    const char *q;
+
+    if ((q = memchr(p, '\r', n)) != NULL)
+        n = (size_t)(q - p);
+    if ((q = memchr(p, '\n', n)) != NULL)
+        n = (size_t)(q - p);
+    if ((q = memchr(p, '\0', n)) != NULL)
+        n = (size_t)(q - p);
+    return n;
+}
+
+/* Bytes of the message (after dot-unstuffing), cut anywhere.  The usual
+ * line, ordinary bytes then CRLF in the same piece, goes out with one
+ * lmtp_msg_emit() (what it does for run + CRLF is what two calls would
+ * do: the size check and the header copy see the same bytes). */
 static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
                           size_t len)
 {
@@ -472,6 +499,12 @@ static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
             continue;   /* c starts the next line */
         }
         if (c == '\r') {
+            if (i + 1 < len && data[i + 1] == '\n') {
+                lmtp_msg_emit(s, "\r\n", 2);   /* an empty line */
+                lmtp_msg_eol(s);
+                i += 2;
+                continue;
+            }
             m->cr = 1;
             i++;
             continue;
@@ -492,16 +525,21 @@ static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
         }
         /* a run of ordinary bytes */
         {
-            size_t j = i, room = LMTP_LINE_MAX - m->linelen;
+            size_t j = i + lmtp_plain_span(data + i, len - i),
+                   room = LMTP_LINE_MAX - m->linelen;
 
-            while (j < len && data[j] != '\r' && data[j] != '\n' &&
-                   data[j] != '\0')
-                j++;
             if (j - i > room) {
                 lmtp_msg_fail(m, MSG_LONGLINE, 0);
                 break;
             }
             m->linelen += j - i;
+            if (j + 1 < len && data[j] == '\r' && data[j + 1] == '\n') {
+                /* the run and its line end at once */
+                lmtp_msg_emit(s, data + i, j + 2 - i);
+                lmtp_msg_eol(s);
+                i = j + 2;
+                continue;
+            }
             lmtp_msg_emit(s, data + i, j - i);
             i = j;
         }
@@ -1056,19 +1094,21 @@ static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
             lmtp_read_failed(s, r);
             return;
         }
-        d = s->line.s ? s->line.s : "";
-        n = s->line.len;
-        if (n == 1 && d[0] == '.')
+        if (s->line.len == 1 && s->line.s[0] == '.')
             break;
-        if (n > 0 && d[0] == '.') {
+        /* the line end goes through the filter with the line: one call */
+        if (buf_append(&s->line, eol == PROT_EOL_LF ? "\n" : "\r\n",
+                       eol == PROT_EOL_LF ? 1 : 2) != 0) {
+            lmtp_msg_fail(&s->msg, MSG_STORE, STORE_NOMEM);
+            continue;
+        }
+        d = s->line.s;
+        n = s->line.len;
+        if (d[0] == '.') {
             d++;
             n--;
         }
         lmtp_msg_feed(s, d, n);
-        if (eol == PROT_EOL_LF)
-            lmtp_msg_feed(s, "\n", 1);
-        else
-            lmtp_msg_feed(s, "\r\n", 2);
     }
     lmtp_msg_finish(s);
 }
@@ -1433,6 +1473,8 @@ void lmtp_serve(struct lmtp_server *srv, struct prot *p,
     prot_flush(p);
 
     lmtp_txn_reset(&s);
+    buf_free(&s.msg.out);
+    buf_free(&s.msg.hdr);
     buf_free(&s.line);
     buf_free(&s.helo);
     free(s.authuser);

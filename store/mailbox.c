@@ -1573,6 +1573,21 @@ out:
     return r;
 }
 
+/* Remember which file mb->fd is open on (mbx_lock_fd() compares the
+ * path with it); called after every change of mb->fd. */
+static void mbx_note_inode(struct mailbox *mb)
+{
+    struct stat sb;
+
+    if (mb->fd >= 0 && fstat(mb->fd, &sb) == 0) {
+        mb->dev = sb.st_dev;
+        mb->ino = sb.st_ino;
+    } else {
+        mb->dev = 0;
+        mb->ino = 0;
+    }
+}
+
 /* Take the fcntl mailbox lock on mb->fd; when the index at the path is
  * another file (cleanup or reconstruct replaced it), move to that file
  * and lock again. */
@@ -1593,9 +1608,17 @@ static int mbx_lock_fd(struct mailbox *mb, int type)
             mbx_fcntl(mb->fd, F_SETLK, F_UNLCK, 0, 1);
             return e == ENOENT ? STORE_NOTFOUND : STORE_IOERROR;
         }
-        if (fstat(mb->fd, &fsb) == 0 && sb.st_ino == fsb.st_ino &&
-            sb.st_dev == fsb.st_dev)
+        /* mb->dev/ino name the file mb->fd is open on (mbx_note_inode()
+         * after every change of mb->fd; 0 = unknown): the path still
+         * names it without an fstat() per lock */
+        if (mb->ino != 0 && sb.st_ino == mb->ino && sb.st_dev == mb->dev)
             return STORE_OK;
+        if (fstat(mb->fd, &fsb) == 0 && sb.st_ino == fsb.st_ino &&
+            sb.st_dev == fsb.st_dev) {
+            mb->dev = fsb.st_dev;
+            mb->ino = fsb.st_ino;
+            return STORE_OK;
+        }
         nfd = open(mb->index_path, O_RDWR | O_CLOEXEC);
         e = errno;
         mbx_fcntl(mb->fd, F_SETLK, F_UNLCK, 0, 1);
@@ -1608,10 +1631,7 @@ static int mbx_lock_fd(struct mailbox *mb, int type)
             mb->pending[i].visible_at_reserve = 0;
         close(mb->fd);
         mb->fd = nfd;
-        if (fstat(nfd, &fsb) == 0) {
-            mb->dev = fsb.st_dev;
-            mb->ino = fsb.st_ino;
-        }
+        mbx_note_inode(mb);
         if (tries > 100)
             return STORE_IOERROR;
     }
@@ -2098,7 +2118,6 @@ static int mbx_write_new_index(const char *tmp, const struct mbx_slot *s,
  * the handle's, and move the handle to it. */
 static int mbx_install_index(struct mailbox *mb, const char *tmp, int nfd)
 {
-    struct stat sb;
     int e;
 
     if (rename(tmp, mb->index_path) < 0) {
@@ -2119,10 +2138,7 @@ static int mbx_install_index(struct mailbox *mb, const char *tmp, int nfd)
     }
     close(mb->fd);   /* drops our locks on the old file */
     mb->fd = nfd;
-    if (fstat(nfd, &sb) == 0) {
-        mb->dev = sb.st_dev;
-        mb->ino = sb.st_ino;
-    }
+    mbx_note_inode(mb);
     return e ? mbx_errno(e) : STORE_OK;
 }
 
@@ -2845,6 +2861,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
             r = STORE_IOERROR;
             goto out;
         }
+        mbx_note_inode(mb);
     }
     if (mb->fd >= 0 && mb->locktype != MAILBOX_LOCK_EXCLUSIVE) {
         r = mbx_lock_fd(mb, F_WRLCK);
@@ -2852,6 +2869,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
             /* the index went away meanwhile: build from nothing */
             close(mb->fd);
             mb->fd = -1;
+            mbx_note_inode(mb);
             r = STORE_OK;
         } else if (r) {
             goto out;
@@ -3010,6 +3028,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
         }
         r = fs_fsync_dir(mb->dir) < 0 ? mbx_errno(errno) : STORE_OK;
         mb->fd = nfd;
+        mbx_note_inode(mb);
     }
     nfd = -1;
     mb->slot = ns;
