@@ -108,7 +108,7 @@ START {
   recover cmd="$bin/ctl_cyrusdb -C $conf -r"
 }
 SERVICES {
-  lmtpunix cmd="$PWD/lmtpd/lmtpd" listen="$dir/socket/lmtp" prefork=5 maxchild=10
+  lmtpunix cmd="$PWD/lmtpd/lmtpd" listen="$dir/socket/lmtp" prefork=5 maxchild=20
   lmtp     cmd="$PWD/lmtpd/lmtpd -a" listen="127.0.0.1:$port" prefork=1 maxchild=10
   imap     cmd="$PWD/imapd/imapd" listen="127.0.0.1:$imapport" prefork=2 maxchild=20
 }

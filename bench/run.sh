@@ -33,7 +33,8 @@
 # once per configuration by bench/servers.sh), `sync`, start, one
 # mailbench run with --verify imap (delivered counts checked per user
 # over IMAP; a mismatch is an error and marks the figure), stop (by PID,
-# nothing may be left), remove.  Raw results (mailbench --json, its
+# nothing may be left); the run directories are removed when the suite
+# ends (see cell()).  Raw results (mailbench --json, its
 # table, the index) go to OUTDIR/results/; the report to OUTDIR/peers.md
 # with peers-throughput.png and peers-p99.png.  Progress on stderr.
 set -uo pipefail
@@ -461,7 +462,11 @@ chmod 755 "$work"
 tmpfs_dir=
 sink_pid=
 current=
+cellno=0
+stale=()
 cleanup() {
+    local sd
+    for sd in "${stale[@]}"; do srv_remove "$sd" >/dev/null 2>&1; done
     if [[ -n $current && -f $current/bench.env ]]; then
         srv_stop "$current" >/dev/null 2>&1
         srv_remove "$current" >/dev/null 2>&1
@@ -510,7 +515,7 @@ m = {
   "version_postfix": """postfix $(dpkg-query -W -f='${Version}' postfix 2>/dev/null) (smtp-source, smtp-sink)""",
   "version_mailbench": """mailbench: $mailbench""",
   "mailbench_path": "tools/mailbench",
-  "servers_note": """Each server runs privately (bench/servers.sh): its own configuration and data directory under $base ($(df --output=fstype "$base" | tail -1)), listeners on a UNIX socket (LMTP) and 127.0.0.1 (IMAP), default durability. **ours**: spool_sync group (deliveries waiting at the same moment share one syncfs round), mailbox list and duplicate database at their defaults, lmtpunix prefork=10 maxchild=100. **cyrus**: Debian's build with its defaults (mailbox files, cyrus.index/cache, twoskip databases, all fsynced), lmtpunix prefork=10 maxchild=100. **dovecot**: sdbox, Dovecot's own format with one file per message like Cyrus and ours (Debian's default is mbox, one file per mailbox that every delivery appends to under a lock; maildir would be the other choice, dbox is the one Dovecot's documentation presents as its high-performance format), mail_fsync=optimized (the default: fsync of the message and the index log before the reply), static passdb/userdb, lmtp process per connection (defaults: process_limit 100, client_limit 1)."""
+  "servers_note": """Each server runs privately (bench/servers.sh): its own configuration and data directory under $base ($(df --output=fstype "$base" | tail -1)), listeners on a UNIX socket (LMTP) and 127.0.0.1 (IMAP), default durability. **ours**: spool_sync group (deliveries waiting at the same moment share one syncfs round), mailbox list and duplicate database at their defaults, lmtpunix prefork=5 maxchild=20 (the prefork table shows why). **cyrus**: Debian's build with its defaults (mailbox files, cyrus.index/cache, twoskip databases, all fsynced), lmtpunix prefork=0 maxchild=20 as in Debian's /etc/cyrus.conf. **dovecot**: sdbox, Dovecot's own format with one file per message like Cyrus and ours (Debian's default is mbox, one file per mailbox that every delivery appends to under a lock; maildir would be the other choice, dbox is the one Dovecot's documentation presents as its high-performance format), mail_fsync=optimized (the default: fsync of the message and the index log before the reply), static passdb/userdb, lmtp process per connection (defaults: process_limit 100, client_limit 1)."""
 }
 json.dump(m, open(sys.argv[1], "w"), indent=1)
 PY
@@ -543,7 +548,8 @@ cell() {
     local exp=$1 group=$2 variant=$3 t=$4 conc=$5 round=$6 mode=$7; shift 7
     local name
     name=$(echo "$exp.$group.$variant.$round" | tr -c 'A-Za-z0-9._=\n-' '_')
-    local json=$name.json d=$work/run rc t0=$SECONDS
+    cellno=$((cellno + 1))
+    local json=$name.json d=$work/run.$cellno rc t0=$SECONDS
     current=$d
     srv_clone "$t" "$d" || die "clone of $t failed"
     sync
@@ -551,7 +557,7 @@ cell() {
         log "$exp $group $variant round $round: the server did not start"
         printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$exp" "$group" "$variant" "$conc" "$round" 3 "$json" >> "$results/index.tsv"
         srv_stop "$d" || die "could not stop the server in $d"
-        srv_remove "$d"; current=
+        stale+=("$d"); current=
         return 1
     fi
     # a bound on the whole run (a server that hangs must not stop the suite)
@@ -571,7 +577,10 @@ cell() {
     *) die "could not stop the server in $d (see above)" ;;
     esac
     [[ $(srv_server "$d") == ours ]] && cp "$(srv_env "$d"; echo "$LOG")" "$results/$name.log" 2>/dev/null
-    srv_remove "$d"
+    # removed at the end, not now: on ext4 a file created soon after many
+    # were deleted costs more (the inode allocator skips the inodes freed
+    # in the last minute), which would tax the next run (doc/bench/lmtp.md)
+    stale+=("$d")
     current=
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$exp" "$group" "$variant" "$conc" "$round" "$rc" "$json" >> "$results/index.tsv"
     local summary
@@ -672,10 +681,9 @@ if has_server ours; then
         ours_runs backends 40 "${v[@]}"
     fi
     if has prefork; then
-        v=("prefork=10 maxchild=100 (default)|ours-default|"
-           "prefork=0 maxchild=100|ours-pf0-mc100|prefork=0 maxchild=100"
-           "prefork=40 maxchild=100|ours-pf40-mc100|prefork=40 maxchild=100"
-           "prefork=5 maxchild=20|ours-pf5-mc20|prefork=5 maxchild=20"
+        v=("prefork=5 maxchild=20 (default)|ours-default|"
+           "prefork=0 maxchild=20|ours-pf0-mc20|prefork=0 maxchild=20"
+           "prefork=10 maxchild=100|ours-pf10-mc100|prefork=10 maxchild=100"
            "prefork=2 maxchild=4|ours-pf2-mc4|prefork=2 maxchild=4")
         ours_runs prefork 40 "${v[@]}"
         ours_runs prefork 100 "${v[@]}"

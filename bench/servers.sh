@@ -40,11 +40,12 @@
 #   bench/servers.sh version SERVER
 #   bench/servers.sh count DIR USER | count-all DIR   (messages, over IMAP)
 #
-# KEY=VALUE for ours: prefork=N maxchild=N (lmtpunix service; defaults 10
-# and 100), imap_prefork=N imap_maxchild=N, partition=DIR (the spool's
+# KEY=VALUE for ours: prefork=N maxchild=N (lmtpunix service; defaults 5
+# and 20), imap_prefork=N imap_maxchild=N, partition=DIR (the spool's
 # directory, e.g. on tmpfs), and any imapd.conf key (duplicate_db=lmdb
 # mboxlist_db=lmdb spool_sync=off stage_dirs=1 ...).  For cyrus:
-# prefork=N maxchild=N and imapd.conf keys.  For dovecot: format=sdbox
+# prefork=N maxchild=N (defaults 0 and 20, Debian's /etc/cyrus.conf) and
+# imapd.conf keys.  For dovecot: format=sdbox
 # (default) | mdbox | maildir, and any dovecot.conf top-level key.
 #
 # Environment: BENCH_BUILD (our build directory, default ./build),
@@ -213,7 +214,7 @@ srv_setup_ours() {   # DIR KEY=VALUE...
         [[ -x $b/$p ]] || { srv_die "missing $b/$p (build first, or set BENCH_BUILD)"; return 1; }
     done
     srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition" "$@" || return 1
-    local prefork=${srv_kv[prefork]:-10} maxchild=${srv_kv[maxchild]:-100}
+    local prefork=${srv_kv[prefork]:-5} maxchild=${srv_kv[maxchild]:-20}
     local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
     local partition=$d/spool
     [[ -n ${srv_kv[partition]:-} ]] && partition=${srv_kv[partition]%/}/$(basename "$d")
@@ -288,7 +289,7 @@ srv_setup_cyrus() {   # DIR KEY=VALUE...
     done
     [[ $(id -u) -eq 0 ]] || { srv_die "cyrus: run as root (its master becomes the cyrus user)"; return 1; }
     srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition" "$@" || return 1
-    local prefork=${srv_kv[prefork]:-10} maxchild=${srv_kv[maxchild]:-100}
+    local prefork=${srv_kv[prefork]:-0} maxchild=${srv_kv[maxchild]:-20}
     local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
     local partition=$d/spool
     [[ -n ${srv_kv[partition]:-} ]] && partition=${srv_kv[partition]%/}/$(basename "$d")
