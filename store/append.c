@@ -256,11 +256,13 @@ static void append_part_remove(struct append_part *p)
     p->fd = -1;
 }
 
-int append_stage_open(const struct imapconf *conf, const char *partition,
-                      struct append_stage **st_r)
+/* A new stage whose parts[0] is a staging file on `partition` (NULL =
+ * defaultpartition): created empty, or (linkfrom) a hard link of an
+ * existing message file.  The caller sets up the rest. */
+static int append_stage_new(const struct imapconf *conf, const char *partition,
+                            const char *linkfrom, struct append_stage **st_r)
 {
     struct append_stage *st;
-    long maxsize;
     int r;
 
     *st_r = NULL;
@@ -272,34 +274,49 @@ int append_stage_open(const struct imapconf *conf, const char *partition,
     if (!st)
         return STORE_NOMEM;
     st->conf = conf;
+    st->limit = APPEND_MAX_SIZE;
     st->parts = calloc(2, sizeof(*st->parts));
-    st->wbuf = malloc(APPEND_WBUF_SIZE);
-    if (!st->parts || !st->wbuf) {
-        r = STORE_NOMEM;
-        goto fail;
+    if (!st->parts) {
+        free(st);
+        return STORE_NOMEM;
     }
     st->parts_alloc = 2;
-    if (SHA1_Init(&st->sha) != 1) {
-        log_error("append: SHA-1 unavailable");
-        r = STORE_INTERNAL;
-        goto fail;
+    r = append_part_create(conf, partition, linkfrom, &st->parts[0]);
+    if (r) {
+        free(st->parts);
+        free(st);
+        return r;
     }
-    st->limit = APPEND_MAX_SIZE;
-    maxsize = imapconf_getint(conf, "maxmessagesize");
-    if (maxsize > 0 && (unsigned long long)maxsize < st->limit)
-        st->limit = (uint64_t)maxsize;
-    r = append_part_create(conf, partition, NULL, &st->parts[0]);
-    if (r)
-        goto fail;
     st->nparts = 1;
     *st_r = st;
     return STORE_OK;
+}
 
-fail:
-    free(st->wbuf);
-    free(st->parts);
-    free(st);
-    return r;
+int append_stage_open(const struct imapconf *conf, const char *partition,
+                      struct append_stage **st_r)
+{
+    struct append_stage *st;
+    long maxsize;
+    int r;
+
+    r = append_stage_new(conf, partition, NULL, &st);
+    if (r)
+        return r;
+    st->wbuf = malloc(APPEND_WBUF_SIZE);
+    if (!st->wbuf) {
+        append_stage_free(&st);
+        return STORE_NOMEM;
+    }
+    if (SHA1_Init(&st->sha) != 1) {
+        log_error("append: SHA-1 unavailable");
+        append_stage_free(&st);
+        return STORE_INTERNAL;
+    }
+    maxsize = imapconf_getint(conf, "maxmessagesize");
+    if (maxsize > 0 && (unsigned long long)maxsize < st->limit)
+        st->limit = (uint64_t)maxsize;
+    *st_r = st;
+    return STORE_OK;
 }
 
 int append_stage_link(const struct imapconf *conf, const char *partition,
@@ -310,32 +327,13 @@ int append_stage_link(const struct imapconf *conf, const char *partition,
     int r;
 
     *st_r = NULL;
-    if (!partition)
-        partition = imapconf_getstring(conf, "defaultpartition");
-    if (!partition || !*partition)
-        return STORE_BADPARTITION;
-    st = calloc(1, sizeof(*st));
-    if (!st)
-        return STORE_NOMEM;
-    st->conf = conf;
-    st->parts = calloc(2, sizeof(*st->parts));
-    if (!st->parts) {
-        free(st);
-        return STORE_NOMEM;
-    }
-    st->parts_alloc = 2;
-    r = append_part_create(conf, partition, msgpath, &st->parts[0]);
-    if (r) {
-        free(st->parts);
-        free(st);
+    r = append_stage_new(conf, partition, msgpath, &st);
+    if (r)
         return r;
-    }
-    st->nparts = 1;
     st->info = *info;
     st->size = info->size;
     st->header_size = info->header_size;
     st->hdr = APPEND_HDR_DONE;
-    st->limit = APPEND_MAX_SIZE;
     st->closed = 1;
     *st_r = st;
     return STORE_OK;
