@@ -662,7 +662,13 @@ ours_runs() {   # EXP CONC VARIANT...
     for v in "$@"; do
         IFS='|' read -r label tname kvs <<< "$v"
         # shellcheck disable=SC2086
-        t=$(tpl "$tname" ours $kvs) || die "cannot set up ours ($label)"
+        if ! t=$(tpl "$tname" ours $kvs); then
+            # one configuration that cannot be set up must not cost the
+            # rest of the suite: logged, left out of the table
+            log "cannot set up ours ($label): left out"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$exp" "c=$conc" "$label" "$conc" 0 4 - >> "$results/index.tsv"
+            continue
+        fi
         tpls+=("$t") labels+=("$label")
     done
     for ((r = 1; r <= runs; r++)); do

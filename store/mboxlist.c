@@ -364,7 +364,7 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
     char uniqueid[MBOXLIST_UNIQUEID_LEN + 1];
     const char *data, *error = NULL;
     size_t datalen;
-    int r, spool_made = 0;
+    int r, spool_made = 0, attempts = 0;
 
     if (mboxname_check(name, &error) != STORE_OK)
         return STORE_BADNAME;
@@ -403,6 +403,7 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
         goto out;
 
     /* the write lock: every creator of any name serializes here */
+retry:
     r = mboxlist_fetchlock(ml, name, &data, &datalen, &tid);
     if (r == CYRUSDB_OK) {
         r = STORE_EXISTS;
@@ -433,6 +434,18 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
     spool_made = 1;
 
     r = cyrusdb_store(ml->db, name, strlen(name), value.s, value.len, &tid);
+    if (r == CYRUSDB_AGAIN && ++attempts < MBOXLIST_LOCK_TRIES) {
+        /* a deadlock victim (db3: page locks of concurrent creators):
+         * undo while still holding the lock, then the whole transaction
+         * again */
+        if (mailbox_delete_spool(ml->conf, name, partition) == STORE_OK) {
+            cyrusdb_abort(ml->db, tid);
+            tid = NULL;
+            spool_made = 0;
+            usleep(1000u << attempts);
+            goto retry;
+        }
+    }
     if (r != CYRUSDB_OK) {
         r = mboxlist_dberr("store", name, r);
         goto fail;
