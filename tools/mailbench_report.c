@@ -109,33 +109,27 @@ static int mailbench_cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The nearest rank (1..n) of percentile p among n sorted values. */
+static size_t mailbench_rank(size_t n, double p)
+{
+    size_t rank = (size_t)ceil(p / 100.0 * (double)n);
+
+    if (rank < 1)
+        rank = 1;
+    return rank > n ? n : rank;
+}
+
 /* Nearest-rank percentile of sorted values, in ms. */
 static double mailbench_pct(const uint32_t *sorted, size_t n, double p)
 {
-    size_t rank;
-
-    if (n == 0)
-        return 0;
-    rank = (size_t)ceil(p / 100.0 * (double)n);
-    if (rank < 1)
-        rank = 1;
-    if (rank > n)
-        rank = n;
-    return sorted[rank - 1] / 1000.0;
+    return n ? sorted[mailbench_rank(n, p) - 1] / 1000.0 : 0;
 }
 
 static double mailbench_pct64(const uint64_t *sorted, size_t n, double p)
 {
-    size_t rank;
-
-    if (n == 0)
-        return 0;
-    rank = (size_t)ceil(p / 100.0 * (double)n);
-    if (rank < 1)
-        rank = 1;
-    if (rank > n)
-        rank = n;
-    return (double)(sorted[rank - 1] & 0xffffffffu) / 1000.0;
+    return n ? (double)(sorted[mailbench_rank(n, p) - 1] & 0xffffffffu) /
+                   1000.0
+             : 0;
 }
 
 struct mb_stat {
