@@ -36,6 +36,7 @@
 #include "lib/log.h"
 #include "imapd/search.h"
 #include "store/mailbox.h"
+#include "store/message.h"
 #include "store/seen.h"
 #include "store/store.h"
 
@@ -367,35 +368,6 @@ struct hfield {
     size_t vlen;
 };
 
-static const char *line_next(const char *p, const char *end)
-{
-    const char *lf = memchr(p, '\n', (size_t)(end - p));
-    return lf ? lf + 1 : end;
-}
-
-static int line_is_empty(const char *p, const char *end)
-{
-    if (p < end && *p == '\n')
-        return 1;
-    if (p < end && *p == '\r' && (p + 1 == end || p[1] == '\n'))
-        return 1;
-    return 0;
-}
-
-/* Length of the header at [p, end): up to and including the first empty
- * line, or everything. */
-static size_t header_length(const char *p, const char *end)
-{
-    const char *q = p;
-
-    while (q < end) {
-        if (line_is_empty(q, end))
-            return (size_t)(line_next(q, end) - p);
-        q = line_next(q, end);
-    }
-    return (size_t)(end - p);
-}
-
 /* The next field of the header at *pp (up to end); 1 and *f, or 0 at the
  * end of the header.  Lines without a colon (and stray continuation
  * lines) are skipped. */
@@ -403,8 +375,8 @@ static int header_next(const char **pp, const char *end, struct hfield *f)
 {
     const char *p = *pp;
 
-    while (p < end && !line_is_empty(p, end)) {
-        const char *eol = line_next(p, end);
+    while (p < end && !message_line_is_empty(p, end)) {
+        const char *eol = message_line_next(p, end);
         const char *colon = memchr(p, ':', (size_t)(eol - p));
         const char *q, *vend;
 
@@ -419,7 +391,7 @@ static int header_next(const char **pp, const char *end, struct hfield *f)
         /* continuation lines */
         q = eol;
         while (q < end && (*q == ' ' || *q == '\t'))
-            q = line_next(q, end);
+            q = message_line_next(q, end);
         vend = q;
         while (vend > colon + 1 && (vend[-1] == '\n' || vend[-1] == '\r'))
             vend--;
@@ -892,7 +864,7 @@ static int msg_load(struct ctx *c, struct msg *m)
         m->maplen = (size_t)sb.st_size;
         m->base = p;
         m->len = (size_t)sb.st_size;
-        m->hdr_len = header_length(m->base, m->base + m->len);
+        m->hdr_len = message_header_length(m->base, m->base + m->len);
     }
     close(fd);
     return STORE_OK;
@@ -1033,7 +1005,7 @@ static int walk_multipart(struct msg *m, const char *p, const char *end,
     const char *part = NULL, *line = p;
 
     while (line < end) {
-        const char *next = line_next(line, end);
+        const char *next = message_line_next(line, end);
 
         if (end - line >= (ptrdiff_t)(2 + blen) && line[0] == '-'
             && line[1] == '-' && memcmp(line + 2, b, blen) == 0) {
@@ -1074,7 +1046,7 @@ static int walk_multipart(struct msg *m, const char *p, const char *end,
 static int walk_part(struct msg *m, const char *p, const char *end,
                      int depth, int digest)
 {
-    size_t hlen = header_length(p, end);
+    size_t hlen = message_header_length(p, end);
     const char *body = p + hlen;
     const char *hp = p;
     struct hfield f;
@@ -1116,7 +1088,7 @@ static int walk_part(struct msg *m, const char *p, const char *end,
     if (name_is(ct.type, ct.tlen, "message")
         && name_is(ct.sub, ct.slen, "rfc822")) {
         const char *inner = body;
-        size_t ih = header_length(inner, end);
+        size_t ih = message_header_length(inner, end);
 
         if (header_text(m, inner, inner + ih, &m->body) < 0)
             return -1;

@@ -50,15 +50,13 @@ struct message {
 
 static int is_wsp(int c) { return c == ' ' || c == '\t'; }
 
-/* The start of the next line (after LF), or end. */
-static const char *line_next(const char *p, const char *end)
+const char *message_line_next(const char *p, const char *end)
 {
     const char *lf = memchr(p, '\n', (size_t)(end - p));
     return lf ? lf + 1 : end;
 }
 
-/* Is the line at p empty (CRLF, LF, or a lone CR at the end)? */
-static int line_is_empty(const char *p, const char *end)
+int message_line_is_empty(const char *p, const char *end)
 {
     if (p < end && *p == '\n')
         return 1;
@@ -67,15 +65,13 @@ static int line_is_empty(const char *p, const char *end)
     return 0;
 }
 
-/* Length of the header block at [p, end): up to and including the first
- * empty line, or everything when there is none. */
-static size_t header_length(const char *p, const char *end)
+size_t message_header_length(const char *p, const char *end)
 {
     const char *q = p;
     while (q < end) {
-        if (line_is_empty(q, end))
-            return (size_t)(line_next(q, end) - p);
-        q = line_next(q, end);
+        if (message_line_is_empty(q, end))
+            return (size_t)(message_line_next(q, end) - p);
+        q = message_line_next(q, end);
     }
     return (size_t)(end - p);
 }
@@ -95,12 +91,12 @@ static int field_next(const char **pp, const char *end, struct field *f)
 {
     const char *p = *pp, *q, *colon;
 
-    if (p >= end || line_is_empty(p, end))
+    if (p >= end || message_line_is_empty(p, end))
         return 0;
     f->raw = p;
-    q = line_next(p, end);
+    q = message_line_next(p, end);
     while (q < end && is_wsp(*q))
-        q = line_next(q, end);
+        q = message_line_next(q, end);
     f->raw_end = q;
     f->value_end = q;
     if (f->value_end > p && f->value_end[-1] == '\n')
@@ -429,9 +425,9 @@ static int multipart_split(struct parse_ctx *pc, struct part *mp,
             }
             if (p >= end || close)
                 return 0;
-            ps = line_next(p, end);
+            ps = message_line_next(p, end);
         }
-        p = line_next(p, end);
+        p = message_line_next(p, end);
     }
 }
 
@@ -449,7 +445,7 @@ static struct part *part_parse(struct parse_ctx *pc, size_t off, size_t len,
         goto nomem;
     msg->nparts++;
     part->hdr_off = off;
-    part->hdr_len = header_length(p, p + len);
+    part->hdr_len = message_header_length(p, p + len);
     part->body_off = off + part->hdr_len;
     part->body_len = len - part->hdr_len;
 

@@ -71,6 +71,15 @@ struct message;   /* a parsed message: opaque */
  * (see above). */
 int message_parse(const char *base, size_t len, struct message **msg_r);
 
+/* Raw-text helpers shared with SEARCH: the start of the line after the
+ * one at p (after its LF), or end; whether the line at p is empty (CRLF,
+ * LF, or a lone CR at the end); the length of the header block at [p,
+ * end), up to and including the first empty line, or everything when
+ * there is none. */
+const char *message_line_next(const char *p, const char *end);
+int message_line_is_empty(const char *p, const char *end);
+size_t message_header_length(const char *p, const char *end);
+
 /* Free the message and set *msgp to NULL; NULL-safe. */
 void message_free(struct message **msgp);
 
