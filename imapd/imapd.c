@@ -18,7 +18,6 @@
 #include "config.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -140,63 +139,20 @@ static void imapd_done(void *rock)
     imapconf_free(&ls->conf);
 }
 
-/* A positive decimal for -U / -T. */
-static int imapd_number(const char *s)
-{
-    char *end;
-    long v;
-
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < 0 || v > 1000000000L)
-        return -1;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     struct imapd_state ls;
     struct service_callbacks cb;
-    const char *env;
-    int opt, status;
+    int flag, status;
 
     memset(&ls, 0, sizeof(ls));
     log_init("imapd", imapd_log_target());
-    while ((opt = getopt(argc, argv, "C:sU:T:")) != -1) {
-        switch (opt) {
-        case 'C':
-            ls.confpath = optarg;
-            break;
-        case 's':
-            ls.implicit_tls = 1;
-            break;
-        case 'U':
-            if (imapd_number(optarg) != 0) {
-                imapd_usage();
-                return 2;
-            }
-            setenv("CYRUSDELIVER_MAXUSES", optarg, 1);
-            break;
-        case 'T':
-            if (imapd_number(optarg) != 0) {
-                imapd_usage();
-                return 2;
-            }
-            setenv("CYRUSDELIVER_IDLETIMEOUT", optarg, 1);
-            break;
-        default:
-            imapd_usage();
-            return 2;
-        }
-    }
-    if (optind != argc) {
-        imapd_usage();
-        return 2;
-    }
-    if (!ls.confpath) {
-        env = getenv("CYRUSDELIVER_CONF");
-        ls.confpath = env && *env ? env : IMAPD_DEFAULT_CONF;
-    }
+    status = service_parse_args(argc, argv, 's', &flag,
+                                IMAPD_DEFAULT_CONF, &ls.confpath,
+                                imapd_usage);
+    if (status != 0)
+        return status;
+    ls.implicit_tls = flag;
     memset(&cb, 0, sizeof(cb));
     cb.init = imapd_init;
     cb.serve = imapd_serve;

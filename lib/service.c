@@ -381,3 +381,52 @@ void service_serve_stdio(int fd, const char *peer,
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
         ;
 }
+
+/* A non-negative decimal for -U / -T. */
+static int service_number(const char *s)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < 0 || v > 1000000000L)
+        return -1;
+    return 0;
+}
+
+int service_parse_args(int argc, char **argv, char flag, int *flag_r,
+                       const char *defconf, const char **confpath_r,
+                       void (*usage)(void))
+{
+    char opts[] = "C:xU:T:";
+    const char *env;
+    int opt;
+
+    opts[2] = flag;
+    *confpath_r = NULL;
+    *flag_r = 0;
+    while ((opt = getopt(argc, argv, opts)) != -1) {
+        if (opt == 'C') {
+            *confpath_r = optarg;
+        } else if (opt == flag) {
+            *flag_r = 1;
+        } else if ((opt == 'U' || opt == 'T') &&
+                   service_number(optarg) == 0) {
+            setenv(opt == 'U' ? "CYRUSDELIVER_MAXUSES"
+                              : "CYRUSDELIVER_IDLETIMEOUT", optarg, 1);
+        } else {
+            usage();
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        usage();
+        return 2;
+    }
+    if (!*confpath_r) {
+        env = getenv("CYRUSDELIVER_CONF");
+        *confpath_r = env && *env ? env : defconf;
+    }
+    return 0;
+}

@@ -69,6 +69,16 @@ struct service_callbacks {
  * serves stdin/stdout once (fd 0) and returns. */
 int service_main(int argc, char **argv, const struct service_callbacks *cb);
 
+/* A worker's command line, the same for lmtpd and imapd: -C FILE (else
+ * $CYRUSDELIVER_CONF, else defconf) into *confpath_r; the one option
+ * letter `flag` (lmtpd -a, imapd -s) sets *flag_r; -U uses and -T
+ * idle-seconds (non-negative decimals) go to the environment that
+ * service_main() reads (CYRUSDELIVER_MAXUSES, CYRUSDELIVER_IDLETIMEOUT).
+ * 0, or 2 after usage() for anything else (extra arguments too). */
+int service_parse_args(int argc, char **argv, char flag, int *flag_r,
+                       const char *defconf, const char **confpath_r,
+                       void (*usage)(void));
+
 /* For serve(): when fd is a socket, call fn(fd, peer, rock).  When it is
  * not (the program run by hand with stdin/stdout on a pipe or a file),
  * make a socketpair, fork a child that copies stdin into it and its

@@ -21,7 +21,6 @@
 #include "config.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -144,63 +143,20 @@ static void lmtpd_done(void *rock)
     imapconf_free(&ls->conf);
 }
 
-/* A positive decimal for -U / -T. */
-static int lmtpd_number(const char *s)
-{
-    char *end;
-    long v;
-
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || *end || end == s || v < 0 || v > 1000000000L)
-        return -1;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     struct lmtpd_state ls;
     struct service_callbacks cb;
-    const char *env;
-    int opt, status;
+    int flag, status;
 
     memset(&ls, 0, sizeof(ls));
     log_init("lmtpd", lmtpd_log_target());
-    while ((opt = getopt(argc, argv, "C:aU:T:")) != -1) {
-        switch (opt) {
-        case 'C':
-            ls.confpath = optarg;
-            break;
-        case 'a':
-            ls.preauth = 1;
-            break;
-        case 'U':
-            if (lmtpd_number(optarg) != 0) {
-                lmtpd_usage();
-                return 2;
-            }
-            setenv("CYRUSDELIVER_MAXUSES", optarg, 1);
-            break;
-        case 'T':
-            if (lmtpd_number(optarg) != 0) {
-                lmtpd_usage();
-                return 2;
-            }
-            setenv("CYRUSDELIVER_IDLETIMEOUT", optarg, 1);
-            break;
-        default:
-            lmtpd_usage();
-            return 2;
-        }
-    }
-    if (optind != argc) {
-        lmtpd_usage();
-        return 2;
-    }
-    if (!ls.confpath) {
-        env = getenv("CYRUSDELIVER_CONF");
-        ls.confpath = env && *env ? env : LMTPD_DEFAULT_CONF;
-    }
+    status = service_parse_args(argc, argv, 'a', &flag,
+                                LMTPD_DEFAULT_CONF, &ls.confpath,
+                                lmtpd_usage);
+    if (status != 0)
+        return status;
+    ls.preauth = flag;
     memset(&cb, 0, sizeof(cb));
     cb.init = lmtpd_init;
     cb.serve = lmtpd_serve;
