@@ -197,7 +197,6 @@ int imap_server_new(const struct imapconf *conf, struct tls_server *tls,
                     int sasl_ok, struct imap_server **srv_r)
 {
     struct imap_server *srv;
-    const char *name;
     long v;
     int r;
 
@@ -210,14 +209,7 @@ int imap_server_new(const struct imapconf *conf, struct tls_server *tls,
     srv->conf = conf;
     srv->tls = tls;
     srv->sasl_ok = sasl_ok;
-    name = imapconf_getstring(conf, "servername");
-    if (name && *name) {
-        snprintf(srv->servername, sizeof(srv->servername), "%s", name);
-    } else if (gethostname(srv->servername, sizeof(srv->servername) - 1) != 0
-               || !srv->servername[0]) {
-        snprintf(srv->servername, sizeof(srv->servername), "localhost");
-    }
-    srv->servername[sizeof(srv->servername) - 1] = '\0';
+    imapconf_servername(conf, srv->servername, sizeof(srv->servername));
     v = imapconf_getint(conf, "timeout");
     srv->timeout = (int)((v > 0 ? v : IMAP_DEFAULT_TIMEOUT) * 60);
     v = imapconf_getint(conf, "prelogin_timeout");

@@ -846,3 +846,16 @@ void imapconf_print_table(void)
     printf("%s*:   # passed to the SASL library unchanged\n",
            IMAPCONF_SASL_PREFIX);
 }
+
+void imapconf_servername(const struct imapconf *conf, char *out, size_t len)
+{
+    const char *name = imapconf_getstring(conf, "servername");
+
+    if (len == 0)
+        return;
+    if (name && *name)
+        snprintf(out, len, "%s", name);
+    else if (len < 2 || gethostname(out, len - 1) != 0 || !out[0])
+        snprintf(out, len, "localhost");
+    out[len - 1] = '\0';
+}

@@ -63,6 +63,10 @@ struct imapconf *imapconf_defaults(void);
  * if the file used another case); imapconf_getenum() gives an ENUM key's
  * word as its index in the table's word list. */
 const char *imapconf_getstring(const struct imapconf *conf, const char *key);
+
+/* The server's name into out (len bytes, NUL-terminated): `servername`
+ * when set, else the host name, else "localhost". */
+void imapconf_servername(const struct imapconf *conf, char *out, size_t len);
 long imapconf_getint(const struct imapconf *conf, const char *key);
 int imapconf_getswitch(const struct imapconf *conf, const char *key);
 int imapconf_getenum(const struct imapconf *conf, const char *key);

@@ -174,7 +174,6 @@ int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
                     int sasl_ok, struct lmtp_server **srv_r)
 {
     struct lmtp_server *srv;
-    const char *name;
     long v;
     int r;
 
@@ -188,14 +187,7 @@ int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
     srv->tls = tls;
     srv->sasl_ok = sasl_ok;
     (void)lmtp_server_dbs(srv);   /* a failure is retried at RCPT */
-    name = imapconf_getstring(conf, "servername");
-    if (name && *name) {
-        snprintf(srv->servername, sizeof(srv->servername), "%s", name);
-    } else if (gethostname(srv->servername, sizeof(srv->servername) - 1) != 0
-               || !srv->servername[0]) {
-        snprintf(srv->servername, sizeof(srv->servername), "localhost");
-    }
-    srv->servername[sizeof(srv->servername) - 1] = '\0';
+    imapconf_servername(conf, srv->servername, sizeof(srv->servername));
     v = imapconf_getint(conf, "maxmessagesize");
     srv->maxsize = v > 0 ? (uint64_t)v : 0;
     v = imapconf_getint(conf, "maxheaderlines");
