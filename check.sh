@@ -6,7 +6,7 @@
 # "N passed, N failed" line; exits non-zero if anything failed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-"$here/scripts/deps.sh"
+"$here/scripts/deps.sh" --test
 
 build="$here/build"
 confopts=(--enable-werror)

@@ -29,6 +29,10 @@
 #   -o DIR    where peers.md and the plots go (default doc/bench)
 #   -k        keep the scratch directory (templates) afterwards
 #
+# It first runs scripts/deps.sh --bench: the test packages, plus Cyrus's
+# imapd, Dovecot's core and LMTP server and perf (their services disabled
+# at boot), and Dovecot's imapd downloaded, not installed.
+#
 # Every run: a fresh copy of a template server directory (mailboxes made
 # once per configuration by bench/servers.sh), `sync`, start, one
 # mailbench run with --verify imap (delivered counts checked per user
@@ -435,6 +439,8 @@ fi
 # ---------------------------------------------------------------------
 # Preconditions
 # ---------------------------------------------------------------------
+# the peers, perf, gnuplot (installs what is missing; removes nothing)
+"$top/scripts/deps.sh" --bench || exit 1
 mailbench=$BENCH_BUILD/tools/mailbench
 disksync=$BENCH_BUILD/tools/disksync
 for p in "$mailbench" "$disksync"; do

@@ -1,47 +1,104 @@
 #!/usr/bin/env bash
-# deps.sh - install the Debian packages the project builds and tests with.
-# Installs only what is missing; as root it runs apt-get, otherwise it names
-# the packages and stops.  Package installs never start system services:
-# a policy-rc.d that forbids them is in place for the duration.
+# deps.sh - install the Debian packages the project needs, in three groups:
 #
-#   scripts/deps.sh [--bench]
+#   scripts/deps.sh            build and run (what ./demo.sh needs)
+#   scripts/deps.sh --test     also what the tests need (./check.sh, CI)
+#   scripts/deps.sh --bench    also what the benchmark suite needs (bench/run.sh)
+#   scripts/deps.sh --list [--test|--bench]   print the packages and stop
 #
-# --bench: also what the benchmark suite (bench/run.sh) needs: Dovecot's
-# core and LMTP server, gnuplot, perf; and the dovecot-imapd package
-# downloaded (apt-get download, NOT installed: it conflicts with
-# cyrus-imapd) into $BENCH_CACHE (default /var/cache/mailbench), where
-# bench/servers.sh unpacks it privately.
+# Installs only what is missing; as root it runs apt-get, otherwise it
+# names the packages and stops.  Three promises to the admin whose machine
+# this is:
+#   - nothing is removed: apt-get runs with --no-remove, so an install that
+#     would take a package away (Postfix replacing exim4, say) stops instead;
+#   - Postfix (tests only) is left out when another mail transport agent is
+#     installed, and the tests that need it say they were skipped;
+#   - packages installed here never start a service: a policy-rc.d forbids
+#     it during the install, and the services of packages this script
+#     installed itself (cyrus-common's cyrus-imapd, postfix, dovecot) are
+#     disabled at boot, so a test-only install never becomes a running
+#     rival server after the next reboot.  Services of packages that were
+#     already installed are not touched.
+#
+# --bench also downloads the dovecot-imapd package (apt-get download, NOT
+# installed: it conflicts with cyrus-imapd) into $BENCH_CACHE (default
+# /var/cache/mailbench), where bench/servers.sh unpacks it privately.
 set -euo pipefail
 
-bench=no
+group=run
+list=no
 for arg in "$@"; do
   case $arg in
-  --bench) bench=yes ;;
-  *) echo "usage: scripts/deps.sh [--bench]" >&2; exit 2 ;;
+  --test)  [[ $group == bench ]] || group=test ;;
+  --bench) group=bench ;;
+  --list)  list=yes ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "usage: scripts/deps.sh [--test|--bench] [--list]" >&2; exit 2 ;;
   esac
 done
 bench_cache=${BENCH_CACHE:-/var/cache/mailbench}
 
+# build and run: the compiler and autotools, the engines and libraries the
+# programs link, saslpasswd2 and the SASL mechanisms (the demo's login),
+# python3 (the demo's LMTP and IMAP client)
 packages=(
-  build-essential autoconf automake libtool pkg-config   # the build
-  libdb5.3-dev db5.3-util liblmdb-dev lmdb-utils           # cyrusdb engines
-  libssl-dev libsasl2-dev                                  # TLS and SASL
-  libcmocka-dev                                            # unit tests
-  cyrus-imapd cyrus-clients                                # compatibility tests against Cyrus 3.6
-  python3                                                  # integration tests
-  clang                                                    # the fuzz target (libFuzzer)
-  isync                                                    # mbsync, an IMAP client for the sync tests
-  swaks libnet-ssleay-perl postfix                         # LMTP client (with TLS), upstream MTA
-  sasl2-bin libsasl2-modules openssl strace                # sasldb, certificates, the benchmark's sync counts
-  gnuplot-nox                                              # mailbench --plot (tested by check.sh)
+  build-essential autoconf automake libtool pkg-config
+  libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev
+  libcmocka-dev
+  sasl2-bin libsasl2-modules python3
 )
-if [[ $bench == yes ]]; then
-  packages+=(dovecot-core dovecot-lmtpd linux-perf)   # bench/run.sh: the peers, plots, profiles
+# tests: the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
+# imtest, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
+# smtp-source/smtp-sink), openssl (certificates), strace, gnuplot
+test_packages=(
+  db5.3-util lmdb-utils
+  cyrus-common cyrus-clients
+  clang isync swaks libnet-ssleay-perl postfix
+  openssl strace gnuplot-nox
+)
+# benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
+bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)
+
+case $group in
+  test)  packages+=("${test_packages[@]}") ;;
+  bench) packages+=("${test_packages[@]}" "${bench_packages[@]}") ;;
+esac
+
+installed() {
+  [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
+}
+
+# an installed package other than postfix that provides mail-transport-agent
+other_mta() {
+  dpkg-query -W -f='${Package}\t${Status}\t${Provides}\n' 2>/dev/null |
+    awk -F'\t' '$2 == "install ok installed" && $1 != "postfix" &&
+                $3 ~ /(^|[ ,])mail-transport-agent([ ,(]|$)/ && !found { print $1; found = 1 }'
+}
+
+missing=()
+skipped_postfix=
+for p in "${packages[@]}"; do
+  installed "$p" && continue
+  if [[ $p == postfix ]]; then
+    mta=$(other_mta)
+    if [[ -n $mta ]]; then
+      skipped_postfix=$mta
+      continue
+    fi
+  fi
+  missing+=("$p")
+done
+
+if [[ $list == yes ]]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
+fi
+if [[ -n $skipped_postfix ]]; then
+  echo "deps: not installing postfix: it would replace the installed mail transport agent ($skipped_postfix); the Postfix tests will be skipped" >&2
 fi
 
-# the dovecot-imapd .deb of the installed dovecot-core's version, if not there
 bench_deb_missing() {
-  [[ $bench == yes ]] || return 1
+  [[ $group == bench ]] || return 1
   local f
   for f in "$bench_cache"/dovecot-imapd_*.deb; do
     [[ -f $f ]] && return 1
@@ -60,13 +117,6 @@ bench_download() {
   (cd "$bench_cache" && apt-get download -q dovecot-imapd)
 }
 
-missing=()
-for p in "${packages[@]}"; do
-  [[ $p == \#* ]] && continue
-  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-  [[ $status == "install ok installed" ]] || missing+=("$p")
-done
-
 if ((${#missing[@]} == 0)); then
   bench_download
   exit 0
@@ -74,7 +124,7 @@ fi
 
 if [[ $(id -u) -ne 0 ]]; then
   echo "deps: missing Debian packages: ${missing[*]}" >&2
-  echo "deps: as root, run: apt-get update && apt-get install -y ${missing[*]}" >&2
+  echo "deps: as root, run: apt-get update && apt-get install --no-remove --no-install-recommends -y ${missing[*]}" >&2
   exit 1
 fi
 
@@ -91,5 +141,24 @@ trap '[[ $made_policy == yes ]] && rm -f "$policy"' EXIT
 apt-get update -q
 # postfix: only its programs are wanted (tests run private instances)
 echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+apt-get install -y -q --no-install-recommends --no-remove "${missing[@]}"
+
+# the services of what was installed here stay off at boot
+for p in "${missing[@]}"; do
+  [[ " ${test_packages[*]} ${bench_packages[*]} " == *" $p "* ]] || continue
+  installed "$p" || continue
+  while IFS= read -r unit; do
+    name=$(basename "$unit")
+    echo "deps: $p: $name disabled at boot (installed for tests or benchmarks only)"
+    if command -v deb-systemd-helper >/dev/null; then
+      deb-systemd-helper disable "$name" >/dev/null 2>&1 || true
+    fi
+    if command -v systemctl >/dev/null; then
+      systemctl disable "$name" >/dev/null 2>&1 || true
+    fi
+  done < <(dpkg -L "$p" 2>/dev/null | grep -E '^/(usr/)?lib/systemd/system/[^/]+\.(service|socket)$' || true)
+  while IFS= read -r script; do
+    update-rc.d "$(basename "$script")" disable >/dev/null 2>&1 || true
+  done < <(dpkg -L "$p" 2>/dev/null | grep -E '^/etc/init\.d/[^/]+$' || true)
+done
 bench_download
