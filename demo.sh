@@ -42,6 +42,19 @@ allowplaintext: yes
 CONF
 printf '%s' demo-password | saslpasswd2 -p -c -f "$dir/sasldb2" -u localhost demo
 mb() { run "$bin/mbtool" -C "$conf" "$@"; }
+# Started as root, the master and the admin tools run as cyrus_user
+# (cyrus): make that system user if the machine has none (as Cyrus's
+# package does: group mail, no login), and give it the demo's files.
+give_files() {
+  [[ $(id -u) -eq 0 ]] || return 0
+  if ! getent passwd cyrus >/dev/null; then
+    run useradd --system --gid mail --home-dir /var/lib/cyrusdeliver \
+      --no-create-home --shell /usr/sbin/nologin --comment "cyrusdeliver mail system" cyrus
+  fi
+  chmod 755 "$dir"
+  chown -R cyrus "$dir"
+}
+give_files
 
 echo
 echo "== a demo user with a folder, and a shared mailbox"
@@ -117,11 +130,8 @@ EVENTS {
   delprune   cmd="$bin/mbtool -C $conf prune 3" at=0400
 }
 CONF
-# started as root, the master runs as cyrus_user (cyrus): give it the files
-if [[ $(id -u) -eq 0 ]] && getent passwd cyrus >/dev/null; then
-  chmod 755 "$dir"
-  chown -R cyrus "$dir"
-fi
+# the master and the admin tools, started as root, run as cyrus_user
+give_files
 run "$PWD/master/master" -C "$conf" -M "$dir/cyrus.conf" -p "$dir/master.pid" -s "$dir/master.status"
 for _ in $(seq 50); do [[ -S $dir/socket/lmtp && -s $dir/master.status ]] && break; sleep 0.1; done
 sleep 0.5
