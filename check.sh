@@ -23,6 +23,11 @@ if [[ ! -x configure || configure.ac -nt configure || Makefile.am -nt configure 
 fi
 mkdir -p "$build"
 cd "$build"
+# a build configured before cmocka was installed (by ./demo.sh) is
+# configured again now that the tests can be built
+if [[ -f Makefile ]] && grep -q 'no-cmocka\.h' Makefile && pkg-config --exists cmocka; then
+  rm -f Makefile
+fi
 [[ -f Makefile ]] || "$here/configure" -q "${confopts[@]}"
 make -j"$(nproc)" >/dev/null
 

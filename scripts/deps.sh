@@ -44,13 +44,13 @@ bench_cache=${BENCH_CACHE:-/var/cache/mailbench}
 packages=(
   build-essential autoconf automake libtool pkg-config
   libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev
-  libcmocka-dev
   sasl2-bin libsasl2-modules python3
 )
-# tests: the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
+# tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
 # imtest, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
 # smtp-source/smtp-sink), openssl (certificates), strace, gnuplot
 test_packages=(
+  libcmocka-dev
   db5.3-util lmdb-utils
   cyrus-common cyrus-clients
   clang isync swaks libnet-ssleay-perl postfix
