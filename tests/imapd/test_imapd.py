@@ -16,6 +16,10 @@ After the bad-input tests the session must go on (a NOOP answers OK),
 and at the end the master log must show no crashed or failed worker
 (nor a sanitizer report).  The last test SIGTERMs the master with an
 idle client connected, which must get "* BYE Server shutting down".
+log_lines_printable runs its own instance (allowplaintext on, lmtpd
+beside imapd) and sends control and 8-bit bytes through every LMTP and
+IMAP command that logs: each line of the master's log must stay
+printable ASCII, with no forged line.
 
 Environment: see imaphelp.py.
 """
