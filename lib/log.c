@@ -1,6 +1,15 @@
 /*
  * log.c - logging to syslog or stderr.  No allocation, so it is safe to call
  * on out-of-memory paths.
+ *
+ * Every line is formatted into a fixed buffer and then escaped as a whole
+ * (log_escape) before it goes anywhere: CR, LF, TAB as \r \n \t, every
+ * other control byte, DEL and 8-bit byte as \xNN.  A line therefore holds
+ * printable ASCII only and ends where we end it, whatever a caller passes
+ * in a %s: client bytes (addresses, user and mailbox names, SASL errors
+ * that echo what the client sent) can neither forge a line nor smuggle
+ * terminal controls into a log reader.  Backslashes are left alone (the
+ * escaped form of a byte can be imitated by a client; a line cannot).
  */
 #include "config.h"
 
@@ -40,18 +49,73 @@ void log_set_info(int on)
     log_info_off = !on;
 }
 
+#define LOG_LINE_MAX 2048                 /* formatted, before escaping */
+#define LOG_SAFE_MAX (LOG_LINE_MAX * 4)   /* every byte may become \xNN */
+
+size_t log_escape(const char *s, size_t len, char *out, size_t outlen)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t i, n = 0;
+
+    if (!outlen)
+        return 0;
+    for (i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char e[4];
+        size_t elen;
+
+        if (c >= 0x20 && c < 0x7f) {
+            e[0] = (char)c;
+            elen = 1;
+        } else if (c == '\r' || c == '\n' || c == '\t') {
+            e[0] = '\\';
+            e[1] = c == '\r' ? 'r' : c == '\n' ? 'n' : 't';
+            elen = 2;
+        } else {
+            e[0] = '\\';
+            e[1] = 'x';
+            e[2] = hex[c >> 4];
+            e[3] = hex[c & 0xf];
+            elen = 4;
+        }
+        if (n + elen >= outlen)
+            break;              /* never half an escape */
+        memcpy(out + n, e, elen);
+        n += elen;
+    }
+    out[n] = '\0';
+    return n;
+}
+
+/* fmt formatted (at most LOG_LINE_MAX - 1 bytes) and escaped into safe. */
+static void log_format(char *safe, size_t safelen, const char *fmt,
+                       va_list ap)
+{
+    char line[LOG_LINE_MAX];
+    int n = vsnprintf(line, sizeof(line), fmt, ap);
+    size_t len;
+
+    if (n < 0)
+        len = 0;
+    else if ((size_t)n >= sizeof(line))
+        len = sizeof(line) - 1;
+    else
+        len = (size_t)n;    /* a NUL from %c is escaped, not an end */
+    log_escape(line, len, safe, safelen);
+}
+
 static void log_vemit(int prio, const char *level, const char *fmt, va_list ap)
 {
-    char line[2048];
+    char safe[LOG_SAFE_MAX];
 
-    vsnprintf(line, sizeof(line), fmt, ap);
+    log_format(safe, sizeof(safe), fmt, ap);
     switch (log_where) {
     case LOG_TO_SYSLOG:
-        syslog(prio, "%s", line);
+        syslog(prio, "%s", safe);
         break;
     case LOG_TO_STDERR:
         fprintf(stderr, "%s[%ld]: %s: %s\n", log_progname, (long)getpid(),
-                level, line);
+                level, safe);
         break;
     case LOG_TO_NONE:
         break;
@@ -101,11 +165,12 @@ void log_fatal(int code, const char *fmt, ...)
     va_end(ap);
     /* a fatal error must be seen even when logging goes nowhere */
     if (log_where == LOG_TO_NONE) {
+        char safe[LOG_SAFE_MAX];
+
         va_start(ap, fmt);
-        fprintf(stderr, "%s: fatal: ", log_progname);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        log_format(safe, sizeof(safe), fmt, ap);
         va_end(ap);
+        fprintf(stderr, "%s: fatal: %s\n", log_progname, safe);
     }
     exit(code);
 }

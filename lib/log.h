@@ -4,8 +4,13 @@
  * Messages go to syslog (facility mail) or to stderr, chosen once by
  * log_init().  Style: one line per event, key=<value> pairs, e.g.
  *   log_error("cyrusdb: open failed file=<%s> error=<%s>", fname, msg);
- * Never log message bodies; pass client bytes through log_sanitize() first.
- * Library code logs and returns an error; only main() exits (log_fatal).
+ * Never log message bodies.  Library code logs and returns an error; only
+ * main() exits (log_fatal).
+ *
+ * Every line is escaped as a whole before it is written (see log_escape):
+ * it holds printable ASCII only, so any %s may carry client bytes (user,
+ * mailbox and command names, addresses, SASL errors) without forging or
+ * breaking a line.  Lines longer than 2047 bytes before escaping are cut.
  */
 #ifndef LIB_LOG_H
 #define LIB_LOG_H
@@ -41,7 +46,18 @@ void log_set_debug(int on);
 void log_set_info(int on);
 
 /* Copy at most outlen-1 bytes of (s, len) into out, replacing control and
- * non-ASCII bytes with '?', and NUL-terminate.  Returns out. */
+ * non-ASCII bytes with '?', and NUL-terminate.  Returns out.  For text
+ * that goes elsewhere too (error strings, replies) and for (pointer,
+ * length) data; log lines need it no more for safety, the emitter escapes
+ * every line (log_escape). */
 char *log_sanitize(const char *s, size_t len, char *out, size_t outlen);
+
+/* What the emitter does to each line: (s, len) into out with printable
+ * ASCII kept, CR, LF and TAB written as \r, \n, \t and every other byte
+ * below 0x20 or above 0x7e as \xNN (a NUL too); backslash is kept.  Stops
+ * before an escape that would not fit: out (outlen >= 1) is always
+ * NUL-terminated.  Returns the length written.  outlen >= 4 * len + 1
+ * never cuts. */
+size_t log_escape(const char *s, size_t len, char *out, size_t outlen);
 
 #endif

@@ -504,6 +504,8 @@ int prot_getline(struct prot *p, struct buf *line, size_t maxlen,
             size_t content = total - (last_cr ? 1 : 0);
 
             p->in_start++;          /* the LF */
+            if (eol_r)
+                *eol_r = last_cr ? PROT_EOL_CRLF : PROT_EOL_LF;
             if (content > maxlen) {
                 buf_truncate(line, maxlen);
                 prot_seterror(p, "getline: line of %zu bytes over the limit"
@@ -511,8 +513,6 @@ int prot_getline(struct prot *p, struct buf *line, size_t maxlen,
                 return PROT_TOOLONG;
             }
             buf_truncate(line, content);
-            if (eol_r)
-                *eol_r = last_cr ? PROT_EOL_CRLF : PROT_EOL_LF;
             return PROT_OK;
         }
 

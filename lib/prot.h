@@ -86,8 +86,9 @@ void prot_set_interrupt(struct prot *p, int (*check)(void));
 
 /* One line of at most maxlen bytes (without its end) into line (reset
  * first; NUL-terminated by buf; the line may itself contain NUL bytes:
- * use line->len).  *eol_r (may be NULL) gets how it ended.  PROT_OK,
- * PROT_EOF (line may be non-empty: a last line without LF), PROT_TIMEOUT,
+ * use line->len).  *eol_r (may be NULL) gets how it ended, for PROT_OK
+ * and PROT_TOOLONG alike (PROT_EOL_NONE otherwise).  PROT_OK, PROT_EOF
+ * (line may be non-empty: a last line without LF), PROT_TIMEOUT,
  * PROT_TOOLONG (the line's first maxlen bytes are in line, the rest was
  * skipped through its LF; or PROT_EOF/PROT_TIMEOUT came first while
  * skipping: then that is returned), PROT_IOERROR, PROT_NOMEM. */

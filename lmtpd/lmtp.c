@@ -21,6 +21,15 @@
  * The client's header section is copied (up to LMTP_HDR_KEEP bytes, whole
  * lines only) for deliver_find_msgid().
  *
+ * The end of DATA is <CRLF>.<CRLF> and nothing else (RFC 5321 4.1.1.4):
+ * a "." line with a bare LF before or after it, or between bare CRs,
+ * is message text, so bytes after it are never read as commands (no
+ * message smuggled inside another).  A leading dot is unstuffed only
+ * after a real CRLF.  With lmtp_bare_newlines: fix such a lone dot is
+ * stored doubled (".."), never as a line that is only "."; with reject
+ * the message is refused for its bare newline anyway.  BDAT chunks are
+ * counted: their bytes are data whatever they hold.
+ *
  * Before the client's bytes the stage gets "Return-Path: <sender>" and a
  * Received header (RFC 5321 4.4, with-protocol per RFC 3848).
  *
@@ -112,6 +121,9 @@ struct lmtp_msg {
     size_t linelen;             /* bytes in the current line */
     int in_header;
     int cr;                     /* a CR is waiting for its LF */
+    int dotguard;               /* DATA: watch lines that are only "." */
+    int dot;                    /* a "." opening the line is held back */
+    int bare_eol;               /* the last line end was a bare CR or LF */
     enum lmtp_msgerr err;
     int store_err;
 };
@@ -460,10 +472,33 @@ static size_t lmtp_plain_span(const char *p, size_t n)
     return n;
 }
 
+/* A line ends (bare: it was a bare CR or LF, made CRLF).  A "." held
+ * back at the start of the line comes out first: when the line is only
+ * that dot and a bare newline stands before or after it, it is doubled,
+ * so that no line made of a lone "." is stored where the client's bytes
+ * were not <CRLF>.<CRLF> (the end of DATA that it was not). */
+static void lmtp_msg_newline(struct lmtp_session *s, int bare)
+{
+    struct lmtp_msg *m = &s->msg;
+
+    if (m->dot) {
+        m->dot = 0;
+        if (bare || m->bare_eol)
+            lmtp_msg_emit(s, "..", 2);
+        else
+            lmtp_msg_emit(s, ".", 1);
+    }
+    lmtp_msg_emit(s, "\r\n", 2);
+    lmtp_msg_eol(s);
+    m->bare_eol = bare;
+}
+
 /* Bytes of the message (after dot-unstuffing), cut anywhere.  The usual
  * line, ordinary bytes then CRLF in the same piece, goes out with one
  * lmtp_msg_emit() (what it does for run + CRLF is what two calls would
- * do: the size check and the header copy see the same bytes). */
+ * do: the size check and the header copy see the same bytes).  With
+ * dotguard (DATA), a "." opening a line is held back until the next byte
+ * tells whether the line is only that dot (lmtp_msg_newline). */
 static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
                           size_t len)
 {
@@ -476,8 +511,7 @@ static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
         if (m->cr) {
             m->cr = 0;
             if (c == '\n') {
-                lmtp_msg_emit(s, "\r\n", 2);
-                lmtp_msg_eol(s);
+                lmtp_msg_newline(s, 0);
                 i++;
                 continue;
             }
@@ -486,14 +520,12 @@ static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
                 lmtp_msg_fail(m, MSG_BARE, 0);
                 break;
             }
-            lmtp_msg_emit(s, "\r\n", 2);
-            lmtp_msg_eol(s);
+            lmtp_msg_newline(s, 1);
             continue;   /* c starts the next line */
         }
         if (c == '\r') {
             if (i + 1 < len && data[i + 1] == '\n') {
-                lmtp_msg_emit(s, "\r\n", 2);   /* an empty line */
-                lmtp_msg_eol(s);
+                lmtp_msg_newline(s, 0);
                 i += 2;
                 continue;
             }
@@ -506,14 +538,24 @@ static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
                 lmtp_msg_fail(m, MSG_BARE, 0);
                 break;
             }
-            lmtp_msg_emit(s, "\r\n", 2);
-            lmtp_msg_eol(s);
+            lmtp_msg_newline(s, 1);
             i++;
             continue;
         }
         if (c == '\0') {
             lmtp_msg_fail(m, MSG_NUL, 0);
             break;
+        }
+        if (m->dotguard && m->linelen == 0 && c == '.') {
+            m->dot = 1;
+            m->linelen = 1;
+            i++;
+            continue;
+        }
+        if (m->dot) {
+            /* more follows on the line: the dot is an ordinary byte */
+            m->dot = 0;
+            lmtp_msg_emit(s, ".", 1);
         }
         /* a run of ordinary bytes */
         {
@@ -529,6 +571,7 @@ static void lmtp_msg_feed(struct lmtp_session *s, const char *data,
                 /* the run and its line end at once */
                 lmtp_msg_emit(s, data + i, j + 2 - i);
                 lmtp_msg_eol(s);
+                m->bare_eol = 0;
                 i = j + 2;
                 continue;
             }
@@ -545,12 +588,14 @@ static void lmtp_msg_end(struct lmtp_session *s)
 
     if (m->cr && m->err == MSG_OK) {
         m->cr = 0;
-        if (!s->srv->bare_fix) {
+        if (!s->srv->bare_fix)
             lmtp_msg_fail(m, MSG_BARE, 0);
-        } else {
-            lmtp_msg_emit(s, "\r\n", 2);
-            lmtp_msg_eol(s);
-        }
+        else
+            lmtp_msg_newline(s, 1);
+    }
+    if (m->dot && m->err == MSG_OK) {
+        m->dot = 0;
+        lmtp_msg_emit(s, ".", 1);
     }
     lmtp_msg_flush(m);
 }
@@ -1041,7 +1086,8 @@ out:
 static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
 {
     enum prot_eol eol;
-    int r;
+    int after_crlf = 1;   /* the line follows a real CRLF (or the 354) */
+    int unstuff, r;
 
     if (len > 0) {
         lmtp_reply(s, "501 5.5.4 Syntax: DATA");
@@ -1063,6 +1109,7 @@ static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
         lmtp_reply(s, lmtp_store_reply(s->srv, r));
         return;
     }
+    s->msg.dotguard = 1;
     lmtp_reply(s, "354 Go ahead, end with <CRLF>.<CRLF>");
     if (prot_flush(s->p) != PROT_OK) {
         s->quit = 1;
@@ -1075,6 +1122,7 @@ static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
         r = prot_getline(s->p, &s->line, LMTP_LINE_MAX, &eol);
         if (r == PROT_TOOLONG) {
             lmtp_msg_fail(&s->msg, MSG_LONGLINE, 0);
+            after_crlf = eol == PROT_EOL_CRLF;
             continue;
         }
         if (r != PROT_OK) {
@@ -1086,8 +1134,14 @@ static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
             lmtp_read_failed(s, r);
             return;
         }
-        if (s->line.len == 1 && s->line.s[0] == '.')
+        /* only <CRLF>.<CRLF> ends the message (RFC 5321 4.1.1.4) */
+        if (after_crlf && eol == PROT_EOL_CRLF && s->line.len == 1 &&
+            s->line.s[0] == '.')
             break;
+        /* a dot opening a line after a real CRLF is dot-stuffing; a lone
+         * "." with a bare LF before or after it is left to the filter */
+        unstuff = after_crlf && s->line.len > 1 && s->line.s[0] == '.';
+        after_crlf = eol == PROT_EOL_CRLF;
         /* the line end goes through the filter with the line: one call */
         if (buf_append(&s->line, eol == PROT_EOL_LF ? "\n" : "\r\n",
                        eol == PROT_EOL_LF ? 1 : 2) != 0) {
@@ -1096,7 +1150,7 @@ static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
         }
         d = s->line.s;
         n = s->line.len;
-        if (d[0] == '.') {
+        if (unstuff) {
             d++;
             n--;
         }

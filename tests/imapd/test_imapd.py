@@ -16,6 +16,10 @@ After the bad-input tests the session must go on (a NOOP answers OK),
 and at the end the master log must show no crashed or failed worker
 (nor a sanitizer report).  The last test SIGTERMs the master with an
 idle client connected, which must get "* BYE Server shutting down".
+log_lines_printable runs its own instance (allowplaintext on, lmtpd
+beside imapd) and sends control and 8-bit bytes through every LMTP and
+IMAP command that logs: each line of the master's log must stay
+printable ASCII, with no forged line.
 
 Environment: see imaphelp.py.
 """
@@ -1224,6 +1228,163 @@ def test_idle_sees_lmtp_delivery():
         check(r[-1] == b"i2 OK IDLE terminated", "%r" % r)
 
 
+# ---- client bytes in the log ------------------------------------------------
+
+# What a client tries to get into a log line: a line end and a forged line
+# after it, terminal escapes, other controls, 8-bit bytes.
+HOSTILE = (b"eve\r\nmaster[1]: info: FAKE-LINE\r\rimapd[1]: error: FAKE-CR"
+           b"\x1b[2J\x07\x01\x7f\xc3\xa9\xff")
+
+
+def _lit(data):
+    """An IMAP literal (LITERAL+: no continuation wait)."""
+    return b"{%d+}\r\n" % len(data) + data
+
+
+def _lmtp_hostile(i):
+    """Every LMTP command that logs, fed HOSTILE bytes."""
+    from lmtphelp import Conn
+    h = HOSTILE.replace(b"\r\n", b"").replace(b"\r", b"")   # one line each
+    b64 = base64.b64encode
+    with Conn(i.unix_socket) as c:
+        c.reply()
+        c.send(b"XYZZY" + h + b"\r\n")
+        c.reply()
+        c.send(b"LHLO " + h + b"\r\n")
+        c.reply()
+        # SASL: the user names (with CR and LF: base64 carries them)
+        for mech, ir in ((b"PLAIN", b"\0" + HOSTILE + b"\0pw"),
+                         (b"PLAIN", HOSTILE + b"\0" + HOSTILE + b"\0pw"),
+                         (b"PL\x01AIN\xff", b"\0eve\0pw"),
+                         # SASL echoes an unknown mechanism in its error
+                         # text; a bare CR stays inside an LMTP line
+                         (b"X\rlmtpd[1]:FAKE-MECH\x1b[2J\x7f\xff",
+                          b"\0eve\0pw")):
+            c.send(b"AUTH " + mech + b" " + b64(ir) + b"\r\n")
+            c.reply()
+        c.send(b"AUTH LOGIN\r\n")
+        if c.reply().code == 334:
+            c.send(b64(HOSTILE) + b"\r\n")
+            if c.reply().code == 334:
+                c.send(b64(b"pw\r\n\xff") + b"\r\n")
+                c.reply()
+        c.send(b"AUTH PLAIN\r\n")
+        if c.reply().code == 334:
+            c.send(b"not base64 " + h + b"\r\n")
+            c.reply()
+        # addresses, delivered and failed
+        for rcpt in (b"<" + h + b">", b"<\"" + h + b"\"@test.example>",
+                     b"<nosuch" + h + b"@test.example>"):
+            c.send(b"MAIL FROM:<\"" + h + b"\"@example.org>\r\n"
+                   b"RCPT TO:" + rcpt + b"\r\nRSET\r\n")
+            c.replies(3)
+        c.send(b"MAIL FROM:<s@example.org>\r\n"
+               b"RCPT TO:<alice>\r\nDATA\r\n")
+        c.replies(3)
+        c.send(b"Message-ID: <" + h + b"@x>\r\nSubject: " + h +
+               b"\r\n\r\nbody\r\n.\r\n")
+        c.reply()
+    # a message cut inside DATA (the sender is logged)
+    with Conn(i.unix_socket) as c:
+        c.reply()
+        c.send(b"LHLO x\r\nMAIL FROM:<cut@example.org>\r\n"
+               b"RCPT TO:<alice>\r\nDATA\r\n")
+        c.replies(4)
+        c.send(b"Subject: cut\r\n\r\npart")
+
+
+def _imap_hostile(i):
+    """Every IMAP command that logs, fed HOSTILE bytes."""
+    b64 = base64.b64encode
+    with Raw(i.addr()) as c:
+        c.line()
+        c.send(b"x1 XYZZY" + HOSTILE.replace(b"\r", b"").replace(b"\n", b"")
+               + b"\r\n")
+        c.until_tagged("x1")
+        c.send(b"x2 LOGIN " + _lit(HOSTILE) + b" " + _lit(b"pw\xff\r\n")
+               + b"\r\n")
+        c.until_tagged("x2")
+        c.send(b"x3 LOGIN alice " + _lit(b"wrong\r\n\xff") + b"\r\n")
+        c.until_tagged("x3")
+        c.send(b"x4 AUTHENTICATE PLAIN " + b64(b"\0" + HOSTILE + b"\0pw")
+               + b"\r\n")
+        c.until_tagged("x4")
+        c.send(b"x5 AUTHENTICATE PLAIN " + b64(HOSTILE + b"\0alice\0"
+                                               + ALICE_PW.encode()) + b"\r\n")
+        c.until_tagged("x5")
+        c.send(b"x6 AUTHENTICATE LOGIN\r\n")
+        if c.line().startswith(b"+"):
+            c.send(b64(HOSTILE) + b"\r\n")
+            if c.line().startswith(b"+"):
+                c.send(b64(b"pw") + b"\r\n")
+        c.until_tagged("x6")
+        c.send(b"x7 AUTHENTICATE X\xffY\r\n")
+        c.until_tagged("x7")
+        c.send(b"x8 ID (\"name\" " + _lit(HOSTILE) + b")\r\n")
+        c.until_tagged("x8")
+        c.send(b"x9 LOGIN alice " + ALICE_PW.encode() + b"\r\n")
+        r = c.until_tagged("x9")
+        check(r[-1].startswith(b"x9 OK"), "LOGIN alice: %r" % r)
+        h = _lit(HOSTILE)
+        for n, cmd in enumerate((
+                b"SELECT " + h, b"EXAMINE " + h, b"CREATE " + h,
+                b"CREATE " + _lit(b"ok" + HOSTILE.replace(b"\r", b"")
+                                  .replace(b"\n", b"")),
+                b"CREATE " + _lit(b"fine\xc3\xa9"),
+                b"DELETE " + h, b"RENAME " + h + b" " + h,
+                b"RENAME INBOX " + h, b"SUBSCRIBE " + h,
+                b"UNSUBSCRIBE " + h, b"STATUS " + h + b" (MESSAGES)",
+                b"APPEND " + h + b" " + _lit(b"Subject: x\r\n\r\nx\r\n"),
+                b"LIST " + h + b" " + h, b"SELECT INBOX",
+                b"COPY 1:* " + h, b"MOVE 1:* " + h,
+                b"STORE 1:* +FLAGS (" + HOSTILE.replace(b"\r", b"")
+                .replace(b"\n", b"") + b")",
+                b"SEARCH HEADER " + h + b" " + h, b"FROB" + h,
+                b"ENABLE " + HOSTILE.replace(b"\r", b"").replace(b"\n", b""),
+                )):
+            tag = "y%d" % n
+            c.send(tag.encode() + b" " + cmd + b"\r\n")
+            c.until_tagged(tag)
+        c.send(b"z LOGOUT\r\n")
+        c.until_tagged("z")
+
+
+def test_log_lines_printable():
+    """Client bytes (CR, LF, a forged line, escapes, 8-bit) sent through
+    every LMTP and IMAP command that logs: every line of the master's log
+    (stderr of master -D -l and its children) is printable ASCII, and no
+    forged line appears."""
+    i = ImapInstance("logsafe", conf={"allowplaintext": "yes"},
+                     tls=True, sasl=(ALICE, ALICE_PW))
+    with i:
+        i.create("user.alice")
+        i.write_cyrus_conf(imaps=False)
+        i.start()
+        _lmtp_hostile(i)
+        _imap_hostile(i)
+        # the cut LMTP session and the last IMAP one have logged
+        wait_until(lambda: b"message not received" in _log_bytes(i), 10)
+        data = _log_bytes(i)
+        check(b"authentication failed" in data and b"login failed" in data,
+              "the hostile sessions logged nothing: %r" % data[-500:])
+        bad = [ln for ln in data.split(b"\n")
+               if any(b < 0x20 or b > 0x7e for b in ln)]
+        check(not bad, "%d log lines with bytes outside printable ASCII, "
+              "first: %r" % (len(bad), bad[:3]))
+        # a CR ends a line for a terminal or a syslog reader as LF does
+        forged = [ln for ln in re.split(rb"[\r\n]", data) if b"FAKE-" in ln
+                  and not re.match(rb"^(lmtpd|imapd)\[\d+\]: "
+                                   rb"(info|warning|error): (lmtp|imap|sasl)"
+                                   rb": ", ln)]
+        check(not forged, "forged log lines: %r" % forged[:3])
+        check(b"FAKE-MECH" in data, "the unknown mechanism was not logged")
+
+
+def _log_bytes(i):
+    with open(i.logfile, "rb") as f:
+        return f.read()
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -1257,6 +1418,7 @@ if __name__ == "__main__":
         test_idle_sees_lmtp_delivery,
         test_bad_input,
         test_sigterm_idle_client,
+        test_log_lines_printable,
     ])
     try:
         finish()

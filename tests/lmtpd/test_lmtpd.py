@@ -713,22 +713,153 @@ def test_bare_lf_refused():
                   "bare CR")
 
 
-def test_lf_terminator_accepted():
-    """A bare LF ending the terminator line (".\\n") ends the message."""
-    inst = main_instance()
-    before = inst.count("user.erin")
-    msg = make_message(uniq("lfdot"))
+# ---- SMTP smuggling: only <CRLF>.<CRLF> ends DATA ----------------------------
+
+# End-of-data look-alikes (RFC 5321 4.1.1.4 allows only <CRLF>.<CRLF>) and
+# what lmtp_bare_newlines: fix stores for each: the bare newlines become
+# CRLF and the lone dot is doubled, so the stored message has no line that
+# is only "."
+SMUGGLE_SEQS = [
+    (b"\n.\n", b"\r\n..\r\n"),
+    (b"\n.\r\n", b"\r\n..\r\n"),
+    (b"\r\n.\n", b"\r\n..\r\n"),
+    (b"\r.\r", b"\r\n..\r\n"),
+]
+SMUGGLED = (b"MAIL FROM:<evil@example.org>\r\nRCPT TO:<frank>\r\n"
+            b"DATA\r\nFrom: <ceo@example.org>\r\nSubject: smuggled\r\n"
+            b"\r\nsmuggled body\r\n")
+
+
+def replies_to_eof(c, what):
+    """Every reply until the server closes the connection."""
+    out = []
+    c.settimeout(30)
+    while True:
+        try:
+            out.append(c.reply())
+        except ConnectionClosed:
+            return out
+        except socket.timeout:
+            raise Fail("%s: no end of the connection 30 s after QUIT "
+                       "(replies so far %r)" % (what, out))
+
+
+def smuggle_session(inst, payload, what):
+    """MAIL, RCPT erin, DATA, then payload (which carries its own end)
+    and QUIT in one write: every reply after the 354."""
     with connect(inst) as c:
-        c.send(b"MAIL FROM:<t@example.org>\r\nRCPT TO:<erin>\r\nDATA\r\n")
-        check(codes(c.replies(3)) == [250, 250, 354], "set-up")
-        c.send(msg + b".\n")
-        c.settimeout(10)
-        r = c.reply()
-        check(r.code == 250, "message ended by \".\\n\": %r" % r)
-        check(c.cmd("NOOP").code == 250, "NOOP")
-    data = inst.messages("user.erin")
-    check(len(data) == before + 1, "not stored")
-    check(split_added_headers(data[-1])[2] == msg, "content differs")
+        c.send(b"MAIL FROM:<s@example.org>\r\nRCPT TO:<erin>\r\nDATA\r\n")
+        check(codes(c.replies(3)) == [250, 250, 354], "%s: set-up" % what)
+        c.send(payload + b"QUIT\r\n")
+        return replies_to_eof(c, what)
+
+
+def smuggle_instance(mode):
+    inst = Instance("smuggle-" + mode, conf={"lmtp_bare_newlines": mode,
+                                             "lmtp_timeout": "60"})
+    try:
+        inst.create("user.erin")
+        inst.create("user.frank")
+        inst.write_cyrus_conf(prefork=1, maxchild=4)
+        inst.start()
+    except BaseException:
+        inst.stop()
+        inst.cleanup()
+        raise
+    return inst
+
+
+def check_no_lone_dot(data, what):
+    lines = data.split(b"\r\n")
+    check(b"." not in lines, "%s: a stored line is a lone \".\"" % what)
+    check(b"\r" not in b"".join(lines) and b"\n" not in b"".join(lines),
+          "%s: a bare CR or LF was stored" % what)
+
+
+def _smuggling(mode):
+    with smuggle_instance(mode) as inst:
+        want_code = 250 if mode == "fix" else 554
+        stored = 0
+        cases = [(seq, fixed, b"") for seq, fixed in SMUGGLE_SEQS]
+        # a line over 64 KiB ending in a bare LF, then ".\r\n": refused
+        # for its length in both modes, and still no end of the message
+        cases.append((b"\r\n" + b"x" * 70000 + b"\n.\r\n", None, b""))
+        for seq, fixed, _ in cases:
+            what = "%s %r" % (mode, seq[-8:])
+            head = make_message(uniq("smug"), subject="first")
+            first = head + b"first body" + seq
+            payload = first + SMUGGLED + b".\r\n"
+            rs = smuggle_session(inst, payload, what)
+            code = want_code if fixed is not None else 554
+            check(codes(rs) == [code, 221], "%s: replies after the 354 %r "
+                  "(%d for the one message, then 221 expected: anything "
+                  "more is a smuggled command answered)" % (what, rs, code))
+            if code == 554:
+                check(rs[0].enh == "5.6.0", "%s: %r" % (what, rs[0]))
+            if code == 250:
+                stored += 1
+            check(inst.count("user.frank") == 0, "%s: the smuggled message "
+                  "was stored" % what)
+            check(inst.count("user.erin") == stored, "%s: user.erin has %d "
+                  "messages, %d expected" % (what, inst.count("user.erin"),
+                                             stored))
+            if code == 250:
+                got = inst.messages("user.erin")[-1]
+                _, _, rest = split_added_headers(got)
+                want = head + b"first body" + fixed + SMUGGLED
+                check(rest == want, "%s: stored %r, expected %r"
+                      % (what, rest[-200:], want[-200:]))
+                check_no_lone_dot(got, what)
+        # dot-stuffing counts only after a real CRLF
+        what = "%s dot-stuffing" % mode
+        head = make_message(uniq("stuff"))
+        rs = smuggle_session(inst, head + b"a\n..b\r\n..c\r\n.\r\n", what)
+        check(codes(rs) == [want_code, 221], "%s: %r" % (what, rs))
+        if mode == "fix":
+            stored += 1
+            _, _, rest = split_added_headers(inst.messages("user.erin")[-1])
+            check(rest == head + b"a\r\n..b\r\n.c\r\n", "%s: stored %r"
+                  % (what, rest[-40:]))
+        # BDAT is length-delimited: the same bytes in a chunk are data
+        for seq, _ in SMUGGLE_SEQS + [(b"\r\n.\r\n", None)]:
+            what = "%s BDAT %r" % (mode, seq)
+            head = make_message(uniq("bdatsmug"))
+            chunk = head + b"first body" + seq + SMUGGLED
+            with connect(inst) as c:
+                c.send(b"MAIL FROM:<s@example.org>\r\nRCPT TO:<erin>\r\n"
+                       b"BDAT %d LAST\r\n" % len(chunk) + chunk +
+                       b"QUIT\r\n")
+                rs = replies_to_eof(c, what)
+            bare = seq != b"\r\n.\r\n"
+            code = 554 if bare and mode == "reject" else 250
+            check(codes(rs) == [250, 250, code, 221], "%s: %r" % (what, rs))
+            if code == 250:
+                stored += 1
+                _, _, rest = split_added_headers(
+                    inst.messages("user.erin")[-1])
+                want = head + b"first body\r\n.\r\n" + SMUGGLED
+                check(rest == want, "%s: stored %r, expected %r"
+                      % (what, rest[-120:], want[-120:]))
+            check(inst.count("user.erin") == stored and
+                  inst.count("user.frank") == 0, "%s: counts %d %d" %
+                  (what, inst.count("user.erin"), inst.count("user.frank")))
+        trouble = inst.worker_trouble(inst.log())
+        check(not trouble, "worker trouble: %s" % " | ".join(trouble[:3]))
+
+
+def test_smuggling_reject():
+    """lmtp_bare_newlines: reject: <LF>.<LF>, <LF>.<CRLF>, <CRLF>.<LF>,
+    <CR>.<CR> inside DATA end nothing: the message is refused (554 5.6.0)
+    at the real <CRLF>.<CRLF>, the commands after the look-alike are not
+    answered, nothing is stored; BDAT chunks are data."""
+    _smuggling("reject")
+
+
+def test_smuggling_fix():
+    """lmtp_bare_newlines: fix: the same look-alikes are data; the one
+    message is stored with CRLF lines and the lone dot doubled; the
+    commands after it are message text, never executed."""
+    _smuggling("fix")
 
 
 def test_nul_refused():
@@ -1264,7 +1395,8 @@ TESTS = [
     test_bdat_chunking,
     test_long_command_line,
     test_bare_lf_refused,
-    test_lf_terminator_accepted,
+    test_smuggling_reject,
+    test_smuggling_fix,
     test_nul_refused,
     test_disconnect_inside_data,
     test_unknown_and_out_of_order,

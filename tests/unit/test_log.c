@@ -1,0 +1,174 @@
+/*
+ * test_log.c - unit tests of lib/log.c: log_escape (what is kept, what is
+ * escaped, a cut never splits an escape) and the emitter (a line to
+ * stderr whose %s carries CR, LF, other controls, 8-bit bytes and a NUL
+ * comes out as one line of printable ASCII; an overlong line is cut).
+ */
+#include "config.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "lib/log.h"
+
+static void expect_escape(const char *in, size_t len, const char *want)
+{
+    char out[256];
+    size_t n;
+
+    memset(out, 'Z', sizeof(out));         /* poison */
+    n = log_escape(in, len, out, sizeof(out));
+    assert_string_equal(out, want);
+    assert_int_equal(n, strlen(want));
+}
+
+#define ESC(lit, want) expect_escape((lit), sizeof(lit) - 1, (want))
+
+static void test_escape(void **state)
+{
+    (void)state;
+    ESC("", "");
+    ESC("plain text <a@b> key=<v> ~!", "plain text <a@b> key=<v> ~!");
+    ESC("a\r\nb", "a\\r\\nb");
+    ESC("tab\there", "tab\\there");
+    ESC("\x01\x1b[31m\x7f", "\\x01\\x1b[31m\\x7f");
+    ESC("caf\xc3\xa9", "caf\\xc3\\xa9");
+    ESC("nul\0after", "nul\\x00after");
+    ESC("back\\slash", "back\\slash");
+}
+
+static void test_escape_cut(void **state)
+{
+    char out[8];
+    size_t n;
+
+    (void)state;
+    /* "ab" + "\r" needs 4 + NUL: fits in 8 */
+    n = log_escape("ab\rcd", 5, out, sizeof(out));
+    assert_string_equal(out, "ab\\rcd");
+    assert_int_equal(n, 6);
+    /* "\xff" needs 4: after "abc", 8 bytes hold it and the NUL, 7 not */
+    n = log_escape("abc\xff", 4, out, sizeof(out));
+    assert_string_equal(out, "abc\\xff");
+    assert_int_equal(n, 7);
+    n = log_escape("abc\xff", 4, out, 7);
+    assert_string_equal(out, "abc");
+    assert_int_equal(n, 3);
+    n = log_escape("abcd", 4, out, 1);
+    assert_string_equal(out, "");
+    assert_int_equal(n, 0);
+    assert_int_equal(log_escape("abcd", 4, out, 0), 0);
+}
+
+/* Run f with stderr going to a file; returns what was written. */
+static char *capture_stderr(void (*f)(void), size_t *len_r)
+{
+    char path[] = "/tmp/test_log.XXXXXX";
+    int fd = mkstemp(path), saved;
+    FILE *fp;
+    char *data;
+    long size;
+
+    assert_true(fd >= 0);
+    unlink(path);
+    fflush(stderr);
+    saved = dup(2);
+    assert_true(saved >= 0);
+    assert_int_equal(dup2(fd, 2), 2);
+    f();
+    fflush(stderr);
+    assert_int_equal(dup2(saved, 2), 2);
+    close(saved);
+    fp = fdopen(fd, "rb");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, 0, SEEK_END), 0);
+    size = ftell(fp);
+    assert_true(size >= 0);
+    rewind(fp);
+    data = malloc((size_t)size + 1);
+    assert_non_null(data);
+    assert_int_equal(fread(data, 1, (size_t)size, fp), (size_t)size);
+    data[size] = '\0';
+    fclose(fp);
+    *len_r = (size_t)size;
+    return data;
+}
+
+static void emit_hostile(void)
+{
+    static const char user[] =
+        "eve\r\nlmtpd[1]: info: lmtp: authenticated user=<root>\x1b[2J\xff";
+
+    log_init("test_log", LOG_TO_STDERR);
+    log_info("auth failed user=<%s> byte=<%c> end", user, 0);
+}
+
+static void check_one_clean_line(const char *data, size_t len)
+{
+    size_t i;
+
+    assert_true(len > 0);
+    assert_int_equal(data[len - 1], '\n');
+    for (i = 0; i + 1 < len; i++)
+        assert_true((unsigned char)data[i] >= 0x20 &&
+                    (unsigned char)data[i] < 0x7f);
+}
+
+static void test_emit_escapes(void **state)
+{
+    size_t len;
+    char *data;
+
+    (void)state;
+    data = capture_stderr(emit_hostile, &len);
+    check_one_clean_line(data, len);
+    assert_non_null(strstr(data, "info: auth failed user=<eve\\r\\nlmtpd[1]: "
+                           "info: lmtp: authenticated user=<root>"
+                           "\\x1b[2J\\xff> byte=<\\x00> end\n"));
+    free(data);
+}
+
+static void emit_long(void)
+{
+    char big[5000];
+
+    memset(big, 0xff, sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    log_init("test_log", LOG_TO_STDERR);
+    log_warning("%s", big);
+}
+
+static void test_emit_long(void **state)
+{
+    size_t len;
+    char *data, *p;
+
+    (void)state;
+    data = capture_stderr(emit_long, &len);
+    check_one_clean_line(data, len);
+    /* 2047 bytes formatted, each escaped in full */
+    p = strstr(data, "warning: ");
+    assert_non_null(p);
+    p += strlen("warning: ");
+    assert_int_equal(strlen(p), 2047 * 4 + 1);
+    free(data);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_escape),
+        cmocka_unit_test(test_escape_cut),
+        cmocka_unit_test(test_emit_escapes),
+        cmocka_unit_test(test_emit_long),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
