@@ -31,6 +31,7 @@ temporary directories).  Python 3 standard library only.
 import imaplib
 import os
 import re
+import signal
 import smtplib
 import socket
 import subprocess
@@ -273,6 +274,23 @@ def run_stock(name, cyrus_path, imapd_path):
                      "unixhierarchysep", "lmtp_downcase_rcpt",
                      "allowplaintext", "syslog_prefix"):
                 check(k not in keys, "supported key %s warned about" % k)
+
+        # a reload maps the same way: the services keep running, the
+        # refused ones stay closed
+        inst.mark_log()
+        inst.proc.send_signal(signal.SIGHUP)
+        ok = wait_until(lambda: "SERVICES entry=<sieve>" in inst.new_log()
+                        and "entry=<expungeprune-cleanup> added"
+                        in inst.new_log(), 30)
+        check(ok, "no mapping after SIGHUP: %s" % inst.new_log()[-1500:])
+        check("service=<imap> stopping" not in inst.new_log(),
+              "the reload restarted imap: %s" % inst.new_log()[-1500:])
+        for svc in REFUSED:
+            check(refused(inst.addrs[svc]), "%s listens after SIGHUP" % svc)
+        results = {"barrier": threading.Barrier(1)}
+        imap_read(inst.addrs["imap"], results, 0)
+        check(isinstance(results[0], bytes) and results[0].endswith(msg),
+              "IMAP after SIGHUP: %r" % (results[0],))
 
 
 def test_stock_fixture():
