@@ -1070,7 +1070,8 @@ static void test_remove_insert(void **state)
     (void)state;
     conf = load_ok("SERVICES {\n imap cmd=imapd listen=127.0.0.1:143 "
                    "maxchild=7\n}\n"
-                   "EVENTS {\n a cmd=\"x -E 3\" at=0401\n b cmd=y period=5\n}\n");
+                   "EVENTS {\n a cmd=\"x -E 3\" at=0401\n"
+                   " b cmd=y period=5\n}\n");
     assert_int_equal(conf->nentries, 3);
     /* a copy right after its original, every string its own */
     assert_int_equal(master_conf_insert_copy(conf, 0, "imap2", "imapd -s"), 0);
