@@ -488,7 +488,8 @@ static void imapconf_set_error(struct buf *b, char **error_r)
  */
 static int imapconf_line(struct imapconf *conf, const char *name,
                          unsigned long lineno, const char *p, size_t len,
-                         struct buf *key, struct buf *val, struct buf *err)
+                         struct buf *key, struct buf *val, struct buf *err,
+                         int quiet)
 {
     const struct imapconf_option *opt;
     const char *colon;
@@ -558,7 +559,7 @@ static int imapconf_line(struct imapconf *conf, const char *name,
             return -1;
         }
         buf_free(&why);
-        if (slot->line)
+        if (slot->line && !quiet)
             log_warning("%s:%lu: key %s given again (first on line %lu); "
                         "the last one counts", name, lineno, opt->name,
                         slot->line);
@@ -585,8 +586,10 @@ static int imapconf_line(struct imapconf *conf, const char *name,
         if (!value)
             goto nomem;
         if (x) {
-            log_warning("%s:%lu: key %s given again (first on line %lu); "
-                        "the last one counts", name, lineno, x->key, x->line);
+            if (!quiet)
+                log_warning("%s:%lu: key %s given again (first on line %lu); "
+                            "the last one counts", name, lineno, x->key,
+                            x->line);
             free(x->value);
             x->value = value;
             x->line = lineno;
@@ -602,7 +605,9 @@ static int imapconf_line(struct imapconf *conf, const char *name,
         return 0;
     }
 
-    log_warning("%s:%lu: unknown key %s", name, lineno, buf_cstring(key));
+    if (!quiet)
+        log_warning("%s:%lu: unknown key %s", name, lineno,
+                    buf_cstring(key));
     return 0;
 
 nomem:
@@ -612,8 +617,9 @@ nomem:
     return -1;
 }
 
-int imapconf_load_string(const char *name, const char *text, size_t len,
-                         struct imapconf **conf_r, char **error_r)
+static int imapconf_load_text(const char *name, const char *text,
+                              size_t len, int quiet,
+                              struct imapconf **conf_r, char **error_r)
 {
     struct buf key = BUF_INITIALIZER, val = BUF_INITIALIZER;
     struct buf err = BUF_INITIALIZER;
@@ -641,7 +647,7 @@ int imapconf_load_string(const char *name, const char *text, size_t len,
         lineno++;
         pos += linelen + (nl ? 1 : 0);
         if (imapconf_line(conf, name, lineno, line, linelen,
-                          &key, &val, &err) < 0) {
+                          &key, &val, &err, quiet) < 0) {
             r = -1;
             break;
         }
@@ -658,11 +664,32 @@ int imapconf_load_string(const char *name, const char *text, size_t len,
     return 0;
 }
 
+int imapconf_load_string(const char *name, const char *text, size_t len,
+                         struct imapconf **conf_r, char **error_r)
+{
+    return imapconf_load_text(name, text, len, 0, conf_r, error_r);
+}
+
+/* 1 when $CYRUSDELIVER_CONF_WARNED names the file open on fd (as path,
+ * or as another name of the same file). */
+static int imapconf_warned(const char *path, int fd)
+{
+    const char *w = getenv("CYRUSDELIVER_CONF_WARNED");
+    struct stat a, b;
+
+    if (!w || !*w)
+        return 0;
+    if (strcmp(w, path) == 0)
+        return 1;
+    return fstat(fd, &a) == 0 && stat(w, &b) == 0 &&
+           a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 int imapconf_load(const char *path, struct imapconf **conf_r, char **error_r)
 {
     struct buf text = BUF_INITIALIZER;
     struct buf err = BUF_INITIALIZER;
-    int fd, r;
+    int fd, r, quiet;
 
     *conf_r = NULL;
     if (error_r)
@@ -673,6 +700,7 @@ int imapconf_load(const char *path, struct imapconf **conf_r, char **error_r)
         imapconf_set_error(&err, error_r);
         return -1;
     }
+    quiet = imapconf_warned(path, fd);
     buf_set_max(&text, IMAPCONF_MAX_FILE);
     for (;;) {
         ssize_t n;
@@ -697,8 +725,8 @@ int imapconf_load(const char *path, struct imapconf **conf_r, char **error_r)
         text.len += (size_t)n;
     }
     close(fd);
-    r = imapconf_load_string(path, text.s ? text.s : "", text.len,
-                             conf_r, error_r);
+    r = imapconf_load_text(path, text.s ? text.s : "", text.len, quiet,
+                           conf_r, error_r);
     buf_free(&text);
     buf_free(&err);
     return r;

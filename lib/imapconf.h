@@ -44,6 +44,12 @@ struct imapconf;   /* a loaded configuration: opaque */
  * (unknown key, key given twice) go to log_warning() as
  * "FILE:LINE: unknown key KEY".  Files over 64 MiB are refused; there is
  * no limit on the length of a line.
+ * Those two warnings are left out when the environment variable
+ * CYRUSDELIVER_CONF_WARNED names this file (the same path, or the same
+ * file by device and inode): the master sets it for every program it
+ * starts, having logged the file's warnings itself, so that they appear
+ * once per master start and not once per worker.  Errors are always
+ * reported.
  */
 int imapconf_load(const char *path, struct imapconf **conf_r, char **error_r);
 

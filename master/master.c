@@ -5,7 +5,8 @@
  *          [-S servicedir] [-T drainsecs] [-s statusfile]
  *
  * Start-up order: read imapd.conf and cyrus.conf (a malformed file stops
- * the master with FILE:LINE), daemonize unless -D, write the pidfile, open
+ * the master with FILE:LINE), map Cyrus's commands to ours
+ * (master_compat.h), daemonize unless -D, write the pidfile, open
  * the listening sockets of SERVICES (so ports below 1024 work when started
  * as root), then drop to the user `cyrus_user` when running as root, run
  * START to completion, and only then fork service, event and daemon
@@ -44,6 +45,7 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "master/master_compat.h"
 #include "master/master_conf.h"
 #include "master/master_event.h"
 #include "master/master_service.h"
@@ -268,6 +270,7 @@ int main(int argc, char **argv)
 
     imapdconf = absolute(imapdconf_opt ? imapdconf_opt
                          : MASTER_DEFAULT_IMAPDCONF);
+    unsetenv("CYRUSDELIVER_CONF_WARNED");   /* the master itself warns */
     if (imapconf_load(imapdconf, &ic, &err) < 0)
         log_fatal(78, "master: %s", err ? err : "cannot read imapd.conf");
     if (master_conf_load(cyrusconf, &conf, &err) < 0)
@@ -285,6 +288,7 @@ int main(int argc, char **argv)
     if (servicedir) sdir = absolute(servicedir);
     mdir = master_dir();
     master_service_setup(sdir, mdir, imapdconf);
+    master_compat_apply(conf, cyrusconf, sdir, mdir, imapdconf);
 
     if (!foreground) daemonize();
     master_signals();
@@ -395,6 +399,7 @@ int main(int argc, char **argv)
                 free(rerr);
             } else {
                 log_info("master: reloading config=<%s>", cyrusconf);
+                master_compat_apply(nconf, cyrusconf, sdir, mdir, imapdconf);
                 master_service_apply(nconf, 0);
                 master_event_apply(nconf, now);
                 master_conf_free(&conf);

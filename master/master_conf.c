@@ -1140,6 +1140,59 @@ void master_conf_argv_free(char **argv)
     free(argv);
 }
 
+void master_conf_remove(struct master_conf *conf, size_t i)
+{
+    if (!conf || i >= conf->nentries)
+        return;
+    entry_fini(&conf->entries[i]);
+    memmove(&conf->entries[i], &conf->entries[i + 1],
+            (conf->nentries - i - 1) * sizeof(conf->entries[0]));
+    conf->nentries--;
+}
+
+static char *dup_or_null(const char *s, int *failed)
+{
+    char *r;
+
+    if (!s)
+        return NULL;
+    r = strdup(s);
+    if (!r)
+        *failed = 1;
+    return r;
+}
+
+int master_conf_insert_copy(struct master_conf *conf, size_t i,
+                            const char *name, const char *cmd)
+{
+    struct master_entry e, *ne;
+    int failed = 0;
+
+    if (!conf || i >= conf->nentries || !name || !cmd)
+        return -1;
+    /* the array may have been allocated to exactly nentries: grow by one */
+    ne = realloc(conf->entries, (conf->nentries + 1) * sizeof(*ne));
+    if (!ne)
+        return -1;
+    conf->entries = ne;
+    e = conf->entries[i];
+    e.name = dup_or_null(name, &failed);
+    e.cmd = dup_or_null(cmd, &failed);
+    e.listen = dup_or_null(e.listen, &failed);
+    e.listen_host = dup_or_null(e.listen_host, &failed);
+    e.listen_port = dup_or_null(e.listen_port, &failed);
+    e.proto = dup_or_null(e.proto, &failed);
+    if (failed) {
+        entry_fini(&e);
+        return -1;
+    }
+    memmove(&conf->entries[i + 2], &conf->entries[i + 1],
+            (conf->nentries - i - 1) * sizeof(conf->entries[0]));
+    conf->entries[i + 1] = e;
+    conf->nentries++;
+    return 0;
+}
+
 void master_conf_free(struct master_conf **confp)
 {
     size_t i;

@@ -140,6 +140,16 @@ int master_conf_listen_differs(const struct master_entry *a,
 char **master_conf_split_cmd(const char *cmd);
 void master_conf_argv_free(char **argv);
 
+/* Remove entry i (its strings freed; later entries move down one).
+ * No-op when i is out of range. */
+void master_conf_remove(struct master_conf *conf, size_t i);
+
+/* Insert right after entry i a copy of it with another name and cmd
+ * (both copied; the name is not checked).  0, or -1 when i is out of
+ * range or memory ran out (conf unchanged). */
+int master_conf_insert_copy(struct master_conf *conf, size_t i,
+                            const char *name, const char *cmd);
+
 void master_conf_free(struct master_conf **confp);
 
 #endif

@@ -10,7 +10,8 @@
  * started twice (logged).
  * DAEMON: the command is kept running: restarted 1 s after it exits,
  * doubling to 64 s while it keeps dying within 10 s of its start.
- * Children get fds 0-2 of the master, CYRUSDELIVER_CONF, and nothing else.
+ * Children get fds 0-2 of the master, CYRUSDELIVER_CONF and
+ * CYRUSDELIVER_CONF_WARNED, and nothing else.
  * On reload, entries are matched by name: removed ones are no longer run
  * (a running daemon gets SIGTERM), changed ones use the new command from
  * their next run.

@@ -273,7 +273,11 @@ pid_t master_service_forkexec(char *const argv[], int listen_fd,
                 setrlimit(RLIMIT_NOFILE, &rl);
             }
         }
-        if (opt_imapdconf) setenv("CYRUSDELIVER_CONF", opt_imapdconf, 1);
+        if (opt_imapdconf) {
+            setenv("CYRUSDELIVER_CONF", opt_imapdconf, 1);
+            /* the master has logged that file's warnings already */
+            setenv("CYRUSDELIVER_CONF_WARNED", opt_imapdconf, 1);
+        }
         for (i = 0; env && env[i]; i++) putenv(env[i]);
         if (prog) execv(prog, argv);
         else execvp(argv[0], argv);

@@ -51,7 +51,8 @@ char *master_service_resolve(const char *word);
  * the child: signal dispositions and mask reset, listen_fd (if >= 0) on
  * fd 3 and status_fd (if >= 0) on fd 4, every other fd >= 3 closed,
  * RLIMIT_NOFILE set to maxfds (if > 0), env[] (NAME=VALUE strings, may be
- * NULL) and CYRUSDELIVER_CONF added; exec failure: _exit(127).  Returns
+ * NULL) and CYRUSDELIVER_CONF and CYRUSDELIVER_CONF_WARNED (both the
+ * imapd.conf path; see imapconf.h) added; exec failure: _exit(127).  Returns
  * the pid, or -1 (logged) when fork failed. */
 pid_t master_service_forkexec(char *const argv[], int listen_fd,
                               int status_fd, int maxfds,

@@ -71,9 +71,11 @@ static void mbtool_usage(FILE *out)
 "                                mailboxes it covers\n"
 "  quota show [ROOT]             limits and usage of one or every root\n"
 "  quota remove ROOT             remove a quota root\n"
-"  check [-r] NAME               verify an index (-r: and the ones below)\n"
-"  reconstruct [-r] NAME         rebuild an index from the message files\n"
-"  cleanup NAME                  remove expunged messages for good\n"
+"  check [-r] NAME | -a          verify an index (-r: and the ones below;\n"
+"                                -a: every mailbox's)\n"
+"  reconstruct [-r] NAME | -a    rebuild an index from the message files\n"
+"  cleanup [-r] NAME | -a        remove expunged messages for good\n"
+"                                (-r: below NAME too; -a: every mailbox)\n"
 "  prune DAYS                    drop duplicate records older than DAYS\n"
 "  stage-cleanup [PARTITION]     remove staging files of delivery processes\n"
 "                                that are gone (or older than a day)\n"
@@ -509,10 +511,12 @@ static int mbtool_tree_op(int argc, char **argv, const char *usage,
     struct mbtool_names n = { STRARRAY_INITIALIZER, STRARRAY_INITIALIZER };
     struct mboxlist *ml;
     struct mboxlist_entry *e = NULL;
-    int recursive = 0, r, failed = 0;
+    int recursive = 0, all = 0, r, failed = 0;
     size_t i;
 
-    if (argc == 3 && strcmp(argv[1], "-r") == 0) {
+    if (argc == 2 && strcmp(argv[1], "-a") == 0)
+        all = 1;
+    else if (argc == 3 && strcmp(argv[1], "-r") == 0) {
         recursive = 1;
         argv++;
         argc--;
@@ -521,7 +525,9 @@ static int mbtool_tree_op(int argc, char **argv, const char *usage,
         return mbtool_usage_error(usage);
     if (mbtool_open_list(&ml))
         return MBTOOL_EXIT_FAIL;
-    if (recursive) {
+    if (all) {
+        r = mboxlist_list(ml, "*", mbtool_collect_cb, &n);
+    } else if (recursive) {
         r = mbtool_collect_tree(ml, argv[1], &n);
     } else {
         r = mboxlist_lookup(ml, argv[1], &e);
@@ -532,12 +538,13 @@ static int mbtool_tree_op(int argc, char **argv, const char *usage,
         }
     }
     mboxlist_close(&ml);
-    if (r == STORE_OK && n.names.count == 0)
+    if (r == STORE_OK && n.names.count == 0 && !all)
         r = STORE_NOTFOUND;
     if (r) {
         strarray_fini(&n.names);
         strarray_fini(&n.partitions);
-        return mbtool_fail("no mailbox", argv[1], r);
+        return mbtool_fail(all ? "cannot list the mailboxes" : "no mailbox",
+                           all ? NULL : argv[1], r);
     }
     for (i = 0; i < n.names.count; i++)
         if (op(n.names.data[i], n.partitions.data[i]) != 0)
@@ -878,12 +885,14 @@ int main(int argc, char **argv)
     else if (strcmp(cmd, "quota") == 0)
         ret = mbtool_quota(argc, argv);
     else if (strcmp(cmd, "check") == 0)
-        ret = mbtool_tree_op(argc, argv, "check [-r] NAME", mbtool_check_one);
+        ret = mbtool_tree_op(argc, argv, "check [-r] NAME | -a",
+                             mbtool_check_one);
     else if (strcmp(cmd, "reconstruct") == 0)
-        ret = mbtool_tree_op(argc, argv, "reconstruct [-r] NAME",
+        ret = mbtool_tree_op(argc, argv, "reconstruct [-r] NAME | -a",
                              mbtool_reconstruct_one);
     else if (strcmp(cmd, "cleanup") == 0)
-        ret = mbtool_tree_op(argc, argv, "cleanup NAME", mbtool_cleanup_one);
+        ret = mbtool_tree_op(argc, argv, "cleanup [-r] NAME | -a",
+                             mbtool_cleanup_one);
     else if (strcmp(cmd, "prune") == 0)
         ret = mbtool_prune(argc, argv);
     else if (strcmp(cmd, "stage-cleanup") == 0)

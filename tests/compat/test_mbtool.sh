@@ -152,6 +152,14 @@ for b in $BACKENDS; do
     expect_out 0 "user.alice: ok" "$b: check passes after reconstruct" $M check user.alice
     expect_out 0 "^messages: 3" "$b: every message is back" $M info user.alice
     expect_out 0 "cleaned up" "$b: cleanup" $M cleanup user.alice
+    run $M cleanup -a
+    if [ "$rc" -eq 0 ] && grep -q "^user.bob: cleaned up" "$OUT" && grep -q "^shared.news: cleaned up" "$OUT" && grep -q "^user.alice.Sent: cleaned up" "$OUT"; then
+        pass "$b: cleanup -a does every mailbox"
+    else
+        fail "$b: cleanup -a (exit $rc)"
+    fi
+    expect_out 0 "^shared.news: ok" "$b: check -a does every mailbox" $M check -a
+    expect 2 "$b: cleanup -a takes no name" $M cleanup -a user.alice
     expect_out 0 "pruned" "$b: prune" $M prune 0
 
     # ---- leftover staging files: a dead writer's go, a live one's stay

@@ -1062,6 +1062,56 @@ static void test_listen_differs(void **state)
     master_conf_free(&b);
 }
 
+static void test_remove_insert(void **state)
+{
+    struct master_conf *conf;
+    const struct master_entry *e;
+
+    (void)state;
+    conf = load_ok("SERVICES {\n imap cmd=imapd listen=127.0.0.1:143 "
+                   "maxchild=7\n}\n"
+                   "EVENTS {\n a cmd=\"x -E 3\" at=0401\n"
+                   " b cmd=y period=5\n}\n");
+    assert_int_equal(conf->nentries, 3);
+    /* a copy right after its original, every string its own */
+    assert_int_equal(master_conf_insert_copy(conf, 0, "imap2", "imapd -s"), 0);
+    assert_int_equal(master_conf_insert_copy(conf, 2, "a-cleanup", "z"), 0);
+    assert_int_equal(conf->nentries, 5);
+    e = &conf->entries[1];
+    assert_string_equal(e->name, "imap2");
+    assert_string_equal(e->cmd, "imapd -s");
+    assert_string_equal(e->listen, "127.0.0.1:143");
+    assert_ptr_not_equal(e->listen, conf->entries[0].listen);
+    assert_string_equal(e->listen_host, "127.0.0.1");
+    assert_string_equal(e->proto, "tcp");
+    assert_int_equal(e->maxchild, 7);
+    assert_int_equal(e->line, 2);
+    e = &conf->entries[3];
+    assert_string_equal(e->name, "a-cleanup");
+    assert_int_equal(e->section, MASTER_SECTION_EVENTS);
+    assert_int_equal(e->at, 401);
+    assert_null(e->listen);
+    assert_string_equal(conf->entries[4].name, "b");
+    assert_int_equal(master_conf_insert_copy(conf, 5, "x", "y"), -1);
+    assert_int_equal(master_conf_insert_copy(conf, 0, NULL, "y"), -1);
+    assert_int_equal(conf->nentries, 5);
+    /* removal keeps the order of the rest */
+    master_conf_remove(conf, 0);
+    master_conf_remove(conf, 2);
+    master_conf_remove(conf, 9);
+    assert_int_equal(conf->nentries, 3);
+    assert_string_equal(conf->entries[0].name, "imap2");
+    assert_string_equal(conf->entries[1].name, "a");
+    assert_string_equal(conf->entries[2].name, "b");
+    assert_null(master_conf_find(conf, "a-cleanup"));
+    master_conf_remove(conf, 2);
+    master_conf_remove(conf, 1);
+    master_conf_remove(conf, 0);
+    assert_int_equal(conf->nentries, 0);
+    master_conf_remove(conf, 0);
+    master_conf_free(&conf);
+}
+
 static void test_find(void **state)
 {
     struct master_conf *conf;
@@ -1349,6 +1399,7 @@ int main(void)
         cmocka_unit_test(test_split_cmd),
         cmocka_unit_test(test_listen_differs),
         cmocka_unit_test(test_find),
+        cmocka_unit_test(test_remove_insert),
         cmocka_unit_test(test_load_file),
         cmocka_unit_test(test_debian),
         cmocka_unit_test(test_truncated_prefixes),
