@@ -41,6 +41,16 @@ sasl_mech_list: PLAIN LOGIN
 allowplaintext: yes
 CONF
 printf '%s' demo-password | saslpasswd2 -p -c -f "$dir/sasldb2" -u localhost demo
+# run as root, the tools and the master become cyrus_user (cyrus): the
+# directories are that user's from the start
+if [[ $(id -u) -eq 0 ]]; then
+  if getent passwd cyrus >/dev/null; then
+    chmod 755 "$dir"
+    chown -R cyrus "$dir"
+  else
+    echo "cyrus_user: root" >> "$conf"
+  fi
+fi
 mb() { run "$bin/mbtool" -C "$conf" "$@"; }
 
 echo

@@ -15,6 +15,17 @@
  * Recovery must run while no other process uses the databases: the master
  * runs "ctl_cyrusdb -r" before it starts any worker.
  *
+ * With -r and a configuration file (and no -d), every database file of the
+ * store is first checked against its configured backend
+ * (store/dbcheck.c): a mismatch (mboxlist_db changed without converting
+ * mailboxes.db) stops it with exit status 1 and a message naming the file,
+ * both backends and the cvt_cyrusdb command that converts it, on stderr
+ * and, when stderr leads nowhere (a daemonized master), in syslog: the
+ * master's START then fails before any worker could answer 451.
+ *
+ * Started as root it becomes cyrus_user first (lib/privs.c); with -d and
+ * no -C, the owner of DIR.
+ *
  * DIR is the configdirectory of imapd.conf unless -d names it.  Files that
  * are not databases (lock files, logs) are listed as skipped, as are files
  * of formats this program recognises but cannot open (twoskip).  Any failure
@@ -55,7 +66,11 @@ static void ctl_usage(FILE *out)
 "\n"
 "Recover (-r) or checkpoint (-c) every cyrusdb database in a directory.\n"
 "\n"
-"  -r        recovery: run each backend's directory recovery (Berkeley DB\n"
+"  -r        recovery: first check every database file of the store against\n"
+"            its configured backend (mboxlist_db, duplicate_db, quota_db,\n"
+"            seenstate_db, subscription_db; not with -d): a file in\n"
+"            another format stops here with the cvt_cyrusdb command that\n"
+"            converts it; then run each backend's directory recovery (Berkeley DB\n"
 "            environments), then open every database file in DIR with the\n"
 "            backend that wrote it (which finishes or cuts off an\n"
 "            interrupted commit), check it, and close it.  Run it only\n"
@@ -72,6 +87,8 @@ static void ctl_usage(FILE *out)
 "Only regular files directly in DIR are looked at; each one's backend is\n"
 "found from its contents.  Files that are not databases are skipped.\n"
 "One line per file: FILE: BACKEND: what was done.\n"
+"Started as root it becomes cyrus_user (imapd.conf) first; with -d and no\n"
+"-C, the owner of DIR.\n"
 "Exit status: 0 all went well, 1 some database failed (each failure is\n"
 "reported on stderr), 2 usage error.\n"
 "Example:\n"
