@@ -135,7 +135,7 @@ fi
 run "$PWD/master/master" -C "$conf" -M "$dir/cyrus.conf" -p "$dir/master.pid" -s "$dir/master.status"
 for _ in $(seq 50); do [[ -S $dir/socket/lmtp && -s $dir/master.status ]] && break; sleep 0.1; done
 sleep 0.5
-run "$bin/masterstatus" -s "$dir/master.status"
+run "$bin/masterstatus" -C "$conf"
 echo "\$ python3 smtplib.LMTP -> $dir/socket/lmtp"
 python3 - "$dir/socket/lmtp" <<'PY'
 import smtplib, sys

@@ -179,11 +179,12 @@ static void write_pidfile(const char *path)
 static void drop_privileges(const struct imapconf *ic)
 {
     const char *err = NULL;
+    int was_root = getuid() == 0 || geteuid() == 0;
     int r = privs_drop_to_cyrus_user(ic, &err);
 
     if (r != PRIVS_OK)
         log_fatal(r == PRIVS_NOUSER ? 67 : 71, "master: %s", err);
-    if (getuid() != 0)
+    if (was_root && getuid() != 0)
         log_info("master: running as user=<%s> uid=<%ld>",
                  imapconf_getstring(ic, "cyrus_user"), (long)getuid());
 }
