@@ -15,7 +15,9 @@
  * Together these prove the same set of keys, walked in the same order,
  * with the same values, without holding either database in memory.  On any
  * failure after the new file was created, it is removed and the exit
- * status is 1.
+ * status is 1.  OLDFILE's key order is checked before anything is copied
+ * (cyrusdb_detect_order(): a file in the other order is refused, exit 2).
+ * Started as root it acts as the owner of NEWFILE's directory.
  */
 #include "config.h"
 

@@ -11,6 +11,11 @@
  * exit 2; batch runs every line in one transaction and applies all of it or
  * nothing; -x reads and writes bytes as \xNN escapes.
  *
+ * Started as root it acts as the owner of FILE's directory (lib/privs.c),
+ * so that no file of a server becomes root's.  An existing FILE is checked
+ * for its key order first (cyrusdb_detect_order()): one consistent only in
+ * the other order is refused with "use -M" / "leave out -M" (exit 2).
+ *
  * Invariant: a write action either commits completely or leaves the file
  * as it was; nothing is committed after an error.
  */

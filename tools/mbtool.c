@@ -10,6 +10,9 @@
  * users up without IMAP.  Every command goes through the store's public
  * interfaces (the store headers); nothing here touches files directly.
  *
+ * Started as root it becomes cyrus_user first (lib/privs.c), as the
+ * master does, so that what it creates is the server's.
+ *
  * Exit status: 0 success, 1 the operation failed (message on stderr),
  * 2 usage error, 3 delivery: some recipients failed temporarily,
  * 4 delivery: some failed permanently (when both, 3).
