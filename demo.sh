@@ -41,6 +41,16 @@ sasl_mech_list: PLAIN LOGIN
 allowplaintext: yes
 CONF
 printf '%s' demo-password | saslpasswd2 -p -c -f "$dir/sasldb2" -u localhost demo
+# run as root, the tools and the master become cyrus_user (cyrus): the
+# directories are that user's from the start
+if [[ $(id -u) -eq 0 ]]; then
+  if getent passwd cyrus >/dev/null; then
+    chmod 755 "$dir"
+    chown -R cyrus "$dir"
+  else
+    echo "cyrus_user: root" >> "$conf"
+  fi
+fi
 mb() { run "$bin/mbtool" -C "$conf" "$@"; }
 # Started as root, the master and the admin tools run as cyrus_user
 # (cyrus): make that system user if the machine has none (as Cyrus's
@@ -135,7 +145,7 @@ give_files
 run "$PWD/master/master" -C "$conf" -M "$dir/cyrus.conf" -p "$dir/master.pid" -s "$dir/master.status"
 for _ in $(seq 50); do [[ -S $dir/socket/lmtp && -s $dir/master.status ]] && break; sleep 0.1; done
 sleep 0.5
-run "$bin/masterstatus" -s "$dir/master.status"
+run "$bin/masterstatus" -C "$conf"
 echo "\$ python3 smtplib.LMTP -> $dir/socket/lmtp"
 python3 - "$dir/socket/lmtp" <<'PY'
 import smtplib, sys

@@ -447,6 +447,48 @@ int cyrusdb_checkpoint(struct cyrusdb *db)
     return db->backend->checkpoint(db);
 }
 
+/* ---- key order ---------------------------------------------------------- */
+
+/* Open fname in `order` read-only and check it; CYRUSDB_OK when it opens
+ * and is consistent (or the backend has no check), else the error. */
+static int cyrusdb_try_order(const char *backend, const char *fname,
+                             int order)
+{
+    struct cyrusdb *db = NULL;
+    int r;
+
+    r = cyrusdb_open(backend, fname,
+                     CYRUSDB_RDONLY | CYRUSDB_NOCOMPACT | order, &db, NULL);
+    if (r != CYRUSDB_OK)
+        return r;
+    r = cyrusdb_consistent(db);
+    cyrusdb_close(&db);
+    return r == CYRUSDB_NOTIMPLEMENTED ? CYRUSDB_OK : r;
+}
+
+int cyrusdb_detect_order(const char *backend, const char *fname, int flags,
+                         int *order_r)
+{
+    enum log_target saved = log_get_target();
+    int first = flags & CYRUSDB_MBOXSORT;
+    int r;
+
+    *order_r = first;
+    log_init(NULL, LOG_TO_NONE);
+    r = cyrusdb_try_order(backend, fname, first);
+    if (r == CYRUSDB_IOERROR || r == CYRUSDB_INTERNAL) {
+        if (cyrusdb_try_order(backend, fname, first ^ CYRUSDB_MBOXSORT)
+            == CYRUSDB_OK) {
+            *order_r = first ^ CYRUSDB_MBOXSORT;
+            r = CYRUSDB_OK;
+        } else {
+            r = CYRUSDB_IOERROR;
+        }
+    }
+    log_init(NULL, saved);
+    return r;
+}
+
 /* ---- whole-directory calls ------------------------------------------- */
 
 static int cyrusdb_each_backend(const char *dir, int checkpoint)

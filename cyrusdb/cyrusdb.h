@@ -260,6 +260,22 @@ int cyrusdb_checkpoint(struct cyrusdb *db);
  */
 int cyrusdb_detect(const char *fname, const char **format_r);
 
+/*
+ * In which key order was `fname` written?  The order is not recorded in
+ * the files (CYRUSDB_MBOXSORT above), so this opens the file read-only
+ * with `backend` in the order `flags` says (CYRUSDB_MBOXSORT or not),
+ * checks it with the backend's consistency check, and when that fails
+ * tries the other order.  Nothing is logged while probing.
+ * CYRUSDB_OK with *order_r = the order it is consistent in (the one
+ * asked for when both fit: then the keys do not tell the orders apart);
+ * CYRUSDB_IOERROR when it is consistent in neither (damaged; open it
+ * again to see the details logged); CYRUSDB_NOTFOUND, CYRUSDB_BADFORMAT
+ * and other open errors as cyrusdb_open() gives them.  Reads the whole
+ * file; the caller must not hold it open in a write transaction.
+ */
+int cyrusdb_detect_order(const char *backend, const char *fname, int flags,
+                         int *order_r);
+
 /* Run every backend's recover (resp. checkpoint_dir) over `dir`. */
 int cyrusdb_recover(const char *dir);
 int cyrusdb_checkpoint_dir(const char *dir);

@@ -48,10 +48,19 @@ struct imapd_state {
     struct imap_server *srv;
 };
 
-static void imapd_usage(void)
+static void imapd_usage(FILE *out)
 {
-    fprintf(stderr,
-            "usage: imapd [-C imapd.conf] [-s] [-U uses] [-T idlesecs]\n");
+    fprintf(out,
+"Usage: imapd [-C imapd.conf] [-s] [-U uses] [-T idlesecs]\n"
+"\n"
+"The IMAP worker, started by the master for a SERVICES entry (listening\n"
+"socket on fd 3); run by hand it serves one session on stdin/stdout.\n"
+"  -C FILE   imapd.conf (default $CYRUSDELIVER_CONF, else "
+IMAPD_DEFAULT_CONF ")\n"
+"  -s        implicit TLS (imaps): TLS starts before the greeting\n"
+"  -U USES   leave after USES connections (0: never)\n"
+"  -T SECS   leave after SECS seconds without a connection (0: never)\n"
+"  -h, --help  this text\n");
 }
 
 /* Where log lines go: stderr when it leads somewhere (master -l, a
@@ -151,7 +160,7 @@ int main(int argc, char **argv)
                                 IMAPD_DEFAULT_CONF, &ls.confpath,
                                 imapd_usage);
     if (status != 0)
-        return status;
+        return status < 0 ? 0 : status;
     ls.implicit_tls = flag;
     memset(&cb, 0, sizeof(cb));
     cb.init = imapd_init;

@@ -838,6 +838,52 @@ const char *imapconf_getsasl(const struct imapconf *conf, const char *key)
     return x ? x->value : NULL;
 }
 
+/* ---- walking the keys ---------------------------------------------------- */
+
+void imapconf_foreach(const struct imapconf *conf, imapconf_foreach_fn *fn,
+                      void *rock)
+{
+    char num[32];
+    size_t i;
+
+    if (!conf || !fn)
+        return;
+    for (i = 0; i < IMAPCONF_NOPTIONS; i++) {
+        const struct imapconf_option *opt = &imapconf_options[i];
+        const struct imapconf_value *v = &conf->values[i];
+        const char *value = v->str;
+
+        if (opt->type == IMAPCONF_INT) {
+            snprintf(num, sizeof(num), "%ld", v->num);
+            value = num;
+        } else if (opt->type == IMAPCONF_SWITCH) {
+            value = v->num ? "yes" : "no";
+        }
+        fn(rock, opt->name, value ? value : "", opt->def, v->line);
+    }
+    for (i = 0; i < conf->nextras; i++)
+        fn(rock, conf->extras[i].key, conf->extras[i].value, NULL,
+           conf->extras[i].line);
+}
+
+int imapconf_is_known(const char *key)
+{
+    char lower[128];
+    size_t i;
+
+    for (i = 0; key[i] && i + 1 < sizeof(lower); i++)
+        lower[i] = imapconf_lower(key[i]);
+    lower[i] = '\0';
+    if (key[i])
+        return 0;
+    if (imapconf_option_find(lower, NULL))
+        return 1;
+    return (imapconf_hasprefix(lower, IMAPCONF_PARTITION_PREFIX) &&
+            strlen(lower) > strlen(IMAPCONF_PARTITION_PREFIX)) ||
+           (imapconf_hasprefix(lower, IMAPCONF_SASL_PREFIX) &&
+            strlen(lower) > strlen(IMAPCONF_SASL_PREFIX));
+}
+
 /* ---- documentation ----------------------------------------------------- */
 
 void imapconf_print_table(void)

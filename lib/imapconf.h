@@ -86,6 +86,23 @@ const char *imapconf_partition(const struct imapconf *conf, const char *name);
  * key does not start with "sasl_". */
 const char *imapconf_getsasl(const struct imapconf *conf, const char *key);
 
+/* Every key of conf, for the configuration tools (cyr_info): the
+ * table's keys in table order, then the partition-NAME and sasl_* keys
+ * of the file in file order.  fn gets the key, its value as the server
+ * sees it (numbers in decimal, booleans "yes"/"no", backend names and
+ * enum words as spelt in the table; strings as written), the table's
+ * default (NULL for partition-NAME and sasl_*) and the line that set it
+ * (0: not in the file, the default applies). */
+typedef void imapconf_foreach_fn(void *rock, const char *key,
+                                 const char *value, const char *def,
+                                 unsigned long line);
+void imapconf_foreach(const struct imapconf *conf, imapconf_foreach_fn *fn,
+                      void *rock);
+
+/* 1 when key (any case) is one the reader knows: in the table, or
+ * partition-NAME, or sasl_*; else 0 (the server ignores it). */
+int imapconf_is_known(const char *key);
+
 /* Write every known key to stdout as "key: default  # description", the
  * description followed by the range or the allowed words, then one line
  * each for partition-NAME and sasl_*; for the tools' --help and the

@@ -39,6 +39,11 @@ void log_init(const char *progname, enum log_target target)
         openlog(log_progname, LOG_PID | LOG_NDELAY, LOG_MAIL);
 }
 
+enum log_target log_get_target(void)
+{
+    return log_where;
+}
+
 void log_set_debug(int on)
 {
     log_debug_on = on;

@@ -37,6 +37,10 @@ void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_fatal(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3), noreturn));
 
+/* Where lines go now: library code that probes quietly (log_init(NULL,
+ * LOG_TO_NONE)) puts the target back with log_init(NULL, saved). */
+enum log_target log_get_target(void);
+
 /* Enable or disable log_debug output (off by default). */
 void log_set_debug(int on);
 

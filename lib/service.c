@@ -28,6 +28,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <getopt.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -397,16 +398,20 @@ static int service_number(const char *s)
 
 int service_parse_args(int argc, char **argv, char flag, int *flag_r,
                        const char *defconf, const char **confpath_r,
-                       void (*usage)(void))
+                       void (*usage)(FILE *out))
 {
-    char opts[] = "C:xU:T:";
+    static const struct option longopts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+    char opts[] = "C:xU:T:h";
     const char *env;
     int opt;
 
     opts[2] = flag;
     *confpath_r = NULL;
     *flag_r = 0;
-    while ((opt = getopt(argc, argv, opts)) != -1) {
+    while ((opt = getopt_long(argc, argv, opts, longopts, NULL)) != -1) {
         if (opt == 'C') {
             *confpath_r = optarg;
         } else if (opt == flag) {
@@ -415,13 +420,16 @@ int service_parse_args(int argc, char **argv, char flag, int *flag_r,
                    service_number(optarg) == 0) {
             setenv(opt == 'U' ? "CYRUSDELIVER_MAXUSES"
                               : "CYRUSDELIVER_IDLETIMEOUT", optarg, 1);
+        } else if (opt == 'h') {
+            usage(stdout);
+            return -1;
         } else {
-            usage();
+            usage(stderr);
             return 2;
         }
     }
     if (optind != argc) {
-        usage();
+        usage(stderr);
         return 2;
     }
     if (!*confpath_r) {

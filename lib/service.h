@@ -27,6 +27,8 @@
 #ifndef LIB_SERVICE_H
 #define LIB_SERVICE_H
 
+#include <stdio.h>
+
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -74,10 +76,11 @@ int service_main(int argc, char **argv, const struct service_callbacks *cb);
  * letter `flag` (lmtpd -a, imapd -s) sets *flag_r; -U uses and -T
  * idle-seconds (non-negative decimals) go to the environment that
  * service_main() reads (CYRUSDELIVER_MAXUSES, CYRUSDELIVER_IDLETIMEOUT).
- * 0, or 2 after usage() for anything else (extra arguments too). */
+ * -h or --help: usage(stdout), then -1 (main() exits 0).  0 to go on,
+ * or 2 after usage(stderr) for anything else (extra arguments too). */
 int service_parse_args(int argc, char **argv, char flag, int *flag_r,
                        const char *defconf, const char **confpath_r,
-                       void (*usage)(void));
+                       void (*usage)(FILE *out));
 
 /* For serve(): when fd is a socket, call fn(fd, peer, rock).  When it is
  * not (the program run by hand with stdin/stdout on a pipe or a file),

@@ -51,10 +51,20 @@ struct lmtpd_state {
     struct lmtp_server *srv;
 };
 
-static void lmtpd_usage(void)
+static void lmtpd_usage(FILE *out)
 {
-    fprintf(stderr,
-            "usage: lmtpd [-C imapd.conf] [-a] [-U uses] [-T idlesecs]\n");
+    fprintf(out,
+"Usage: lmtpd [-C imapd.conf] [-a] [-U uses] [-T idlesecs]\n"
+"\n"
+"The LMTP delivery worker, started by the master for a SERVICES entry\n"
+"(listening socket on fd 3); run by hand it serves one session on\n"
+"stdin/stdout.\n"
+"  -C FILE   imapd.conf (default $CYRUSDELIVER_CONF, else "
+LMTPD_DEFAULT_CONF ")\n"
+"  -a        preauthorized: the clients of this socket are trusted\n"
+"  -U USES   leave after USES connections (0: never)\n"
+"  -T SECS   leave after SECS seconds without a connection (0: never)\n"
+"  -h, --help  this text\n");
 }
 
 /* Where log lines go: stderr when it leads somewhere (master -l, a
@@ -155,7 +165,7 @@ int main(int argc, char **argv)
                                 LMTPD_DEFAULT_CONF, &ls.confpath,
                                 lmtpd_usage);
     if (status != 0)
-        return status;
+        return status < 0 ? 0 : status;
     ls.preauth = flag;
     memset(&cb, 0, sizeof(cb));
     cb.init = lmtpd_init;

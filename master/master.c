@@ -30,10 +30,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
+#include <getopt.h>
 #include <limits.h>
 #include <poll.h>
-#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +44,7 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/privs.h"
 #include "master/master_compat.h"
 #include "master/master_conf.h"
 #include "master/master_event.h"
@@ -86,9 +86,12 @@ static void master_signals(void)
     sigaction(SIGPIPE, &sa, NULL);
 }
 
-static void usage(const char *prog)
+static void usage(const char *prog, FILE *out, int code)
+    __attribute__((noreturn));
+
+static void usage(const char *prog, FILE *out, int code)
 {
-    fprintf(stderr,
+    fprintf(out,
 "Usage: %s [-C imapd.conf] [-M cyrus.conf] [-D] [-l] [-d] [-p pidfile]\n"
 "          [-S servicedir] [-T drainsecs] [-s statusfile]\n"
 "  -C FILE  imapd.conf (default " MASTER_DEFAULT_IMAPDCONF ")\n"
@@ -99,9 +102,10 @@ static void usage(const char *prog)
 "  -p FILE  write the master's pid to FILE\n"
 "  -S DIR   look for service programs in DIR first\n"
 "  -T SECS  on SIGTERM wait at most SECS for connections (default %d)\n"
-"  -s FILE  status file (default CONFIGDIRECTORY/master.status)\n",
+"  -s FILE  status file (default CONFIGDIRECTORY/master.status)\n"
+"  -h, --help  this text\n",
             prog, MASTER_DEFAULT_DRAIN);
-    exit(64);
+    exit(code);
 }
 
 /* An absolute version of path (malloc'ed), resolved against the cwd. */
@@ -176,21 +180,15 @@ static void write_pidfile(const char *path)
 
 static void drop_privileges(const struct imapconf *ic)
 {
-    const char *user = imapconf_getstring(ic, "cyrus_user");
-    struct passwd *pw;
+    const char *err = NULL;
+    int was_root = getuid() == 0 || geteuid() == 0;
+    int r = privs_drop_to_cyrus_user(ic, &err);
 
-    if (getuid() != 0 && geteuid() != 0) return;
-    if (!user || !*user) user = "cyrus";
-    pw = getpwnam(user);
-    if (!pw)
-        log_fatal(67, "master: running as root and cyrus_user=<%s> "
-                  "does not exist", user);
-    if (initgroups(pw->pw_name, pw->pw_gid) < 0 || setgid(pw->pw_gid) < 0
-        || setuid(pw->pw_uid) < 0)
-        log_fatal(71, "master: cannot switch to user=<%s> error=<%s>",
-                  user, strerror(errno));
-    log_info("master: running as user=<%s> uid=<%ld>", user,
-             (long)pw->pw_uid);
+    if (r != PRIVS_OK)
+        log_fatal(r == PRIVS_NOUSER ? 67 : 71, "master: %s", err);
+    if (was_root && getuid() != 0)
+        log_info("master: running as user=<%s> uid=<%ld>",
+                 imapconf_getstring(ic, "cyrus_user"), (long)getuid());
 }
 
 /* Reap every finished child. */
@@ -243,7 +241,13 @@ int main(int argc, char **argv)
     struct pollfd *fds = NULL;
     size_t nalloc = 0;
 
-    while ((opt = getopt(argc, argv, "C:M:Dldp:S:T:s:")) != -1) {
+    static const struct option longopts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+
+    while ((opt = getopt_long(argc, argv, "C:M:Dldp:S:T:s:h", longopts,
+                              NULL)) != -1) {
         switch (opt) {
         case 'C': imapdconf_opt = optarg; break;
         case 'M': cyrusconf = optarg; break;
@@ -255,15 +259,16 @@ int main(int argc, char **argv)
         case 'T': {
             char *end;
             long v = strtol(optarg, &end, 10);
-            if (*end || v < 0 || v > 86400) usage(argv[0]);
+            if (*end || v < 0 || v > 86400) usage(argv[0], stderr, 64);
             drain_secs = (int)v;
             break;
         }
         case 's': status_opt = optarg; break;
-        default: usage(argv[0]);
+        case 'h': usage(argv[0], stdout, 0);
+        default: usage(argv[0], stderr, 64);
         }
     }
-    if (optind != argc) usage(argv[0]);
+    if (optind != argc) usage(argv[0], stderr, 64);
 
     log_init("master", to_stderr ? LOG_TO_STDERR : LOG_TO_SYSLOG);
     log_set_debug(debug);

@@ -15,6 +15,17 @@
  * Recovery must run while no other process uses the databases: the master
  * runs "ctl_cyrusdb -r" before it starts any worker.
  *
+ * With -r and a configuration file (and no -d), every database file of the
+ * store is first checked against its configured backend
+ * (store/dbcheck.c): a mismatch (mboxlist_db changed without converting
+ * mailboxes.db) stops it with exit status 1 and a message naming the file,
+ * both backends and the cvt_cyrusdb command that converts it, on stderr
+ * and, when stderr leads nowhere (a daemonized master), in syslog: the
+ * master's START then fails before any worker could answer 451.
+ *
+ * Started as root it becomes cyrus_user first (lib/privs.c); with -d and
+ * no -C, the owner of DIR.
+ *
  * DIR is the configdirectory of imapd.conf unless -d names it.  Files that
  * are not databases (lock files, logs) are listed as skipped, as are files
  * of formats this program recognises but cannot open (twoskip).  Any failure
@@ -25,6 +36,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +48,8 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/privs.h"
+#include "store/dbcheck.h"
 
 #define CTL_EXIT_OK 0
 #define CTL_EXIT_ERROR 1
@@ -51,7 +66,11 @@ static void ctl_usage(FILE *out)
 "\n"
 "Recover (-r) or checkpoint (-c) every cyrusdb database in a directory.\n"
 "\n"
-"  -r        recovery: run each backend's directory recovery (Berkeley DB\n"
+"  -r        recovery: first check every database file of the store against\n"
+"            its configured backend (mboxlist_db, duplicate_db, quota_db,\n"
+"            seenstate_db, subscription_db; not with -d): a file in\n"
+"            another format stops here with the cvt_cyrusdb command that\n"
+"            converts it; then run each backend's directory recovery (Berkeley DB\n"
 "            environments), then open every database file in DIR with the\n"
 "            backend that wrote it (which finishes or cuts off an\n"
 "            interrupted commit), check it, and close it.  Run it only\n"
@@ -68,6 +87,8 @@ static void ctl_usage(FILE *out)
 "Only regular files directly in DIR are looked at; each one's backend is\n"
 "found from its contents.  Files that are not databases are skipped.\n"
 "One line per file: FILE: BACKEND: what was done.\n"
+"Started as root it becomes cyrus_user (imapd.conf) first; with -d and no\n"
+"-C, the owner of DIR.\n"
 "Exit status: 0 all went well, 1 some database failed (each failure is\n"
 "reported on stderr), 2 usage error.\n"
 "Example:\n"
@@ -266,6 +287,55 @@ static void ctl_user_dirs(const char *dir, int checkpoint, struct ctl_counts *n)
     buf_free(&sub);
 }
 
+/* A message the admin must see: stderr, and syslog too when stderr leads
+ * nowhere (run by a master that daemonized). */
+static void ctl_alert(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void ctl_alert(const char *fmt, ...)
+{
+    struct stat st, nul;
+    char line[4096];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s: %s\n", ctl_progname, line);
+    if (fstat(2, &st) < 0 ||
+        (S_ISCHR(st.st_mode) && stat("/dev/null", &nul) == 0 &&
+         st.st_rdev == nul.st_rdev)) {
+        log_init(ctl_progname, LOG_TO_SYSLOG);
+        log_error("%s", line);
+        log_init(ctl_progname, LOG_TO_STDERR);
+    }
+}
+
+/* cvt_cyrusdb beside this program, when it is there. */
+static const char *ctl_cvt_path(void)
+{
+    static char path[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 20);
+    char *slash;
+
+    if (n <= 0)
+        return NULL;
+    path[n] = '\0';
+    slash = strrchr(path, '/');
+    if (!slash)
+        return NULL;
+    strcpy(slash + 1, "cvt_cyrusdb");
+    return access(path, X_OK) == 0 ? path : NULL;
+}
+
+static void ctl_mismatch(void *rock, const struct dbcheck_mismatch *m)
+{
+    struct buf b = BUF_INITIALIZER;
+
+    if (dbcheck_advice(m, rock, ctl_cvt_path(), &b) == 0)
+        ctl_alert("%s", buf_cstring(&b));
+    buf_free(&b);
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -276,7 +346,7 @@ int main(int argc, char **argv)
     struct imapconf *conf = NULL;
     struct ctl_counts n = { 0, 0, 0 };
     char *cdir = NULL;
-    int mode = 0, opt;
+    int mode = 0, opt, conf_from_file = 0, dir_opt = 0, config_opt = 0;
     struct stat st;
 
     log_init(argv[0], LOG_TO_STDERR);
@@ -285,8 +355,8 @@ int main(int argc, char **argv)
 
     while ((opt = getopt_long(argc, argv, "C:d:rcqh", longopts, NULL)) != -1) {
         switch (opt) {
-        case 'C': config = optarg; break;
-        case 'd': dir = optarg; break;
+        case 'C': config = optarg; config_opt = 1; break;
+        case 'd': dir = optarg; dir_opt = 1; break;
         case 'q': ctl_quiet = 1; break;
         case 'r':
         case 'c':
@@ -309,38 +379,80 @@ int main(int argc, char **argv)
         return CTL_EXIT_USAGE;
     }
 
-    if (!dir) {
+    /* the configuration: -C FILE, else the default file when it exists,
+     * else (only with -d) the built-in defaults */
+    {
         char *cerr = NULL;
         const char *cfile = config ? config : CTL_DEFAULT_CONFIG;
 
         if (!config && stat(cfile, &st) < 0 && errno == ENOENT) {
             conf = imapconf_defaults();
+            conf_from_file = 0;
         } else if (imapconf_load(cfile, &conf, &cerr) < 0) {
             fprintf(stderr, "%s: %s\n", ctl_progname, cerr ? cerr : cfile);
             free(cerr);
             return CTL_EXIT_ERROR;
+        } else {
+            conf_from_file = 1;
         }
-        if (!conf || !imapconf_getstring(conf, "configdirectory")) {
-            fprintf(stderr, "%s: no configdirectory\n", ctl_progname);
-            imapconf_free(&conf);
-            return CTL_EXIT_ERROR;
-        }
-        cdir = strdup(imapconf_getstring(conf, "configdirectory"));
-        imapconf_free(&conf);
-        if (!cdir) {
+        if (!conf) {
             fprintf(stderr, "%s: out of memory\n", ctl_progname);
             return CTL_EXIT_ERROR;
         }
-        dir = cdir;
-    } else if (config) {
-        char *cerr = NULL;
-        if (imapconf_load(config, &conf, &cerr) < 0) {
-            fprintf(stderr, "%s: %s\n", ctl_progname, cerr ? cerr : config);
-            free(cerr);
+        config = cfile;
+    }
+    if (!dir) {
+        const char *cd = imapconf_getstring(conf, "configdirectory");
+        if (!cd || !*cd) {
+            fprintf(stderr, "%s: no configdirectory in %s\n", ctl_progname,
+                    config);
+            imapconf_free(&conf);
             return CTL_EXIT_ERROR;
         }
-        imapconf_free(&conf);
+        cdir = strdup(cd);
+        if (!cdir) {
+            fprintf(stderr, "%s: out of memory\n", ctl_progname);
+            imapconf_free(&conf);
+            return CTL_EXIT_ERROR;
+        }
+        dir = cdir;
     }
+
+    /* started as root: become the server's user (cyrus_user of the
+     * configuration; with -d and no -C, the owner of DIR) before any file
+     * is opened, so that none becomes root's */
+    {
+        const char *perr = NULL;
+        int pr = !(dir_opt && !config_opt)
+                     ? privs_drop_to_cyrus_user(conf, &perr)
+                     : privs_drop_to_owner(dir, &perr);
+        if (pr != PRIVS_OK) {
+            ctl_alert("%s", perr);
+            imapconf_free(&conf);
+            free(cdir);
+            return CTL_EXIT_ERROR;
+        }
+    }
+
+    /* recovery is the last step before the workers start: a database
+     * whose file does not match its configured backend stops it here,
+     * with what to do, rather than every delivery later */
+    if (mode == 'r' && conf_from_file && !dir_opt) {
+        int bad = dbcheck_backends(conf, ctl_mismatch, (void *)config);
+        if (bad != 0) {
+            if (bad < 0)
+                ctl_alert("cannot check the database backends of %s",
+                          config);
+            else
+                ctl_alert("%d database file%s do%s not match the "
+                          "configured backend; not recovering", bad,
+                          bad == 1 ? "" : "s", bad == 1 ? "es" : "");
+            imapconf_free(&conf);
+            free(cdir);
+            return CTL_EXIT_ERROR;
+        }
+    }
+    imapconf_free(&conf);
 
     if (stat(dir, &st) < 0) {
         fprintf(stderr, "%s: %s: %s\n", ctl_progname, dir, strerror(errno));

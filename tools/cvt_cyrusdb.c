@@ -15,7 +15,9 @@
  * Together these prove the same set of keys, walked in the same order,
  * with the same values, without holding either database in memory.  On any
  * failure after the new file was created, it is removed and the exit
- * status is 1.
+ * status is 1.  OLDFILE's key order is checked before anything is copied
+ * (cyrusdb_detect_order(): a file in the other order is refused, exit 2).
+ * Started as root it acts as the owner of NEWFILE's directory.
  */
 #include "config.h"
 
@@ -32,6 +34,7 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/privs.h"
 
 #define CVT_EXIT_OK 0
 #define CVT_EXIT_ERROR 1
@@ -58,6 +61,10 @@ static void cvt_usage(FILE *out)
 "            is refused)\n"
 "  -h, --help  this text\n"
 "\n"
+"OLDFILE is checked for its key order first: one that is consistent only in\n"
+"the other order is refused with a message saying so (exit 2).  Started as\n"
+"root, the tool acts as the owner of NEWFILE's directory (unless that is\n"
+"root), so that the new file is the server's.\n"
 "On success prints the number of records copied and verified.  If the\n"
 "conversion or the verification fails, NEWFILE is removed.\n"
 "Exit status: 0 success, 1 error (message on stderr), 2 usage error.\n"
@@ -286,6 +293,24 @@ int main(int argc, char **argv)
             return CVT_EXIT_ERROR;
         }
         imapconf_free(&conf);
+    }
+
+    /* started as root: act as the owner of NEWFILE's directory, so that
+     * the new file (and a lock file beside it) is not root's */
+    if (privs_drop_to_owner(newfile, &err) != PRIVS_OK) {
+        cvt_fail("%s", err);
+        return CVT_EXIT_ERROR;
+    }
+    if (access(oldfile, F_OK) == 0) {
+        int order = 0;
+        if (cyrusdb_detect_order(oldbackend, oldfile, mboxsort, &order)
+                == CYRUSDB_OK && order != mboxsort) {
+            cvt_fail("%s: this file is in %s order (consistent %s -M, not "
+                     "%s it): %s", oldfile, order ? "mailbox" : "byte",
+                     order ? "with" : "without", order ? "without" : "with",
+                     order ? "use -M" : "leave out -M");
+            return CVT_EXIT_USAGE;
+        }
     }
 
     if (stat(newfile, &newst) == 0) {

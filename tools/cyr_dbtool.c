@@ -11,6 +11,11 @@
  * exit 2; batch runs every line in one transaction and applies all of it or
  * nothing; -x reads and writes bytes as \xNN escapes.
  *
+ * Started as root it acts as the owner of FILE's directory (lib/privs.c),
+ * so that no file of a server becomes root's.  An existing FILE is checked
+ * for its key order first (cyrusdb_detect_order()): one consistent only in
+ * the other order is refused with "use -M" / "leave out -M" (exit 2).
+ *
  * Invariant: a write action either commits completely or leaves the file
  * as it was; nothing is committed after an error.
  */
@@ -24,11 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "cyrusdb/cyrusdb.h"
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/privs.h"
 
 #define DBTOOL_EXIT_OK 0
 #define DBTOOL_EXIT_ERROR 1
@@ -85,7 +92,10 @@ static void dbtool_usage(FILE *out)
 "            how FILE is found: give FILE's full name)\n"
 "  -n        create FILE (and its directory) if it does not exist\n"
 "  -M        mailbox-name order: '.' sorts before every other byte; use it\n"
-"            for databases kept in that order (mailboxes.db)\n"
+"            for databases kept in that order (mailboxes.db, quotas.db,\n"
+"            *.sub).  The order is not recorded in the file: an existing\n"
+"            file is checked first, and one that is consistent only in\n"
+"            the other order is refused with a message saying so (exit 2)\n"
 "  -x        escapes: in keys, values and prefixes given on the command\n"
 "            line or stdin, \\xNN is the byte with hex value NN and \\\\ is\n"
 "            one backslash; output escapes bytes below 0x20, 0x7f, bytes\n"
@@ -94,7 +104,10 @@ static void dbtool_usage(FILE *out)
 "            nor a key a TAB).\n"
 "  -h, --help  this text\n"
 "\n"
-"Exit status: 0 success, 1 error (message on stderr), 2 usage error.\n"
+"Started as root, the tool acts as the owner of FILE's directory (unless\n"
+"that is root), so that no file of the server becomes root's.\n"
+"Exit status: 0 success, 1 error (message on stderr), 2 usage error (also:\n"
+"FILE is in the other key order, see -M).\n"
 "Examples:\n"
 "  %s -n /var/imap/test.db skiplist set user.alice \"some value\"\n"
 "  %s /var/imap/test.db skiplist show user.\n"
@@ -602,6 +615,36 @@ int main(int argc, char **argv)
             return DBTOOL_EXIT_ERROR;
         }
         imapconf_free(&conf);
+    }
+
+    /* started as root: act as the owner of the file's directory, so that
+     * nothing (the file, a lock file beside it) becomes root's */
+    if (privs_drop_to_owner(t.fname, &err) != PRIVS_OK) {
+        fprintf(stderr, "%s: %s\n", dbtool_progname, err);
+        buf_free(&key);
+        buf_free(&val);
+        return DBTOOL_EXIT_ERROR;
+    }
+
+    /* a file in the other key order reads as damaged and misleads get
+     * and set: find its order first (a damaged file is left to the
+     * action, which reports the damage) */
+    if (access(t.fname, F_OK) == 0) {
+        int order = 0;
+        if (cyrusdb_detect_order(t.backend, t.fname, flags, &order)
+                == CYRUSDB_OK && order != (flags & CYRUSDB_MBOXSORT)) {
+            if (order)
+                fprintf(stderr, "%s: %s: this file is in mailbox order "
+                        "(consistent with -M, not without it): use -M\n",
+                        dbtool_progname, t.fname);
+            else
+                fprintf(stderr, "%s: %s: this file is in byte order "
+                        "(consistent without -M, not with it): leave out "
+                        "-M\n", dbtool_progname, t.fname);
+            buf_free(&key);
+            buf_free(&val);
+            return DBTOOL_EXIT_USAGE;
+        }
     }
 
     if (!act->writes && !(flags & CYRUSDB_CREATE))

@@ -617,7 +617,13 @@ int main(int argc, char **argv)
     int c, i, rc = DS_EXIT_OK;
     const char *fs = "?";
 
-    while ((c = getopt(argc, argv, "d:t:n:r:w:a:s:b:m:x:qh")) != -1) {
+    static const struct option ds_longopts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
+
+    while ((c = getopt_long(argc, argv, "d:t:n:r:w:a:s:b:m:x:qh", ds_longopts,
+                            NULL)) != -1) {
         char *end = NULL;
 
         switch (c) {

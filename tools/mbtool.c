@@ -10,6 +10,9 @@
  * users up without IMAP.  Every command goes through the store's public
  * interfaces (the store headers); nothing here touches files directly.
  *
+ * Started as root it becomes cyrus_user first (lib/privs.c), as the
+ * master does, so that what it creates is the server's.
+ *
  * Exit status: 0 success, 1 the operation failed (message on stderr),
  * 2 usage error, 3 delivery: some recipients failed temporarily,
  * 4 delivery: some failed permanently (when both, 3).
@@ -28,6 +31,7 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/privs.h"
 #include "lib/strarray.h"
 #include "store/acl.h"
 #include "store/append.h"
@@ -87,7 +91,9 @@ static void mbtool_usage(FILE *out)
 "                                suppression\n"
 "\n"
 "  -C FILE   the imapd.conf (default %s)\n"
-"  -h        this text\n"
+"  -h, --help  this text\n"
+"Started as root, mbtool becomes cyrus_user (imapd.conf, default cyrus)\n"
+"first, as the master does, so that what it creates is the server's.\n"
 "Exit status: 0 done, 1 failed, 2 usage; deliver: 3 some recipient failed\n"
 "temporarily, 4 some failed permanently.\n",
             mbtool_progname, MBTOOL_DEFAULT_CONFIG);
@@ -830,6 +836,10 @@ out:
 
 int main(int argc, char **argv)
 {
+    static const struct option mbtool_longopts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
     const char *config = NULL, *cmd;
     struct imapconf *conf = NULL;
     char *err = NULL;
@@ -841,7 +851,7 @@ int main(int argc, char **argv)
     log_init(mbtool_progname, LOG_TO_STDERR);
     log_set_info(0);
     /* options before the command only */
-    while ((opt = getopt(argc, argv, "+C:h")) != -1) {
+    while ((opt = getopt_long(argc, argv, "+C:h", mbtool_longopts, NULL)) != -1) {
         switch (opt) {
         case 'C': config = optarg; break;
         case 'h': mbtool_usage(stdout); return MBTOOL_EXIT_OK;
@@ -865,6 +875,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", mbtool_progname, err ? err : "out of memory");
         free(err);
         return MBTOOL_EXIT_FAIL;
+    }
+    /* started as root: become cyrus_user before anything is written, or
+     * the server could not use what this creates */
+    {
+        const char *perr = NULL;
+        if (privs_drop_to_cyrus_user(conf, &perr) != PRIVS_OK) {
+            fprintf(stderr, "%s: %s\n", mbtool_progname, perr);
+            imapconf_free(&conf);
+            return MBTOOL_EXIT_FAIL;
+        }
+    }
+    {
+        const char *cd = imapconf_getstring(conf, "configdirectory");
+        if (cd && *cd && access(cd, W_OK | X_OK) < 0 && errno == EACCES)
+            fprintf(stderr, "%s: warning: configdirectory %s is not writable "
+                    "by uid %ld, the server's user: give it to that user "
+                    "(chown)\n", mbtool_progname, cd, (long)getuid());
     }
     mbtool_conf = conf;
     argc -= optind;

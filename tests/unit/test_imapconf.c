@@ -491,6 +491,63 @@ static void test_enum(void **state)
     load_fails("virtdomains:\n", 1, "key virtdomains: ");
 }
 
+/* imapconf_foreach(): every table key once, with value, default and
+ * line; then the partition and sasl keys of the file. */
+struct walk {
+    char seen[4096];
+    int ntable, nextra;
+};
+
+static void walk_cb(void *rock, const char *key, const char *value,
+                    const char *def, unsigned long line)
+{
+    struct walk *w = rock;
+    size_t n = strlen(w->seen);
+
+    if (def)
+        w->ntable++;
+    else
+        w->nextra++;
+    if (line)
+        snprintf(w->seen + n, sizeof(w->seen) - n, "%s=%s@%lu;", key, value,
+                 line);
+}
+
+static void test_foreach_and_known(void **state)
+{
+    struct imapconf *conf;
+    struct walk w;
+    char *error, *warn;
+    (void)state;
+
+    assert_int_equal(load("lmtp_timeout: 600\nallowplaintext: on\n"
+                          "Partition-Spool2: /x\nmboxlist_db: lmdb\n"
+                          "sasl_mech_list: PLAIN\n", &conf, &error, &warn), 0);
+    memset(&w, 0, sizeof(w));
+    imapconf_foreach(conf, walk_cb, &w);
+    /* the value as the server reads it, and the line that set it */
+    assert_non_null(strstr(w.seen, "lmtp_timeout=600@1;"));
+    assert_non_null(strstr(w.seen, "allowplaintext=yes@2;"));
+    assert_non_null(strstr(w.seen, "mboxlist_db=lmdb@4;"));
+    assert_non_null(strstr(w.seen, "partition-spool2=/x@3;"));
+    assert_non_null(strstr(w.seen, "sasl_mech_list=PLAIN@5;"));
+    /* keys not in the file are walked too, with line 0 */
+    assert_null(strstr(w.seen, "maxheaderlines"));
+    assert_true(w.ntable > 20);
+    assert_int_equal(w.nextra, 2);
+    free(warn);
+    imapconf_free(&conf);
+
+    assert_int_equal(imapconf_is_known("configdirectory"), 1);
+    assert_int_equal(imapconf_is_known("ConfigDirectory"), 1);
+    assert_int_equal(imapconf_is_known("partition-news"), 1);
+    assert_int_equal(imapconf_is_known("sasl_anything"), 1);
+    assert_int_equal(imapconf_is_known("partition-"), 0);
+    assert_int_equal(imapconf_is_known("partiton-default"), 0);
+    assert_int_equal(imapconf_is_known("sievedir"), 0);
+    assert_int_equal(imapconf_is_known(""), 0);
+}
+
 static void test_unknown_key_warns(void **state)
 {
     struct imapconf *conf;
@@ -850,6 +907,7 @@ int main(void)
         cmocka_unit_test(test_load_string),
         cmocka_unit_test(test_getter_misuse),
         cmocka_unit_test(test_print_table),
+        cmocka_unit_test(test_foreach_and_known),
     };
 
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
