@@ -371,26 +371,28 @@ def test_master_killed_restart():
             check(acked_before < sum(len(rcpts_of(i)) for i in range(nmsg)),
                   "the storm ended before the master was killed")
             inst.start(ready=1, timeout=60)
-            started = time.monotonic() - killed_at
+            up_at = time.monotonic()
+            started = up_at - killed_at
             for t in threads:
                 t.join(max(1.0, stop_at + 30 - time.monotonic()))
             check(not any(t.is_alive() for t in threads),
                   "clients still running after the deadline")
             want = sum(len(rcpts_of(i)) for i in range(nmsg))
             with stats.lock:
-                after = sorted(x for x in stats.ack_times if x > killed_at)
+                after = sorted(x for x in stats.ack_times if x > up_at)
             print("#   master %d killed after %d of %d deliveries, old "
                   "workers %s; new master up in %.1f s; first delivery "
-                  "after the kill in %s s; %d broken connections, %d 4xx"
-                  % (old_master, acked_before, want, old, started,
-                     "%.1f" % (after[0] - killed_at) if after else "-",
-                     stats.conn_errors, stats.tempfails))
+                  "after that in %s s, %d in all; %d broken connections, "
+                  "%d 4xx" % (old_master, acked_before, want, old, started,
+                              "%.1f" % (after[0] - up_at) if after else "-",
+                              len(after), stats.conn_errors,
+                              stats.tempfails))
             check(not stats.other, "unexpected results: %s"
                   % stats.other[:5])
             check(len(stats.acked) == want, "%d of %d deliveries "
                   "acknowledged" % (len(stats.acked), want))
-            check(after and after[0] - killed_at < 60,
-                  "no delivery within 60 s of the kill")
+            check(after and after[0] - up_at < 60, "the storm did not "
+                  "resume within 60 s of the new master's start")
             # the old generation leaves: idle workers at once, busy ones
             # after their connection (the IMAP session gets its BYE)
             check(closed_by_server(imap_sess, 60), "the old imapd kept "
