@@ -90,6 +90,7 @@ static int imapd_init(int argc, char **argv, void *rock)
         free(err);
         return 1;
     }
+    imapconf_log_file(ls->conf);
     if (tls_server_new(ls->conf, &ls->tls, &err) != 0) {
         log_info("imapd: STARTTLS not offered reason=<%s>",
                  err ? err : "out of memory");

@@ -201,6 +201,10 @@ static const struct imapconf_option imapconf_options[] = {
               "(RFC 3501 asks for at least 30)" },
     { .name = "syslog_prefix", .type = IMAPCONF_STRING, .def = "",
       .desc = "string put before the program name in syslog lines" },
+    { .name = "log_file", .type = IMAPCONF_STRING, .def = "",
+      .desc = "file the master, lmtpd and imapd append their log lines to "
+              "instead of syslog (master -l still means stderr); empty = "
+              "syslog, or stderr when nothing listens on /dev/log" },
 };
 
 #define IMAPCONF_NOPTIONS (sizeof(imapconf_options) / sizeof(imapconf_options[0]))
@@ -932,4 +936,15 @@ void imapconf_servername(const struct imapconf *conf, char *out, size_t len)
     else if (len < 2 || gethostname(out, len - 1) != 0 || !out[0])
         snprintf(out, len, "localhost");
     out[len - 1] = '\0';
+}
+
+void imapconf_log_file(const struct imapconf *conf)
+{
+    const char *path = imapconf_getstring(conf, "log_file");
+
+    if (!path || !*path)
+        return;
+    if (log_set_file(path) < 0)
+        log_warning("imapconf: cannot open log_file=<%s> error=<%s>",
+                    path, strerror(errno));
 }

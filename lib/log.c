@@ -1,6 +1,6 @@
 /*
- * log.c - logging to syslog or stderr.  No allocation, so it is safe to call
- * on out-of-memory paths.
+ * log.c - logging to syslog, stderr or a file.  No allocation, so it is
+ * safe to call on out-of-memory paths.
  *
  * Every line is formatted into a fixed buffer and then escaped as a whole
  * (log_escape) before it goes anywhere: CR, LF, TAB as \r \n \t, every
@@ -13,18 +13,54 @@
  */
 #include "config.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lib/log.h"
+
+#define LOG_LINE_MAX 2048                 /* formatted, before escaping */
+#define LOG_SAFE_MAX (LOG_LINE_MAX * 4)   /* every byte may become \xNN */
 
 static const char *log_progname = "cyrusdeliver";
 static enum log_target log_where = LOG_TO_STDERR;
 static int log_debug_on;
 static int log_info_off;
+static int log_file_fd = -1;
+static int log_no_syslog;
+static int log_echo;
+
+/* 1 when something accepts connections on /dev/log (datagram, as
+ * syslog(3) tries first, else stream). */
+static int log_syslog_reachable(void)
+{
+    static const int types[] = { SOCK_DGRAM, SOCK_STREAM };
+    struct sockaddr_un sun;
+    size_t i;
+
+    memset(&sun, 0, sizeof(sun));
+    sun.sun_family = AF_UNIX;
+    strcpy(sun.sun_path, "/dev/log");
+    for (i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        int fd = socket(AF_UNIX, types[i] | SOCK_CLOEXEC, 0);
+        int r;
+
+        if (fd < 0)
+            continue;
+        r = connect(fd, (struct sockaddr *)&sun, sizeof(sun));
+        close(fd);
+        if (r == 0)
+            return 1;
+    }
+    return 0;
+}
 
 void log_init(const char *progname, enum log_target target)
 {
@@ -34,14 +70,67 @@ void log_init(const char *progname, enum log_target target)
         slash = strrchr(progname, '/');
         log_progname = slash ? slash + 1 : progname;
     }
+    log_no_syslog = 0;
+    if (target == LOG_TO_SYSLOG && !log_syslog_reachable()) {
+        log_no_syslog = 1;
+        target = LOG_TO_STDERR;
+    }
     log_where = target;
     if (target == LOG_TO_SYSLOG)
         openlog(log_progname, LOG_PID | LOG_NDELAY, LOG_MAIL);
 }
 
+int log_set_file(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+
+    if (fd < 0)
+        return -1;
+    if (log_file_fd >= 0)
+        close(log_file_fd);
+    if (log_where == LOG_TO_SYSLOG)
+        closelog();
+    log_file_fd = fd;
+    log_where = LOG_TO_FILE;
+    return 0;
+}
+
 enum log_target log_get_target(void)
 {
     return log_where;
+}
+
+int log_syslog_missing(void)
+{
+    return log_no_syslog;
+}
+
+void log_set_echo(int on)
+{
+    log_echo = on;
+}
+
+/* One line to the log file, with one write(2). */
+static void log_file_write(const char *level, const char *line)
+{
+    char out[LOG_SAFE_MAX + 128], stamp[40];
+    struct tm tm;
+    time_t now = time(NULL);
+    int n;
+
+    if (!localtime_r(&now, &tm) ||
+        !strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S %z", &tm))
+        snprintf(stamp, sizeof(stamp), "%ld", (long)now);
+    n = snprintf(out, sizeof(out), "%s %s[%ld]: %s: %s\n", stamp,
+                 log_progname, (long)getpid(), level, line);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof(out)) {
+        n = sizeof(out) - 1;
+        out[n - 1] = '\n';
+    }
+    while (write(log_file_fd, out, (size_t)n) < 0 && errno == EINTR)
+        ;
 }
 
 void log_set_debug(int on)
@@ -54,8 +143,6 @@ void log_set_info(int on)
     log_info_off = !on;
 }
 
-#define LOG_LINE_MAX 2048                 /* formatted, before escaping */
-#define LOG_SAFE_MAX (LOG_LINE_MAX * 4)   /* every byte may become \xNN */
 
 size_t log_escape(const char *s, size_t len, char *out, size_t outlen)
 {
@@ -122,9 +209,15 @@ static void log_vemit(int prio, const char *level, const char *fmt, va_list ap)
         fprintf(stderr, "%s[%ld]: %s: %s\n", log_progname, (long)getpid(),
                 level, safe);
         break;
+    case LOG_TO_FILE:
+        log_file_write(level, safe);
+        break;
     case LOG_TO_NONE:
         break;
     }
+    if (log_echo && prio <= LOG_WARNING &&
+        (log_where == LOG_TO_SYSLOG || log_where == LOG_TO_FILE))
+        fprintf(stderr, "%s: %s: %s\n", log_progname, level, safe);
 }
 
 #define LOG_FUNCTION(fname, prio, level)        \

@@ -1,8 +1,11 @@
 /*
  * log.h - one set of logging functions for every program.
  *
- * Messages go to syslog (facility mail) or to stderr, chosen once by
- * log_init().  Style: one line per event, key=<value> pairs, e.g.
+ * Messages go to syslog (facility mail), to stderr or to a file (the
+ * imapd.conf key log_file: log_set_file()), chosen by log_init().  When
+ * syslog is asked for but nothing listens on /dev/log (a container, a
+ * chroot, a machine without a syslog daemon), lines go to stderr instead:
+ * never nowhere.  Style: one line per event, key=<value> pairs, e.g.
  *   log_error("cyrusdb: open failed file=<%s> error=<%s>", fname, msg);
  * Never log message bodies.  Library code logs and returns an error; only
  * main() exits (log_fatal).
@@ -21,11 +24,33 @@
 enum log_target {
     LOG_TO_STDERR = 0,   /* the default before log_init() */
     LOG_TO_SYSLOG = 1,
-    LOG_TO_NONE = 2      /* tests that provoke errors on purpose */
+    LOG_TO_NONE = 2,     /* tests that provoke errors on purpose */
+    LOG_TO_FILE = 3      /* set by log_set_file() */
 };
 
-/* Set the program name shown in each line and where lines go. */
+/* Set the program name shown in each line and where lines go.
+ * LOG_TO_SYSLOG first checks that /dev/log accepts a connection; when it
+ * does not, the target is LOG_TO_STDERR (log_syslog_missing() then
+ * returns 1). */
 void log_init(const char *progname, enum log_target target);
+
+/* Log to the file at path from now on (opened O_APPEND, created 0640,
+ * close-on-exec; each line "YYYY-MM-DD HH:MM:SS +ZZZZ prog[pid]: level:
+ * text" written with one write(2), so that the lines of many processes
+ * appending to one file do not mix).  Returns 0, or -1 with errno set
+ * (the target is then unchanged). */
+int log_set_file(const char *path);
+
+/* The target in use (after the syslog check and log_set_file()). */
+enum log_target log_get_target(void);
+
+/* 1 when log_init() was asked for syslog and fell back to stderr. */
+int log_syslog_missing(void);
+
+/* While on, warnings, errors and fatal lines also go to stderr when the
+ * target is syslog or a file: for a daemon's start, whose errors the
+ * admin starting it must see. */
+void log_set_echo(int on);
 
 /* Log at the given severity.  Format strings are checked by the compiler. */
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

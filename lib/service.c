@@ -23,6 +23,18 @@
  *   it at once.  A SIGTERM that arrives just as accept() returns a
  *   connection drops that connection (the window is a few instructions;
  *   the master sends SIGTERM only when it stops the service anyway).
+ * - SIGTERM closes the child's copy of the listening socket at once (in
+ *   the handler, once): a child told to stop never accepts again, and a
+ *   child finishing a long connection does not keep the address bound.
+ * - The child leaves when its master is gone, so that a master killed
+ *   with SIGKILL leaves no workers holding its addresses: the kernel
+ *   sends SIGTERM when the master dies (PR_SET_PDEATHSIG, set at start;
+ *   the master may have died before it was set, so the child then checks
+ *   getppid() against CYRUSDELIVER_MASTER_PID and the status pipe), the
+ *   status pipe's write end polls POLLERR once no reader is left (the
+ *   master holds the only read end), and a status write fails with
+ *   EPIPE.  Each way the child ends as on SIGTERM: after the connection
+ *   in progress.
  */
 #include "config.h"
 
@@ -38,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -50,12 +63,23 @@
 
 static volatile sig_atomic_t service_term_flag;
 static volatile sig_atomic_t service_in_accept;
+static volatile sig_atomic_t service_listen_open;
 static sigjmp_buf service_accept_jmp;
+
+/* Close fd 3 once: after that the number may belong to another file. */
+static void service_close_listener(void)
+{
+    if (service_listen_open) {
+        service_listen_open = 0;
+        close(SERVICE_LISTEN_FD);
+    }
+}
 
 static void service_sigterm(int sig)
 {
     (void)sig;
     service_term_flag = 1;
+    service_close_listener();
     if (service_in_accept) {
         service_in_accept = 0;
         siglongjmp(service_accept_jmp, 1);
@@ -85,6 +109,30 @@ static long service_getenv_long(const char *name, long def)
 }
 
 static int service_status_ok;
+static pid_t service_master_pid;     /* 0 = not known */
+
+/* Leave as on SIGTERM (the master is gone).  SIGTERM must be blocked. */
+static void service_orphaned(void)
+{
+    service_term_flag = 1;
+    service_close_listener();
+}
+
+/* 1 when the master is known to be gone: not our parent any more, or
+ * nobody left to read the status pipe. */
+static int service_master_gone(void)
+{
+    struct pollfd pfd;
+
+    if (service_master_pid > 0 && getppid() != service_master_pid)
+        return 1;
+    if (!service_status_ok)
+        return 0;
+    pfd.fd = SERVICE_STATUS_FD;
+    pfd.events = 0;
+    pfd.revents = 0;
+    return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLERR | POLLHUP));
+}
 
 static void service_report(enum service_state state, unsigned served)
 {
@@ -99,7 +147,10 @@ static void service_report(enum service_state state, unsigned served)
     do {
         n = write(SERVICE_STATUS_FD, &st, sizeof(st));
     } while (n < 0 && errno == EINTR);
-    if (n < 0 && errno != EPIPE && errno != EAGAIN) {
+    if (n < 0 && errno == EPIPE) {
+        service_status_ok = 0;       /* nobody reads: the master is gone */
+        service_orphaned();
+    } else if (n < 0 && errno != EAGAIN) {
         log_warning("service: status write failed error=<%s>",
                     strerror(errno));
     }
@@ -156,14 +207,18 @@ static int service_loop(const struct service_callbacks *cb, long maxuses,
     sigdelset(&waitmask, SIGTERM);
 
     for (;;) {
-        struct pollfd pfd;
+        struct pollfd pfd[2];
+        nfds_t npfd = 1;
         struct timespec ts, *tsp = NULL;
         struct sockaddr_storage ss;
         socklen_t sslen;
         char peer[INET6_ADDRSTRLEN + 16];
         int r, fd = -1;
 
-        if (service_term_flag) { why = "stopped"; break; }
+        if (service_term_flag) {
+            why = service_master_gone() ? "master gone" : "stopped";
+            break;
+        }
         if (maxuses > 0 && served >= (unsigned long)maxuses) {
             why = "maxuses";
             break;
@@ -173,15 +228,22 @@ static int service_loop(const struct service_callbacks *cb, long maxuses,
             report_ready = 0;
         }
 
-        pfd.fd = SERVICE_LISTEN_FD;
-        pfd.events = POLLIN;
-        pfd.revents = 0;
+        pfd[0].fd = SERVICE_LISTEN_FD;
+        pfd[0].events = POLLIN;
+        pfd[0].revents = 0;
+        if (service_status_ok) {
+            /* the write end reports POLLERR once the master is gone */
+            pfd[1].fd = SERVICE_STATUS_FD;
+            pfd[1].events = 0;
+            pfd[1].revents = 0;
+            npfd = 2;
+        }
         if (idletimeout > 0) {
             ts.tv_sec = idletimeout;
             ts.tv_nsec = 0;
             tsp = &ts;
         }
-        r = ppoll(&pfd, 1, tsp, &waitmask);
+        r = ppoll(pfd, npfd, tsp, &waitmask);
         if (r < 0) {
             if (errno == EINTR || errno == EAGAIN) continue;
             log_error("service: poll failed error=<%s>", strerror(errno));
@@ -189,7 +251,14 @@ static int service_loop(const struct service_callbacks *cb, long maxuses,
             goto out_noreport;
         }
         if (r == 0) { why = "idle"; break; }
-        if (pfd.revents & (POLLERR | POLLNVAL)) {
+        if (npfd == 2 && (pfd[1].revents & (POLLERR | POLLHUP))) {
+            service_orphaned();
+            why = "master gone";
+            break;
+        }
+        if (!(pfd[0].revents & (POLLIN | POLLERR | POLLNVAL)))
+            continue;
+        if (pfd[0].revents & (POLLERR | POLLNVAL)) {
             log_error("service: listening socket failed");
             status = 1;
             goto out_noreport;
@@ -240,7 +309,10 @@ static int service_loop(const struct service_callbacks *cb, long maxuses,
         report_ready = 1;
     }
 
-    log_debug("service: leaving reason=<%s> served=<%u>", why, served);
+    if (strcmp(why, "master gone") == 0)
+        log_info("service: master gone: leaving served=<%u>", served);
+    else
+        log_debug("service: leaving reason=<%s> served=<%u>", why, served);
     service_report(SERVICE_EXITING, served);
 out_noreport:
     sigprocmask(SIG_UNBLOCK, &term, NULL);
@@ -270,6 +342,19 @@ int service_main(int argc, char **argv, const struct service_callbacks *cb)
         if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
         cb->serve(0, "stdin", cb->rock);
         if (cb->done) cb->done(cb->rock);
+        return 0;
+    }
+
+    /* leave when the master dies (see the top of this file); checked
+     * once more after setting it: the master may be gone already */
+    service_listen_open = 1;
+    service_master_pid =
+        (pid_t)service_getenv_long("CYRUSDELIVER_MASTER_PID", 0);
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0)
+        log_warning("service: prctl PR_SET_PDEATHSIG failed error=<%s>",
+                    strerror(errno));
+    if (service_master_gone()) {
+        log_info("service: master gone before the start: leaving");
         return 0;
     }
 

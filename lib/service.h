@@ -8,7 +8,8 @@
  *   fd 4 (SERVICE_STATUS_FD)  the write end of the service's status pipe
  *   environment: CYRUSDELIVER_SERVICE=NAME, CYRUSDELIVER_MAXUSES=N,
  *                CYRUSDELIVER_IDLETIMEOUT=SECONDS, CYRUSDELIVER_CONF=path
- *                of imapd.conf (the master's -C)
+ *                of imapd.conf (the master's -C),
+ *                CYRUSDELIVER_MASTER_PID=the master's pid
  *   argv: the entry's cmd split into words.
  *
  * Status messages: fixed-size struct service_status records written with
@@ -21,8 +22,16 @@
  * A child that dies without EXITING is a crash for the master's accounting
  * (it logs the signal or exit code and replaces it as needed).
  *
- * Signals to a child: SIGTERM = finish the connection in progress (if
- * any), then exit 0; an idle child exits at once.  SIGQUIT/SIGKILL: die.
+ * Signals to a child: SIGTERM = close the child's copy of the listening
+ * socket, finish the connection in progress (if any), then exit 0; an
+ * idle child exits at once.  SIGQUIT/SIGKILL: die.
+ *
+ * A master that dies (SIGKILL) is noticed by its children: service_main()
+ * sets PR_SET_PDEATHSIG to SIGTERM (and checks getppid() against
+ * CYRUSDELIVER_MASTER_PID right after, in case the master died first), an
+ * idle child also polls the status pipe, whose write end reports POLLERR
+ * once the master (its only reader) is gone.  The child then leaves as on
+ * SIGTERM, logging "master gone".
  */
 #ifndef LIB_SERVICE_H
 #define LIB_SERVICE_H

@@ -94,6 +94,7 @@ static int lmtpd_init(int argc, char **argv, void *rock)
         free(err);
         return 1;
     }
+    imapconf_log_file(ls->conf);
     if (tls_server_new(ls->conf, &ls->tls, &err) != 0) {
         log_info("lmtpd: STARTTLS not offered reason=<%s>",
                  err ? err : "out of memory");

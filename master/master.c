@@ -6,11 +6,27 @@
  *
  * Start-up order: read imapd.conf and cyrus.conf (a malformed file stops
  * the master with FILE:LINE), map Cyrus's commands to ours
- * (master_compat.h), daemonize unless -D, write the pidfile, open
+ * (master_compat.h), open log_file when set, detach unless -D,
+ * lock and write the pidfile (-p, default CONFIGDIRECTORY/master.pid; a
+ * pidfile locked by a running master stops this one with its pid), open
  * the listening sockets of SERVICES (so ports below 1024 work when started
  * as root), then drop to the user `cyrus_user` when running as root, run
  * START to completion, and only then fork service, event and daemon
  * children.
+ *
+ * Errors of the start reach the admin who runs the command: until the
+ * master is up, warnings and errors are also written to stderr (log
+ * echo), and a detaching master's parent stays in the foreground, copies
+ * what the daemon writes to stderr to its own stderr and exits only when
+ * the daemon reports "started" (exit 0) or has died (its exit status).
+ * After the start stderr is /dev/null, unless the lines go to stderr
+ * (-l, or no syslog socket and no log_file): then it stays the caller's
+ * stderr, so that log lines never go nowhere.
+ *
+ * A master killed with SIGKILL leaves its pidfile (unlocked) and workers
+ * that finish their connection in progress and then leave
+ * (lib/service.c).  A master that finds such a pidfile waits up to the
+ * drain timeout (-T) for their addresses to be free, else 2 s.
  *
  * Invariants of the loop:
  * - Signal handlers only write the signal number into a non-blocking
@@ -33,6 +49,7 @@
 #include <getopt.h>
 #include <limits.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,7 +116,8 @@ static void usage(const char *prog, FILE *out, int code)
 "  -D       stay in the foreground\n"
 "  -l       log to stderr instead of syslog\n"
 "  -d       log debug lines too\n"
-"  -p FILE  write the master's pid to FILE\n"
+"  -p FILE  pidfile, locked while the master runs\n"
+"           (default CONFIGDIRECTORY/master.pid)\n"
 "  -S DIR   look for service programs in DIR first\n"
 "  -T SECS  on SIGTERM wait at most SECS for connections (default %d)\n"
 "  -s FILE  status file (default CONFIGDIRECTORY/master.status)\n"
@@ -143,14 +161,93 @@ static char *master_dir(void)
     return strdup(buf);
 }
 
-static void daemonize(void)
+/* The detaching parent: copy the daemon's stderr (errfd) to ours until
+ * it reports "started" on readyfd (exit 0) or dies (its status). */
+__attribute__((noreturn))
+static void daemonize_parent(pid_t pid, int errfd, int readyfd)
 {
-    pid_t pid = fork();
-    int fd;
+    char buf[4096];
+    int ready = 0, st;
 
+    for (;;) {
+        struct pollfd pfd[2];
+        int r;
+
+        pfd[0].fd = errfd;
+        pfd[0].events = POLLIN;
+        pfd[1].fd = readyfd;
+        pfd[1].events = POLLIN;
+        pfd[0].revents = pfd[1].revents = 0;
+        r = poll(pfd, 2, -1);     /* errfd -1 (closed) is ignored */
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (errfd >= 0 && pfd[0].revents) {
+            ssize_t n = read(errfd, buf, sizeof(buf));
+            if (n > 0) {
+                ssize_t w = write(2, buf, (size_t)n);
+                (void)w;
+                continue;
+            }
+            if (n < 0 && errno == EINTR) continue;
+            close(errfd);
+            errfd = -1;      /* everything written before is shown */
+            continue;
+        }
+        if (pfd[1].revents) {
+            char c;
+            ssize_t n = read(readyfd, &c, 1);
+            if (n < 0 && errno == EINTR) continue;
+            ready = n == 1;
+            break;
+        }
+    }
+    /* what the daemon wrote before it was done (or died) is in the pipe:
+     * copy it without waiting for writers that live on (a START command's
+     * own daemon may hold the pipe) */
+    if (errfd >= 0) {
+        fcntl(errfd, F_SETFL, fcntl(errfd, F_GETFL) | O_NONBLOCK);
+        for (;;) {
+            ssize_t n = read(errfd, buf, sizeof(buf));
+            if (n <= 0) break;
+            if (write(2, buf, (size_t)n) < 0) break;
+        }
+    }
+    if (ready) _exit(0);
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR) _exit(1);
+    }
+    if (WIFEXITED(st)) _exit(WEXITSTATUS(st) ? WEXITSTATUS(st) : 1);
+    fprintf(stderr, "master: the daemon died at start signal=<%d>\n",
+            WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    _exit(1);
+}
+
+/* Detach: fork; the parent waits in daemonize_parent().  In the child
+ * (returned to): a new session, cwd /, stdin and stdout /dev/null, stderr
+ * a pipe to the parent until daemonize_done(); *readyfd_r is the write
+ * end of the "started" pipe and *stderr_r the caller's stderr. */
+static void daemonize_begin(int *readyfd_r, int *stderr_r)
+{
+    int errp[2], readyp[2], fd;
+    pid_t pid;
+
+    if (pipe2(errp, O_CLOEXEC) < 0 || pipe2(readyp, O_CLOEXEC) < 0)
+        log_fatal(71, "master: pipe failed error=<%s>", strerror(errno));
+    fflush(stderr);
+    pid = fork();
     if (pid < 0) log_fatal(71, "master: fork failed error=<%s>",
                            strerror(errno));
-    if (pid > 0) _exit(0);
+    if (pid > 0) {
+        close(errp[1]);
+        close(readyp[1]);
+        daemonize_parent(pid, errp[0], readyp[0]);
+    }
+    close(errp[0]);
+    close(readyp[0]);
+    *readyfd_r = readyp[1];
+    *stderr_r = fcntl(2, F_DUPFD_CLOEXEC, 3);
     if (setsid() < 0)
         log_warning("master: setsid failed error=<%s>", strerror(errno));
     if (chdir("/") < 0)
@@ -159,31 +256,102 @@ static void daemonize(void)
     if (fd >= 0) {
         dup2(fd, 0);
         dup2(fd, 1);
-        dup2(fd, 2);
         if (fd > 2) close(fd);
     }
+    /* dup2 clears close-on-exec on fd 2: START commands write there too */
+    dup2(errp[1], 2);
+    close(errp[1]);
 }
 
-static void write_pidfile(const char *path)
+/* The daemon is up: tell the parent, let stderr go (to /dev/null, or
+ * back to the caller's when log lines go to stderr). */
+static void daemonize_done(int readyfd, int saved_stderr)
 {
-    char tmp[PATH_MAX + 8], line[32];
+    char c = 1;
+    int fd = -1;
+
+    if (log_get_target() == LOG_TO_STDERR && saved_stderr >= 0)
+        fd = saved_stderr;
+    else
+        fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    fflush(stderr);
+    if (fd >= 0) dup2(fd, 2);
+    if (fd >= 0 && fd != saved_stderr) close(fd);
+    if (saved_stderr >= 0) close(saved_stderr);
+    if (write(readyfd, &c, 1) != 1)
+        log_warning("master: cannot report the start error=<%s>",
+                    strerror(errno));
+    close(readyfd);
+}
+
+/* Lock the pidfile (held until exit) and write our pid into it.  A lock
+ * held by another process stops the start, naming that process.  Sets
+ * *crashed_r when the file named a process (the previous master did not
+ * remove it: it was killed).  Returns the open, locked descriptor. */
+static int pidfile_lock(const char *path, int *crashed_r)
+{
+    char line[32], old[32];
+    struct flock fl;
+    ssize_t got;
     int fd, n;
 
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    *crashed_r = 0;
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        log_fatal(73, "master: cannot open pidfile=<%s> error=<%s>",
+                  path, strerror(errno));
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (fcntl(fd, F_SETLK, &fl) < 0) {
+        int err = errno;
+        long other = 0;
+
+        if (err == EAGAIN || err == EACCES) {
+            memset(&fl, 0, sizeof(fl));
+            fl.l_type = F_WRLCK;
+            fl.l_whence = SEEK_SET;
+            if (fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type != F_UNLCK)
+                other = (long)fl.l_pid;
+            if (other > 0)
+                log_fatal(75, "master: another master runs with pid=<%ld> "
+                          "(pidfile=<%s> is locked): not starting", other,
+                          path);
+            log_fatal(75, "master: another master runs (pidfile=<%s> is "
+                      "locked): not starting", path);
+        }
+        log_fatal(73, "master: cannot lock pidfile=<%s> error=<%s>", path,
+                  strerror(err));
+    }
+    got = pread(fd, old, sizeof(old) - 1, 0);
+    if (got > 0) {
+        old[got] = '\0';
+        if (strtol(old, NULL, 10) > 0) *crashed_r = 1;
+    }
     n = snprintf(line, sizeof(line), "%ld\n", (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || write(fd, line, (size_t)n) != n || close(fd) < 0
-        || rename(tmp, path) < 0)
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, line, (size_t)n, 0) != n)
         log_fatal(73, "master: cannot write pidfile=<%s> error=<%s>",
                   path, strerror(errno));
+    return fd;
 }
 
 static void drop_privileges(const struct imapconf *ic)
 {
     const char *err = NULL;
     int was_root = getuid() == 0 || geteuid() == 0;
-    int r = privs_drop_to_cyrus_user(ic, &err);
+    int r;
 
+    /* the log file the master opened as root is written by the workers */
+    if (was_root && log_get_target() == LOG_TO_FILE) {
+        const char *user = imapconf_getstring(ic, "cyrus_user");
+        const char *lf = imapconf_getstring(ic, "log_file");
+        struct passwd *pw = getpwnam(user && *user ? user : "cyrus");
+
+        if (pw && lf && *lf && chown(lf, pw->pw_uid, pw->pw_gid) < 0)
+            log_warning("master: cannot chown log_file=<%s> error=<%s>",
+                        lf, strerror(errno));
+    }
+    r = privs_drop_to_cyrus_user(ic, &err);
     if (r != PRIVS_OK)
         log_fatal(r == PRIVS_NOUSER ? 67 : 71, "master: %s", err);
     if (was_root && getuid() != 0)
@@ -236,7 +404,7 @@ int main(int argc, char **argv)
     char *err = NULL;
     int foreground = 0, to_stderr = 0, debug = 0, drain_secs =
         MASTER_DEFAULT_DRAIN;
-    int opt, draining = 0;
+    int opt, draining = 0, pidfd, crashed, readyfd = -1, saved_stderr = -1;
     double drain_until = 0;
     struct pollfd *fds = NULL;
     size_t nalloc = 0;
@@ -280,41 +448,62 @@ int main(int argc, char **argv)
         log_fatal(78, "master: %s", err ? err : "cannot read imapd.conf");
     if (master_conf_load(cyrusconf, &conf, &err) < 0)
         log_fatal(78, "master: %s", err ? err : "cannot read cyrus.conf");
-    if (status_opt) {
-        statusfile = absolute(status_opt);
-    } else {
+    {
         const char *cd = imapconf_getstring(ic, "configdirectory");
         struct buf b = BUF_INITIALIZER;
+
         buf_printf(&b, "%s/master.status", cd ? cd : ".");
-        statusfile = absolute(buf_cstring(&b));
+        statusfile = absolute(status_opt ? status_opt : buf_cstring(&b));
+        buf_reset(&b);
+        buf_printf(&b, "%s/master.pid", cd ? cd : ".");
+        pidfile = absolute(pidfile_opt ? pidfile_opt : buf_cstring(&b));
         buf_free(&b);
     }
-    if (pidfile_opt) pidfile = absolute(pidfile_opt);
     if (servicedir) sdir = absolute(servicedir);
     mdir = master_dir();
     master_service_setup(sdir, mdir, imapdconf);
     master_compat_apply(conf, cyrusconf, sdir, mdir, imapdconf);
 
-    if (!foreground) daemonize();
-    master_signals();
-    if (pidfile) write_pidfile(pidfile);
+    /* where lines go: -l, else log_file, else syslog (stderr without a
+     * syslog socket); until the master is up, errors also to stderr */
+    if (!to_stderr) {
+        const char *lf = imapconf_getstring(ic, "log_file");
+        if (lf && *lf && log_set_file(lf) < 0)
+            log_fatal(73, "master: cannot open log_file=<%s> error=<%s>",
+                      lf, strerror(errno));
+    }
+    log_set_echo(1);
+    if (log_syslog_missing() && log_get_target() == LOG_TO_STDERR)
+        log_warning("master: no syslog socket /dev/log: logging to "
+                    "stderr (set log_file in imapd.conf for a file)");
 
+    if (!foreground) daemonize_begin(&readyfd, &saved_stderr);
+    pidfd = pidfile_lock(pidfile, &crashed);
+    master_signals();
+
+    /* a master killed before us: its workers free the addresses after
+     * their connection in progress */
+    master_service_bind_wait(crashed ? (drain_secs > 5 ? drain_secs : 5)
+                             : 2);
     if (master_service_apply(conf, 1) < 0) {
         master_service_free();
-        if (pidfile) unlink(pidfile);
+        unlink(pidfile);
         log_fatal(1, "master: cannot open the listening sockets");
     }
+    master_service_bind_wait(0);
     drop_privileges(ic);
     if (master_event_start(conf) < 0) {
         master_service_shutdown();
         master_service_free();
-        if (pidfile) unlink(pidfile);
+        unlink(pidfile);
         log_fatal(1, "master: START failed, not starting services");
     }
     master_event_apply(conf, master_now());
     master_status_init(statusfile);
     log_info("master: started pid=<%ld> config=<%s>", (long)getpid(),
              cyrusconf);
+    log_set_echo(0);
+    if (readyfd >= 0) daemonize_done(readyfd, saved_stderr);
 
     for (;;) {
         double now = master_now(), deadline = now + 1.0;
@@ -417,7 +606,8 @@ int main(int argc, char **argv)
     master_service_free();
     master_event_free();
     master_status_remove();
-    if (pidfile) unlink(pidfile);
+    unlink(pidfile);        /* ours: we hold its lock */
+    close(pidfd);
     log_info("master: exiting");
     master_conf_free(&conf);
     imapconf_free(&ic);

@@ -15,7 +15,18 @@
  *   fds 0-2 (the master's), 3 (listen) and 4 (status pipe write end).
  * - Each service has its own status pipe, read end non-blocking in the
  *   master.  The master keeps the write end open too, so the pipe never
- *   reads EOF while the service exists.
+ *   reads EOF while the service exists.  The master holds the only read
+ *   end: when it dies, its children's write ends poll POLLERR, one of the
+ *   ways they learn that they are orphans (lib/service.c).
+ * - A UNIX socket path is removed only when nothing answers on it (a
+ *   connect() is refused: a file left by a master that died), and at the
+ *   end only when it is still the socket this master bound (same device
+ *   and inode): a master that cannot start, or a second one, never takes
+ *   the path of a running one away.
+ * - An address in use (TCP EADDRINUSE, a UNIX path that answers) is
+ *   retried every 100 ms until the bind wait set by
+ *   master_service_bind_wait() ends: the workers of a master that was
+ *   killed leave after their connection in progress and free it.
  */
 #include "config.h"
 
@@ -81,6 +92,8 @@ struct service {
 
     int listen_fd;              /* -1 when closed */
     char *unix_path;            /* socket file we created, to unlink */
+    dev_t unix_dev;             /* ... as bound: unlinked only when the */
+    ino_t unix_ino;             /* path still names this socket */
     int status_rd, status_wr;
     int removed;                /* no more forks; freed when childless */
     int demand;                 /* the socket was readable */
@@ -101,6 +114,7 @@ struct service {
 
 static struct service *services;
 static struct child *children;
+static double bind_wait_secs;   /* master_service_bind_wait() */
 static int changed_flag = 1;
 static char *opt_servicedir, *opt_masterdir, *opt_imapdconf;
 
@@ -306,7 +320,11 @@ static void service_close_socket(struct service *s)
         s->listen_fd = -1;
     }
     if (s->unix_path) {
-        if (unlink(s->unix_path) < 0 && errno != ENOENT)
+        struct stat sb;
+
+        if (lstat(s->unix_path, &sb) == 0 && sb.st_dev == s->unix_dev
+            && sb.st_ino == s->unix_ino && unlink(s->unix_path) < 0
+            && errno != ENOENT)
             log_warning("service=<%s> unlink failed path=<%s> error=<%s>",
                         s->name, s->unix_path, strerror(errno));
         free(s->unix_path);
@@ -380,11 +398,81 @@ static int set_cloexec(int fd)
     return fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
 }
 
+/* Sleep 100 ms when the bind wait has not ended yet (the first call
+ * starts it and logs once); returns 1 after sleeping, 0 when it is over. */
+static int service_bind_retry(struct service *s, double *until,
+                              const char *what)
+{
+    struct timespec pause = { 0, 100 * 1000 * 1000 };
+    double now = master_now();
+
+    if (*until == 0) {
+        if (bind_wait_secs <= 0) return 0;
+        *until = now + bind_wait_secs;
+        log_warning("service=<%s> address in use listen=<%s> (%s): "
+                    "waiting up to seconds=<%g> for it", s->name,
+                    s->listen, what, bind_wait_secs);
+    }
+    if (now >= *until) return 0;
+    nanosleep(&pause, NULL);
+    return 1;
+}
+
+/* What is at a UNIX socket path: 0 nothing (or a socket nobody serves,
+ * then removed), 1 a socket that answers (in use), -1 something else or
+ * an error (logged). */
+static int service_unix_probe(struct service *s,
+                              const struct sockaddr_un *sun)
+{
+    struct stat sb;
+    int fd, r, err;
+
+    if (lstat(s->host, &sb) < 0) {
+        if (errno == ENOENT) return 0;
+        log_error("service=<%s> cannot stat path=<%s> error=<%s>",
+                  s->name, s->host, strerror(errno));
+        return -1;
+    }
+    if (!S_ISSOCK(sb.st_mode)) {
+        log_error("service=<%s> path=<%s> exists and is not a socket: "
+                  "not removing it", s->name, s->host);
+        return -1;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        log_error("service=<%s> socket failed error=<%s>", s->name,
+                  strerror(errno));
+        return -1;
+    }
+    r = connect(fd, (const struct sockaddr *)sun, sizeof(*sun));
+    err = errno;
+    close(fd);
+    if (r == 0 || err == EAGAIN || err == EINPROGRESS)
+        return 1;           /* accepted or backlog full: someone serves it */
+    if (err == ENOENT) return 0;
+    if (err != ECONNREFUSED) {
+        log_error("service=<%s> cannot probe path=<%s> error=<%s>",
+                  s->name, s->host, strerror(err));
+        return -1;
+    }
+    /* refused: a socket file left behind by a master that is gone */
+    if (unlink(s->host) < 0 && errno != ENOENT) {
+        log_error("service=<%s> cannot remove stale socket path=<%s> "
+                  "error=<%s>", s->name, s->host, strerror(errno));
+        return -1;
+    }
+    log_info("service=<%s> removed stale socket path=<%s>", s->name,
+             s->host);
+    return 0;
+}
+
 static int service_open_unix(struct service *s)
 {
     struct sockaddr_un sun;
+    struct stat sb;
     size_t len = strlen(s->host);
-    int fd;
+    double until = 0;
+    int fd = -1, r;
 
     if (len >= sizeof(sun.sun_path)) {
         log_error("service=<%s> socket path too long path=<%s>",
@@ -394,23 +482,44 @@ static int service_open_unix(struct service *s)
     memset(&sun, 0, sizeof(sun));
     sun.sun_family = AF_UNIX;
     memcpy(sun.sun_path, s->host, len + 1);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) goto fail;
-    if (unlink(s->host) < 0 && errno != ENOENT) {
-        log_warning("service=<%s> cannot remove stale socket path=<%s> "
-                    "error=<%s>", s->name, s->host, strerror(errno));
+    for (;;) {
+        r = service_unix_probe(s, &sun);
+        if (r < 0) return -1;
+        if (r == 0) {
+            mode_t old;
+
+            fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (fd < 0) goto fail;
+            old = umask(0);
+            r = bind(fd, (struct sockaddr *)&sun, sizeof(sun));
+            umask(old);
+            if (r == 0) break;
+            if (errno != EADDRINUSE) goto fail;
+            close(fd);          /* created meanwhile: probe it again */
+            fd = -1;
+        }
+        if (!service_bind_retry(s, &until, "a running server answers on "
+                                "the socket")) {
+            log_error("service=<%s> cannot listen path=<%s>: address in "
+                      "use (a server answers on it; another master?)",
+                      s->name, s->host);
+            return -1;
+        }
     }
-    {
-        mode_t old = umask(0);
-        int r = bind(fd, (struct sockaddr *)&sun, sizeof(sun));
-        umask(old);
-        if (r < 0) goto fail;
-    }
-    if (chmod(s->host, 0777) < 0) goto fail;
-    if (listen(fd, s->backlog) < 0) goto fail;
-    s->listen_fd = fd;
+    if (lstat(s->host, &sb) < 0) goto fail;
     s->unix_path = xstrdup_or_null(s->host);
+    s->unix_dev = sb.st_dev;
+    s->unix_ino = sb.st_ino;
+    if (chmod(s->host, 0777) < 0) goto fail_unlink;
+    if (listen(fd, s->backlog) < 0) goto fail_unlink;
+    s->listen_fd = fd;
     return 0;
+fail_unlink:
+    /* the path is ours: service_close_socket() removes it */
+    log_error("service=<%s> cannot listen path=<%s> error=<%s>",
+              s->name, s->host, strerror(errno));
+    close(fd);
+    return -1;
 fail:
     log_error("service=<%s> cannot listen path=<%s> error=<%s>",
               s->name, s->host, strerror(errno));
@@ -422,6 +531,7 @@ static int service_open_tcp(struct service *s)
 {
     struct addrinfo hints, *res = NULL, *ai;
     int family = AF_UNSPEC, r, fd = -1, on = 1;
+    double until = 0;
     const char *proto = s->proto ? s->proto : "tcp";
     const char *host = s->host;
 
@@ -439,6 +549,7 @@ static int service_open_tcp(struct service *s)
                   s->name, s->listen, gai_strerror(r));
         return -1;
     }
+again:
     /* "tcp" with no host: prefer a v6 dual-stack socket */
     for (int pass = 0; pass < 2 && fd < 0; pass++) {
         for (ai = res; ai; ai = ai->ai_next) {
@@ -466,10 +577,15 @@ static int service_open_tcp(struct service *s)
             errno = r;
         }
     }
+    if (fd < 0 && errno == EADDRINUSE
+        && service_bind_retry(s, &until, "bind"))
+        goto again;
     freeaddrinfo(res);
     if (fd < 0) {
-        log_error("service=<%s> cannot listen listen=<%s> error=<%s>",
-                  s->name, s->listen, strerror(errno));
+        log_error("service=<%s> cannot listen listen=<%s> error=<%s>%s",
+                  s->name, s->listen, strerror(errno),
+                  errno == EADDRINUSE ? " (another server or master "
+                  "holds the address)" : "");
         return -1;
     }
     s->listen_fd = fd;
@@ -578,6 +694,11 @@ static void service_collect(void)
     }
 }
 
+void master_service_bind_wait(double secs)
+{
+    bind_wait_secs = secs;
+}
+
 int master_service_apply(const struct master_conf *conf, int initial)
 {
     struct service *s, **tail;
@@ -661,7 +782,7 @@ static int service_can_fork(struct service *s, const struct counts *c,
 static void service_fork_one(struct service *s, double now)
 {
     char envs[3][64];
-    char *env[4];
+    char *env[5];
     struct child *ch;
     pid_t pid;
 
@@ -669,8 +790,11 @@ static void service_fork_one(struct service *s, double now)
              s->maxuses);
     snprintf(envs[1], sizeof(envs[1]), "CYRUSDELIVER_IDLETIMEOUT=%d",
              s->idletimeout);
+    snprintf(envs[2], sizeof(envs[2]), "CYRUSDELIVER_MASTER_PID=%ld",
+             (long)getpid());
     env[0] = envs[0];
     env[1] = envs[1];
+    env[3] = envs[2];
     /* the name may be long: allocate it */
     {
         size_t n = strlen(s->name) + sizeof("CYRUSDELIVER_SERVICE=");
@@ -678,7 +802,7 @@ static void service_fork_one(struct service *s, double now)
         if (!env[2]) log_fatal(71, "master: out of memory");
         snprintf(env[2], n, "CYRUSDELIVER_SERVICE=%s", s->name);
     }
-    env[3] = NULL;
+    env[4] = NULL;
 
     pid = master_service_forkexec(s->argv, s->listen_fd, s->status_wr,
                                   s->maxfds, env);

@@ -69,6 +69,14 @@ pid_t master_service_forkexec(char *const argv[], int listen_fd,
  * Returns 0. */
 int master_service_apply(const struct master_conf *conf, int initial);
 
+/* How long master_service_apply() waits for an address in use (a TCP
+ * port: EADDRINUSE; a UNIX socket path on which a server answers) before
+ * it gives up on that socket: retried every 100 ms, logged once.  0 (the
+ * default) = give up at once.  The master sets it for its start only:
+ * the workers of a master that was killed free the address after their
+ * connection in progress (lib/service.c).  A reload never waits. */
+void master_service_bind_wait(double secs);
+
 /* Fork children as the spawn policy asks. */
 void master_service_spawn(double now);
 

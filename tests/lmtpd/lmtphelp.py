@@ -339,10 +339,15 @@ class Instance(MasterRun):
         self.spawn([MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
                     self.cyrus_conf, "-p", self.pidfile, "-S", LMTPD_DIR,
                     "-s", self.statusfile, "-T", "10"])
-        ok = wait_until(lambda: not self.running()
-                        or (self.svc_int("lmtpunix", "ready") or 0) >= ready
-                        or (ready == 0 and "master" in self.status()),
-                        timeout)
+        def up():
+            # the status file of this master, not one left by an earlier
+            # run that was killed
+            st = self.status()
+            if st.get("master", {}).get("pid") != str(self.pid):
+                return False
+            svc = st["services"].get("lmtpunix") or {}
+            return ready == 0 or int(svc.get("ready") or 0) >= ready
+        ok = wait_until(lambda: not self.running() or up(), timeout)
         if not self.running():
             raise Fail("master exited at start with status %s: %s"
                        % (self.proc.returncode, self.log()[-600:]))

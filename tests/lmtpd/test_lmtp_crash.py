@@ -18,7 +18,16 @@ passes for every mailbox; no staging file of a dead worker is taken for
 a message; the master has replaced the killed workers (prefork ready in
 its status file) and a new connection delivers.
 
-Environment: see lmtphelp.py; CRASH_MESSAGES (default 2000).
+master_killed_restart: the master itself (lmtpd over UNIX and TCP, imapd
+over TCP with one IMAP session open) is SIGKILLed a fifth into a storm of
+8 clients and started again at once.  The new master must come up without
+any manual step, the clients (half UNIX, half TCP) finish, every 250 is
+stored, the open IMAP session is closed by its orphaned imapd, and every
+worker of the old generation (PIDs recorded before the kill) is gone
+within 60 s.
+
+Environment: see lmtphelp.py; CRASH_MESSAGES (default 2000),
+MASTERKILL_MESSAGES (default 1200).
 """
 import base64
 import hashlib
@@ -34,7 +43,9 @@ import time
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # lmtphelp, ../testlib
-from testlib import Fail, check, run_threads, wait_until  # noqa: E402
+from testlib import (TOP_BUILDDIR, Fail, alive, check,  # noqa: E402
+                     cmdline, connect_socket, free_port, kill_all,
+                     run_threads, service_line, wait_until)
 from lmtphelp import (Conn, ConnectionClosed, Instance,  # noqa: E402
                       dot_stuff, header_value, make_message, run_lmtp_tests)
 
@@ -43,6 +54,8 @@ NCLIENTS = 20
 NBOX = 10
 PREFORK, MAXCHILD = 5, 20
 DEADLINE = 150          # seconds for the whole storm
+KILL_MESSAGES = int(os.environ.get("MASTERKILL_MESSAGES") or "1200")
+IMAPD = os.path.join(TOP_BUILDDIR, "imapd", "imapd")
 
 
 def box_of(i):
@@ -81,6 +94,7 @@ class Stats:
     def __init__(self):
         self.lock = threading.Lock()
         self.acked = {}          # (i, box) -> True
+        self.ack_times = []      # monotonic time of each 250
         self.attempts = 0
         self.conn_errors = 0
         self.tempfails = 0
@@ -113,8 +127,10 @@ def deliver_one(conn, i, rcpts):
     return result
 
 
-def client(inst, ids, stats, stop_at):
+def client(inst, ids, stats, stop_at, addr=None):
     conn = None
+    if addr is None:
+        addr = inst.unix_socket
     try:
         for i in ids:
             pending = rcpts_of(i)
@@ -126,7 +142,7 @@ def client(inst, ids, stats, stop_at):
                     stats.attempts += 1
                 try:
                     if conn is None:
-                        conn = Conn(inst.unix_socket, timeout=30)
+                        conn = Conn(addr, timeout=30)
                         g = conn.reply()
                         if g.code != 220:
                             raise ConnectionClosed("greeting %r" % g)
@@ -148,6 +164,7 @@ def client(inst, ids, stats, stop_at):
                     if code == 250:
                         with stats.lock:
                             stats.acked[(i, r)] = True
+                            stats.ack_times.append(time.monotonic())
                     elif 400 <= code < 500:
                         with stats.lock:
                             stats.tempfails += 1
@@ -277,7 +294,144 @@ def test_sigkill_storm():
         trouble = inst.worker_trouble(inst.log())
         check(not trouble, "other worker trouble: %s" % trouble[:3])
 
-TESTS = [test_sigkill_storm]
+
+def imap_greeting(addr, timeout=10.0):
+    """A connection to imapd that has read the greeting and then just
+    stays open (a session in progress)."""
+    sock = connect_socket(addr, timeout)
+    data = b""
+    while b"\r\n" not in data:
+        got = sock.recv(4096)
+        if not got:
+            break
+        data += got
+    if not data.startswith(b"* OK"):
+        sock.close()
+        raise Fail("imapd greeting: %r" % data[:200])
+    return sock
+
+
+def closed_by_server(sock, timeout):
+    """True when the server closes sock within timeout seconds."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def test_master_killed_restart():
+    """SIGKILL the master in an LMTP storm, start a new one at once: the
+    old generation's workers notice, finish the connection in progress
+    and leave; the new master gets the addresses (TCP and UNIX) without
+    any manual step; every acknowledged message is stored."""
+    nmsg, nclients = KILL_MESSAGES, 8
+    with Instance("masterkill") as inst:
+        boxes = ["c%02d" % k for k in range(NBOX)]
+        for b in boxes:
+            inst.create("user." + b)
+        imap_port = free_port()
+        imap_line = service_line("imap", IMAPD, "127.0.0.1:%d" % imap_port,
+                                 prefork=2, maxchild=5)
+        inst.write_cyrus_conf(tcp_preauth=True, prefork=3, maxchild=10,
+                              extra=imap_line)
+        inst.start(ready=3)
+        inst.ignore_sigkill = True
+        check(wait_until(lambda: (inst.svc_int("imap", "ready") or 0)
+                         >= 2, 15), "imapd not ready: %s"
+              % inst.service("imap"))
+        imap_sess = imap_greeting(("127.0.0.1", imap_port))
+        old = []
+        try:
+            stats = Stats()
+            t0 = time.monotonic()
+            stop_at = t0 + DEADLINE
+            addrs = [inst.unix_socket, inst.tcp_addr(preauth=True)]
+            threads = [threading.Thread(target=client, args=(
+                inst, range(k, nmsg, nclients), stats, stop_at,
+                addrs[k % 2])) for k in range(nclients)]
+            for t in threads:
+                t.start()
+            check(wait_until(lambda: len(stats.acked) >= nmsg // 5
+                             or not any(t.is_alive() for t in threads),
+                             DEADLINE),
+                  "the storm made no progress")
+            # the old generation: every child of the master right now
+            old_master = inst.pid
+            old = sorted(set(inst.children()) | set(inst.child_pids()))
+            old = [p for p in old if alive(p)]
+            inst.proc.kill()
+            inst.proc.wait(10)
+            killed_at = time.monotonic()
+            acked_before = len(stats.acked)
+            check(acked_before < sum(len(rcpts_of(i)) for i in range(nmsg)),
+                  "the storm ended before the master was killed")
+            inst.start(ready=1, timeout=60)
+            up_at = time.monotonic()
+            started = up_at - killed_at
+            for t in threads:
+                t.join(max(1.0, stop_at + 30 - time.monotonic()))
+            check(not any(t.is_alive() for t in threads),
+                  "clients still running after the deadline")
+            want = sum(len(rcpts_of(i)) for i in range(nmsg))
+            with stats.lock:
+                after = sorted(x for x in stats.ack_times if x > up_at)
+            print("#   master %d killed after %d of %d deliveries, old "
+                  "workers %s; new master up in %.1f s; first delivery "
+                  "after that in %s s, %d in all; %d broken connections, "
+                  "%d 4xx" % (old_master, acked_before, want, old, started,
+                              "%.1f" % (after[0] - up_at) if after else "-",
+                              len(after), stats.conn_errors,
+                              stats.tempfails))
+            check(not stats.other, "unexpected results: %s"
+                  % stats.other[:5])
+            check(len(stats.acked) == want, "%d of %d deliveries "
+                  "acknowledged" % (len(stats.acked), want))
+            check(after and after[0] - up_at < 60, "the storm did not "
+                  "resume within 60 s of the new master's start")
+            # the old generation leaves: idle workers at once, busy ones
+            # after their connection (the IMAP session gets its BYE)
+            check(closed_by_server(imap_sess, 60), "the old imapd kept "
+                  "its session open 60 s after its master died")
+            wait_until(lambda: not [p for p in old if alive(p)], 60)
+            gone = [p for p in old if alive(p)]
+            check(not gone, "old workers still running 60 s after their "
+                  "master was killed: %s" % ", ".join(
+                      "%d(%s)" % (p, cmdline(p)) for p in gone))
+
+            found = {}
+            for b in boxes:
+                rc, out, err = inst.mbtool("check", "user." + b,
+                                           check_rc=False)
+                check(rc == 0, "mbtool check user.%s: %s%s" % (b, out, err))
+                for data in inst.messages("user." + b):
+                    i, ok = body_ok(data)
+                    check(i is not None and ok, "user.%s: a message that "
+                          "is not ours or incomplete" % b)
+                    found[(i, b)] = True
+            missing = [k for k in stats.acked if k not in found]
+            check(not missing, "%d acknowledged deliveries missing, e.g. %s"
+                  % (len(missing), missing[:5]))
+            # the new generation serves both addresses and imapd
+            for addr in addrs:
+                with Conn(addr) as c:
+                    check(c.reply().code == 220, "greeting from the new "
+                          "master's lmtpd at %s" % (addr,))
+                    c.cmd("LHLO after.example")
+                    res = deliver_one(c, nmsg, ["c00"])
+                    check(res == {"c00": 250}, "delivery after the restart "
+                          "at %s: %r" % (addr, res))
+            imap_greeting(("127.0.0.1", imap_port)).close()
+        finally:
+            imap_sess.close()
+            kill_all([p for p in old if alive(p)])
+
+
+TESTS = [test_sigkill_storm, test_master_killed_restart]
 
 if __name__ == "__main__":
     sys.exit(run_lmtp_tests(TESTS))

@@ -1378,6 +1378,36 @@ def test_main_instance_stops_clean():
           % " | ".join(trouble[:5]))
 
 
+def test_log_file():
+    """log_file in imapd.conf: lmtpd's lines (here a delivery) go to that
+    file, one line each with a time stamp, not to stderr."""
+    inst = Instance("logfile")
+    logf = inst.path("cyrus.log")
+    inst.write_imapd_conf({"log_file": logf})
+    with inst:
+        inst.create("user.alice")
+        inst.write_cyrus_conf(prefork=1, maxchild=2)
+        inst.start()
+        msgid = uniq("logfile")
+        with connect(inst) as c:
+            _, rr, _, dr = transaction(c, "s@example.org", ["alice"],
+                                       make_message(msgid))
+            check(codes(dr) == [250], "delivery: %r" % dr)
+
+        def lines():
+            try:
+                with open(logf, errors="replace") as f:
+                    return [l for l in f if msgid in l]
+            except OSError:
+                return []
+        got = wait_until(lines, 10)
+        check(got and re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+                               r"[+-]\d{4} lmtpd\[\d+\]: info: lmtp: "
+                               r"delivery ", got[0]),
+              "no delivery line in log_file: %r" % got)
+        check(msgid not in inst.log(), "the line went to stderr too")
+
+
 TESTS = [
     test_greeting_and_commands,
     test_multi_rcpt_replies,
@@ -1411,6 +1441,7 @@ TESTS = [
     test_full_disk,
     test_damaged_mailbox_list,
     test_strict_instance,
+    test_log_file,
     test_main_instance_stops_clean,
 ]
 

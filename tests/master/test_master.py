@@ -36,8 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from testlib import (MASTER, MASTERSTATUS, RUN_AS, TMPDIR,  # noqa: E402
                      TOP_BUILDDIR, Fail, MasterRun, Skip, alive, check,
                      chown_run_as, cmdline, connect_socket, free_port,
-                     pgrep_children, proc_stat, root_stays, run_tests,
-                     run_threads, service_line, wait_until)
+                     pgrep_children, proc_stat, read_text, root_stays,
+                     run_tests, run_threads, service_line, wait_until)
 
 SVCDIR = os.path.join(TOP_BUILDDIR, "tests", "master")
 TESTSVC = os.path.join(SVCDIR, "testsvc")
@@ -208,7 +208,9 @@ class Master(MasterRun):
         """SIGTERM, SIGKILL after 12 s; returns a list of problems."""
         problems = []
         if self.proc is None:
-            return problems
+            # a test that ran masters itself (run_master): what they
+            # started, found by the environment tag
+            return self.leftovers(3)
         if self.running():
             self.seen_children.update(pgrep_children(self.pid))
             self.seen_children.update(self.child_pids())
@@ -966,6 +968,223 @@ def test_masterstatus_tool():
               "stale file: exit %d %r" % (r.returncode, msg))
 
 
+# ---- start-up errors, a second master, where log lines go ---------------
+
+def master_cmd(m, *args, foreground=False, log_stderr=False):
+    """The master's command line for m without -D/-l unless asked."""
+    cmd = [MASTER, "-C", m.imapd_conf, "-M", m.cyrus_conf, "-p", m.pidfile,
+           "-S", SVCDIR, "-s", m.statusfile, "-T", "10"]
+    if foreground:
+        cmd.append("-D")
+    if log_stderr:
+        cmd.append("-l")
+    return cmd + list(args)
+
+
+def run_master(m, cmd, timeout=60):
+    """Run cmd (a master that is expected to end: it fails, or detaches)
+    tagged like m's processes; returns (exit status, stderr text)."""
+    env = dict(os.environ)
+    env[m.TAG_VAR] = m.dir
+    errfile = m.path("stderr.%d" % len(os.listdir(m.dir)))
+    # a file, not a pipe: a detached master logging to stderr keeps it
+    with open(errfile, "wb") as err:
+        try:
+            r = subprocess.run(cmd, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=err,
+                               env=env, cwd=m.dir, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Fail("%s still running after %d s"
+                       % (" ".join(cmd), timeout))
+    return r.returncode, read_text(errfile)
+
+
+def stop_daemon(m, pid):
+    """SIGTERM a detached master by pid, wait for it and for everything it
+    started (by the environment tag)."""
+    if alive(pid):
+        os.kill(pid, signal.SIGTERM)
+    gone = wait_until(lambda: not alive(pid), 15)
+    problems = [] if gone else ["daemon %d alive 15 s after SIGTERM" % pid]
+    if not gone:
+        os.kill(pid, signal.SIGKILL)
+    return problems + m.leftovers(5)
+
+
+def read_pid(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip() or "0")
+    except (OSError, ValueError):
+        return 0
+
+
+def have_syslog():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.connect("/dev/log")
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def test_port_in_use_reported():
+    """A port held by someone else: the master, detached or not, exits
+    non-zero soon and says why on stderr (no syslog needed), and removes
+    nothing of the holder's."""
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(5)
+    port = holder.getsockname()[1]
+    try:
+        for foreground in (False, True):
+            with Master("inuse") as m:
+                m.write_conf(services_conf(service_line(
+                    "busyport", "testsvc echo", "127.0.0.1:%d" % port,
+                    prefork=1)))
+                t0 = time.monotonic()
+                rc, err = run_master(m, master_cmd(m, foreground=foreground),
+                                     timeout=60)
+                took = time.monotonic() - t0
+                what = "foreground" if foreground else "daemon"
+                check(rc != 0, "%s: exit status 0 with the port in use "
+                      "(stderr %r)" % (what, err))
+                check("busyport" in err and
+                      re.search(r"(?i)address (already )?in use", err),
+                      "%s: stderr does not say the address is in use: %r"
+                      % (what, err))
+                check(took < 30, "%s: took %.1f s to fail" % (what, took))
+                check(not os.path.exists(m.pidfile), "%s: pidfile left "
+                      "behind" % what)
+                problems = m.leftovers(3)
+                check(not problems, "; ".join(problems))
+    finally:
+        holder.close()
+
+
+def test_daemon_started_and_stopped():
+    """Without -D the command returns 0 once the daemon is up; the daemon
+    serves, writes its pidfile and stops on SIGTERM."""
+    with Master("detach") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=1)))
+        pid = 0
+        try:
+            rc, err = run_master(m, master_cmd(m, log_stderr=True),
+                                 timeout=30)
+            pid = read_pid(m.pidfile)
+            check(rc == 0, "exit status %d: %r" % (rc, err))
+            check(pid > 0 and alive(pid), "no running daemon in the "
+                  "pidfile (%d)" % pid)
+            check("master: started" in err, "the start is not reported on "
+                  "stderr: %r" % err)
+            echo_session(sock)
+        finally:
+            pid = pid or read_pid(m.pidfile)
+            problems = stop_daemon(m, pid) if pid > 0 else m.leftovers(3)
+        check(not problems, "; ".join(problems))
+        check(not os.path.exists(m.pidfile), "pidfile left after SIGTERM")
+
+
+def test_second_master_refused():
+    """A second master on the same pidfile says which master runs; one on
+    another pidfile but the same UNIX socket says the address is in use;
+    neither takes the socket away: the first master still serves."""
+    with Master("first") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=1)))
+        m.start()
+        m.wait_ready("echo", 1)
+        ino = os.stat(sock).st_ino
+        for foreground in (False, True):
+            rc, err = run_master(m, master_cmd(m, foreground=foreground),
+                                 timeout=30)
+            check(rc != 0, "second master: exit status 0")
+            check(re.search(r"another master runs with pid=<?%d\b" % m.pid,
+                            err), "second master: stderr does not name the "
+                  "running one (pid %d): %r" % (m.pid, err))
+        check(read_pid(m.pidfile) == m.pid, "the pidfile no longer names "
+              "the running master")
+        other = master_cmd(m, foreground=True)
+        other[other.index("-p") + 1] = m.path("other.pid")
+        other[other.index("-s") + 1] = m.path("other.status")
+        rc, err = run_master(m, other, timeout=30)
+        check(rc != 0, "master on another pidfile: exit status 0")
+        check(re.search(r"(?i)address (already )?in use", err) and
+              "echo" in err, "master on another pidfile: stderr does not "
+              "say the socket is in use: %r" % err)
+        check(os.path.exists(sock) and os.stat(sock).st_ino == ino,
+              "the running master's socket was removed or replaced")
+        check(m.running(), "the first master died")
+        echo_session(sock)
+        stop_checked(m)
+
+
+def test_socket_path_not_a_socket():
+    """A regular file where the UNIX socket should be is left alone and
+    the start fails naming it."""
+    with Master("notsock") as m:
+        path = m.path("echo.sock")
+        with open(path, "w") as f:
+            f.write("precious\n")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", path, prefork=1)))
+        rc, err = run_master(m, master_cmd(m, foreground=True), timeout=30)
+        check(rc != 0, "exit status 0")
+        check("not a socket" in err, "stderr: %r" % err)
+        with open(path) as f:
+            check(f.read() == "precious\n", "the file was changed")
+
+
+def test_log_file():
+    """log_file: the master's lines go to that file (one line per event,
+    with a time stamp, program and pid), not to stderr."""
+    with Master("logfile") as m:
+        logf = m.path("cyrus.log")
+        with open(m.imapd_conf, "a") as f:
+            f.write("log_file: %s\n" % logf)
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=1)))
+        m.spawn(master_cmd(m, foreground=True))
+        check(wait_until(lambda: "master: started" in read_text(logf), 10),
+              "no start line in log_file: %r / stderr %r"
+              % (read_text(logf), m.log()))
+        echo_session(sock)
+        text = read_text(logf)
+        check(re.search(r"(?m)^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} "
+                        r"master\[%d\]: info: service=<echo> listening"
+                        % m.pid, text), "unexpected line format: %r"
+              % text[:400])
+        check("master: started" not in m.log(), "the lines went to stderr "
+              "as well: %r" % m.log())
+        stop_checked(m)
+        check("master: exiting" in read_text(logf), "no exit line")
+
+
+def test_no_syslog_falls_back_to_stderr():
+    """Without a syslog socket (/dev/log) and without log_file, a master
+    asked to use syslog writes its lines to stderr and says so."""
+    if have_syslog():
+        raise Skip("/dev/log accepts connections on this machine")
+    with Master("nosyslog") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(service_line(
+            "echo", "testsvc echo", sock, prefork=1)))
+        m.spawn(master_cmd(m, foreground=True))
+        check(wait_until(lambda: "master: started" in m.log(), 10),
+              "no start line on stderr: %r" % m.log())
+        check("/dev/log" in m.log(), "no word about the missing syslog: %r"
+              % m.log())
+        echo_session(sock)
+        stop_checked(m)
+
+
 TESTS = [
     test_events_scheduled,
     test_prefork_ready_at_start,
@@ -988,6 +1207,12 @@ TESTS = [
     test_tcp_ipv6,
     test_daemon_kept_running,
     test_masterstatus_tool,
+    test_port_in_use_reported,
+    test_daemon_started_and_stopped,
+    test_second_master_refused,
+    test_socket_path_not_a_socket,
+    test_log_file,
+    test_no_syslog_falls_back_to_stderr,
 ]
 
 

@@ -222,6 +222,7 @@ static const struct {
     { "prelogin_timeout", IMAPCONF_INT, "60" },
     { "timeout", IMAPCONF_INT, "32" },
     { "syslog_prefix", IMAPCONF_STRING, "" },
+    { "log_file", IMAPCONF_STRING, "" },
 };
 #define NEXPECTED (sizeof(expected_keys) / sizeof(expected_keys[0]))
 
