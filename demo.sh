@@ -39,6 +39,8 @@ sasl_auxprop_plugin: sasldb
 sasl_sasldb_path: $dir/sasldb2
 sasl_mech_list: PLAIN LOGIN
 allowplaintext: yes
+# the master, lmtpd and imapd log here (a site would use syslog)
+log_file: $dir/cyrusdeliver.log
 CONF
 printf '%s' demo-password | saslpasswd2 -p -c -f "$dir/sasldb2" -u localhost demo
 # run as root, the tools and the master become cyrus_user (cyrus): the
@@ -142,7 +144,11 @@ EVENTS {
 CONF
 # the master and the admin tools, started as root, run as cyrus_user
 give_files
-run "$PWD/master/master" -C "$conf" -M "$dir/cyrus.conf" -p "$dir/master.pid" -s "$dir/master.status"
+if ! run "$PWD/master/master" -C "$conf" -M "$dir/cyrus.conf" -p "$dir/master.pid" -s "$dir/master.status"; then
+  echo "demo: the master did not start (its reason is above); if another demo holds the ports," >&2
+  echo "demo: stop it (kill \$(cat OTHERDIR/master.pid)) or set DEMO_LMTP_PORT and DEMO_IMAP_PORT" >&2
+  exit 1
+fi
 for _ in $(seq 50); do [[ -S $dir/socket/lmtp && -s $dir/master.status ]] && break; sleep 0.1; done
 sleep 0.5
 run "$bin/masterstatus" -C "$conf"
@@ -193,4 +199,5 @@ echo "demo done; files are in $dir"
 echo "the master is still running (pid $(cat "$dir/master.pid")): deliver with"
 echo "  swaks --protocol LMTP --socket $dir/socket/lmtp --to demo@example.org"
 echo "read with any IMAP client on 127.0.0.1:$imapport, user demo, password demo-password"
+echo "its log: $dir/cyrusdeliver.log"
 echo "stop it with: kill \$(cat $dir/master.pid)   then remove the files: rm -rf $dir"

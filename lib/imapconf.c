@@ -942,6 +942,8 @@ void imapconf_log_file(const struct imapconf *conf)
 {
     const char *path = imapconf_getstring(conf, "log_file");
 
+    log_set_prefix(imapconf_getstring(conf, "syslog_prefix"));
+
     if (!path || !*path)
         return;
     if (log_set_file(path) < 0)

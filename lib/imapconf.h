@@ -74,8 +74,9 @@ const char *imapconf_getstring(const struct imapconf *conf, const char *key);
  * when set, else the host name, else "localhost". */
 void imapconf_servername(const struct imapconf *conf, char *out, size_t len);
 
-/* For the daemons (lmtpd, imapd) once their configuration is loaded: when
- * `log_file` is set, log to that file from now on (log_set_file()); a file
+/* For the daemons (lmtpd, imapd) once their configuration is loaded: tag
+ * lines with `syslog_prefix` (log_set_prefix()), and when `log_file` is
+ * set, log to that file from now on (log_set_file()); a file
  * that cannot be opened is logged as a warning and logging stays where it
  * was. */
 void imapconf_log_file(const struct imapconf *conf);

@@ -95,6 +95,25 @@ int log_set_file(const char *path)
     return 0;
 }
 
+void log_set_prefix(const char *prefix)
+{
+    static char ident[64 + 1 + 64 + 1];
+    char base[64 + 1];
+    const char *slash = strrchr(log_progname, '/');
+
+    /* the program name without a prefix set before (ident may be both) */
+    snprintf(base, sizeof(base), "%s", slash ? slash + 1 : log_progname);
+    if (prefix && *prefix)
+        snprintf(ident, sizeof(ident), "%.64s/%.64s", prefix, base);
+    else
+        snprintf(ident, sizeof(ident), "%.64s", base);
+    log_progname = ident;
+    if (log_where == LOG_TO_SYSLOG) {
+        closelog();
+        openlog(log_progname, LOG_PID | LOG_NDELAY, LOG_MAIL);
+    }
+}
+
 enum log_target log_get_target(void)
 {
     return log_where;

@@ -41,8 +41,16 @@ void log_init(const char *progname, enum log_target target);
  * (the target is then unchanged). */
 int log_set_file(const char *path);
 
-/* The target in use (after the syslog check and log_set_file()). */
+/* The target in use (after the syslog check and log_set_file()).
+ * Library code that probes quietly (log_init(NULL, LOG_TO_NONE)) puts the
+ * target back with log_init(NULL, saved). */
 enum log_target log_get_target(void);
+
+/* imapd.conf's syslog_prefix, as Cyrus uses it: lines are tagged
+ * "PREFIX/PROGRAM" from now on (syslog ident, stderr and file lines).
+ * NULL or "" leaves the plain program name.  A prefix longer than 64
+ * bytes is cut. */
+void log_set_prefix(const char *prefix);
 
 /* 1 when log_init() was asked for syslog and fell back to stderr. */
 int log_syslog_missing(void);
@@ -61,10 +69,6 @@ void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Log and exit(code).  For main() and the master only. */
 void log_fatal(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3), noreturn));
-
-/* Where lines go now: library code that probes quietly (log_init(NULL,
- * LOG_TO_NONE)) puts the target back with log_init(NULL, saved). */
-enum log_target log_get_target(void);
 
 /* Enable or disable log_debug output (off by default). */
 void log_set_debug(int on);

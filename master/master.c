@@ -472,6 +472,7 @@ int main(int argc, char **argv)
             log_fatal(73, "master: cannot open log_file=<%s> error=<%s>",
                       lf, strerror(errno));
     }
+    log_set_prefix(imapconf_getstring(ic, "syslog_prefix"));
     log_set_echo(1);
     if (log_syslog_missing() && log_get_target() == LOG_TO_STDERR)
         log_warning("master: no syslog socket /dev/log: logging to "

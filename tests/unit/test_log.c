@@ -161,6 +161,33 @@ static void test_emit_long(void **state)
     free(data);
 }
 
+static void emit_prefixed(void)
+{
+    log_init("/usr/libexec/lmtpd", LOG_TO_STDERR);
+    log_set_prefix("cyrus");
+    log_info("one");
+    log_set_prefix("other");        /* a second prefix replaces the first */
+    log_info("two");
+    log_set_prefix("");             /* and none puts the plain name back */
+    log_info("three");
+}
+
+static void test_prefix(void **state)
+{
+    size_t len;
+    char *data;
+
+    (void)state;
+    data = capture_stderr(emit_prefixed, &len);
+    assert_non_null(strstr(data, "cyrus/lmtpd["));
+    assert_non_null(strstr(data, "]: info: one\n"));
+    assert_non_null(strstr(data, "\nother/lmtpd["));
+    assert_null(strstr(data, "other/cyrus"));
+    assert_non_null(strstr(data, "\nlmtpd["));
+    assert_non_null(strstr(data, "]: info: three\n"));
+    free(data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -168,6 +195,7 @@ int main(void)
         cmocka_unit_test(test_escape_cut),
         cmocka_unit_test(test_emit_escapes),
         cmocka_unit_test(test_emit_long),
+        cmocka_unit_test(test_prefix),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
