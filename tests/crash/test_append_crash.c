@@ -16,7 +16,7 @@
  *
  *   parent (40 to 150 rounds per backend, as time allows): SIGKILLs the
  *   writer after a delay spread logarithmically from a fiftieth of F to
- *   six times F, where F is the time from "ready" to the first
+ *   ten times F, where F is the time from "ready" to the first
  *   acknowledgement, counted from the writer's "ready" (mostly), or from
  *   fork() over the open and two first appends, so kills land in
  *   staging, in reservations, in sync rounds and in finishes.  Nothing in
@@ -89,7 +89,7 @@
 #define TC_CAL_ROUNDS 3           /* timing rounds first ... */
 #define TC_CAL_EVERY 20           /* ... and one in this many later on */
 #define TC_CAL_APPENDS 8          /* commits a timing round waits for */
-#define TC_SPAN_APPENDS 6.0       /* longest delay from ready, in first appends */
+#define TC_SPAN_APPENDS 10.0      /* longest delay from ready, in first appends */
 #define TC_MAX_DELAY_US 20e6
 #define TC_HANG_S 120.0           /* an open or append that takes longer hangs */
 #define TC_CHILD_LIFE_S 600       /* a writer never killed gives up */
