@@ -9,8 +9,8 @@
  *   magic/<backend>:     this backend's magic followed by garbage.
  * Each damaged file is opened (without CYRUSDB_CREATE) in a forked child
  * under alarm(60) (a hang guard: the work takes milliseconds); the child
- * fetches every known key and a few deleted or
- * never-written ones, walks everything, runs cyrusdb_consistent(), and
+ * fetches every known key and a few deleted or never-written ones, walks
+ * everything, runs cyrusdb_consistent(), and
  * reports what it saw through shared memory.  The parent judges:
  *
  *   always a failure: the child crashed (signal), hung (SIGALRM or the
