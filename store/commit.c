@@ -837,6 +837,8 @@ static int commit_group_round(struct commit_shm *shm, int si, int fd)
         round = sl->started;
         seq = __atomic_load_n(&sl->wake, __ATOMIC_ACQUIRE);
         commit_shm_unlock(shm);
+        if (commit_hooks.waiting)
+            commit_hooks.waiting(commit_hooks.arg);
         syscall(SYS_futex, &sl->wake, FUTEX_WAIT, seq, &ts, NULL, 0);
         if ((e = commit_shm_lock(shm)) != 0)
             return e;

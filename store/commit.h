@@ -130,10 +130,15 @@ int commit_shared_stats(const struct imapconf *conf,
  * returning an errno value makes the round fail with it (syncfs() is then
  * not called), 0 goes on.  locked: called once per commit with the shared
  * lock held, at the committer's arrival (a process killed there leaves the
- * robust mutex to the next locker as EOWNERDEAD).  The struct is copied. */
+ * robust mutex to the next locker as EOWNERDEAD).  waiting: called with
+ * the lock released each time a committer goes to sleep on a round that
+ * another process leads (it has then chosen the round it needs), so a
+ * test can wait for that event instead of sleeping.  The struct is
+ * copied. */
 struct commit_test_hooks {
     int (*before_syncfs)(void *arg);
     void (*locked)(void *arg);
+    void (*waiting)(void *arg);
     void *arg;
 };
 void commit_test_set_hooks(const struct commit_test_hooks *h);

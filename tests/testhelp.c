@@ -188,6 +188,74 @@ double th_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+void th_sleep_us(double us)
+{
+    struct timespec ts;
+
+    if (us <= 0)
+        return;
+    ts.tv_sec = (time_t)(us / 1e6);
+    ts.tv_nsec = (long)((us - (double)ts.tv_sec * 1e6) * 1000);
+    while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
+        ;
+}
+
+static int th_double_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+double th_median(const double *v, size_t n)
+{
+    double *c = malloc(n * sizeof(*c)), m;
+
+    if (!c)
+        return v[0];
+    memcpy(c, v, n * sizeof(*c));
+    qsort(c, n, sizeof(*c), th_double_cmp);
+    m = n % 2 ? c[n / 2] : (c[n / 2 - 1] + c[n / 2]) / 2;
+    free(c);
+    return m;
+}
+
+void th_timing_add(struct th_timing *t, double seconds)
+{
+    t->v[t->next] = seconds;
+    t->next = (t->next + 1) % TH_TIMING_SAMPLES;
+    if (t->n < TH_TIMING_SAMPLES)
+        t->n++;
+}
+
+double th_timing_median(const struct th_timing *t)
+{
+    return t->n ? th_median(t->v, t->n) : 0;
+}
+
+void th_stretch_note(struct th_stretch *s, int after)
+{
+    unsigned before_n, after_n, low = 2 * TH_STRETCH_BLOCK / 10;
+
+    if (after)
+        s->after[1]++;
+    else
+        s->before[1]++;
+    if (++s->n % TH_STRETCH_BLOCK != 0)
+        return;
+    before_n = s->before[0] + s->before[1];
+    after_n = s->after[0] + s->after[1];
+    if (s->n >= 2 * TH_STRETCH_BLOCK) {
+        if (after_n < low && s->factor < 1024)
+            s->factor *= 2;
+        else if (before_n < low && s->factor > 1.0 / 1024)
+            s->factor /= 2;
+    }
+    s->before[0] = s->before[1];
+    s->after[0] = s->after[1];
+    s->before[1] = s->after[1] = 0;
+}
+
 void th_child_signals(void)
 {
     static const int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGABRT, SIGALRM };

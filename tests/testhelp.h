@@ -35,6 +35,42 @@ int th_ref_compare(int flags, const char *a, size_t alen,
 /* Monotonic time in seconds. */
 double th_now(void);
 
+/* Sleep `us` microseconds (monotonic clock; resumed after signals). */
+void th_sleep_us(double us);
+
+/* The median of v[0..n-1] (n > 0; v is left as it was): the measure the
+ * crash tests scale their kill delays by, so that one slow or fast
+ * sample does not move the whole schedule. */
+double th_median(const double *v, size_t n);
+
+/* The most recent TH_TIMING_SAMPLES durations of one kind (an open, a
+ * commit), measured while a test runs: a schedule that scales by their
+ * median follows the machine when its load changes. */
+#define TH_TIMING_SAMPLES 9
+struct th_timing {
+    double v[TH_TIMING_SAMPLES];
+    size_t n, next;
+};
+#define TH_TIMING_INIT { { 0 }, 0, 0 }
+void th_timing_add(struct th_timing *t, double seconds);
+double th_timing_median(const struct th_timing *t);   /* 0 while empty */
+
+/* The stretch of a kill schedule: the factor its delays (already scaled
+ * by measured durations) are multiplied by, so that kills keep landing on
+ * both sides of the event the test is about (inside the first open, or
+ * after it) whatever the speed of the machine does during the run.
+ * th_stretch_note() records on which side a kill landed; every
+ * TH_STRETCH_BLOCK kills, the factor doubles when fewer than a tenth of
+ * the last 2 * TH_STRETCH_BLOCK landed after the event, and halves when
+ * fewer than a tenth landed before it (between 1/1024 and 1024). */
+#define TH_STRETCH_BLOCK 10
+struct th_stretch {
+    double factor;
+    unsigned before[2], after[2], n;
+};
+#define TH_STRETCH_INIT { 1.0, { 0, 0 }, { 0, 0 }, 0 }
+void th_stretch_note(struct th_stretch *s, int after);
+
 /* In a forked child: give the crash signals back their default action.
  * cmocka catches them in the test runner, and a child that crashed would
  * otherwise jump back into the runner and run the rest of the suite. */

@@ -407,7 +407,10 @@ def test_smtp_sink():
                                 "-c", "20"])
             check(j["delivered_msgs"] == 3000 and j["error_total"] == 0,
                   "smtp-sink: %r %r" % (j["delivered_msgs"], j["errors"]))
-            check(time.monotonic() - t0 < 30, "3000 messages took too long")
+            # a stall guard, not a speed test: a loaded machine with a
+            # sanitizer build beside must not fail it
+            check(time.monotonic() - t0 < 300, "3000 messages took %.0f s: "
+                  "stalled" % (time.monotonic() - t0))
             check_latency(j, "DELIVERY", 3000)
             j, _, _ = run_json(["lmtp", "--lmtp", sink.sock, "-n", "100",
                                 "-c", "5", "-k", "-r", "2", "-m", "10"])

@@ -8,8 +8,9 @@
  *   random/<backend>:    a file of random bytes;
  *   magic/<backend>:     this backend's magic followed by garbage.
  * Each damaged file is opened (without CYRUSDB_CREATE) in a forked child
- * under alarm(10); the child fetches every known key and a few deleted or
- * never-written ones, walks everything, runs cyrusdb_consistent(), and
+ * under alarm(60) (a hang guard: the work takes milliseconds); the child
+ * fetches every known key and a few deleted or never-written ones, walks
+ * everything, runs cyrusdb_consistent(), and
  * reports what it saw through shared memory.  The parent judges:
  *
  *   always a failure: the child crashed (signal), hung (SIGALRM or the
@@ -82,7 +83,7 @@
 #define CORR_FLIPS 60
 #define CORR_PAGE 4096            /* page size of Berkeley DB and LMDB here */
 #define CORR_PAGE_FLIPS 40        /* pages whose structure is aimed at */
-#define CORR_CHILD_ALARM 10
+#define CORR_CHILD_ALARM 60
 #define CORR_DBNAME "test.db"
 #define CORR_MAX_UNKNOWN 16
 

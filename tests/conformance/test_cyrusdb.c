@@ -1541,14 +1541,26 @@ static void case_isolation(struct tcase *tc)
     struct cyrusdb *db = tc_open(tc, path, CYRUSDB_CREATE);
     struct cyrusdb_txn *tid = NULL;
     struct probe p;
-    int answered;
+    int answered, grace_ms;
+    long t0;
 
     STORE_ALL(db, txn_base, 3, NULL);
+    /* how long a reader takes here when nothing is in its way: the grace
+     * below, ten times that (at least 500 ms), lets a reader that does
+     * not wait for the writer answer on a slow or loaded machine too */
+    t0 = test_now_ms();
+    PROBE_START(tc, &p, path, 0, txn_keys, NKEYS);
+    if (!PROBE_WAIT(tc, &p, 30000))
+        FAILF("a reader with no transaction open did not answer in 30 s");
+    PROBE_CHECK(&p, "reader before the transaction", txn_base, 3, txn_keys, NKEYS);
+    grace_ms = (int)(10 * (test_now_ms() - t0));
+    if (grace_ms < 500)
+        grace_ms = 500;
     txn_changes(db, &tid);
     PROBE_START(tc, &p, path, 0, txn_keys, NKEYS);
     /* the reader either answers at once with the committed state or waits
      * for the write lock; give it time to get there */
-    answered = PROBE_WAIT(tc, &p, 500);
+    answered = PROBE_WAIT(tc, &p, grace_ms);
     if (getenv("TEST_VERBOSE"))
         print_message("%s: a reader %s\n", tc->backend,
                       answered ? "answered while a transaction was open"
@@ -1566,7 +1578,7 @@ static void case_isolation(struct tcase *tc)
      * transaction was open must have seen the old state */
     txn_changes(db, &tid);
     PROBE_START(tc, &p, path, 0, txn_keys, NKEYS);
-    answered = PROBE_WAIT(tc, &p, 500);
+    answered = PROBE_WAIT(tc, &p, grace_ms);
     RC(cyrusdb_commit(db, tid), CYRUSDB_OK);
     tid = NULL;
     if (answered)

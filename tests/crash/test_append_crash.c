@@ -15,9 +15,20 @@
  *   bytes can be generated again.
  *
  *   parent (40 to 150 rounds per backend, as time allows): SIGKILLs the
- *   writer after a delay spread logarithmically from ~20 us to ~40 ms,
- *   counted from the writer's "ready" (mostly) or from fork(), so kills
- *   land in staging, in reservations, in sync rounds and in finishes.
+ *   writer after a delay spread logarithmically from a fiftieth of F to
+ *   ten times F, where F is the time from "ready" to the first
+ *   acknowledgement, counted from the writer's "ready" (mostly), or from
+ *   fork() over the open and two first appends, so kills land in
+ *   staging, in reservations, in sync rounds and in finishes.  Nothing in
+ *   the schedule is a fixed duration: timing rounds (the first three,
+ *   then one in TC_CAL_EVERY) let a writer open and commit TC_CAL_APPENDS
+ *   appends before the kill, and time its open and its first append; the
+ *   delays scale by the medians measured, times a stretch
+ *   (th_stretch_note) that grows when too few recent kills landed after a
+ *   commit and shrinks when too few landed inside the first append.  At
+ *   least TC_MIN_EACH of each are required (the run goes on past its
+ *   budget until then), so a fast machine and a slow, loaded one test the
+ *   same thing.
  *
  *   checker (forked after each kill): cyrusdb_recover() on the
  *   configuration directory (what the system start runs after a crash;
@@ -42,6 +53,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -72,8 +84,16 @@
 #define TC_ROUNDS 150             /* kills per backend, at most ... */
 #define TC_BUDGET_S 4.0           /* ... while time is left (per backend) */
 #define TC_MIN_ROUNDS 40          /* kills per backend, at least */
-#define TC_ROUNDS_MAX 300         /* while no kill landed in a commit */
-#define TC_MIN_DELAY_US 20
+#define TC_ROUNDS_MAX 300         /* while the kills do not cover both sides */
+#define TC_MIN_EACH 5             /* kills inside the first append / after a commit */
+#define TC_CAL_ROUNDS 3           /* timing rounds first ... */
+#define TC_CAL_EVERY 20           /* ... and one in this many later on */
+#define TC_CAL_APPENDS 8          /* commits a timing round waits for */
+#define TC_SPAN_APPENDS 10.0      /* longest delay from ready, in first appends */
+#define TC_MAX_DELAY_US 20e6
+#define TC_HANG_S 120.0           /* an open or append that takes longer hangs */
+#define TC_CHILD_LIFE_S 600       /* a writer never killed gives up */
+#define TC_CHECK_S 300            /* a check that takes longer hangs */
 #define TC_MBOX "user.crash"
 #define TC_MAX_ACKS 20000
 
@@ -142,7 +162,7 @@ static void tc_writer(const struct imapconf *conf, unsigned round,
     int r;
 
     th_child_signals();
-    alarm(20);
+    alarm(TC_CHILD_LIFE_S);
     r = mailbox_open(conf, TC_MBOX, "default", &mb);
     if (r)
         tc_writer_fail("mailbox_open", r);
@@ -429,7 +449,7 @@ static void tc_in_child(const char *what, unsigned round,
     assert_true(pid >= 0);
     if (pid == 0) {
         th_child_signals();
-        alarm(60);
+        alarm(TC_CHECK_S);
         _exit(fn(conf, s, round) == 0 ? 0 : 1);
     }
     assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -470,13 +490,40 @@ static void tc_collect_acks(int fd, struct tc_state *s)
     /* a torn acknowledgement (killed inside write) does not count */
 }
 
-/* A kill delay: 20 us .. ~40 ms, log-spread, in pseudo-random order. */
-static long tc_delay_us(unsigned *seed)
+/* Read one acknowledgement, waiting up to timeout seconds.  1: got one,
+ * 0: end of file or timeout. */
+static int tc_read_ack(int fd, double timeout, struct tc_ack *a)
 {
-    unsigned steps = (unsigned)(rand_r(seed) % 11);  /* x2 each: up to 2^10 */
-    long d = TC_MIN_DELAY_US << steps;
+    double end = th_now() + timeout;
+    size_t have = 0;
 
-    return d + (long)(rand_r(seed) % (unsigned)d);
+    while (have < sizeof(*a)) {
+        struct pollfd pfd = { fd, POLLIN, 0 };
+        double left = end - th_now();
+        ssize_t n;
+
+        if (left <= 0)
+            return 0;
+        if (poll(&pfd, 1, (int)(left * 1000) + 1) <= 0)
+            continue;
+        n = read(fd, (char *)a + have, sizeof(*a) - have);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return 0;
+        have += (size_t)n;
+    }
+    return 1;
+}
+
+/* lo * (hi/lo)^x for a pseudo-random x in [0, 1), in microseconds. */
+static double tc_log_spread(unsigned *seed, double lo_s, double hi_s)
+{
+    double x = (double)(rand_r(seed) % 10000) / 10000.0, d = lo_s * 1e6;
+
+    if (hi_s > lo_s)
+        d *= exp(x * log(hi_s / lo_s));
+    return d < TC_MAX_DELAY_US ? d : TC_MAX_DELAY_US;
 }
 
 static void test_append_crash(void **state)
@@ -485,7 +532,10 @@ static void test_append_crash(void **state)
     char *dir = th_mkdtemp("appcrash");
     struct imapconf *conf = th_store_conf(dir, backend, NULL);
     struct tc_state s = { NULL, 0 };
+    struct th_timing open_t = TH_TIMING_INIT, first_t = TH_TIMING_INIT;
     unsigned round, kills = 0, seed = 12345, kills_in_commit = 0;
+    unsigned sched_with_acks = 0, sched_without = 0;
+    struct th_stretch stretch = TH_STRETCH_INIT;
     double t0 = th_now();
     char sbuf[64], c;
     int ackp[2], readyp[2], ackfinal[2], status;
@@ -501,22 +551,31 @@ static void test_append_crash(void **state)
 
     for (round = 1; round <= TC_ROUNDS_MAX; round++) {
         size_t before = s.nacks;
-        long delay;
-        int from_fork = round % 5 == 0;
+        int timing = round <= TC_CAL_ROUNDS || round % TC_CAL_EVERY == 0;
+        int from_fork = !timing && round % 5 == 0;
+        double delay = 0, t_fork, t_ready = 0;
 
-        /* past the budget, go on only while no kill has yet landed
-         * inside a commit (a loaded machine or a slow build): up to
-         * TC_ROUNDS_MAX rounds, with longer delays */
-        if (kills_in_commit > 0 &&
-            (round > TC_ROUNDS ||
-             (round > TC_MIN_ROUNDS && th_now() - t0 > TC_BUDGET_S)))
+        /* enough: the minimum of rounds is done, the budget or the usual
+         * number of rounds is spent, and kills landed both inside the
+         * first append and after a commit (else go on, up to
+         * TC_ROUNDS_MAX, the schedule stretching as it goes) */
+        if (round > TC_MIN_ROUNDS &&
+            (round > TC_ROUNDS || th_now() - t0 > TC_BUDGET_S) &&
+            sched_with_acks >= TC_MIN_EACH && sched_without >= TC_MIN_EACH)
             break;
-        delay = tc_delay_us(&seed);
-        if (kills_in_commit == 0 && round > TC_MIN_ROUNDS)
-            delay <<= (round - TC_MIN_ROUNDS) / 20 < 4
-                      ? (round - TC_MIN_ROUNDS) / 20 : 4;
+        if (from_fork) {
+            double o = th_timing_median(&open_t) * stretch.factor;
+            double a = th_timing_median(&first_t) * stretch.factor;
+
+            delay = tc_log_spread(&seed, (o + a) / 100, o + 2 * a);
+        } else if (!timing) {
+            double a = th_timing_median(&first_t) * stretch.factor;
+
+            delay = tc_log_spread(&seed, a / 50, a * TC_SPAN_APPENDS);
+        }
         assert_int_equal(pipe(ackp), 0);
         assert_int_equal(pipe(readyp), 0);
+        t_fork = th_now();
         pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
@@ -530,14 +589,41 @@ static void test_append_crash(void **state)
         if (!from_fork) {
             struct pollfd pfd = { readyp[0], POLLIN, 0 };
 
-            if (poll(&pfd, 1, 10000) != 1 || read(readyp[0], &c, 1) != 1) {
+            if (poll(&pfd, 1, (int)(TC_HANG_S * 1000)) != 1 ||
+                read(readyp[0], &c, 1) != 1) {
                 kill(pid, SIGKILL);
                 waitpid(pid, &status, 0);
                 fail_msg("round %u: writer never got ready (%s)", round,
                          th_status_text(status, sbuf, sizeof(sbuf)));
             }
+            t_ready = th_now();
         }
-        usleep((useconds_t)delay);
+        if (timing) {
+            /* let it commit TC_CAL_APPENDS transactions, timing the first */
+            struct tc_ack a;
+            double t_first = 0;
+
+            for (;;) {
+                if (!tc_read_ack(ackp[0], TC_HANG_S, &a)) {
+                    kill(pid, SIGKILL);
+                    waitpid(pid, &status, 0);
+                    fail_msg("round %u: a writer left alone acknowledged %zu "
+                             "messages, then none in %.0f s (%s)", round,
+                             s.nacks - before, TC_HANG_S,
+                             th_status_text(status, sbuf, sizeof(sbuf)));
+                }
+                assert_true(s.nacks < TC_MAX_ACKS);
+                s.acks[s.nacks++] = a;
+                if (t_first == 0)
+                    t_first = th_now();
+                if (a.seq + 1 >= TC_CAL_APPENDS)
+                    break;
+            }
+            th_timing_add(&open_t, t_ready - t_fork);
+            th_timing_add(&first_t, t_first - t_ready);
+        } else {
+            th_sleep_us(delay);
+        }
         kill(pid, SIGKILL);
         assert_int_equal(waitpid(pid, &status, 0), pid);
         close(readyp[0]);
@@ -551,14 +637,32 @@ static void test_append_crash(void **state)
         close(ackp[0]);
         if (s.nacks > before)
             kills_in_commit++;
+        if (!timing) {
+            if (s.nacks > before)
+                sched_with_acks++;
+            else
+                sched_without++;
+            th_stretch_note(&stretch, s.nacks > before);
+        }
         tc_in_child("check", round, tc_check, conf, &s);
     }
     print_message("%s: %u kills, %zu messages acknowledged, %u rounds with "
-                  "acknowledgements, %.1f s\n", backend, kills, s.nacks,
-                  kills_in_commit, th_now() - t0);
-    /* the writers got far enough to acknowledge (else little was tested) */
-    assert_true(s.nacks > 0);
-    assert_true(kills_in_commit > 0);
+                  "acknowledgements, scheduled kills %u inside the first "
+                  "append and %u after a commit, open %.3f ms, first append "
+                  "%.3f ms, stretch %g, %.1f s\n", backend, kills, s.nacks,
+                  kills_in_commit, sched_without, sched_with_acks,
+                  th_timing_median(&open_t) * 1e3,
+                  th_timing_median(&first_t) * 1e3, stretch.factor,
+                  th_now() - t0);
+    /* the kills landed inside the first append and after commits (else
+     * the schedule missed what it is meant to hit) */
+    if (sched_without < TC_MIN_EACH || sched_with_acks < TC_MIN_EACH)
+        fail_msg("%s: of %u scheduled kills %u landed inside the first "
+                 "append and %u after a commit (at least %d of each needed), "
+                 "with the first append measured at %.3f ms and the delays "
+                 "stretched x%g", backend, stretch.n, sched_without,
+                 sched_with_acks, TC_MIN_EACH,
+                 th_timing_median(&first_t) * 1e3, stretch.factor);
 
     /* the mailbox still takes mail, and then everything still holds */
     assert_int_equal(pipe(ackfinal), 0);
@@ -568,7 +672,7 @@ static void test_append_crash(void **state)
         struct tc_ack a;
 
         th_child_signals();
-        alarm(60);
+        alarm(TC_CHECK_S);
         close(ackfinal[0]);
         if (tc_append_once(conf, &a) != 0 ||
             tc_write_all(ackfinal[1], &a, sizeof(a)) != 0)

@@ -14,9 +14,13 @@
  *   land inside checkpoints too.
  *
  *   parent: SIGKILLs the writer after a delay that differs per round,
- *   spread logarithmically from ~10 us to ~50 ms (mostly counted from the
- *   moment the writer has opened the file, sometimes from fork()), so the
- *   kill lands before, inside and after commits.
+ *   spread logarithmically from a fiftieth of a commit to forty commits
+ *   (mostly counted from the moment the writer has opened the file,
+ *   sometimes from fork(), then over the open and twenty commits), so the
+ *   kill lands before, inside and after commits.  How long an open and a
+ *   commit take is measured first and again as the run goes (see "The
+ *   kill schedule" below): the schedule fits a fast machine and a slow,
+ *   loaded one alike, and the verdict does not depend on the speed.
  *
  *   checker (forked): cyrusdb_recover(dir) (what ctl_cyrusdb -r does at
  *   system start; a no-op for backends that need none), reopen, and check
@@ -27,10 +31,12 @@
  *   values; cyrusdb_consistent() passes; a store + commit still works.
  *
  * open-kill (second case, every backend): openers that open, store one
- * record and close in a loop are SIGKILLed 30 us .. ~6 ms after fork(),
- * most of the time inside their first open (for db3: inside Berkeley DB's
- * environment open).  After every kill a fresh process, with no recovery
- * run, must open, write and read back within 10 s.
+ * record and close in a loop are SIGKILLed after a delay from fork()
+ * spread from a hundredth of to three times the measured duration of
+ * their first open/store/close cycle, half of the kills inside that cycle
+ * (for db3: many inside Berkeley DB's environment open), half after it.
+ * After every kill a fresh process, with no recovery run, must open,
+ * write and read back (a check that takes minutes has hung).
  *
  * db3-nosync does not sync at commit: a process crash may lose recently
  * committed transactions (Berkeley DB keeps them in its log buffer), so
@@ -42,6 +48,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -63,12 +70,11 @@
 #include "lib/log.h"
 #include "tests/testhelp.h"
 
-#define CRASH_STEPS 60           /* distinct delay steps */
 #define CRASH_MIN_ROUNDS 60      /* kills per backend, at least */
 #define CRASH_MAX_ROUNDS 400     /* ... and more while time is left */
 #define CRASH_BUDGET_S 7.0       /* per backend */
 #define CRASH_KEYS 4             /* keys stored per transaction */
-#define CRASH_MIN_DELAY_US 10.0
+#define CRASH_CHILD_LIFE_S 600.0 /* a writer or opener never killed gives up */
 #define CRASH_CHECKPOINT_EVERY 25
 #define CRASH_VALUE_MAX 8192
 
@@ -250,7 +256,7 @@ static int crash_writer(const char *backend, const char *fname, unsigned long st
     }
     if (crash_write_all(fd, &ready, sizeof(ready)) < 0)
         return 1;
-    while (th_now() - t0 < 30) {
+    while (th_now() - t0 < CRASH_CHILD_LIFE_S) {
         r = crash_txn(db, n, &why);
         if (r == CYRUSDB_AGAIN)
             continue;
@@ -510,29 +516,91 @@ static int crash_wait(pid_t pid, double timeout, int *status_r)
     }
 }
 
-static void crash_sleep_us(double us)
+/* Read one token from fd, waiting up to timeout seconds.  1: got one,
+ * 0: end of file or timeout (*timed_out_r says which), -1: error. */
+static int crash_read_token(int fd, double timeout, unsigned long *token_r,
+                            int *timed_out_r)
 {
-    struct timespec ts;
+    double end = th_now() + timeout;
 
-    ts.tv_sec = (time_t)(us / 1e6);
-    ts.tv_nsec = (long)((us - (double)ts.tv_sec * 1e6) * 1000);
-    while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
-        ;
+    *timed_out_r = 0;
+    for (;;) {
+        struct pollfd pfd = { .fd = fd, .events = POLLIN };
+        double left = end - th_now();
+        ssize_t n;
+        int p;
+
+        if (left <= 0) {
+            *timed_out_r = 1;
+            return 0;
+        }
+        p = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (p < 0 && errno == EINTR)
+            continue;
+        if (p < 0)
+            return -1;
+        if (p == 0)
+            continue;
+        n = read(fd, token_r, sizeof(*token_r));
+        if (n < 0 && errno == EINTR)
+            continue;
+        return n == (ssize_t)sizeof(*token_r) ? 1 : 0;
+    }
 }
 
-/* Delay of round i: geometric steps from MIN (x1.155 per step: 60 steps
- * reach ~50 ms), visited in a scrambled order (37 is prime to
- * CRASH_STEPS) so the file sees short and long runs mixed, with a small
- * deterministic jitter so no two rounds are equal. */
-static double crash_delay_us(int i)
-{
-    int step = (i * 37) % CRASH_STEPS, k;
-    double d = CRASH_MIN_DELAY_US;
+/*
+ * The kill schedule of the writer case.  Nothing in it is a fixed
+ * duration: it is measured on this machine, in this build, as the run
+ * goes.
+ *
+ * Timing rounds (the first CRASH_CAL_ROUNDS, then one in CRASH_CAL_EVERY)
+ * let the writer open and commit CRASH_CAL_TXNS transactions while the
+ * parent timestamps its reports, then kill it (a kill mid-run, checked
+ * like any other).  They give O, the median time from fork() to the open
+ * completing, and T, the median of the per-round medians of the time
+ * between two commits.
+ *
+ * Every other round kills after a delay spread logarithmically over
+ * [T/50, CRASH_SPAN_TXNS * T] * S counted from the open (so before the
+ * first commit, inside commits, inside checkpoints, after dozens), or, one
+ * round in four, over [(O + 20 T) / 100, O + 20 T] * S counted from fork()
+ * (so inside the open too).  S, the stretch (th_stretch_note), starts at
+ * 1, doubles when fewer than a tenth of the recent scheduled kills landed
+ * after a commit (the machine slowed down since the last timing) and
+ * halves when fewer than a tenth landed before the first one.  The run
+ * goes on past its budget (up to CRASH_MAX_ROUNDS) until the writers
+ * committed at least one transaction per kill on average.
+ */
+#define CRASH_STEPS 60            /* distinct delay steps */
+#define CRASH_CAL_ROUNDS 3        /* timing rounds first ... */
+#define CRASH_CAL_EVERY 20        /* ... and one in this many later on */
+#define CRASH_CAL_TXNS 12         /* commits a timing round waits for */
+#define CRASH_SPAN_TXNS 40.0      /* longest delay from open, in commits */
+#define CRASH_FORK_SPAN_TXNS 20.0 /* ... from fork(), past the open */
+#define CRASH_MAX_DELAY_US 20e6
+#define CRASH_HANG_S 300.0        /* an open, commit or check that takes longer hangs */
 
-    for (k = 0; k < step; k++)
-        d *= 1.155;
-    return d * (1.0 + 0.1 * (double)((i * 13) % 11) / 11.0 + 0.0097 * (double)(i / CRASH_STEPS));
+/* Position of round i in [0, 1]: the CRASH_STEPS steps visited in a
+ * scrambled order (37 is prime to CRASH_STEPS), with a small jitter so no
+ * two rounds are equal. */
+static double crash_step(int i)
+{
+    int step = (i * 37) % CRASH_STEPS;
+
+    return ((double)step + 0.9 * (double)((i * 13) % 11) / 11.0) / CRASH_STEPS;
 }
+
+/* lo * (hi/lo)^x, in microseconds, capped. */
+static double crash_log_spread(double lo_s, double hi_s, double x)
+{
+    double d = lo_s * 1e6;
+
+    if (hi_s > lo_s)
+        d *= exp(x * log(hi_s / lo_s));
+    return d < CRASH_MAX_DELAY_US ? d : CRASH_MAX_DELAY_US;
+}
+
+enum crash_kind { CRASH_FROM_OPEN, CRASH_FROM_FORK, CRASH_TIMING };
 
 static void test_crash(void **state)
 {
@@ -543,12 +611,14 @@ static void test_crash(void **state)
     char *writer_log = th_path(logdir, "writer.log");
     char *check_log = th_path(logdir, "check.log");
     struct crash_shared *sh;
+    struct th_timing open_t = TH_TIMING_INIT, txn_t = TH_TIMING_INIT;
     char failure[1024] = "";
     char sbuf[64];
     int nosync = !strcmp(backend, "db3-nosync");
-    int status, round, i;
+    int status, round;
     long base = 0;            /* state verified before the current round */
     long committed_total = 0, inflight_landed = 0, idle_kills = 0, lost = 0;
+    struct th_stretch stretch = TH_STRETCH_INIT;
     double t0 = th_now();
     pid_t pid;
 
@@ -563,7 +633,7 @@ static void test_crash(void **state)
         crash_child_stderr(check_log);
         _exit(crash_init(backend, fname));
     }
-    if (pid < 0 || crash_wait(pid, 60, &status) < 0 ||
+    if (pid < 0 || crash_wait(pid, CRASH_HANG_S, &status) < 0 ||
         !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         snprintf(failure, sizeof(failure), "%s: creating the database failed (%s)", backend,
                  pid < 0 ? "fork" : th_status_text(status, sbuf, sizeof(sbuf)));
@@ -571,11 +641,24 @@ static void test_crash(void **state)
     }
 
     for (round = 1; round <= CRASH_MAX_ROUNDS; round++) {
-        double delay = crash_delay_us(round - 1);
-        int from_fork = (round % 4 == 0);
+        enum crash_kind kind;
+        double delay = 0, t_fork, t_ready = 0, gaps[CRASH_CAL_TXNS], t_prev = 0;
         unsigned long token, reported = 0;
-        int fds[2], got_ready = 0;
+        int fds[2], got_ready = 0, timed_out = 0, ngaps = 0;
         long hi;
+
+        if (round <= CRASH_CAL_ROUNDS || round % CRASH_CAL_EVERY == 0)
+            kind = CRASH_TIMING;
+        else
+            kind = (round % 4 == 0) ? CRASH_FROM_FORK : CRASH_FROM_OPEN;
+        if (kind == CRASH_FROM_OPEN) {
+            double T = th_timing_median(&txn_t) * stretch.factor;
+            delay = crash_log_spread(T / 50, T * CRASH_SPAN_TXNS, crash_step((int)stretch.n));
+        } else if (kind == CRASH_FROM_FORK) {
+            double w = (th_timing_median(&open_t) +
+                        CRASH_FORK_SPAN_TXNS * th_timing_median(&txn_t)) * stretch.factor;
+            delay = crash_log_spread(w / 100, w, crash_step((int)stretch.n));
+        }
 
         if (pipe(fds) < 0) {
             snprintf(failure, sizeof(failure), "pipe: %s", strerror(errno));
@@ -583,6 +666,7 @@ static void test_crash(void **state)
         }
         fflush(stdout);
         fflush(stderr);
+        t_fork = th_now();
         pid = fork();
         if (pid == 0) {
             th_child_signals();
@@ -596,13 +680,31 @@ static void test_crash(void **state)
             snprintf(failure, sizeof(failure), "fork: %s", strerror(errno));
             goto out;
         }
-        if (!from_fork) {
-            struct pollfd pfd = { .fd = fds[0], .events = POLLIN };
-            if (poll(&pfd, 1, 20000) == 1 &&
-                read(fds[0], &token, sizeof(token)) == (ssize_t)sizeof(token) && token == 0)
+        if (kind != CRASH_FROM_FORK) {
+            if (crash_read_token(fds[0], CRASH_HANG_S, &token, &timed_out) == 1 && token == 0) {
                 got_ready = 1;
+                t_ready = t_prev = th_now();
+            }
         }
-        crash_sleep_us(delay);
+        if (kind == CRASH_TIMING) {
+            while (got_ready && ngaps < CRASH_CAL_TXNS &&
+                   crash_read_token(fds[0], CRASH_HANG_S, &token, &timed_out) == 1) {
+                double now = th_now();
+                if (token != (reported ? reported + 1 : (unsigned long)base + 1)) {
+                    snprintf(failure, sizeof(failure), "%s: round %d: writer reported %lu "
+                             "out of sequence", backend, round, token);
+                    kill(pid, SIGKILL);
+                    waitpid(pid, &status, 0);
+                    close(fds[0]);
+                    goto out;
+                }
+                reported = token;
+                gaps[ngaps++] = now - t_prev;
+                t_prev = now;
+            }
+        } else if (got_ready || kind == CRASH_FROM_FORK) {
+            th_sleep_us(delay);
+        }
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
         while (read(fds[0], &token, sizeof(token)) == (ssize_t)sizeof(token)) {
@@ -625,10 +727,20 @@ static void test_crash(void **state)
                      th_status_text(status, sbuf, sizeof(sbuf)));
             goto out;
         }
-        if (!from_fork && !got_ready) {
-            snprintf(failure, sizeof(failure), "%s: round %d: writer never opened the file",
-                     backend, round);
+        if (kind != CRASH_FROM_FORK && !got_ready) {
+            snprintf(failure, sizeof(failure), "%s: round %d: writer never opened the file%s",
+                     backend, round, timed_out ? " (waited 300 s)" : "");
             goto out;
+        }
+        if (kind == CRASH_TIMING) {
+            if (ngaps < CRASH_CAL_TXNS) {
+                snprintf(failure, sizeof(failure), "%s: round %d: the writer committed only "
+                         "%d transactions%s", backend, round, ngaps,
+                         timed_out ? ", then none in 300 s" : "");
+                goto out;
+            }
+            th_timing_add(&open_t, t_ready - t_fork);
+            th_timing_add(&txn_t, th_median(gaps, (size_t)ngaps));
         }
         if (reported == 0)
             reported = (unsigned long)base;
@@ -646,12 +758,18 @@ static void test_crash(void **state)
             _exit(crash_check(backend, dir, fname, nosync ? 0 : (long)reported, hi,
                               round, nosync, sh));
         }
-        if (pid < 0 || crash_wait(pid, 60, &status) < 0 ||
+        if (pid < 0 || crash_wait(pid, CRASH_HANG_S, &status) < 0 ||
             !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            snprintf(failure, sizeof(failure), "%s: round %d (kill after %.0f us from %s, "
-                     "writer reported up to %lu, started at %ld): check after recovery "
-                     "failed (%s); its messages follow", backend, round, delay,
-                     from_fork ? "fork" : "open", reported, base + 1,
+            char when[64];
+
+            if (kind == CRASH_TIMING)
+                snprintf(when, sizeof(when), "right after commit %lu was reported", reported);
+            else
+                snprintf(when, sizeof(when), "%.0f us after %s", delay,
+                         kind == CRASH_FROM_FORK ? "fork" : "open");
+            snprintf(failure, sizeof(failure), "%s: round %d (kill %s, writer reported "
+                     "up to %lu, started at %ld): check after recovery failed (%s); its "
+                     "messages follow", backend, round, when, reported, base + 1,
                      pid < 0 ? "fork" : th_status_text(status, sbuf, sizeof(sbuf)));
             goto out;
         }
@@ -662,21 +780,30 @@ static void test_crash(void **state)
         if ((long)reported == base && sh->found_last == base)
             idle_kills++;
         committed_total += sh->found_last - base;
+        if (kind != CRASH_TIMING)
+            th_stretch_note(&stretch, (long)reported > base);   /* after a commit? */
         base = sh->found_last;
-        if (round >= CRASH_MIN_ROUNDS && th_now() - t0 > CRASH_BUDGET_S)
+        /* enough: the minimum of rounds and the time budget are spent, and
+         * the kills hit a writer that was writing (or go on, stretched) */
+        if (round >= CRASH_MIN_ROUNDS && th_now() - t0 > CRASH_BUDGET_S &&
+            committed_total >= round)
             break;
     }
 
-    i = round > CRASH_MAX_ROUNDS ? CRASH_MAX_ROUNDS : round;
-    printf("crash backend=<%s> kills=%d elapsed=%.2fs transactions=%ld final_last=%ld "
-           "records=%ld inflight_commit_survived=%ld kills_before_first_commit=%ld "
-           "lost_after_commit=%ld\n", backend, i, th_now() - t0, committed_total, base,
-           sh->records, inflight_landed, idle_kills, lost);
+    if (round > CRASH_MAX_ROUNDS)
+        round = CRASH_MAX_ROUNDS;
+    printf("crash backend=<%s> kills=%d elapsed=%.2fs open_ms=%.3f commit_ms=%.3f "
+           "stretch=%g transactions=%ld final_last=%ld records=%ld "
+           "inflight_commit_survived=%ld kills_before_first_commit=%ld "
+           "lost_after_commit=%ld\n", backend, round, th_now() - t0,
+           th_timing_median(&open_t) * 1e3, th_timing_median(&txn_t) * 1e3, stretch.factor,
+           committed_total, base, sh->records, inflight_landed, idle_kills, lost);
     fflush(stdout);
     /* the kills must have hit a writer that was writing, most of the time */
-    if (committed_total < i)
+    if (committed_total < round)
         snprintf(failure, sizeof(failure), "%s: only %ld transactions in %d rounds: the "
-                 "writer hardly ran, so the kills tested little", backend, committed_total, i);
+                 "writer hardly ran, so the kills tested little", backend, committed_total,
+                 round);
 
 out:
     if (failure[0]) {
@@ -698,12 +825,33 @@ out:
 
 /* ---- kills inside open and close ----------------------------------------- */
 
+/*
+ * The kill schedule of the open-kill case, measured as the crash case's
+ * is.  Timing rounds (the first OPENKILL_CAL_ROUNDS, then one in
+ * OPENKILL_CAL_EVERY) let an opener run until it reports its first
+ * open/store/close cycle, which gives U, the median time from fork() to
+ * the end of that cycle on this machine, in this build, on a database
+ * like the one every opener finds (just closed by the previous checker);
+ * they then kill it at a varying point of its later cycles.  Every other
+ * round kills after a delay counted from fork(): half of the steps
+ * spread logarithmically over [U/100, U] (before and inside the first
+ * open, many of them in Berkeley DB's environment open), half evenly over
+ * [U, 3 U] (in the close and in later cycles), all times S, the stretch
+ * (th_stretch_note: it doubles when fewer than a tenth of the recent
+ * kills landed after the first cycle, halves when fewer than a tenth
+ * landed inside it), so the schedule follows the machine when it slows
+ * down or speeds up during the run.  The run goes on past its budget (up
+ * to OPENKILL_MAX_ROUNDS) until at least OPENKILL_MIN_EACH kills landed
+ * on each side.
+ */
 #define OPENKILL_MIN_ROUNDS 40    /* kills per backend, at least */
-#define OPENKILL_MAX_ROUNDS 300   /* ... and more while time is left */
+#define OPENKILL_MAX_ROUNDS 400   /* ... and more while time is left or needed */
 #define OPENKILL_BUDGET_S 3.0     /* per backend */
-#define OPENKILL_STEPS 24         /* distinct delay steps, 30 us .. ~6 ms */
-#define OPENKILL_MIN_DELAY_US 30.0
-#define OPENKILL_CHECK_S 10.0     /* a check that takes longer hangs */
+#define OPENKILL_STEPS 24         /* distinct delay steps */
+#define OPENKILL_CAL_ROUNDS 3     /* timing rounds first ... */
+#define OPENKILL_CAL_EVERY 16     /* ... and one in this many later on */
+#define OPENKILL_MIN_EACH 8       /* kills inside and after the first cycle, at least */
+#define OPENKILL_HANG_S 120.0     /* an open or check that takes longer hangs */
 
 /* Opener (forked): open, store one small record, close, again and again,
  * until killed; each cycle is reported on the pipe.  Returns only on
@@ -716,7 +864,7 @@ static int openkill_opener(const char *backend, const char *fname, int fd)
     int kl, r;
 
     kl = snprintf(key, sizeof(key), "opener-%ld", (long)getpid());
-    while (th_now() - t0 < 30) {
+    while (th_now() - t0 < CRASH_CHILD_LIFE_S) {
         struct cyrusdb *db = NULL;
         const char *err = NULL;
 
@@ -780,24 +928,26 @@ static int openkill_check(const char *backend, const char *fname, int round)
     return 0;
 }
 
-/* Delay of round i: geometric steps (x1.25) from MIN, counted from fork(),
- * scrambled (7 is prime to OPENKILL_STEPS), with a small jitter. */
-static double openkill_delay_us(int i)
+/* Delay of scheduled round i, in units of U (see above): the steps are
+ * visited in a scrambled order (7 is prime to OPENKILL_STEPS), with a
+ * small jitter so no two rounds are equal. */
+static double openkill_delay_units(int i)
 {
-    int step = (i * 7) % OPENKILL_STEPS, k;
-    double d = OPENKILL_MIN_DELAY_US;
+    double x = ((double)((i * 7) % OPENKILL_STEPS) +
+                0.9 * (double)((i * 13) % 11) / 11.0) / OPENKILL_STEPS;
 
-    for (k = 0; k < step; k++)
-        d *= 1.25;
-    return d * (1.0 + 0.3 * (double)((i * 13) % 11) / 11.0);
+    if (x < 0.5)
+        return 0.01 * exp(2 * x * log(100.0));
+    return 1.0 + 2.0 * (2 * x - 1.0);
 }
 
 /*
  * Processes SIGKILLed while they open or close a database (for db3: while
  * Berkeley DB creates, joins or leaves the environment shared by the whole
- * directory), without any recovery run in between: after every kill a fresh process must open the database,
- * write and read back within OPENKILL_CHECK_S.  One mail delivery worker
- * killed at the wrong moment must not hang or break every other one.
+ * directory), without any recovery run in between: after every kill a
+ * fresh process must open the database, write and read back (within
+ * OPENKILL_HANG_S, else it hangs).  One mail delivery worker killed at the
+ * wrong moment must not hang or break every other one.
  */
 static void test_open_kill(void **state)
 {
@@ -807,9 +957,11 @@ static void test_open_kill(void **state)
     char *logdir = th_mkdtemp("openkilllog");
     char *opener_log = th_path(logdir, "opener.log");
     char *check_log = th_path(logdir, "check.log");
+    struct th_timing cycle_t = TH_TIMING_INIT;
     char failure[1024] = "";
     char sbuf[64];
-    long cycles = 0, mid_open = 0;
+    struct th_stretch stretch = TH_STRETCH_INIT;
+    long cycles = 0, inside = 0, after = 0;
     double t0 = th_now();
     int status, round;
     pid_t pid;
@@ -822,23 +974,29 @@ static void test_open_kill(void **state)
         crash_child_stderr(check_log);
         _exit(crash_init(backend, fname));
     }
-    if (pid < 0 || crash_wait(pid, 60, &status) < 0 ||
+    if (pid < 0 || crash_wait(pid, OPENKILL_HANG_S, &status) < 0 ||
         !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         snprintf(failure, sizeof(failure), "%s: creating the database failed (%s)", backend,
                  pid < 0 ? "fork" : th_status_text(status, sbuf, sizeof(sbuf)));
         goto out;
     }
     for (round = 1; round <= OPENKILL_MAX_ROUNDS; round++) {
-        double delay = openkill_delay_us(round - 1);
+        int timing = round <= OPENKILL_CAL_ROUNDS || round % OPENKILL_CAL_EVERY == 0;
+        double delay = 0, t_fork, first = 0;
         unsigned long token, reported = 0;
-        int fds[2], hung;
+        int fds[2], hung, timed_out = 0;
+        char when[96];
 
+        if (!timing)
+            delay = th_timing_median(&cycle_t) * 1e6 * stretch.factor *
+                    openkill_delay_units((int)stretch.n);
         if (pipe(fds) < 0) {
             snprintf(failure, sizeof(failure), "pipe: %s", strerror(errno));
             goto out;
         }
         fflush(stdout);
         fflush(stderr);
+        t_fork = th_now();
         pid = fork();
         if (pid == 0) {
             th_child_signals();
@@ -852,7 +1010,16 @@ static void test_open_kill(void **state)
             snprintf(failure, sizeof(failure), "fork: %s", strerror(errno));
             goto out;
         }
-        crash_sleep_us(delay);
+        if (timing) {
+            if (crash_read_token(fds[0], OPENKILL_HANG_S, &token, &timed_out) == 1) {
+                first = th_now() - t_fork;
+                reported = token;
+                /* somewhere in the next cycles */
+                th_sleep_us(first * 1e6 * openkill_delay_units(round));
+            }
+        } else {
+            th_sleep_us(delay < 20e6 ? delay : 20e6);
+        }
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
         while (read(fds[0], &token, sizeof(token)) == (ssize_t)sizeof(token))
@@ -864,9 +1031,26 @@ static void test_open_kill(void **state)
                      th_status_text(status, sbuf, sizeof(sbuf)));
             goto out;
         }
+        if (timing && first == 0) {
+            snprintf(failure, sizeof(failure), "%s: round %d: an opener left alone did not "
+                     "complete its first open/store/close cycle%s; its messages follow",
+                     backend, round, timed_out ? " in 120 s" : "");
+            goto out;
+        }
         cycles += (long)reported;
-        if (reported == 0)
-            mid_open++;     /* killed inside its first open (or before) */
+        if (timing) {
+            th_timing_add(&cycle_t, first);
+            snprintf(when, sizeof(when), "%.0f us after its first cycle ended (%.0f us "
+                     "after fork)", first * 1e6 * openkill_delay_units(round), first * 1e6);
+        } else {
+            /* killed inside its first open/store/close cycle, or after it */
+            if (reported == 0)
+                inside++;
+            else
+                after++;
+            th_stretch_note(&stretch, reported > 0);
+            snprintf(when, sizeof(when), "%.0f us after fork", delay);
+        }
 
         fflush(stdout);
         fflush(stderr);
@@ -880,28 +1064,34 @@ static void test_open_kill(void **state)
             snprintf(failure, sizeof(failure), "fork: %s", strerror(errno));
             goto out;
         }
-        hung = crash_wait(pid, OPENKILL_CHECK_S, &status) < 0;
+        hung = crash_wait(pid, OPENKILL_HANG_S, &status) < 0;
         if (hung || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            snprintf(failure, sizeof(failure), "%s: round %d (opener killed %.0f us after "
-                     "fork, after %lu open/store/close cycles): the next open %s; its "
-                     "messages follow", backend, round, delay, reported,
-                     hung ? "hung (killed after 10 s)"
+            snprintf(failure, sizeof(failure), "%s: round %d (opener killed %s, after %lu "
+                     "open/store/close cycles): the next open %s; its messages follow",
+                     backend, round, when, reported,
+                     hung ? "hung (killed after 120 s)"
                           : th_status_text(status, sbuf, sizeof(sbuf)));
             goto out;
         }
-        if (round >= OPENKILL_MIN_ROUNDS && th_now() - t0 > OPENKILL_BUDGET_S)
+        if (round >= OPENKILL_MIN_ROUNDS && th_now() - t0 > OPENKILL_BUDGET_S &&
+            inside >= OPENKILL_MIN_EACH && after >= OPENKILL_MIN_EACH)
             break;
     }
     if (round > OPENKILL_MAX_ROUNDS)
         round = OPENKILL_MAX_ROUNDS;
-    printf("open-kill backend=<%s> kills=%d elapsed=%.2fs cycles=%ld "
-           "kills_in_first_open=%ld\n", backend, round, th_now() - t0, cycles, mid_open);
+    printf("open-kill backend=<%s> kills=%d elapsed=%.2fs first_cycle_ms=%.3f stretch=%g "
+           "cycles=%ld kills_in_first_cycle=%ld kills_after_it=%ld\n", backend, round,
+           th_now() - t0, th_timing_median(&cycle_t) * 1e3, stretch.factor, cycles, inside,
+           after);
     fflush(stdout);
-    /* most kills must land after the opener got going, some inside its
-     * first open: otherwise the delays missed what they are meant to hit */
-    if (mid_open == 0 || mid_open == round)
-        snprintf(failure, sizeof(failure), "%s: %ld of %d kills landed before the first "
-                 "open completed: the delays do not cover open", backend, mid_open, round);
+    /* kills must land inside the first open/store/close cycle and after
+     * it: otherwise the delays missed what they are meant to hit */
+    if (inside < OPENKILL_MIN_EACH || after < OPENKILL_MIN_EACH)
+        snprintf(failure, sizeof(failure), "%s: of %u scheduled kills %ld landed inside the "
+                 "first open/store/close cycle and %ld after it (at least %d of each "
+                 "needed), with that cycle measured at %.3f ms and the delays stretched "
+                 "x%g: the delays do not cover open", backend, stretch.n, inside, after,
+                 OPENKILL_MIN_EACH, th_timing_median(&cycle_t) * 1e3, stretch.factor);
 
 out:
     if (failure[0]) {

@@ -54,7 +54,7 @@ class ImapInstance(Instance):
             f.write("SERVICES {\n" + "".join(lines) + "}\n")
         return self
 
-    def start(self, ready=1, timeout=15):
+    def start(self, ready=1, timeout=60):
         self.spawn([MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
                     self.cyrus_conf, "-p", self.pidfile, "-S", IMAPD_DIR,
                     "-s", self.statusfile, "-T", "10"])
@@ -247,7 +247,7 @@ class Raw:
         self.sock = ctx.wrap_socket(self.sock, server_hostname="localhost")
         self.buf = b""
 
-    def at_eof(self, timeout=5.0):
+    def at_eof(self, timeout=30.0):
         self.sock.settimeout(timeout)
         try:
             while True:

@@ -77,7 +77,7 @@ def close(m):
         pass
 
 
-def run(cmd, env=None, input=None, timeout=30):
+def run(cmd, env=None, input=None, timeout=120):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        input=input, env=env, timeout=timeout)
     return r.returncode, r.stdout.decode(errors="replace")
@@ -99,7 +99,7 @@ def test_imtest_starttls_plain():
     rc, out = run([IMTEST, "-t", "", "-m", "PLAIN", "-a", USER,
                    "-w", PASSWORD, "-p", str(i.tcp_port), "-f", cmds,
                    "127.0.0.1"], env=dict(os.environ, HOME=tmp),
-                  input=b"", timeout=30)
+                  input=b"", timeout=120)
     transcript = "imtest exit %d:\n%s" % (rc, out)
     check(re.search(r"^C: [^\r\n]*STARTTLS", out, re.M) is not None,
           "imtest did not send STARTTLS: " + transcript)
@@ -235,7 +235,7 @@ def test_mbsync_round_trip():
     env = dict(os.environ, HOME=home)
 
     def sync(what):
-        rc, out = run([MBSYNC, "-c", conf, "-a"], env=env, timeout=40)
+        rc, out = run([MBSYNC, "-c", conf, "-a"], env=env, timeout=120)
         check(rc == 0, "mbsync (%s) exit %d:\n%s" % (what, rc, out))
         return out
 

@@ -618,7 +618,7 @@ def test_sigterm_idle_client():
                 pass
             check(b"* BYE Server shutting down" in got,
                   "no BYE at shutdown: %r" % got)
-            check(wait_until(lambda: not i.running(), 15), "master running")
+            check(wait_until(lambda: not i.running(), 60), "master running")
         finally:
             i.__exit__(None, None, None)
 
@@ -1073,17 +1073,21 @@ def test_autologout():
     minutes at least), and both timers are checked in the same wait."""
     import time
     i = inst()
+    # t0 before the connection: the server's timer starts later, so the
+    # time measured is never shorter than the one the server waited
+    t0 = time.monotonic()
     with Raw(i.addr()) as u, Raw(i.addr()) as a:
         raw_login(a)
         greeting = u.line()
         check(greeting.startswith(b"* OK"), "greeting %r" % greeting)
-        t0 = time.monotonic()
-        u.sock.settimeout(15)
+        u.sock.settimeout(90)
         ln = u.line()
         waited = time.monotonic() - t0
         check(ln == b"* BYE Autologout; idle for too long",
               "unauthenticated client got %r" % ln)
-        check(4.0 <= waited <= 10.0, "autologout after %.1f s" % waited)
+        # not before prelogin_timeout; after it, within a margin no loaded
+        # machine reaches but far below `timeout` (30 minutes)
+        check(4.5 <= waited <= 65.0, "autologout after %.1f s" % waited)
         try:
             rest = u.line()
         except ConnectionClosed:
@@ -1205,12 +1209,17 @@ def test_idle_sees_lmtp_delivery():
         t0 = time.monotonic()
         i.lmtp_deliver("bob", MULTI)
         delivered = time.monotonic()
-        c.sock.settimeout(5)
+        c.sock.settimeout(60)
         ln = c.line()
         seen = time.monotonic()
         check(ln == b"* %d EXISTS" % (n + 1), "IDLE got %r" % ln)
-        check(seen - delivered < 1.0, "EXISTS %.2f s after the delivery "
-              "(%.2f s after IDLE)" % (seen - delivered, seen - t0))
+        # IDLE looks every 250 ms: the news comes within a few looks, and
+        # a loaded machine, as slow as the delivery just measured, may
+        # stretch that (a session that only told at DONE would not tell)
+        bound = 1.0 + 10 * (delivered - t0)
+        check(seen - delivered < bound, "EXISTS %.2f s after the delivery "
+              "(%.2f s after IDLE; bound %.2f s from a delivery of %.2f s)"
+              % (seen - delivered, seen - t0, bound, delivered - t0))
         ln = c.line()
         check(re.match(rb"^\* [1-9]\d* RECENT$", ln), "IDLE got %r" % ln)
         # a flag change by another session shows too

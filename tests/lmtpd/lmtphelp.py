@@ -163,7 +163,7 @@ class Conn:
         check(r.code == code and (enh is None or r.enh == enh), what % r)
         return r
 
-    def at_eof(self, timeout=5.0):
+    def at_eof(self, timeout=30.0):
         """True when the server closed the connection (nothing more)."""
         self.settimeout(timeout)
         try:
@@ -335,10 +335,12 @@ class Instance(MasterRun):
 
     # -- master --
 
-    def start(self, ready=1, timeout=15):
+    def start(self, ready=1, timeout=60, drain=10):
+        """Start the master (drain: its -T, seconds) and wait, up to a
+        generous timeout, for `ready` lmtpunix workers."""
         self.spawn([MASTER, "-D", "-l", "-C", self.imapd_conf, "-M",
                     self.cyrus_conf, "-p", self.pidfile, "-S", LMTPD_DIR,
-                    "-s", self.statusfile, "-T", "10"])
+                    "-s", self.statusfile, "-T", str(drain)])
         def up():
             # the status file of this master, not one left by an earlier
             # run that was killed

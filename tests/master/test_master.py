@@ -21,6 +21,7 @@ minute, too slow for this suite.
 """
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -36,12 +37,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from testlib import (MASTER, MASTERSTATUS, RUN_AS, TMPDIR,  # noqa: E402
                      TOP_BUILDDIR, Fail, MasterRun, Skip, alive, check,
                      chown_run_as, cmdline, connect_socket, free_port,
-                     pgrep_children, proc_stat, read_text, root_stays,
-                     run_tests, run_threads, service_line, wait_until)
+                     pgrep_children, proc_read, proc_stat, read_text,
+                     root_stays, run_tests, run_threads, service_line,
+                     wait_until)
 
 SVCDIR = os.path.join(TOP_BUILDDIR, "tests", "master")
 TESTSVC = os.path.join(SVCDIR, "testsvc")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# Deadline for an event that must happen (a child ready, a socket gone, a
+# log line): generous, so that a slow or loaded machine (a sanitizer build
+# running beside) waits longer instead of failing; a test that passes
+# returns as soon as the event is seen.
+EVENT_S = 60
+
+
+def proc_start_s(pid):
+    """When pid was forked, in seconds since boot (the kernel's start time
+    of the process, in clock ticks), or None when it is gone."""
+    data = proc_read(pid, "stat")
+    if data is None:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[19]) / CLK_TCK
 
 
 def kv(key, value):
@@ -54,7 +70,7 @@ def kv(key, value):
 class Client:
     """A line-oriented client of a testsvc service."""
 
-    def __init__(self, addr, timeout=5.0):
+    def __init__(self, addr, timeout=EVENT_S):
         self.sock = connect_socket(addr, timeout)
         self.buf = b""
         self.eof = False
@@ -92,7 +108,7 @@ class Client:
         self.sock.close()
 
 
-def echo_session(addr, text="ping", timeout=5.0, pause=0.0):
+def echo_session(addr, text="ping", timeout=EVENT_S, pause=0.0):
     """Connect, read hello, send a line, read its echo, quit, read EOF.
     Returns the serving child's PID."""
     c = Client(addr, timeout)
@@ -180,11 +196,12 @@ class Master(MasterRun):
                     "-s", self.statusfile, "-T", "10"] + list(args))
         if wait:
             ok = wait_until(lambda: self.proc.poll() is not None
-                            or "master" in self.status(), 5)
+                            or "master" in self.status(), EVENT_S)
             if self.proc.poll() is not None:
                 raise Fail("master exited at start with status %s"
                            % self.proc.returncode)
-            check(ok, "no status file %s 5 s after start" % self.statusfile)
+            check(ok, "no status file %s %d s after start"
+                  % (self.statusfile, EVENT_S))
         return self
 
     def wait_exit(self, timeout):
@@ -194,7 +211,7 @@ class Master(MasterRun):
             return None
         return self.rc
 
-    def wait_ready(self, name, n, timeout=5):
+    def wait_ready(self, name, n, timeout=EVENT_S):
         ok = wait_until(lambda: (self.svc_int(name, "ready") or 0) >= n,
                         timeout)
         check(ok, "service %s: fewer than %d ready children after %g s "
@@ -215,13 +232,14 @@ class Master(MasterRun):
             self.seen_children.update(pgrep_children(self.pid))
             self.seen_children.update(self.child_pids())
             self.proc.send_signal(signal.SIGTERM)
-            if self.wait_exit(12) is None:
-                problems.append("master did not exit 12 s after SIGTERM")
+            if self.wait_exit(EVENT_S) is None:
+                problems.append("master did not exit %d s after SIGTERM"
+                                % EVENT_S)
                 self.proc.kill()
                 self.wait_exit(5)
         else:
             self.wait_exit(5)
-        return problems + self.leftovers(3)
+        return problems + self.leftovers(EVENT_S / 2)
 
     def __enter__(self):
         return self
@@ -278,7 +296,7 @@ def test_prefork_ready_at_start():
         m.write_conf(services_conf(service_line(
             "echo", "testsvc echo", sock, prefork=3, maxchild=6)))
         m.start()
-        m.wait_ready("echo", 3, timeout=3)
+        m.wait_ready("echo", 3)
         mode = os.stat(sock).st_mode
         check(stat.S_ISSOCK(mode) and mode & 0o777 == 0o777,
               "UNIX socket mode %o, expected a socket with 0777" % mode)
@@ -297,7 +315,8 @@ def test_prefork_ready_at_start():
         pid = echo_session(sock)
         check(pid in kids, "served by %d, not one of the preforked %s"
               % (pid, kids))
-        check(wait_until(lambda: (m.svc_int("echo", "served") or 0) >= 1, 3),
+        check(wait_until(lambda: (m.svc_int("echo", "served") or 0) >= 1,
+                         EVENT_S),
               "status file never counted the served connection: %s"
               % m.service("echo"))
         stop_checked(m)
@@ -331,7 +350,7 @@ def test_maxchild_50_clients():
         def client(i):
             try:
                 barrier.wait(10)
-                pid = echo_session(sock, "ping %d" % i, timeout=30,
+                pid = echo_session(sock, "ping %d" % i, timeout=EVENT_S,
                                    pause=0.2)
                 with lock:
                     results.append(pid)
@@ -389,12 +408,12 @@ def test_sigkill_child_replaced():
         os.kill(victim, signal.SIGKILL)
         ok = wait_until(lambda: victim not in m.child_pids("echo")
                         and (m.svc_int("echo", "ready") or 0) >= 2
-                        and len(m.children()) == 2, 4)
+                        and len(m.children()) == 2, EVENT_S)
         check(ok, "killed child %d not replaced: status %s, children %s"
               % (victim, m.child_pids("echo"), m.children()))
         pat = re.compile(kv("pid", victim) + r".*crashed.*"
                          + kv("signal", 9))
-        check(wait_until(lambda: pat.search(m.log()), 2),
+        check(wait_until(lambda: pat.search(m.log()), EVENT_S),
               "no 'pid=%d ... crashed signal=9' in the log" % victim)
         check("SIGKILL" in m.log() or "Killed" in m.log(),
               "the signal name is not logged")
@@ -418,41 +437,63 @@ def test_crash_logged():
         check(rest == "", "expected the connection to end, got %r" % rest)
         pat = re.compile(kv("service", "crash") + ".*" + kv("pid", victim)
                          + r".*crashed.*" + kv("signal", 11))
-        check(wait_until(lambda: pat.search(m.log()), 3),
+        check(wait_until(lambda: pat.search(m.log()), EVENT_S),
               "no 'service=crash pid=%d crashed signal=11' in the log"
               % victim)
         ok = wait_until(lambda: (m.svc_int("crash", "ready") or 0) >= 1
-                        and victim not in m.child_pids("crash"), 3)
+                        and victim not in m.child_pids("crash"), EVENT_S)
         check(ok, "crashed child not replaced: %s" % m.service("crash"))
         stop_checked(m)
 
 
 def test_exit_at_once_backed_off():
+    """Five failed starts in a row back the service off for 1 s, then 2 s,
+    then 4 s.  Checked on the order of the master's own log lines and on
+    lower bounds of elapsed time only, so a slow machine cannot fail it."""
     with Master("backoff") as m:
         bad, good = m.path("bad.sock"), m.path("echo.sock")
         m.write_conf(services_conf(
             service_line("bad", "testsvc exit", bad, prefork=1, maxchild=5),
             service_line("echo", "testsvc echo", good, prefork=1)))
+        exit_re = re.compile(kv("service", "bad") + ".*?" + kv("pid", r"\d+")
+                             + r".*(?:exited|crashed)")
         t0 = time.monotonic()
         m.start()
-        max_backoff = 0
-        while time.monotonic() - t0 < 5.0:
+        max_backoff = [0]
+
+        def backed_off(seconds):
             b = m.svc_int("bad", "backoff") or 0
-            max_backoff = max(max_backoff, b)
-            time.sleep(0.1)
+            max_backoff[0] = max(max_backoff[0], b)
+            return re.search(kv("service", "bad") + r".*backing off "
+                             + kv("seconds", seconds), m.log())
+        # the third backoff (4 s) follows the 7th failed start, which the
+        # master may fork only 1 + 2 s after the 5th failure
+        check(wait_until(lambda: backed_off(4), EVENT_S + 3, 0.05),
+              "no 'service=bad backing off seconds=<4>' in the log %d s "
+              "after start: %s" % (EVENT_S + 3, m.log()[-600:]))
+        took = time.monotonic() - t0
         log = m.log()
-        exits = set(re.findall(kv("service", "bad") + ".*?"
-                               + kv("pid", r"(\d+)") + r".*(?:exited|crashed)",
-                               log))
-        forks = len(exits) + len(m.child_pids("bad"))
-        print("#   backoff: %d forks of the failing service in 5 s, max "
-              "status backoff=%d" % (forks, max_backoff))
-        check(forks >= 5, "only %d failed starts logged in 5 s" % forks)
-        check(forks <= 12, "%d forks of a service that exits at once in "
-              "5 s: not backed off" % forks)
-        check(re.search(kv("service", "bad") + r".*backing off", log),
-              "no 'service=bad backing off' line in the log")
-        check(max_backoff > 0, "the status file never showed a backoff")
+        lines = log.splitlines()
+
+        def exits_before(seconds):
+            n = 0
+            for line in lines:
+                if re.search(r"backing off " + kv("seconds", seconds), line) \
+                        and re.search(kv("service", "bad"), line):
+                    return n
+                if exit_re.search(line):
+                    n += 1
+            return None
+        n1, n2, n4 = exits_before(1), exits_before(2), exits_before(4)
+        print("#   backoff: failed starts before backing off 1/2/4 s: "
+              "%s/%s/%s, %.2f s after start" % (n1, n2, n4, took))
+        check((n1, n2, n4) == (5, 6, 7), "failed starts logged before the "
+              "backoffs of 1, 2 and 4 s: %s, %s and %s, expected 5, 6 and 7"
+              % (n1, n2, n4))
+        # each start after a backoff waited for it: 1 s, then 2 s
+        check(took >= 3.0, "backoff of 4 s reached %.2f s after start: the "
+              "1 s and 2 s backoffs were not waited for" % took)
+        check(max_backoff[0] > 0, "the status file never showed a backoff")
         check(re.search(kv("service", "bad") + ".*" + kv("status", 1),
                         log),
               "the exit status of the failing child is not logged")
@@ -474,11 +515,15 @@ def test_maxforkrate():
 
         def client(i):
             try:
-                c = Client(sock, 20)
+                c = Client(sock)
                 try:
                     pid = c.hello()
+                    # when the master forked it, by the kernel's clock (the
+                    # child waits for our quit, so it is still there): a
+                    # hello itself may come late on a loaded machine
+                    forked = proc_start_s(pid)
                     with lock:
-                        hellos.append((time.monotonic(), pid))
+                        hellos.append((forked, pid))
                     c.send("quit")
                     c.readline()
                 finally:
@@ -487,16 +532,18 @@ def test_maxforkrate():
                 with lock:
                     errors.append("client %d: %r" % (i, e))
 
-        t0 = time.monotonic()
+        t0 = time.clock_gettime(time.CLOCK_BOOTTIME)   # the kernel's clock
         ts = [threading.Thread(target=client, args=(i,))
               for i in range(nclients)]
-        run_threads(ts, 30)
+        run_threads(ts, EVENT_S)
         check(not errors, "clients failed: %s" % "; ".join(errors[:5]))
         check(len(hellos) == nclients, "%d of %d served"
               % (len(hellos), nclients))
         pids = set(p for _, p in hellos)
         check(len(pids) == nclients, "maxuses=1 but only %d distinct "
               "children served %d connections" % (len(pids), nclients))
+        check(None not in [t for t, _ in hellos],
+              "a child was gone before its start time was read")
         times = sorted(t for t, _ in hellos)
         worst = max(sum(1 for u in times if t <= u < t + 1.0)
                     for t in times)
@@ -504,7 +551,8 @@ def test_maxforkrate():
         print("#   maxforkrate=%d: %d forks in %.2f s, at most %d in a "
               "second" % (rate, nclients, span, worst))
         # the master keeps every 1-second window at `rate` forks; one more
-        # is allowed for the jitter between a fork and its child's hello
+        # is allowed for the kernel's clock ticks and for the master being
+        # held up between reading its clock and forking
         check(worst <= rate + 1, "%d forks within one second with "
               "maxforkrate=%d" % (worst, rate))
         check(span >= (nclients - 2 * rate) / rate - 0.5,
@@ -527,8 +575,8 @@ def test_maxuses_replaced():
         nxt = echo_session(sock)
         check(nxt != p, "child %d served a 4th connection with maxuses=3"
               % p)
-        check(wait_until(lambda: not alive(p), 3),
-              "child %d still alive after its 3 uses" % p)
+        check(wait_until(lambda: not alive(p), EVENT_S),
+              "child %d still alive %d s after its 3 uses" % (p, EVENT_S))
         log = m.log()
         check(not re.search(kv("pid", p) + r".*crashed", log),
               "a child leaving after maxuses was logged as a crash")
@@ -550,9 +598,9 @@ def test_idletimeout():
         m.start()
         p = echo_session(sock)
         check(alive(p), "child %d gone at once" % p)
-        check(wait_until(lambda: not alive(p), 4, 0.1),
-              "child %d still there 4 s after idletimeout=1" % p)
-        check(wait_until(lambda: m.children() == [], 2),
+        check(wait_until(lambda: not alive(p), EVENT_S, 0.1),
+              "child %d still there %d s after idletimeout=1" % (p, EVENT_S))
+        check(wait_until(lambda: m.children() == [], EVENT_S),
               "children left with prefork=0 after idle: %s" % m.children())
         check(not re.search(kv("pid", p) + r".*crashed", m.log()),
               "an idle child leaving was logged as a crash")
@@ -572,7 +620,7 @@ def test_sighup_reload():
         m.wait_ready("alpha", 1)
         m.wait_ready("beta", 1)
         check(connect_fails(sc), "c.sock answers before it is configured")
-        slow = Client(sb, 10)
+        slow = Client(sb)
         try:
             beta_pid = slow.hello()
             m.write_conf(services_conf(
@@ -581,11 +629,11 @@ def test_sighup_reload():
                 service_line("gamma", "testsvc echo", sc, prefork=1)))
             os.kill(m.pid, signal.SIGHUP)
             # added
-            check(wait_until(lambda: os.path.exists(sc), 10),
+            check(wait_until(lambda: os.path.exists(sc), EVENT_S),
                   "gamma's socket not created after SIGHUP")
             echo_session(sc)
             # removed: no new connections; the one in progress completes
-            check(wait_until(lambda: connect_fails(sb, 0.5), 3, 0.1),
+            check(wait_until(lambda: connect_fails(sb, 0.5), EVENT_S, 0.1),
                   "beta's socket still accepts connections after its "
                   "removal")
             done = slow.readline()
@@ -593,22 +641,33 @@ def test_sighup_reload():
                   "service got %r, expected 'done'" % done)
         finally:
             slow.close()
-        check(wait_until(lambda: not alive(beta_pid), 3),
+        check(wait_until(lambda: not alive(beta_pid), EVENT_S),
               "child %d of the removed service still running" % beta_pid)
-        check(wait_until(lambda: m.service("beta") is None, 3),
+        check(wait_until(lambda: m.service("beta") is None, EVENT_S),
               "removed service still in the status file")
         # changed: maxchild 5 -> 2
-        check(wait_until(lambda: m.svc_int("alpha", "maxchild") == 2, 3),
+        check(wait_until(lambda: m.svc_int("alpha", "maxchild") == 2,
+                         EVENT_S),
               "alpha maxchild not 2 after reload: %s" % m.service("alpha"))
-        held = [Client(sa, 5) for _ in range(3)]
+        held = [Client(sa) for _ in range(3)]
         try:
+            # two are served (however long that takes here); the third
+            # must not be, within three times as long as the two took
+            t_conn = time.monotonic()
+            hello_in = set()
+            while len(hello_in) < 2 and time.monotonic() < t_conn + EVENT_S:
+                r, _, _ = select.select([c.sock for c in held
+                                         if c.sock not in hello_in],
+                                        [], [], 0.1)
+                hello_in.update(r)
+            grace = max(1.5, 3 * (time.monotonic() - t_conn))
+            rest = [c.sock for c in held if c.sock not in hello_in]
+            if rest:
+                r, _, _ = select.select(rest, [], [], grace)
+                hello_in.update(r)
             got = []
             for c in held:
-                c.settimeout(1.5)
-                try:
-                    got.append(c.hello())
-                except (socket.timeout, OSError):
-                    got.append(None)
+                got.append(c.hello() if c.sock in hello_in else None)
             served = [p for p in got if p is not None]
             check(len(served) == 2, "with maxchild=2, %d of 3 concurrent "
                   "clients were served (%s)" % (len(served), got))
@@ -618,7 +677,7 @@ def test_sighup_reload():
             # free one: the waiting client is served next
             held[got.index(served[0])].send("quit")
             waiting = held[got.index(None)]
-            waiting.settimeout(5)
+            waiting.settimeout(EVENT_S)
             check(waiting.hello() > 0, "waiting client not served")
         finally:
             for c in held:
@@ -630,7 +689,7 @@ def test_sighup_reload():
             service_line("delta", "testsvc echo", m.path("d.sock"),
                          maxchild="x")))
         os.kill(m.pid, signal.SIGHUP)
-        check(wait_until(lambda: "cyrus.conf:3" in m.log(), 3),
+        check(wait_until(lambda: "cyrus.conf:3" in m.log(), EVENT_S),
               "a malformed cyrus.conf on SIGHUP is not reported with its "
               "line")
         time.sleep(0.2)
@@ -654,13 +713,13 @@ def test_sigterm_drains():
         m.wait_ready("echo", 2)
         kids = pgrep_children(m.pid)
         check(len(kids) == 3, "expected 3 children, pgrep -P says %s" % kids)
-        c = Client(ss, 10)
+        c = Client(ss)
         try:
             c.hello()
             t0 = time.monotonic()
             os.kill(m.pid, signal.SIGTERM)
             check(wait_until(lambda: not os.path.exists(se)
-                             and not os.path.exists(ss), 2),
+                             and not os.path.exists(ss), EVENT_S),
                   "UNIX socket files not removed on SIGTERM")
             check(connect_fails(se), "echo still accepts after SIGTERM")
             done = c.readline()
@@ -668,9 +727,10 @@ def test_sigterm_drains():
                   "drain, expected 'done'" % done)
         finally:
             c.close()
-        rc = m.wait_exit(10)
+        rc = m.wait_exit(EVENT_S)
         took = time.monotonic() - t0
-        check(rc is not None, "master still running 10 s after SIGTERM")
+        check(rc is not None, "master still running %d s after SIGTERM"
+              % EVENT_S)
         check(rc == 0, "master exit status %s after SIGTERM" % rc)
         check(took >= 1.5, "master exited %.2f s after SIGTERM, before the "
               "2 s connection finished" % took)
@@ -689,10 +749,10 @@ def test_sigint_stops():
         kids = pgrep_children(m.pid)
         echo_session(sock)
         os.kill(m.pid, signal.SIGINT)
-        rc = m.wait_exit(5)
-        check(rc == 0, "exit status %s 5 s after SIGINT" % rc)
+        rc = m.wait_exit(EVENT_S)
+        check(rc == 0, "exit status %s %d s after SIGINT" % (rc, EVENT_S))
         check(not os.path.exists(sock), "socket file left after SIGINT")
-        check(wait_until(lambda: not [p for p in kids if alive(p)], 2),
+        check(wait_until(lambda: not [p for p in kids if alive(p)], EVENT_S),
               "children alive after SIGINT: %s"
               % [p for p in kids if alive(p)])
 
@@ -705,21 +765,25 @@ def test_sigquit_immediate():
         m.start()
         m.wait_ready("slow", 2)
         kids = pgrep_children(m.pid)
-        c = Client(ss, 5)
+        c = Client(ss)
         try:
             c.hello()
             t0 = time.monotonic()
             os.kill(m.pid, signal.SIGQUIT)
-            rc = m.wait_exit(3)
+            # immediate: the master does not wait for the connection,
+            # which lasts 20 s; half of that is a bound no loaded machine
+            # reaches
+            rc = m.wait_exit(10)
             took = time.monotonic() - t0
-            check(rc is not None, "master still running 3 s after SIGQUIT")
-            check(took < 2, "SIGQUIT took %.2f s" % took)
+            check(rc is not None, "master still running 10 s after SIGQUIT "
+                  "(waiting for the 20 s connection?)")
+            check(took < 10, "SIGQUIT took %.2f s" % took)
             check(rc == 0, "exit status %s after SIGQUIT" % rc)
             rest = c.readline()
             check(rest == "", "connection got %r after SIGQUIT" % rest)
         finally:
             c.close()
-        check(wait_until(lambda: not [p for p in kids if alive(p)], 2),
+        check(wait_until(lambda: not [p for p in kids if alive(p)], EVENT_S),
               "children alive after SIGQUIT: %s"
               % [p for p in kids if alive(p)])
 
@@ -742,10 +806,10 @@ def test_start_runs_first():
                 early.extend(p for p in m.children()
                              if "testsvc echo" in cmdline(p))
             return os.path.exists(sock) or not m.running()
-        seen = wait_until(sample, 5, 0.005)
+        seen = wait_until(sample, EVENT_S, 0.005)
         check(m.running(), "master exited: %s" % m.log()[-300:])
-        check(seen, "service socket not created 5 s after start")
-        c = Client(sock, 5)
+        check(seen, "service socket not created %d s after start" % EVENT_S)
+        c = Client(sock)
         try:
             pid = c.hello()
             check(os.path.exists(marker), "connection served by %d %.2f s "
@@ -768,9 +832,9 @@ def test_start_failure_stops():
             service_line("echo", "testsvc echo", sock, prefork=1),
             start=['  recoverdb cmd="%s fail"\n' % TESTSVC]))
         m.start(wait=False)
-        rc = m.wait_exit(8)
-        check(rc is not None, "master still running 8 s after a failing "
-              "START command")
+        rc = m.wait_exit(EVENT_S)
+        check(rc is not None, "master still running %d s after a failing "
+              "START command" % EVENT_S)
         check(rc != 0, "master exit status 0 after a failing START")
         log = m.log()
         check("recoverdb" in log or "testsvc fail" in log,
@@ -798,7 +862,7 @@ def test_malformed_conf():
         with Master("malformed") as m:
             m.write_conf(text.replace("{d}", m.dir))
             m.start(wait=False)
-            rc = m.wait_exit(5)
+            rc = m.wait_exit(EVENT_S)
             check(rc is not None, "%s: master still running" % what)
             check(rc != 0, "%s: exit status 0" % what)
             want = "%s:%d" % (m.cyrus_conf, line)
@@ -866,11 +930,11 @@ def test_daemon_kept_running():
 
         def daemons():
             return [p for p in m.children() if "daemon" in cmdline(p)]
-        first = wait_until(daemons, 3)
+        first = wait_until(daemons, EVENT_S)
         check(first and len(first) == 1, "DAEMON not running: %s" % first)
         os.kill(first[0], signal.SIGKILL)
         again = wait_until(lambda: [p for p in daemons()
-                                    if p != first[0]], 5, 0.05)
+                                    if p != first[0]], EVENT_S, 0.05)
         check(again, "DAEMON not restarted after SIGKILL")
         stop_checked(m)
 
@@ -891,8 +955,9 @@ def test_events_scheduled():
                     % (TESTSVC, m.path("never"), hhmm)]))
         t0 = time.time()
         m.start()
-        check(wait_until(lambda: os.path.exists(marker), 5),
+        check(wait_until(lambda: os.path.exists(marker), EVENT_S),
               "period event did not run at start")
+        t1 = time.time()
 
         def event_lines():
             try:
@@ -908,11 +973,14 @@ def test_events_scheduled():
             ev = event_lines()
             return (ev.get("checkpoint", {}).get("state") == "waiting"
                     and "nightly" in ev) and ev
-        ev = wait_until(both_waiting, 5)
+        ev = wait_until(both_waiting, EVENT_S)
         check(ev, "event lines missing from the status file")
+        # it ran between t0 (before the start) and t1 (its marker seen):
+        # next due 300 s after that, however long the start took
         due = int(ev["checkpoint"]["next"])
-        check(abs(due - (t0 + 300)) <= 5,
-              "period=5 event next due in %d s, expected ~300" % (due - t0))
+        check(int(t0) + 300 - 1 <= due <= t1 + 300 + 1,
+              "period=5 event next due at %d, expected 300 s after it ran "
+              "(between %d and %d)" % (due, int(t0) + 300, int(t1) + 300))
         want = time.mktime((at.tm_year, at.tm_mon, at.tm_mday, at.tm_hour,
                             at.tm_min, 0, 0, 0, -1))
         due = int(ev["nightly"]["next"])

@@ -55,7 +55,8 @@
 #define TC_PROCS 8
 #define TC_COMMITS 200
 #define TC_FOLLOWERS 3
-#define TC_BOUND 5.0          /* seconds a follower may need after a death */
+#define TC_BOUND 60.0         /* seconds after which a follower has hung */
+#define TC_EVENT_S 60.0       /* generous deadline for an awaited event */
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -150,7 +151,7 @@ static int tc_read_byte(int fd, double secs)
 static void tc_child_start(void)
 {
     th_child_signals();
-    alarm(60);           /* never outlive a broken test */
+    alarm(300);          /* never outlive a broken test */
 }
 
 /* ---- the modes ------------------------------------------------------------ */
@@ -486,6 +487,27 @@ static void tc_hook_hang_locked(void *arg)
     (void)tc_hook_hang(arg);
 }
 
+/* Tell the test, once, that this committer sleeps on another's round. */
+static void tc_hook_waiting(void *arg)
+{
+    static int told;
+
+    (void)arg;
+    if (!told++ && write(tc_hook_fd, "W", 1) != 1)
+        _exit(6);
+}
+
+/* Wait until n committers told they sleep on another's round. */
+static void tc_wait_waiting(int fd, int n)
+{
+    int i;
+
+    for (i = 0; i < n; i++)
+        if (!tc_read_byte(fd, TC_EVENT_S))
+            fail_msg("only %d of %d committers waiting on the round after "
+                     "%.0f s", i, n, TC_EVENT_S);
+}
+
 /* Tell the test we are leading, wait for its go, sync for real. */
 static int tc_hook_wait_go(void *arg)
 {
@@ -526,6 +548,7 @@ static void test_group_leader_killed(void **state)
     struct imapconf *conf;
     struct commit_shared_stats sh0, sh1;
     struct commit_test_hooks hang = { .before_syncfs = tc_hook_hang };
+    struct commit_test_hooks follow = { .waiting = tc_hook_waiting };
     pid_t leader, f[TC_FOLLOWERS];
     int pfd[2], i, status;
     double t0, t1;
@@ -538,12 +561,12 @@ static void test_group_leader_killed(void **state)
     assert_int_equal(pipe(pfd), 0);
     tc_hook_fd = pfd[1];
     leader = tc_committer(conf, spool, "leader", &hang, STORE_OK);
-    assert_true(tc_read_byte(pfd[0], 10));       /* it leads, round open */
+    assert_true(tc_read_byte(pfd[0], TC_EVENT_S));   /* it leads, round open */
     for (i = 0; i < TC_FOLLOWERS; i++) {
         snprintf(name, sizeof(name), "f%d", i);
-        f[i] = tc_committer(conf, spool, name, NULL, STORE_OK);
+        f[i] = tc_committer(conf, spool, name, &follow, STORE_OK);
     }
-    usleep(300000);
+    tc_wait_waiting(pfd[0], TC_FOLLOWERS);
     /* the followers wait for the hanging leader's round */
     for (i = 0; i < TC_FOLLOWERS; i++)
         assert_int_equal(waitpid(f[i], &status, WNOHANG), 0);
@@ -593,9 +616,9 @@ static void test_group_owner_dead(void **state)
     assert_int_equal(pipe(pfd), 0);
     tc_hook_fd = pfd[1];
     holder = tc_committer(conf, spool, "holder", &hang, STORE_OK);
-    assert_true(tc_read_byte(pfd[0], 10));       /* it holds the mutex */
+    assert_true(tc_read_byte(pfd[0], TC_EVENT_S));   /* it holds the mutex */
     next = tc_committer(conf, spool, "next", NULL, STORE_OK);
-    usleep(200000);
+    usleep(200000);     /* give it a chance to block (not needed to pass) */
     assert_int_equal(waitpid(next, &status, WNOHANG), 0);   /* blocked */
     tc_kill(holder);
     status = tc_wait(next, TC_BOUND);
@@ -624,7 +647,8 @@ static void test_group_round_fails(void **state)
     struct imapconf *conf;
     struct commit_shared_stats sh0, sh1;
     struct commit_test_hooks wait_go = { .before_syncfs = tc_hook_wait_go };
-    struct commit_test_hooks enospc = { .before_syncfs = tc_hook_enospc };
+    struct commit_test_hooks enospc = { .before_syncfs = tc_hook_enospc,
+                                        .waiting = tc_hook_waiting };
     pid_t leader, f[TC_FOLLOWERS];
     int pfd[2], gfd[2], i, status;
 
@@ -639,21 +663,21 @@ static void test_group_round_fails(void **state)
     tc_hook_go = gfd[0];
     /* round R: a leader that syncs for real once told to */
     leader = tc_committer(conf, spool, "leader", &wait_go, STORE_OK);
-    assert_true(tc_read_byte(pfd[0], 10));
+    assert_true(tc_read_byte(pfd[0], TC_EVENT_S));
     /* arriving during R they all need round R+1, whose leader (one of
      * them) "fails" with ENOSPC */
     for (i = 0; i < TC_FOLLOWERS; i++) {
         snprintf(name, sizeof(name), "f%d", i);
         f[i] = tc_committer(conf, spool, name, &enospc, STORE_NOSPACE);
     }
-    usleep(300000);
+    tc_wait_waiting(pfd[0], TC_FOLLOWERS);
     for (i = 0; i < TC_FOLLOWERS; i++)
         assert_int_equal(waitpid(f[i], &status, WNOHANG), 0);
     assert_int_equal(write(gfd[1], "g", 1), 1);
-    status = tc_wait(leader, 10);
+    status = tc_wait(leader, TC_EVENT_S);
     assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
     for (i = 0; i < TC_FOLLOWERS; i++) {
-        status = tc_wait(f[i], 10);
+        status = tc_wait(f[i], TC_EVENT_S);
         if (status < 0)
             tc_kill(f[i]);
         assert_true(status >= 0);

@@ -381,19 +381,27 @@ static void test_prune_big(void **state)
     struct fx f;
     time_t now = time(NULL);
     unsigned long pruned = 0, kept = 0;
-    double t0, t1;
+    double t0, t1, t_load;
     char id[32];
     int n;
 
     fx_init(&f, state);
+    t0 = th_now();
     load_records(&f, BIG, now - 30 * DAY, now - DAY);
+    t_load = th_now() - t0;
     t0 = th_now();
     assert_int_equal(duplicate_prune(f.d, 3, &pruned, &kept), STORE_OK);
     t1 = th_now();
     assert_int_equal(pruned, BIG / 4 * 3);
     assert_int_equal(kept, BIG / 4);
-    if (t1 - t0 > 15.0)
-        fail_msg("prune of %d records took %.1f s", BIG, t1 - t0);
+    /* measured against the load of the same records (one transaction)
+     * on this machine, in this build: a prune that costs a sync or a
+     * rewrite per record is far beyond, a loaded machine slows both */
+    print_message("prune of %d records: %.3f s, their load %.3f s\n", BIG,
+                  t1 - t0, t_load);
+    if (t1 - t0 > 1.0 + 20 * t_load)
+        fail_msg("prune of %d records took %.2f s, more than 20 times "
+                 "their load (%.2f s)", BIG, t1 - t0, t_load);
     n = snprintf(id, sizeof(id), "<msg-%u@test>", 0u);
     expect_dup(&f, id, (size_t)n, "user.x", now - DAY, 0);
     n = snprintf(id, sizeof(id), "<msg-%u@test>", (unsigned)BIG - 4);
