@@ -18,9 +18,15 @@ if [[ ${1:-} == --sanitize ]]; then
 fi
 
 cd "$here"
+# one autoreconf at a time: a check.sh and a check.sh --sanitize (or the
+# demo) started together on a fresh checkout share the generated files
+exec 9>"$here/.autoreconf.lock"
+flock 9
 if [[ ! -x configure || configure.ac -nt configure || Makefile.am -nt configure ]]; then
   autoreconf -fi
 fi
+flock -u 9
+exec 9>&-
 mkdir -p "$build"
 cd "$build"
 # a build configured before cmocka was installed (by ./demo.sh) is

@@ -13,9 +13,15 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/scripts/deps.sh"
 cd "$here"
+# one autoreconf at a time: a check.sh and a check.sh --sanitize (or the
+# demo) started together on a fresh checkout share the generated files
+exec 9>"$here/.autoreconf.lock"
+flock 9
 if [[ ! -x configure || configure.ac -nt configure || Makefile.am -nt configure ]]; then
   autoreconf -fi >/dev/null
 fi
+flock -u 9
+exec 9>&-
 mkdir -p build && cd build
 [[ -f Makefile ]] || "$here/configure" -q --enable-werror
 make -j"$(nproc)" >/dev/null
