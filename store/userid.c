@@ -62,7 +62,8 @@ void userid_policy_free(struct userid_policy *p)
 static int userid_is_default(const struct userid_policy *p, const char *d,
                              size_t len)
 {
-    return p->defaultdomain && strlen(p->defaultdomain) == len &&
+    return len > 0 && d && p->defaultdomain &&
+           strlen(p->defaultdomain) == len &&
            memcmp(p->defaultdomain, d, len) == 0;
 }
 
