@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """test_postfix.py - a real upstream MTA in front of lmtpd.
 
+test_postfix_virtual_domains: Postfix with virtual_mailbox_domains and
+virtual_transport = lmtp:unix:... in front of lmtpd with virtdomains
+(see the test's own text).  The first test:
+
 The test runs a private Postfix instance (its own config_directory,
 queue_directory and data_directory under the test's directory; chroot
 off; an SMTP listener on 127.0.0.1:free port; relay_domains = the test
@@ -75,7 +79,7 @@ postlog   unix-dgram n  -       n       -       1       postlogd
 class Postfix:
     """A private Postfix instance below base."""
 
-    def __init__(self, base, lmtp_socket):
+    def __init__(self, base, lmtp_socket, extra=None):
         self.base = base
         self.confdir = os.path.join(base, "etc")
         self.queue = os.path.join(base, "queue")
@@ -126,6 +130,7 @@ class Postfix:
                                   "LANG=C",
             "syslog_name": "postfix-lmtptest",
         }
+        main_cf.update(extra or {})
         with open(os.path.join(self.confdir, "main.cf"), "w") as f:
             for k, v in main_cf.items():
                 f.write("%s = %s\n" % (k, v))
@@ -354,7 +359,116 @@ def test_postfix_end_to_end():
             check(rc == 0, "mbtool check %s: %s%s" % (b, out, err))
 
 
-TESTS = [test_postfix_end_to_end]
+VDOMAINS = ["a.example", "b.example"]
+VDEFAULT = "main.example"
+VUSERS = ["alice", "bob", "postmaster"]
+
+
+def need_postfix():
+    if os.geteuid() != 0:
+        raise Skip("needs root to start a private Postfix")
+    if not os.access(POSTFIX, os.X_OK):
+        raise Skip("postfix is not installed")
+    try:
+        pwd.getpwnam("postfix")
+    except KeyError:
+        raise Skip("no user postfix")
+
+
+def test_postfix_virtual_domains():
+    """Postfix with virtual_mailbox_domains for two domains (and the
+    defaultdomain) and virtual_transport = lmtp:unix:SOCKET in front of
+    lmtpd with virtdomains: userid: the same local parts in both domains
+    and the default one receive only their own mail, messages addressed
+    to users of several domains at once reach each, and an unknown user
+    of a virtual domain is bounced by Postfix on lmtpd's 550 5.1.1."""
+    need_postfix()
+    with Instance("pfvirt", conf={"virtdomains": "userid",
+                                  "defaultdomain": VDEFAULT}) as inst:
+        boxes = {}
+        for u in VUSERS:
+            for d in VDOMAINS:
+                boxes["%s@%s" % (u, d)] = "%s!user.%s" % (d, u)
+            boxes["%s@%s" % (u, VDEFAULT)] = "user.%s" % u
+        for b in boxes.values():
+            inst.create(b)
+        inst.write_cyrus_conf(prefork=2, maxchild=10)
+        inst.start(ready=2)
+        pf = Postfix(inst.path("postfix"), inst.unix_socket, extra={
+            "relay_domains": "",
+            "virtual_mailbox_domains": ", ".join(VDOMAINS + [VDEFAULT]),
+            "virtual_mailbox_maps": "",
+            "virtual_transport": "lmtp:unix:%s" % inst.unix_socket,
+            # lmtpd decides who exists (550 5.1.1 otherwise)
+            "smtpd_reject_unlisted_recipient": "no",
+            "default_transport": "error:this test delivers only to "
+                                 "virtual domains",
+        })
+        rcpts = sorted(boxes)
+        sent = {}      # message-id -> set of mailboxes it must reach
+        try:
+            pf.start()
+            s = smtplib.SMTP("127.0.0.1", pf.port, timeout=60)
+            s.ehlo("submit.example")
+            n = 0
+            for k in range(4):
+                for i, r in enumerate(rcpts):
+                    # alone, and with a namesake of another domain
+                    to = [r] if k % 2 == 0 else \
+                        [r, rcpts[(i + 3) % len(rcpts)]]
+                    mid = "pfv.%d.%d@submit.example" % (os.getpid(), n)
+                    n += 1
+                    msg = make_message(mid, subject="v %d" % n,
+                                       to=", ".join(to),
+                                       body=b"to %s\r\n" %
+                                       ", ".join(to).encode())
+                    refused = s.sendmail("sender@example.org", to, msg)
+                    check(not refused, "refused %r" % refused)
+                    sent["<%s>" % mid] = {boxes[t] for t in to}
+            bad_mid = "pfv.%d.bad@submit.example" % os.getpid()
+            s.sendmail("sender@example.org", ["nobody@a.example"],
+                       make_message(bad_mid, to="nobody@a.example"))
+            s.quit()
+
+            def total():
+                return sum(inst.count(b) for b in boxes.values())
+            want = sum(len(v) for v in sent.values())
+
+            def done():
+                if total() < want or not pf.queue_empty() or \
+                        "nobody@a.example" not in pf.log():
+                    pf.flush()
+                    return False
+                return True
+            ok = wait_until(done, 300, 0.5)
+            check(ok, "%d of %d deliveries after 300 s; queue:\n%s"
+                  % (total(), want, pf.queue_listing()[-1500:]))
+            log = pf.log()
+        finally:
+            problems = pf.stop()
+        check(not problems, "; ".join(problems))
+        # (the notice to sender@example.org bounces too: this Postfix
+        # delivers nowhere else)
+        bounced = [a for a in re.findall(r"to=<([^>]*)>.*status=bounced",
+                                         log)
+                   if a.split("@")[-1] in VDOMAINS + [VDEFAULT]]
+        check(bounced == ["nobody@a.example"], "bounced: %s" % bounced)
+        check(re.search(r"to=<nobody@a\.example>.*5\.1\.1", log),
+              "the bounce of nobody@a.example does not give lmtpd's 5.1.1")
+        found = {}
+        for b in boxes.values():
+            for data in inst.messages(b):
+                mid = header_value(data, "Message-ID")
+                found.setdefault(mid, set()).add(b)
+                check(mid in sent and b in sent[mid],
+                      "%s holds %s, addressed to %s" % (b, mid,
+                                                       sent.get(mid)))
+        for mid, where in sent.items():
+            check(found.get(mid) == where, "%s: in %s, expected %s"
+                  % (mid, sorted(found.get(mid, ())), sorted(where)))
+
+
+TESTS = [test_postfix_end_to_end, test_postfix_virtual_domains]
 
 if __name__ == "__main__":
     sys.exit(run_lmtp_tests(TESTS))
