@@ -142,6 +142,10 @@ static const struct imapconf_option imapconf_options[] = {
       .words = imapconf_virtdomains_words,
       .desc = "virtual domains: off; userid = domain from user@domain; "
               "on = also from the server address" },
+    { .name = "defaultdomain", .type = IMAPCONF_STRING, .def = "",
+      .desc = "with virtdomains: the domain whose users live in the "
+              "domain-less namespace (user@DEFAULTDOMAIN is user); "
+              "empty = none" },
     { .name = "admins", .type = IMAPCONF_STRING, .def = "",
       .desc = "space-separated user ids of the administrators" },
     { .name = "servername", .type = IMAPCONF_STRING, .def = "",

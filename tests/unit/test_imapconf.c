@@ -207,6 +207,7 @@ static const struct {
     { "lmtp_downcase_rcpt", IMAPCONF_SWITCH, "yes" },
     { "lmtp_over_quota_perm_failure", IMAPCONF_SWITCH, "no" },
     { "virtdomains", IMAPCONF_ENUM, "off" },
+    { "defaultdomain", IMAPCONF_STRING, "" },
     { "admins", IMAPCONF_STRING, "" },
     { "servername", IMAPCONF_STRING, "" },
     { "allowplaintext", IMAPCONF_SWITCH, "no" },

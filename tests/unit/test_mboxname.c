@@ -151,7 +151,16 @@ static void test_check_accepted(void **state)
     expect_good("user.alice.Sent Items");
     expect_good("user.alice^smith.Drafts");
     expect_good("user.a.^x^");
-    expect_good("shared.lists.~tilde!");
+    expect_good("shared.lists.~tilde");
+    /* "DOMAIN!" prefix (more in test_userid.c) */
+    expect_good("example.com!user.alice.Sent");
+    expect_good("example.com!shared.news");
+    /* '!' only as the separator of a valid lower-case domain */
+    expect_bad("shared.lists.~tilde!", "bad byte in domain");
+    expect_bad("!shared", "empty domain");
+    expect_bad("user.alice.x!", "empty name");
+    expect_bad("example.com!user.a!b", "'!' in name");
+    expect_bad("Example.com!user.a", "upper-case domain");
     expect_good("x");
     expect_good(" ");
     expect_good("a&AOQ-b");   /* modified UTF-7 */
