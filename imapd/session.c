@@ -493,6 +493,20 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
             buf_reset(out);
         return r;
     }
+    if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_OFF)
+        return mboxname_to_internal(ext, s->srv->unixsep, out, err_r);
+    if (s->global_admin && *s->srv->policy.defaultdomain) {
+        /* "NAME@DEFAULTDOMAIN" is the domain-less NAME */
+        const char *at = strrchr(ext, '@');
+
+        if (at && strcasecmp(at + 1, s->srv->policy.defaultdomain) == 0) {
+            buf_setmap(&tmp, ext, (size_t)(at - ext));
+            r = mboxname_to_internal(buf_cstring(&tmp), s->srv->unixsep,
+                                     out, err_r);
+            buf_free(&tmp);
+            return r;
+        }
+    }
     return mboxname_to_internal_for(ext, s->srv->unixsep, s->domain,
                                     s->global_admin, out, err_r);
 }
@@ -521,6 +535,8 @@ static int imap_to_external(struct imap_session *s, const char *name,
         buf_free(&tmp);
         return r;
     }
+    if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_OFF)
+        return mboxname_to_external(name, s->srv->unixsep, out);
     return mboxname_to_external_for(name, s->srv->unixsep, s->domain,
                                     s->global_admin, out);
 }
@@ -704,23 +720,14 @@ static void imap_sasl_reset(struct imap_session *s)
 static int imap_login_done(struct imap_session *s, const char *user,
                            const char *mech)
 {
-    struct buf uid = BUF_INITIALIZER;
-    const char *at;
-
     /* the user id as SASL reports it went through imap_sasl_canon() */
     s->userid = strdup(user);
     if (!s->userid)
         return -1;
     s->domain = userid_domain(s->userid);
-    /* '.' of a login name is '^' in mailbox names (in the local part) */
-    buf_setcstr(&uid, user);
-    at = strchr(buf_cstring(&uid), '@');
-    for (size_t i = 0; i < (at ? (size_t)(at - uid.s) : uid.len); i++)
-        if (uid.s[i] == '.')
-            uid.s[i] = '^';
-    if (mboxname_user_inbox(buf_cstring(&uid), &s->inbox) != STORE_OK)
+    /* "D!user.U", a '.' of the login name being '^' */
+    if (userid_inbox(s->userid, &s->inbox) != STORE_OK)
         buf_reset(&s->inbox);
-    buf_free(&uid);
     s->admin = (acl_rights("", s->userid, s->srv->admins) & ACL_ADMIN) != 0;
     s->global_admin = s->admin && !s->domain;
     s->state = IMAP_AUTH;
