@@ -58,14 +58,26 @@
  * or, with unixhierarchysep, '/' (store/mboxname.h converts).  A login
  * name holding '.' is '^' in mailbox names, as in Cyrus.
  *
+ * Virtual domains (store/userid.h, man/imapd.8).  The login name becomes
+ * the internal user id ("alice", "alice@example.com") in SASL's
+ * canon_user callback, before the password check (imap_sasl_canon();
+ * with virtdomains on, a name without a domain takes the domain of the
+ * local address's name, imapd/localdomain.h).  The session's names are
+ * those of the user's domain: "user.bob" of alice@example.com is
+ * example.com!user.bob; other domains are invisible and cannot be named,
+ * except by a global admin (a domain-less userid in `admins`), who sees
+ * them as "user.bob@example.org".  imap_reachable() checks every looked
+ * up and created name on top of the translation.
+ *
  * Access.  Every mailbox operation looks the mailbox up and asks
  * acl_rights() with imapd.conf's `admins`: a mailbox without the l right
  * is reported as nonexistent (no leak of its existence); CREATE needs k
  * on the nearest existing ancestor (or a name below the user's own
  * INBOX when no ancestor exists), and the new mailbox inherits that
  * ancestor's ACL; DELETE needs x; RENAME needs x on the old name and
- * CREATE's right for the new one; STATUS needs r.  Admins pass every
- * check.
+ * CREATE's right for the new one; STATUS needs r.  Admins get their
+ * rights (acl.h) where they administer: a global admin everywhere, an
+ * admin "admin@D" in domain D only (imap_admin_for()).
  *
  * Limits.  Command lines, literals and commands are bounded by the
  * parser (64 KiB line, 64 KiB literal, 1 MiB command); an oversized
