@@ -196,6 +196,15 @@ def test_userid_logins():
             check("AUTHENTICATIONFAILED" in text, "%s@%s with %s's password: "
                   "%s" % (u, d, other, text))
     close(login("alice"))
+    # AUTHENTICATE PLAIN the same way (user and authorization id)
+    for authz in ("", "bob@EXAMPLE.org"):
+        m = IMAP4(*inst().addr(), timeout=20)
+        typ, data = m.authenticate("PLAIN", lambda _: (
+            "%s\0bob@example.org\0%s" % (authz, pw("bob@example.org"))
+        ).encode())
+        check(typ == "OK", "AUTHENTICATE PLAIN bob@example.org: %r" % data)
+        check(list_names(m) == {"INBOX", "shared.news"}, "bob@example.org")
+        close(m)
     # the domain is lower-cased; the default domain is the domain-less
     # user (checked with the domain-less alice's password)
     close(login("alice@EXAMPLE.com", pw("alice@example.com")))
