@@ -262,11 +262,20 @@ static int quota_findroot_tid(struct quota_db *q, const char *mailbox,
 {
     struct buf key = BUF_INITIALIZER;
     const char *data;
-    size_t datalen;
+    size_t datalen, floor = 1;
     int r;
 
     if ((r = quota_key(&key, 'R', mailbox, len)) != STORE_OK)
         return r;
+    /* never cut into "DOMAIN!": a root of one domain (or of the default
+     * namespace) never governs another's mailboxes */
+    {
+        const char *rest;
+        size_t dlen;
+
+        if (mboxname_domain(buf_cstring(&key) + 1, &dlen, &rest))
+            floor = 1 + dlen + 1;
+    }
     for (;;) {
         r = cyrusdb_fetch(q->db, key.s, key.len, &data, &datalen, tid);
         if (r == CYRUSDB_OK) {
@@ -279,14 +288,14 @@ static int quota_findroot_tid(struct quota_db *q, const char *mailbox,
             break;
         }
         /* cut the last component: "Ruser.a.b" -> "Ruser.a" -> "Ruser" */
-        while (key.len > 1 && key.s[key.len - 1] != '.')
+        while (key.len > floor && key.s[key.len - 1] != '.')
             key.len--;
-        if (key.len <= 1) {
+        if (key.len <= floor) {
             r = STORE_NOTFOUND;
             break;
         }
         key.len--;   /* the '.' */
-        if (key.len <= 1) {
+        if (key.len <= floor) {
             r = STORE_NOTFOUND;
             break;
         }

@@ -149,7 +149,8 @@ int store_user_path(const struct imapconf *conf, const char *userid,
     const char *confdir = imapconf_getstring(conf, "configdirectory");
     char safe[64];
     struct buf inbox = BUF_INITIALIZER;
-    size_t len, i;
+    const char *at;
+    size_t len, llen, i;
     char h;
 
     len = userid ? strnlen(userid, STORE_USERID_MAX + 1) : 0;
@@ -174,16 +175,42 @@ int store_user_path(const struct imapconf *conf, const char *userid,
         log_error("store: configdirectory is not set");
         return STORE_IOERROR;
     }
+    /* "alice@D": the file lives under the domain's directory */
+    at = memchr(userid, '@', len);
+    llen = at ? (size_t)(at - userid) : len;
+    if (at) {
+        struct buf lower = BUF_INITIALIZER;
+        const char *why = NULL;
+        size_t dlen = len - llen - 1;
+
+        if (mboxname_domain_check(at + 1, dlen, &lower, &why) != STORE_OK ||
+            memcmp(lower.s, at + 1, dlen) != 0 || llen == 0) {
+            buf_free(&lower);
+            log_error("store: user id refused userid=<%s> reason=<%s>",
+                      log_sanitize(userid, len, safe, sizeof(safe)),
+                      llen == 0 ? "empty local part"
+                                : why ? why : "upper-case domain");
+            return STORE_BADNAME;
+        }
+        buf_free(&lower);
+    }
     if (buf_setcstr(&inbox, MBOXNAME_USER_PREFIX) < 0 ||
-        buf_append(&inbox, userid, len) < 0) {
+        buf_append(&inbox, userid, llen) < 0) {
         buf_free(&inbox);
         return STORE_NOMEM;
     }
     h = mboxname_hash_letter(buf_cstring(&inbox));
     buf_free(&inbox);
     buf_reset(path);
-    if (buf_printf(path, "%s/user/%c/", confdir, h) < 0 ||
-        buf_append(path, userid, len) < 0 ||
+    if (buf_printf(path, "%s/", confdir) < 0)
+        return STORE_NOMEM;
+    if (at && (buf_printf(path, "domain/%c/",
+                          mboxname_domain_hash_letter(at + 1)) < 0 ||
+               buf_append(path, at + 1, len - llen - 1) < 0 ||
+               buf_putc(path, '/') < 0))
+        return STORE_NOMEM;
+    if (buf_printf(path, "user/%c/", h) < 0 ||
+        buf_append(path, userid, llen) < 0 ||
         buf_printf(path, ".%s", suffix) < 0)
         return STORE_NOMEM;
     return STORE_OK;

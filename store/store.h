@@ -75,8 +75,12 @@ int store_parse_u64(const char *p, size_t len, uint64_t max, uint64_t *v_r);
  * "user.USERID", i.e. the first letter of the user id lower-cased, 'q' for
  * a non-letter (Cyrus's layout for .seen and .sub files).  The user id must
  * be 1..STORE_USERID_MAX bytes without '/' or control bytes and not "." or
- * "..".  STORE_OK, STORE_BADNAME (userid refused, logged), STORE_IOERROR
- * (configdirectory not set), STORE_NOMEM. */
+ * "..".  A user id of a virtual domain, "alice@example.com", has its files
+ * under the domain as in Cyrus: CONFIGDIR/domain/E/example.com/user/H/
+ * alice.SUFFIX (E = mboxname_domain_hash_letter(), H of "user.alice");
+ * its domain must be a valid lower-case domain and its local part
+ * non-empty.  STORE_OK, STORE_BADNAME (userid refused, logged),
+ * STORE_IOERROR (configdirectory not set), STORE_NOMEM. */
 int store_user_path(const struct imapconf *conf, const char *userid,
                     const char *suffix, struct buf *path);
 

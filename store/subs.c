@@ -28,6 +28,7 @@
 #include "store/mboxname.h"
 #include "store/store.h"
 #include "store/subs.h"
+#include "store/userid.h"
 
 #define SUBS_SUFFIX "sub"
 #define SUBS_DBFLAGS CYRUSDB_MBOXSORT
@@ -222,13 +223,15 @@ int subs_rename_user(const struct imapconf *conf, const char *olduser,
     int r = STORE_OK;
 
     /* subscriptions to the old user's mailboxes follow them */
-    if (buf_printf(&rr.oldinbox, MBOXNAME_USER_PREFIX "%s", olduser) < 0 ||
-        buf_printf(&rr.newinbox, MBOXNAME_USER_PREFIX "%s", newuser) < 0)
-        r = STORE_NOMEM;
+    /* "alice@D" -> "D!user.alice"; a user id that has no INBOX (a space
+     * in it, say) has no mailboxes to follow */
+    r = userid_inbox(olduser, &rr.oldinbox);
     if (r == STORE_OK)
+        r = userid_inbox(newuser, &rr.newinbox);
+    if (r == STORE_OK || r == STORE_BADNAME)
         r = store_user_db_rename(conf, olduser, newuser, SUBS_SUFFIX,
-                                 "subscription_db", SUBS_DBFLAGS, subs_rekey,
-                                 &rr);
+                                 "subscription_db", SUBS_DBFLAGS,
+                                 r == STORE_OK ? subs_rekey : NULL, &rr);
     buf_free(&rr.oldinbox);
     buf_free(&rr.newinbox);
     return r;

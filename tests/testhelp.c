@@ -328,3 +328,16 @@ struct imapconf *th_store_conf(const char *dir, const char *backend,
     free(fname);
     return conf;
 }
+
+struct imapconf *th_store_conf_vd(const char *dir, const char *backend,
+                                  const char *extra)
+{
+    struct buf text = BUF_INITIALIZER;
+    struct imapconf *conf;
+
+    buf_printf(&text, "virtdomains: on\ndefaultdomain: default.example\n%s",
+               extra ? extra : "");
+    conf = th_store_conf(dir, backend, buf_cstring(&text));
+    buf_free(&text);
+    return conf;
+}

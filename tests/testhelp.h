@@ -105,5 +105,30 @@ int th_run_per_backend(const char *group, const struct th_case *cases,
 struct imapconf;
 struct imapconf *th_store_conf(const char *dir, const char *backend,
                                const char *extra);
+/* The same with "virtdomains: on" and a defaultdomain added. */
+struct imapconf *th_store_conf_vd(const char *dir, const char *backend,
+                                  const char *extra);
+
+/* Virtual domains in the store suites: each suite is built twice, once as
+ * it is and once with -DTH_DOMAIN='"example.com"' (the *_vd programs).
+ * Its mailbox names are written TH_D "user.alice", which is
+ * "example.com!user.alice" in the second build, TH_U the suffix of its
+ * user ids ("@example.com"), TH_DPATH / TH_DPATH_H the directories the
+ * domain adds to spool and per-user paths, and every fixture there runs
+ * with
+ * "virtdomains: on".  So every case of the store runs a second time with
+ * all its mailboxes in a virtual domain, for every backend. */
+#ifdef TH_DOMAIN
+#define TH_D TH_DOMAIN "!"
+#define TH_U "@" TH_DOMAIN
+#define TH_DPATH "domain/" TH_DOMAIN "/"          /* spool, not hashed */
+#define TH_DPATH_H "domain/e/" TH_DOMAIN "/"      /* hashed; per user */
+#define th_store_conf th_store_conf_vd
+#else
+#define TH_D ""
+#define TH_U ""
+#define TH_DPATH ""
+#define TH_DPATH_H ""
+#endif
 
 #endif

@@ -504,7 +504,7 @@ static void test_append_one(void **state)
 
     /* the per-file sync round, whose fsyncs this case counts */
     ta_setup(&f, backend, "one", "spool_sync: file\n");
-    mb = ta_create_open(&f, "user.alice", "default");
+    mb = ta_create_open(&f, TH_D "user.alice", "default");
     ta_message(&m, 1, 1);
     st = ta_stage(f.conf, NULL, m.s, m.len, 13);
 
@@ -596,7 +596,7 @@ static void test_append_many_rcpts(void **state)
     /* the per-file sync round, whose fsyncs this case counts */
     ta_setup(&f, backend, "rcpts", "spool_sync: file\n");
     for (i = 0; i < 10; i++) {
-        snprintf(name, sizeof(name), "user.r%d", i);
+        snprintf(name, sizeof(name), TH_D "user.r%d", i);
         mbs[i] = ta_create_open(&f, name, "default");
     }
     ta_message(&m, 2, 5);
@@ -666,9 +666,9 @@ static void test_append_partitions(void **state)
 
     buf_printf(&extra, "partition-other: %s\n", dir);
     ta_setup(&f, backend, "parts", buf_cstring(&extra));
-    home = ta_create_open(&f, "user.home", "default");
-    o1 = ta_create_open(&f, "user.away1", "other");
-    o2 = ta_create_open(&f, "user.away2", "other");
+    home = ta_create_open(&f, TH_D "user.home", "default");
+    o1 = ta_create_open(&f, TH_D "user.away1", "other");
+    o2 = ta_create_open(&f, TH_D "user.away2", "other");
     assert_string_equal(mailbox_partition(o1), "other");
 
     ta_message(&m, 4, 2);
@@ -753,12 +753,12 @@ static void test_append_quota(void **state)
     uint32_t uid = 77;
 
     ta_setup(&f, backend, "quota", NULL);
-    small = ta_create_open(&f, "user.small", "default");
-    counted = ta_create_open(&f, "user.counted", "default");
-    free_mb = ta_create_open(&f, "user.free", "default");
+    small = ta_create_open(&f, TH_D "user.small", "default");
+    counted = ta_create_open(&f, TH_D "user.counted", "default");
+    free_mb = ta_create_open(&f, TH_D "user.free", "default");
     assert_int_equal(quota_open(f.conf, &q), STORE_OK);
-    assert_int_equal(quota_set(q, "user.small", 1, QUOTA_UNLIMITED), STORE_OK);
-    assert_int_equal(quota_set(q, "user.counted", QUOTA_UNLIMITED, 1),
+    assert_int_equal(quota_set(q, TH_D "user.small", 1, QUOTA_UNLIMITED), STORE_OK);
+    assert_int_equal(quota_set(q, TH_D "user.counted", QUOTA_UNLIMITED, 1),
                      STORE_OK);
     quota_close(&q);
 
@@ -798,10 +798,10 @@ static void test_append_quota(void **state)
     h = ta_header(counted);
     assert_int_equal(h->exists, 2);
     assert_int_equal(quota_open(f.conf, &q), STORE_OK);
-    assert_int_equal(quota_get(q, "user.counted", &qv), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user.counted", &qv), STORE_OK);
     assert_int_equal(qv.used_messages, 2);
     assert_int_equal(qv.used_bytes, 2 * m.len);
-    assert_int_equal(quota_get(q, "user.small", &qv), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user.small", &qv), STORE_OK);
     assert_int_equal(qv.used_messages, 1);
     quota_close(&q);
     ta_assert_check(small);
@@ -825,7 +825,7 @@ static void test_append_toobig(void **state)
     uint32_t uid = 5;
 
     ta_setup(&f, backend, "toobig", "maxmessagesize: 1000\n");
-    mb = ta_create_open(&f, "user.big", "default");
+    mb = ta_create_open(&f, TH_D "user.big", "default");
     ta_message(&m, 0, 1);   /* body longer than 1000 bytes */
     assert_true(m.len > 1000);
     log_init("test_append", LOG_TO_NONE);
@@ -872,7 +872,7 @@ static void ta_child(const struct imapconf *conf, unsigned p, int barrier,
 
     th_child_signals();
     alarm(60);
-    r = mailbox_open(conf, "user.shared", "default", &mb);
+    r = mailbox_open(conf, TH_D "user.shared", "default", &mb);
     if (r)
         ta_child_fail(p, "mailbox_open", r);
     if (read(barrier, &c, 1) < 0)
@@ -927,7 +927,7 @@ static void test_append_concurrent(void **state)
     char sbuf[64];
 
     ta_setup(&f, backend, "conc", NULL);
-    mb = ta_create_open(&f, "user.shared", "default");
+    mb = ta_create_open(&f, TH_D "user.shared", "default");
     mailbox_close(&mb);   /* handles are per process: none across fork */
     sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -955,7 +955,7 @@ static void test_append_concurrent(void **state)
     }
     assert_false(failed);
 
-    assert_int_equal(mailbox_open(f.conf, "user.shared", "default", &mb),
+    assert_int_equal(mailbox_open(f.conf, TH_D "user.shared", "default", &mb),
                      STORE_OK);
     ta_assert_check(mb);
     assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
@@ -993,7 +993,7 @@ static void test_append_concurrent(void **state)
 /* ---- quota roots on every recipient ------------------------------------ */
 
 /* Ten recipient mailboxes: seven are quota roots of their own, three sit
- * under one root "user.grp" (which is not a mailbox).  Each message goes
+ * under one root TH_D "user.grp" (which is not a mailbox).  Each message goes
  * to all ten, in an order that depends on the sender (forward or
  * backward, rotated), and every fourth one to its first recipient twice:
  * append_commit() finishes them all with one mailbox_append_finish_many()
@@ -1005,8 +1005,8 @@ static void test_append_concurrent(void **state)
 #define TQ_SINGLE 12
 
 static const char *const tq_names[TQ_NMB] = {
-    "user.q0", "user.q1", "user.q2", "user.q3", "user.q4", "user.q5",
-    "user.q6", "user.grp.a", "user.grp.b", "user.grp.c"
+    TH_D "user.q0", TH_D "user.q1", TH_D "user.q2", TH_D "user.q3", TH_D "user.q4", TH_D "user.q5",
+    TH_D "user.q6", TH_D "user.grp.a", TH_D "user.grp.b", TH_D "user.grp.c"
 };
 
 struct tq_usage {
@@ -1130,7 +1130,7 @@ static void tq_verify(struct ta_fix *f, struct mailbox **mbs,
         assert_int_equal(qv.used_bytes, u->bytes[k]);
         assert_int_equal(qv.used_messages, u->msgs[k]);
     }
-    assert_int_equal(quota_get(q, "user.grp", &qv), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user.grp", &qv), STORE_OK);
     assert_int_equal(qv.used_bytes, gb);
     assert_int_equal(qv.used_messages, gm);
 }
@@ -1176,7 +1176,7 @@ static void test_append_quota_rcpts(void **state)
     for (k = 0; k < TQ_OWN; k++)
         assert_int_equal(quota_set(q, tq_names[k], QUOTA_UNLIMITED,
                                    QUOTA_UNLIMITED), STORE_OK);
-    assert_int_equal(quota_set(q, "user.grp", 1LL << 30, 1000000), STORE_OK);
+    assert_int_equal(quota_set(q, TH_D "user.grp", 1LL << 30, 1000000), STORE_OK);
     quota_close(&q);
     memset(&u, 0, sizeof(u));
 
@@ -1232,8 +1232,8 @@ static void test_append_quota_rcpts(void **state)
      * the messages still become visible, and every mailbox keeps "quota
      * not yet told" for its next exclusive locker */
     assert_int_equal(quota_shared(f.conf, &q), STORE_OK);
-    assert_int_equal(quota_get(q, "user.grp", &grp), STORE_OK);
-    tq_raw_root(&f, backend, "user.grp", "garbage");
+    assert_int_equal(quota_get(q, TH_D "user.grp", &grp), STORE_OK);
+    tq_raw_root(&f, backend, TH_D "user.grp", "garbage");
     log_init("test_append", LOG_TO_NONE);
     assert_int_equal(tq_deliver(f.conf, mbs, TQ_PROCS + 1, 1,
                                 APPEND_IGNORE_QUOTA), STORE_OK);
@@ -1257,7 +1257,7 @@ static void test_append_quota_rcpts(void **state)
     snprintf(val, sizeof(val), "%lld %lld %llu %llu", grp.storage_limit_kb,
              grp.message_limit, (unsigned long long)grp.used_bytes,
              (unsigned long long)grp.used_messages);
-    tq_raw_root(&f, backend, "user.grp", val);
+    tq_raw_root(&f, backend, TH_D "user.grp", val);
     for (k = 0; k < TQ_NMB; k++) {
         assert_int_equal(mailbox_lock(mbs[k], MAILBOX_LOCK_EXCLUSIVE),
                          STORE_OK);

@@ -71,8 +71,8 @@ static void fixture_up(struct fixture *f, const char *backend, const char *extra
     f->dir = th_mkdtemp("deliver");
     f->conf = th_store_conf(f->dir, backend, extra);
     assert_int_equal(mboxlist_open(f->conf, &ml), STORE_OK);
-    assert_int_equal(mboxlist_create(ml, "user.alice", NULL, NULL, NULL), STORE_OK);
-    assert_int_equal(mboxlist_create(ml, "user.bob", NULL, NULL, NULL), STORE_OK);
+    assert_int_equal(mboxlist_create(ml, TH_D "user.alice", NULL, NULL, NULL), STORE_OK);
+    assert_int_equal(mboxlist_create(ml, TH_D "user.bob", NULL, NULL, NULL), STORE_OK);
     mboxlist_close(&ml);
     assert_int_equal(deliver_ctx_new(f->conf, &f->ctx), STORE_OK);
 }
@@ -90,8 +90,8 @@ static void test_rcpts(void **state)
     struct fixture f;
     struct append_stage *st;
     struct deliver_rcpt r[4] = {
-        { .mailbox = "user.alice" }, { .mailbox = "user.nobody" },
-        { .mailbox = "user.bob" }, { .mailbox = "user.alice" },
+        { .mailbox = TH_D "user.alice" }, { .mailbox = TH_D "user.nobody" },
+        { .mailbox = TH_D "user.bob" }, { .mailbox = TH_D "user.alice" },
     };
 
     fixture_up(&f, *state, NULL);
@@ -108,8 +108,8 @@ static void test_rcpts(void **state)
     assert_int_equal(r[3].result, STORE_OK);
     assert_int_equal(r[3].uid, 1);
     append_stage_free(&st);
-    assert_int_equal(test_exists(f.conf, "user.alice"), 1);
-    assert_int_equal(test_exists(f.conf, "user.bob"), 1);
+    assert_int_equal(test_exists(f.conf, TH_D "user.alice"), 1);
+    assert_int_equal(test_exists(f.conf, TH_D "user.bob"), 1);
     fixture_down(&f);
 }
 
@@ -117,8 +117,8 @@ static void test_duplicates(void **state)
 {
     struct fixture f;
     struct append_stage *st;
-    struct deliver_rcpt r[2] = { { .mailbox = "user.alice" },
-                                 { .mailbox = "user.bob" } };
+    struct deliver_rcpt r[2] = { { .mailbox = TH_D "user.alice" },
+                                 { .mailbox = TH_D "user.bob" } };
     int i;
 
     fixture_up(&f, *state, NULL);
@@ -137,8 +137,8 @@ static void test_duplicates(void **state)
         if (i == 2)
             assert_int_equal(r[1].duplicate, 1);
     }
-    assert_int_equal(test_exists(f.conf, "user.alice"), 1);
-    assert_int_equal(test_exists(f.conf, "user.bob"), 1);
+    assert_int_equal(test_exists(f.conf, TH_D "user.alice"), 1);
+    assert_int_equal(test_exists(f.conf, TH_D "user.bob"), 1);
     /* another Message-ID is delivered; DELIVER_NO_DUPCHECK stores again */
     st = test_stage(f.conf, test_msg);
     assert_int_equal(deliver_message(f.ctx, st, "<2@example.org>", 15, r, 1, 0),
@@ -149,7 +149,7 @@ static void test_duplicates(void **state)
     assert_int_equal(r[0].duplicate, 0);
     assert_int_equal(r[0].result, STORE_OK);
     append_stage_free(&st);
-    assert_int_equal(test_exists(f.conf, "user.alice"), 3);
+    assert_int_equal(test_exists(f.conf, TH_D "user.alice"), 3);
     fixture_down(&f);
 }
 
@@ -157,7 +157,7 @@ static void test_suppression_off(void **state)
 {
     struct fixture f;
     struct append_stage *st;
-    struct deliver_rcpt r[1] = { { .mailbox = "user.alice" } };
+    struct deliver_rcpt r[1] = { { .mailbox = TH_D "user.alice" } };
     int i;
 
     fixture_up(&f, *state, "duplicatesuppression: no\n");
@@ -169,7 +169,7 @@ static void test_suppression_off(void **state)
         assert_int_equal(r[0].duplicate, 0);
         append_stage_free(&st);
     }
-    assert_int_equal(test_exists(f.conf, "user.alice"), 2);
+    assert_int_equal(test_exists(f.conf, TH_D "user.alice"), 2);
     fixture_down(&f);
 }
 
@@ -178,12 +178,12 @@ static void test_quota(void **state)
     struct fixture f;
     struct quota_db *q = NULL;
     struct append_stage *st;
-    struct deliver_rcpt r[2] = { { .mailbox = "user.alice" },
-                                 { .mailbox = "user.bob" } };
+    struct deliver_rcpt r[2] = { { .mailbox = TH_D "user.alice" },
+                                 { .mailbox = TH_D "user.bob" } };
 
     fixture_up(&f, *state, NULL);
     assert_int_equal(quota_open(f.conf, &q), STORE_OK);
-    assert_int_equal(quota_set(q, "user.alice", QUOTA_UNLIMITED, 1), STORE_OK);
+    assert_int_equal(quota_set(q, TH_D "user.alice", QUOTA_UNLIMITED, 1), STORE_OK);
     quota_close(&q);
     st = test_stage(f.conf, test_msg);
     assert_int_equal(deliver_message(f.ctx, st, NULL, 0, r, 2, 0), STORE_OK);
@@ -196,8 +196,8 @@ static void test_quota(void **state)
                                      DELIVER_IGNORE_QUOTA), STORE_OK);
     assert_int_equal(r[0].result, STORE_OK);
     append_stage_free(&st);
-    assert_int_equal(test_exists(f.conf, "user.alice"), 2);
-    assert_int_equal(test_exists(f.conf, "user.bob"), 2);
+    assert_int_equal(test_exists(f.conf, TH_D "user.alice"), 2);
+    assert_int_equal(test_exists(f.conf, TH_D "user.bob"), 2);
     fixture_down(&f);
 }
 

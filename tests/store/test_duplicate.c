@@ -100,7 +100,7 @@ static unsigned long count_records(struct fx *f)
     return kept;
 }
 
-/* Load n records "<msg-I@test>" NUL "user.x" -> "when(I) I" in one
+/* Load n records "<msg-I@test>" NUL TH_D "user.x" -> "when(I) I" in one
  * transaction; when(I) = old for I % 4 != 0, fresh otherwise. */
 static void load_records(struct fx *f, unsigned n, time_t old, time_t fresh)
 {
@@ -118,8 +118,8 @@ static void load_records(struct fx *f, unsigned n, time_t old, time_t fresh)
         int kl = snprintf(key, sizeof(key), "<msg-%u@test>", i);
         int vl = snprintf(val, sizeof(val), "%lld %u",
                           (long long)(i % 4 ? old : fresh), i);
-        memcpy(key + kl, "\0user.x", 7);
-        kl += 7;
+        memcpy(key + kl, "\0" TH_D "user.x", sizeof("\0" TH_D "user.x") - 1);
+        kl += (int)sizeof("\0" TH_D "user.x") - 1;
         assert_int_equal(cyrusdb_store(db, key, (size_t)kl, val, (size_t)vl,
                                        &tid), CYRUSDB_OK);
     }
@@ -138,47 +138,47 @@ static void test_check_mark(void **state)
     time_t t;
 
     fx_init(&f, state);
-    expect_none(&f, ID("<a@b>"), "user.a");
-    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), "user.a", 1000, 5),
+    expect_none(&f, ID("<a@b>"), TH_D "user.a");
+    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), TH_D "user.a", 1000, 5),
                      STORE_OK);
-    expect_dup(&f, ID("<a@b>"), "user.a", 1000, 5);
+    expect_dup(&f, ID("<a@b>"), TH_D "user.a", 1000, 5);
     /* uid_r may be NULL */
     t = 0;
-    assert_int_equal(duplicate_check(f.d, ID("<a@b>"), "user.a", &t, NULL),
+    assert_int_equal(duplicate_check(f.d, ID("<a@b>"), TH_D "user.a", &t, NULL),
                      STORE_OK);
     assert_int_equal(t, 1000);
     /* other mailbox, prefix ids, longer mailbox: all distinct */
-    expect_none(&f, ID("<a@b>"), "user.b");
-    expect_none(&f, ID("<a@b"), "user.a");
-    expect_none(&f, ID("<a@b>x"), "user.a");
-    expect_none(&f, ID("<a@b>"), "user.a.x");
+    expect_none(&f, ID("<a@b>"), TH_D "user.b");
+    expect_none(&f, ID("<a@b"), TH_D "user.a");
+    expect_none(&f, ID("<a@b>x"), TH_D "user.a");
+    expect_none(&f, ID("<a@b>"), TH_D "user.a.x");
     /* re-mark replaces */
-    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), "user.a", 2000, 6),
+    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), TH_D "user.a", 2000, 6),
                      STORE_OK);
-    expect_dup(&f, ID("<a@b>"), "user.a", 2000, 6);
-    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), "user.b", 3000, 0),
+    expect_dup(&f, ID("<a@b>"), TH_D "user.a", 2000, 6);
+    assert_int_equal(duplicate_mark(f.d, ID("<a@b>"), TH_D "user.b", 3000, 0),
                      STORE_OK);
-    expect_dup(&f, ID("<a@b>"), "user.b", 3000, 0);
-    expect_dup(&f, ID("<a@b>"), "user.a", 2000, 6);
+    expect_dup(&f, ID("<a@b>"), TH_D "user.b", 3000, 0);
+    expect_dup(&f, ID("<a@b>"), TH_D "user.a", 2000, 6);
     /* big values round-trip */
-    assert_int_equal(duplicate_mark(f.d, ID("<big@x>"), "user.a",
+    assert_int_equal(duplicate_mark(f.d, ID("<big@x>"), TH_D "user.a",
                                     (time_t)4102444800LL, UINT32_MAX),
                      STORE_OK);
-    expect_dup(&f, ID("<big@x>"), "user.a", (time_t)4102444800LL, UINT32_MAX);
-    assert_int_equal(duplicate_mark(f.d, ID("<neg@x>"), "user.a", -1, 1),
+    expect_dup(&f, ID("<big@x>"), TH_D "user.a", (time_t)4102444800LL, UINT32_MAX);
+    assert_int_equal(duplicate_mark(f.d, ID("<neg@x>"), TH_D "user.a", -1, 1),
                      STORE_INTERNAL);
-    expect_none(&f, ID("<neg@x>"), "user.a");
+    expect_none(&f, ID("<neg@x>"), TH_D "user.a");
 
     /* survives a reopen */
     duplicate_close(&f.d);
     assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
-    expect_dup(&f, ID("<a@b>"), "user.a", 2000, 6);
+    expect_dup(&f, ID("<a@b>"), TH_D "user.a", 2000, 6);
     fx_done(&f);
 }
 
 static void test_mark_many(void **state)
 {
-    static const char *const boxes[] = { "user.a", "user.b", "user.c.d" };
+    static const char *const boxes[] = { TH_D "user.a", TH_D "user.b", TH_D "user.c.d" };
     static const uint32_t uids[] = { 7, 8, 9 };
     const char *bad[2];
     uint32_t baduids[2] = { 1, 2 };
@@ -188,10 +188,10 @@ static void test_mark_many(void **state)
     fx_init(&f, state);
     assert_int_equal(duplicate_mark_many(f.d, ID("<m@x>"), boxes, uids, 3,
                                          5000), STORE_OK);
-    expect_dup(&f, ID("<m@x>"), "user.a", 5000, 7);
-    expect_dup(&f, ID("<m@x>"), "user.b", 5000, 8);
-    expect_dup(&f, ID("<m@x>"), "user.c.d", 5000, 9);
-    expect_none(&f, ID("<m@x>"), "user.c");
+    expect_dup(&f, ID("<m@x>"), TH_D "user.a", 5000, 7);
+    expect_dup(&f, ID("<m@x>"), TH_D "user.b", 5000, 8);
+    expect_dup(&f, ID("<m@x>"), TH_D "user.c.d", 5000, 9);
+    expect_none(&f, ID("<m@x>"), TH_D "user.c");
     /* nothing to do is fine */
     assert_int_equal(duplicate_mark_many(f.d, ID("<m@x>"), boxes, uids, 0,
                                          5000), STORE_OK);
@@ -199,14 +199,14 @@ static void test_mark_many(void **state)
     memset(longbox, 'x', sizeof(longbox) - 1);
     longbox[sizeof(longbox) - 1] = '\0';
     bad[0] = longbox;
-    bad[1] = "user.e";
+    bad[1] = TH_D "user.e";
     assert_int_equal(duplicate_mark_many(f.d, ID("<n@x>"), bad, baduids, 2,
                                          6000), STORE_OK);
-    expect_dup(&f, ID("<n@x>"), "user.e", 6000, 2);
+    expect_dup(&f, ID("<n@x>"), TH_D "user.e", 6000, 2);
     /* a negative time records nothing */
     assert_int_equal(duplicate_mark_many(f.d, ID("<o@x>"), boxes, uids, 3, -1),
                      STORE_INTERNAL);
-    expect_none(&f, ID("<o@x>"), "user.a");
+    expect_none(&f, ID("<o@x>"), TH_D "user.a");
     fx_done(&f);
 }
 
@@ -224,21 +224,21 @@ static void test_bad_ids(void **state)
     mbox[sizeof(mbox) - 1] = '\0';
 
     /* empty: not tracked */
-    assert_int_equal(duplicate_mark(f.d, "", 0, "user.a", now, 1), STORE_OK);
-    expect_none(&f, "", 0, "user.a");
+    assert_int_equal(duplicate_mark(f.d, "", 0, TH_D "user.a", now, 1), STORE_OK);
+    expect_none(&f, "", 0, TH_D "user.a");
     /* exactly the maximum: tracked */
-    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX, "user.a", now,
+    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX, TH_D "user.a", now,
                                     2), STORE_OK);
-    expect_dup(&f, id, DUPLICATE_ID_MAX, "user.a", now, 2);
+    expect_dup(&f, id, DUPLICATE_ID_MAX, TH_D "user.a", now, 2);
     /* one more: not tracked, and not confused with the shorter one */
-    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX + 1, "user.a",
+    assert_int_equal(duplicate_mark(f.d, id, DUPLICATE_ID_MAX + 1, TH_D "user.a",
                                     now, 3), STORE_OK);
-    expect_none(&f, id, DUPLICATE_ID_MAX + 1, "user.a");
+    expect_none(&f, id, DUPLICATE_ID_MAX + 1, TH_D "user.a");
     /* a NUL inside the id: not tracked */
-    assert_int_equal(duplicate_mark(f.d, ID("<a\0b>"), "user.a", now, 4),
+    assert_int_equal(duplicate_mark(f.d, ID("<a\0b>"), TH_D "user.a", now, 4),
                      STORE_OK);
-    expect_none(&f, ID("<a\0b>"), "user.a");
-    expect_none(&f, ID("<a"), "user.a");
+    expect_none(&f, ID("<a\0b>"), TH_D "user.a");
+    expect_none(&f, ID("<a"), TH_D "user.a");
     /* mailbox empty or too long: not tracked */
     assert_int_equal(duplicate_mark(f.d, ID("<m@x>"), "", now, 5), STORE_OK);
     expect_none(&f, ID("<m@x>"), "");
@@ -277,32 +277,32 @@ static void test_prune(void **state)
     fx_init(&f, state);
     for (i = 0; i < 5; i++) {
         n = snprintf(id, sizeof(id), "<old-%d>", i);
-        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, "user.a",
+        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, TH_D "user.a",
                                         now - 10 * DAY, (uint32_t)i),
                          STORE_OK);
     }
     for (i = 0; i < 3; i++) {
         n = snprintf(id, sizeof(id), "<mid-%d>", i);
-        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, "user.a",
+        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, TH_D "user.a",
                                         now - 2 * DAY, (uint32_t)i),
                          STORE_OK);
     }
     for (i = 0; i < 2; i++) {
         n = snprintf(id, sizeof(id), "<new-%d>", i);
-        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, "user.a",
+        assert_int_equal(duplicate_mark(f.d, id, (size_t)n, TH_D "user.a",
                                         now + DAY, (uint32_t)i), STORE_OK);
     }
     /* re-marking an old one makes it fresh */
-    assert_int_equal(duplicate_mark(f.d, ID("<old-4>"), "user.a", now, 44),
+    assert_int_equal(duplicate_mark(f.d, ID("<old-4>"), TH_D "user.a", now, 44),
                      STORE_OK);
 
     assert_int_equal(duplicate_prune(f.d, 5, &pruned, &kept), STORE_OK);
     assert_int_equal(pruned, 4);
     assert_int_equal(kept, 6);
-    expect_none(&f, ID("<old-0>"), "user.a");
-    expect_none(&f, ID("<old-3>"), "user.a");
-    expect_dup(&f, ID("<old-4>"), "user.a", now, 44);
-    expect_dup(&f, ID("<mid-2>"), "user.a", now - 2 * DAY, 2);
+    expect_none(&f, ID("<old-0>"), TH_D "user.a");
+    expect_none(&f, ID("<old-3>"), TH_D "user.a");
+    expect_dup(&f, ID("<old-4>"), TH_D "user.a", now, 44);
+    expect_dup(&f, ID("<mid-2>"), TH_D "user.a", now - 2 * DAY, 2);
 
     /* again: nothing more */
     assert_int_equal(duplicate_prune(f.d, 5, &pruned, &kept), STORE_OK);
@@ -314,15 +314,15 @@ static void test_prune(void **state)
     assert_int_equal(duplicate_prune(f.d, 1, &pruned, &kept), STORE_OK);
     assert_int_equal(pruned, 3);
     assert_int_equal(kept, 3);
-    expect_none(&f, ID("<mid-0>"), "user.a");
+    expect_none(&f, ID("<mid-0>"), TH_D "user.a");
     /* days 0: everything before now goes, the future stays */
-    assert_int_equal(duplicate_mark(f.d, ID("<past>"), "user.a", now - 10, 1),
+    assert_int_equal(duplicate_mark(f.d, ID("<past>"), TH_D "user.a", now - 10, 1),
                      STORE_OK);
     assert_int_equal(duplicate_prune(f.d, 0, &pruned, &kept), STORE_OK);
     assert_int_equal(pruned >= 1 && pruned <= 2, 1);   /* "<old-4>" at now */
     assert_int_equal(pruned + kept, 4);
-    expect_none(&f, ID("<past>"), "user.a");
-    expect_dup(&f, ID("<new-1>"), "user.a", now + DAY, 1);
+    expect_none(&f, ID("<past>"), TH_D "user.a");
+    expect_dup(&f, ID("<new-1>"), TH_D "user.a", now + DAY, 1);
 
     assert_int_equal(duplicate_prune(f.d, -1, &pruned, &kept), STORE_INTERNAL);
     fx_done(&f);
@@ -343,7 +343,7 @@ static void test_damaged(void **state)
     int i, kl;
 
     fx_init(&f, state);
-    assert_int_equal(duplicate_mark(f.d, ID("<good>"), "user.a", now, 1),
+    assert_int_equal(duplicate_mark(f.d, ID("<good>"), TH_D "user.a", now, 1),
                      STORE_OK);
     duplicate_close(&f.d);
     conf = th_path(f.dir, "conf");
@@ -365,12 +365,12 @@ static void test_damaged(void **state)
 
     for (i = 0; bad[i]; i++) {
         kl = snprintf(key, sizeof(key), "<bad-%d>", i);
-        expect_none(&f, key, (size_t)kl, "user.a");   /* read as absent */
+        expect_none(&f, key, (size_t)kl, TH_D "user.a");   /* read as absent */
     }
     assert_int_equal(duplicate_prune(f.d, 3, &pruned, &kept), STORE_OK);
     assert_int_equal(pruned, 11);
     assert_int_equal(kept, 1);
-    expect_dup(&f, ID("<good>"), "user.a", now, 1);
+    expect_dup(&f, ID("<good>"), TH_D "user.a", now, 1);
     fx_done(&f);
 }
 
@@ -403,13 +403,13 @@ static void test_prune_big(void **state)
         fail_msg("prune of %d records took %.2f s, more than 20 times "
                  "their load (%.2f s)", BIG, t1 - t0, t_load);
     n = snprintf(id, sizeof(id), "<msg-%u@test>", 0u);
-    expect_dup(&f, id, (size_t)n, "user.x", now - DAY, 0);
+    expect_dup(&f, id, (size_t)n, TH_D "user.x", now - DAY, 0);
     n = snprintf(id, sizeof(id), "<msg-%u@test>", (unsigned)BIG - 4);
-    expect_dup(&f, id, (size_t)n, "user.x", now - DAY, BIG - 4);
+    expect_dup(&f, id, (size_t)n, TH_D "user.x", now - DAY, BIG - 4);
     n = snprintf(id, sizeof(id), "<msg-%u@test>", 1u);
-    expect_none(&f, id, (size_t)n, "user.x");
+    expect_none(&f, id, (size_t)n, TH_D "user.x");
     n = snprintf(id, sizeof(id), "<msg-%u@test>", (unsigned)BIG - 1);
-    expect_none(&f, id, (size_t)n, "user.x");
+    expect_none(&f, id, (size_t)n, TH_D "user.x");
     assert_int_equal(count_records(&f), BIG / 4);
     fx_done(&f);
 }
@@ -449,7 +449,7 @@ static void test_prune_race(void **state)
             /* only the old ones: I % 4 != 0 */
             unsigned k = (unsigned)(i / 3) * 4u + (unsigned)(i % 3) + 1u;
             n = snprintf(id, sizeof(id), "<msg-%u@test>", k);
-            if (duplicate_mark(d, id, (size_t)n, "user.x", time(NULL),
+            if (duplicate_mark(d, id, (size_t)n, TH_D "user.x", time(NULL),
                                900000u + k) != STORE_OK)
                 rc = 4;
         }
@@ -470,7 +470,7 @@ static void test_prune_race(void **state)
         time_t t = 0;
         uint32_t uid = 0;
         int n = snprintf(id, sizeof(id), "<msg-%u@test>", k);
-        int r = duplicate_check(f.d, id, (size_t)n, "user.x", &t, &uid);
+        int r = duplicate_check(f.d, id, (size_t)n, TH_D "user.x", &t, &uid);
         if (r != STORE_OK)
             fail_msg("fresh mark of %s lost by prune", id);
         assert_int_equal(uid, 900000u + k);
@@ -576,7 +576,7 @@ static void test_damaged_file(void **state)
     assert_non_null(g);
     fx_init(&f, state);
     path = dup_path(&f);
-    assert_int_equal(duplicate_mark(f.d, ID("<old>"), "user.a", now, 1),
+    assert_int_equal(duplicate_mark(f.d, ID("<old>"), TH_D "user.a", now, 1),
                      STORE_OK);
     duplicate_close(&f.d);
 
@@ -585,15 +585,15 @@ static void test_damaged_file(void **state)
     assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
     assert_int_equal(count_aside(&f), 1);
     expect_aside_holds(&f, g, 0);
-    expect_none(&f, ID("<old>"), "user.a");
-    assert_int_equal(duplicate_mark(f.d, ID("<new>"), "user.a", now, 2),
+    expect_none(&f, ID("<old>"), TH_D "user.a");
+    assert_int_equal(duplicate_mark(f.d, ID("<new>"), TH_D "user.a", now, 2),
                      STORE_OK);
-    expect_dup(&f, ID("<new>"), "user.a", now, 2);
+    expect_dup(&f, ID("<new>"), TH_D "user.a", now, 2);
     duplicate_close(&f.d);
     /* the fresh file is a good one: reopened, nothing more set aside */
     assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
     assert_int_equal(count_aside(&f), 1);
-    expect_dup(&f, ID("<new>"), "user.a", now, 2);
+    expect_dup(&f, ID("<new>"), TH_D "user.a", now, 2);
     duplicate_close(&f.d);
 
     /* garbage behind an intact header (Berkeley DB is left out: a page
@@ -602,10 +602,10 @@ static void test_damaged_file(void **state)
         write_garbage(path, 64, 2, g);
         assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
         assert_int_equal(count_aside(&f), 2);
-        expect_none(&f, ID("<new>"), "user.a");
-        assert_int_equal(duplicate_mark(f.d, ID("<newer>"), "user.a", now, 3),
+        expect_none(&f, ID("<new>"), TH_D "user.a");
+        assert_int_equal(duplicate_mark(f.d, ID("<newer>"), TH_D "user.a", now, 3),
                          STORE_OK);
-        expect_dup(&f, ID("<newer>"), "user.a", now, 3);
+        expect_dup(&f, ID("<newer>"), TH_D "user.a", now, 3);
         duplicate_close(&f.d);
     }
 
@@ -654,7 +654,7 @@ static void test_damaged_file_race(void **state)
     assert_non_null(g);
     fx_init(&f, state);
     path = dup_path(&f);
-    assert_int_equal(duplicate_mark(f.d, ID("<old>"), "user.a", now, 1),
+    assert_int_equal(duplicate_mark(f.d, ID("<old>"), TH_D "user.a", now, 1),
                      STORE_OK);
     duplicate_close(&f.d);
     write_garbage(path, 0, 3, g);
@@ -676,10 +676,10 @@ static void test_damaged_file_race(void **state)
             if (duplicate_open(f.conf, &d) != STORE_OK)
                 _exit(3);
             n = snprintf(id, sizeof(id), "<child-%d>", i);
-            if (duplicate_mark(d, id, (size_t)n, "user.a", now,
+            if (duplicate_mark(d, id, (size_t)n, TH_D "user.a", now,
                                (uint32_t)i + 10) != STORE_OK)
                 _exit(4);
-            if (duplicate_check(d, id, (size_t)n, "user.a", NULL, NULL) !=
+            if (duplicate_check(d, id, (size_t)n, TH_D "user.a", NULL, NULL) !=
                 STORE_OK)
                 _exit(5);
             duplicate_close(&d);
@@ -696,9 +696,9 @@ static void test_damaged_file_race(void **state)
     assert_int_equal(count_aside(&f), 1);
     expect_aside_holds(&f, g, 0);
     assert_int_equal(duplicate_open(f.conf, &f.d), STORE_OK);
-    expect_dup(&f, ID("<child-0>"), "user.a", now, 10);
-    expect_dup(&f, ID("<child-1>"), "user.a", now, 11);
-    expect_none(&f, ID("<old>"), "user.a");
+    expect_dup(&f, ID("<child-0>"), TH_D "user.a", now, 10);
+    expect_dup(&f, ID("<child-1>"), TH_D "user.a", now, 11);
+    expect_none(&f, ID("<old>"), TH_D "user.a");
     free(path);
     free(g);
     fx_done(&f);

@@ -236,29 +236,29 @@ static void test_create_open(void **state)
     struct stat sb;
 
     fx_open(&fx, state, NULL);
-    assert_int_equal(mailbox_open(fx.conf, "user.alice", NULL, &mb),
+    assert_int_equal(mailbox_open(fx.conf, TH_D "user.alice", NULL, &mb),
                      STORE_NOTFOUND);
-    create_mb(&fx, "user.alice");
-    create_mb(&fx, "user.alice.Sent");
-    assert_int_equal(mailbox_create(fx.conf, "user.alice", NULL, "x", 0),
+    create_mb(&fx, TH_D "user.alice");
+    create_mb(&fx, TH_D "user.alice.Sent");
+    assert_int_equal(mailbox_create(fx.conf, TH_D "user.alice", NULL, "x", 0),
                      STORE_EXISTS);
-    assert_int_equal(mailbox_create(fx.conf, "user.bob", "nopart", "x", 0),
+    assert_int_equal(mailbox_create(fx.conf, TH_D "user.bob", "nopart", "x", 0),
                      STORE_BADPARTITION);
-    assert_int_equal(mailbox_create(fx.conf, "user..bob", NULL, "x", 0),
+    assert_int_equal(mailbox_create(fx.conf, TH_D "user..bob", NULL, "x", 0),
                      STORE_BADNAME);
-    assert_int_equal(mailbox_spool_dir(fx.conf, "user.alice.Sent", NULL,
+    assert_int_equal(mailbox_spool_dir(fx.conf, TH_D "user.alice.Sent", NULL,
                                        &dir), STORE_OK);
-    buf_printf(&path, "%s/user/alice/Sent", fx.spool);
+    buf_printf(&path, "%s/" TH_DPATH "user/alice/Sent", fx.spool);
     assert_string_equal(buf_cstring(&dir), buf_cstring(&path));
     buf_printf(&path, "/%s", MAILBOX_HEADER_FNAME);
     assert_int_equal(stat(buf_cstring(&path), &sb), 0);
 
-    mb = open_mb(&fx, "user.alice");
-    mb2 = open_mb(&fx, "user.alice");
+    mb = open_mb(&fx, TH_D "user.alice");
+    mb2 = open_mb(&fx, TH_D "user.alice");
     assert_ptr_equal(mb, mb2);   /* one handle per process */
     mailbox_close(&mb2);
     assert_null(mb2);
-    assert_string_equal(mailbox_name(mb), "user.alice");
+    assert_string_equal(mailbox_name(mb), TH_D "user.alice");
     assert_string_equal(mailbox_uniqueid(mb), "uid-1");
     assert_string_equal(mailbox_partition(mb), "default");
     h = header_of(mb);
@@ -274,21 +274,21 @@ static void test_create_open(void **state)
     mailbox_close(&mb);
 
     /* deleting the parent keeps the child's spool */
-    assert_int_equal(mailbox_delete_spool(fx.conf, "user.alice", NULL),
+    assert_int_equal(mailbox_delete_spool(fx.conf, TH_D "user.alice", NULL),
                      STORE_OK);
-    assert_int_equal(mailbox_open(fx.conf, "user.alice", NULL, &mb),
+    assert_int_equal(mailbox_open(fx.conf, TH_D "user.alice", NULL, &mb),
                      STORE_NOTFOUND);
-    mb = open_mb(&fx, "user.alice.Sent");
+    mb = open_mb(&fx, TH_D "user.alice.Sent");
     mailbox_close(&mb);
-    assert_int_equal(mailbox_delete_spool(fx.conf, "user.alice.Sent", NULL),
+    assert_int_equal(mailbox_delete_spool(fx.conf, TH_D "user.alice.Sent", NULL),
                      STORE_OK);
     buf_reset(&path);
-    buf_printf(&path, "%s/user/alice", fx.spool);
+    buf_printf(&path, "%s/" TH_DPATH "user/alice", fx.spool);
     assert_int_equal(stat(buf_cstring(&path), &sb), -1);
     /* a directory left without index is reused */
     buf_printf(&path, "/Drafts");
     assert_int_equal(fs_mkdir_p(buf_cstring(&path), 0750), 0);
-    assert_int_equal(mailbox_create(fx.conf, "user.alice.Drafts", NULL, "d",
+    assert_int_equal(mailbox_create(fx.conf, TH_D "user.alice.Drafts", NULL, "d",
                                     0), STORE_OK);
     buf_free(&dir);
     buf_free(&path);
@@ -302,17 +302,17 @@ static void test_hashed_spool(void **state)
     struct mailbox *mb;
 
     fx_open(&fx, state, "hashimapspool: yes\n");
-    create_mb(&fx, "user.Zed");
-    assert_int_equal(mailbox_spool_dir(fx.conf, "user.Zed", NULL, &dir),
+    create_mb(&fx, TH_D "user.Zed");
+    assert_int_equal(mailbox_spool_dir(fx.conf, TH_D "user.Zed", NULL, &dir),
                      STORE_OK);
-    buf_printf(&want, "%s/z/user/Zed", fx.spool);
+    buf_printf(&want, "%s/" TH_DPATH_H "z/user/Zed", fx.spool);
     assert_string_equal(buf_cstring(&dir), buf_cstring(&want));
-    mb = open_mb(&fx, "user.Zed");
+    mb = open_mb(&fx, TH_D "user.Zed");
     append(&fx, mb, 1, 300);
     assert_string_equal(mailbox_dir(mb), buf_cstring(&want));
     expect_check_ok(mb);
     mailbox_close(&mb);
-    assert_int_equal(mailbox_delete_spool(fx.conf, "user.Zed", NULL),
+    assert_int_equal(mailbox_delete_spool(fx.conf, TH_D "user.Zed", NULL),
                      STORE_OK);
     buf_reset(&want);
     buf_printf(&want, "%s/z", fx.spool);
@@ -334,8 +334,8 @@ static void test_append(void **state)
     int fd;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.a");
-    mb = open_mb(&fx, "user.a");
+    create_mb(&fx, TH_D "user.a");
+    mb = open_mb(&fx, TH_D "user.a");
     make_message(&m, 7, 2000);
     uid = reserve(&fx, mb, &m, MAILBOX_FLAG_SEEN);
     assert_int_equal(uid, 1);
@@ -383,7 +383,7 @@ static void test_append(void **state)
     mailbox_close(&mb);
 
     /* a fresh process view (no handle left) sees the same */
-    mb = open_mb(&fx, "user.a");
+    mb = open_mb(&fx, TH_D "user.a");
     h = header_of(mb);
     assert_int_equal(h.exists, 11);
     expect_check_ok(mb);
@@ -405,8 +405,8 @@ static void test_visible_order(void **state)
     uint64_t sizes;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.v");
-    mb = open_mb(&fx, "user.v");
+    create_mb(&fx, TH_D "user.v");
+    mb = open_mb(&fx, TH_D "user.v");
     make_message(&m, 1, 500);
     sizes = m.len;
     a = reserve(&fx, mb, &m, 0);
@@ -471,8 +471,8 @@ static void test_flags_expunge(void **state)
     int junk, work, n;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.f");
-    mb = open_mb(&fx, "user.f");
+    create_mb(&fx, TH_D "user.f");
+    mb = open_mb(&fx, TH_D "user.f");
     append(&fx, mb, 1, 300);
     append(&fx, mb, 2, 600);
     append(&fx, mb, 3, 900);
@@ -536,7 +536,7 @@ static void test_flags_expunge(void **state)
             int ok;
 
             th_child_signals();
-            if (mailbox_open(fx.conf, "user.f", NULL, &cm) != STORE_OK)
+            if (mailbox_open(fx.conf, TH_D "user.f", NULL, &cm) != STORE_OK)
                 _exit(1);
             ok = mailbox_user_flag(cm, "WORK", 0, &n) == STORE_OK &&
                  n == work && mailbox_user_flag_name(cm, junk) &&
@@ -565,8 +565,8 @@ static void test_cleanup(void **state)
     char c;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.c");
-    mb = open_mb(&fx, "user.c");
+    create_mb(&fx, TH_D "user.c");
+    mb = open_mb(&fx, TH_D "user.c");
     for (unsigned i = 0; i < 5; i++)
         append(&fx, mb, i, 200 + 10 * i);
 
@@ -581,7 +581,7 @@ static void test_cleanup(void **state)
         int ok;
 
         th_child_signals();
-        if (mailbox_open(fx.conf, "user.c", NULL, &cm) != STORE_OK)
+        if (mailbox_open(fx.conf, TH_D "user.c", NULL, &cm) != STORE_OK)
             _exit(1);
         if (write(sync_pipe[1], "r", 1) != 1 || read(go_pipe[0], &c, 1) != 1)
             _exit(2);
@@ -658,8 +658,8 @@ static void test_concurrent_reader(void **state)
     pid_t pid;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.r");
-    mb = open_mb(&fx, "user.r");
+    create_mb(&fx, TH_D "user.r");
+    mb = open_mb(&fx, TH_D "user.r");
     append(&fx, mb, 0, 100);
     assert_int_equal(pipe(stop_pipe), 0);
     pid = fork();
@@ -675,7 +675,7 @@ static void test_concurrent_reader(void **state)
         close(stop_pipe[1]);
         if (fcntl(stop_pipe[0], F_SETFL, O_NONBLOCK) < 0)
             _exit(1);
-        if (mailbox_open(fx.conf, "user.r", NULL, &cm) != STORE_OK)
+        if (mailbox_open(fx.conf, TH_D "user.r", NULL, &cm) != STORE_OK)
             _exit(1);
         for (;;) {
             const struct mailbox_header *h;
@@ -742,8 +742,8 @@ static void dead_appender(struct fx *fx, int damage)
     struct buf path = BUF_INITIALIZER;
     pid_t pid;
 
-    create_mb(fx, "user.d");
-    mb = open_mb(fx, "user.d");
+    create_mb(fx, TH_D "user.d");
+    mb = open_mb(fx, TH_D "user.d");
     append(fx, mb, 1, 300);
     pid = fork();
     assert_true(pid >= 0);
@@ -752,7 +752,7 @@ static void dead_appender(struct fx *fx, int damage)
         struct buf m = BUF_INITIALIZER;
 
         th_child_signals();
-        if (mailbox_open(fx->conf, "user.d", NULL, &cm) != STORE_OK)
+        if (mailbox_open(fx->conf, TH_D "user.d", NULL, &cm) != STORE_OK)
             _exit(1);
         make_message(&m, 2, 5000);
         reserve(fx, cm, &m, MAILBOX_FLAG_FLAGGED);
@@ -817,8 +817,8 @@ static void test_live_appender(void **state)
     char c;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.l");
-    mb = open_mb(&fx, "user.l");
+    create_mb(&fx, TH_D "user.l");
+    mb = open_mb(&fx, TH_D "user.l");
     assert_int_equal(pipe(up), 0);
     assert_int_equal(pipe(down), 0);
     pid = fork();
@@ -829,7 +829,7 @@ static void test_live_appender(void **state)
         uint32_t uid;
 
         th_child_signals();
-        if (mailbox_open(fx.conf, "user.l", NULL, &cm) != STORE_OK)
+        if (mailbox_open(fx.conf, TH_D "user.l", NULL, &cm) != STORE_OK)
             _exit(1);
         make_message(&m, 5, 800);
         uid = reserve(&fx, cm, &m, 0);
@@ -912,14 +912,14 @@ static void test_damaged_record(void **state)
     char *ip;
 
     fx_open(&fx, state, NULL);
-    fill3(&fx, "user.x");
-    mb = open_mb(&fx, "user.x");
+    fill3(&fx, TH_D "user.x");
+    mb = open_mb(&fx, TH_D "user.x");
     ip = index_path(mb);
     flip_byte(ip, HDR_AREA + REC_SIZE * 0 + 17);
     assert_int_equal(mailbox_check(mb, &problem), STORE_CORRUPT);
     assert_non_null(strstr(buf_cstring(&problem), "record 0"));
     mailbox_close(&mb);
-    expect_repaired(&fx, "user.x", 1);
+    expect_repaired(&fx, TH_D "user.x", 1);
     free(ip);
     buf_free(&problem);
     fx_close(&fx);
@@ -933,33 +933,33 @@ static void test_damaged_slot(void **state)
     char *ip;
 
     fx_open(&fx, state, NULL);
-    fill3(&fx, "user.x");
-    mb = open_mb(&fx, "user.x");
+    fill3(&fx, TH_D "user.x");
+    mb = open_mb(&fx, TH_D "user.x");
     ip = index_path(mb);
     /* one slot: the other (a generation older) still opens */
     flip_byte(ip, 30);
     assert_int_equal(mailbox_check(mb, &problem), STORE_CORRUPT);
     assert_non_null(strstr(buf_cstring(&problem), "slot"));
     mailbox_close(&mb);
-    mb = open_mb(&fx, "user.x");
+    mb = open_mb(&fx, TH_D "user.x");
     mailbox_close(&mb);
-    expect_repaired(&fx, "user.x", 1);
+    expect_repaired(&fx, TH_D "user.x", 1);
 
     /* both slots: open refuses, reconstruct rebuilds */
     flip_byte(ip, 30);
     flip_byte(ip, 2048 + 30);
-    assert_int_equal(mailbox_open(fx.conf, "user.x", NULL, &mb),
+    assert_int_equal(mailbox_open(fx.conf, TH_D "user.x", NULL, &mb),
                      STORE_CORRUPT);
     assert_null(mb);
-    assert_int_equal(mailbox_reconstruct(fx.conf, "user.x", NULL, NULL, NULL),
+    assert_int_equal(mailbox_reconstruct(fx.conf, TH_D "user.x", NULL, NULL, NULL),
                      STORE_OK);
-    mb = open_mb(&fx, "user.x");
+    mb = open_mb(&fx, TH_D "user.x");
     expect_check_ok(mb);
     assert_int_equal(header_of(mb).exists, 4);
     /* uidvalidity is lost with both slots: a new one */
     mailbox_close(&mb);
     /* no spool directory at all */
-    assert_int_equal(mailbox_reconstruct(fx.conf, "user.none", NULL, NULL,
+    assert_int_equal(mailbox_reconstruct(fx.conf, TH_D "user.none", NULL, NULL,
                                          NULL), STORE_NOTFOUND);
     free(ip);
     buf_free(&problem);
@@ -973,16 +973,16 @@ static void test_index_lost(void **state)
     char *ip;
 
     fx_open(&fx, state, NULL);
-    fill3(&fx, "user.x");
-    mb = open_mb(&fx, "user.x");
+    fill3(&fx, TH_D "user.x");
+    mb = open_mb(&fx, TH_D "user.x");
     ip = index_path(mb);
     mailbox_close(&mb);
     assert_int_equal(unlink(ip), 0);
-    assert_int_equal(mailbox_open(fx.conf, "user.x", NULL, &mb),
+    assert_int_equal(mailbox_open(fx.conf, TH_D "user.x", NULL, &mb),
                      STORE_NOTFOUND);
-    assert_int_equal(mailbox_reconstruct(fx.conf, "user.x", NULL, "uid-1",
+    assert_int_equal(mailbox_reconstruct(fx.conf, TH_D "user.x", NULL, "uid-1",
                                          NULL), STORE_OK);
-    mb = open_mb(&fx, "user.x");
+    mb = open_mb(&fx, TH_D "user.x");
     expect_check_ok(mb);
     assert_int_equal(header_of(mb).exists, 3);
     assert_int_equal(header_of(mb).uidnext, 4);
@@ -1001,8 +1001,8 @@ static void test_torn_tail(void **state)
     int fd;
 
     fx_open(&fx, state, NULL);
-    fill3(&fx, "user.t");
-    mb = open_mb(&fx, "user.t");
+    fill3(&fx, TH_D "user.t");
+    mb = open_mb(&fx, TH_D "user.t");
     ip = index_path(mb);
 
     /* a partial record */
@@ -1046,8 +1046,8 @@ static void test_record_beyond_header(void **state)
     int fd;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.b");
-    mb = open_mb(&fx, "user.b");
+    create_mb(&fx, TH_D "user.b");
+    mb = open_mb(&fx, TH_D "user.b");
     append(&fx, mb, 1, 300);
     ip = index_path(mb);
     fd = open(ip, O_RDWR);
@@ -1063,7 +1063,7 @@ static void test_record_beyond_header(void **state)
             struct buf m = BUF_INITIALIZER;
 
             th_child_signals();
-            if (mailbox_open(fx.conf, "user.b", NULL, &cm) != STORE_OK)
+            if (mailbox_open(fx.conf, TH_D "user.b", NULL, &cm) != STORE_OK)
                 _exit(1);
             make_message(&m, 2, 700);
             reserve(&fx, cm, &m, 0);
@@ -1074,7 +1074,7 @@ static void test_record_beyond_header(void **state)
     /* put the header area back as it was before the reservation */
     assert_int_equal(pwrite(fd, area, sizeof(area), 0), (ssize_t)sizeof(area));
     close(fd);
-    mb = open_mb(&fx, "user.b");
+    mb = open_mb(&fx, TH_D "user.b");
     assert_int_equal(header_of(mb).num_records, 1);
     assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE), STORE_OK);
     h = *mailbox_get_header(mb);
@@ -1099,8 +1099,8 @@ static void test_dirty_recompute(void **state)
     pid_t pid;
 
     fx_open(&fx, state, NULL);
-    fill3(&fx, "user.y");
-    mb = open_mb(&fx, "user.y");
+    fill3(&fx, TH_D "user.y");
+    mb = open_mb(&fx, TH_D "user.y");
     h0 = header_of(mb);
     pid = fork();
     assert_true(pid >= 0);
@@ -1109,7 +1109,7 @@ static void test_dirty_recompute(void **state)
         struct mailbox_record rec;
 
         th_child_signals();
-        if (mailbox_open(fx.conf, "user.y", NULL, &cm) != STORE_OK ||
+        if (mailbox_open(fx.conf, TH_D "user.y", NULL, &cm) != STORE_OK ||
             mailbox_lock(cm, MAILBOX_LOCK_EXCLUSIVE) != STORE_OK ||
             mailbox_read_record(cm, 1, &rec) != STORE_OK)
             _exit(1);
@@ -1145,8 +1145,8 @@ static void test_lost_finish_write(void **state)
     int fd;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.w");
-    mb = open_mb(&fx, "user.w");
+    create_mb(&fx, TH_D "user.w");
+    mb = open_mb(&fx, TH_D "user.w");
     append(&fx, mb, 1, 200);
     make_message(&m, 2, 300);
     uid = reserve(&fx, mb, &m, 0);
@@ -1193,15 +1193,15 @@ static void test_quota(void **state)
     uint64_t total = 0;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.q");
-    create_mb(&fx, "user.q.sub");
+    create_mb(&fx, TH_D "user.q");
+    create_mb(&fx, TH_D "user.q.sub");
     assert_int_equal(quota_open(fx.conf, &q), STORE_OK);
-    assert_int_equal(quota_set(q, "user.q", 1000, 100), STORE_OK);
-    mb = open_mb(&fx, "user.q.sub");
+    assert_int_equal(quota_set(q, TH_D "user.q", 1000, 100), STORE_OK);
+    mb = open_mb(&fx, TH_D "user.q.sub");
     append(&fx, mb, 1, 500);
     append(&fx, mb, 2, 700);
     total = header_of(mb).quota_used;
-    assert_int_equal(quota_get(q, "user.q", &qt), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user.q", &qt), STORE_OK);
     assert_int_equal(qt.used_messages, 2);
     assert_int_equal(qt.used_bytes, total);
 
@@ -1210,15 +1210,15 @@ static void test_quota(void **state)
     rec.flags |= MAILBOX_FLAG_EXPUNGED;
     assert_int_equal(mailbox_rewrite_record(mb, 0, &rec), STORE_OK);
     assert_int_equal(mailbox_unlock(mb), STORE_OK);
-    assert_int_equal(quota_get(q, "user.q", &qt), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user.q", &qt), STORE_OK);
     assert_int_equal(qt.used_messages, 1);
     assert_int_equal(qt.used_bytes, total - rec.size);
 
     /* reconstruct recomputes the mailbox's usage */
     mailbox_close(&mb);
-    assert_int_equal(mailbox_reconstruct(fx.conf, "user.q.sub", NULL, NULL,
+    assert_int_equal(mailbox_reconstruct(fx.conf, TH_D "user.q.sub", NULL, NULL,
                                          NULL), STORE_OK);
-    assert_int_equal(quota_get(q, "user.q", &qt), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user.q", &qt), STORE_OK);
     assert_int_equal(qt.used_messages, 1);
     quota_close(&q);
     fx_close(&fx);
@@ -1238,14 +1238,14 @@ static void test_finish_many(void **state)
     int rs[6], i;
 
     fx_open(&fx, state, NULL);
-    create_mb(&fx, "user.m1");
-    create_mb(&fx, "user.m2");
-    create_mb(&fx, "shared.m3");
+    create_mb(&fx, TH_D "user.m1");
+    create_mb(&fx, TH_D "user.m2");
+    create_mb(&fx, TH_D "shared.m3");
     assert_int_equal(quota_shared(fx.conf, &q), STORE_OK);
-    assert_int_equal(quota_set(q, "user", -1, -1), STORE_OK);
-    m1 = open_mb(&fx, "user.m1");
-    m2 = open_mb(&fx, "user.m2");
-    m3 = open_mb(&fx, "shared.m3");
+    assert_int_equal(quota_set(q, TH_D "user", -1, -1), STORE_OK);
+    m1 = open_mb(&fx, TH_D "user.m1");
+    m2 = open_mb(&fx, TH_D "user.m2");
+    m3 = open_mb(&fx, TH_D "shared.m3");
 
     make_message(&m, 10, 300);
     x = reserve(&fx, m2, &m, 0);   /* older pending append, not finished */
@@ -1286,7 +1286,7 @@ static void test_finish_many(void **state)
     assert_int_equal(header_of(m1).visible, 2);
     assert_int_equal(header_of(m3).exists, 1);
     assert_int_equal(header_of(m2).visible, 0);   /* behind x */
-    assert_int_equal(quota_get(q, "user", &qt), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user", &qt), STORE_OK);
     assert_int_equal(qt.used_bytes, s1);
     assert_int_equal(qt.used_messages, 2);
     /* finished twice: the second time it is no longer pending */
@@ -1301,7 +1301,7 @@ static void test_finish_many(void **state)
     assert_int_equal(header_of(m2).exists, 2);
     assert_int_equal(header_of(m2).quota_used, s2);
     assert_int_equal(quota_shared(fx.conf, &q), STORE_OK);
-    assert_int_equal(quota_get(q, "user", &qt), STORE_OK);
+    assert_int_equal(quota_get(q, TH_D "user", &qt), STORE_OK);
     assert_int_equal(qt.used_bytes, s1 + s2);
     assert_int_equal(qt.used_messages, 4);
 

@@ -258,22 +258,22 @@ static void test_create_lookup(void **state)
 
     fx_open(&fx, state, NULL);
     buf_setcstr(&uid, "poison");
-    assert_int_equal(mboxlist_create(fx.ml, "user.alice", NULL, NULL, &uid),
+    assert_int_equal(mboxlist_create(fx.ml, TH_D "user.alice", NULL, NULL, &uid),
                      STORE_OK);
     assert_true(is_uniqueid(buf_cstring(&uid)));
 
-    e = lookup_ok(&fx, "user.alice");
+    e = lookup_ok(&fx, TH_D "user.alice");
     assert_int_equal(e->type, MBOXLIST_TYPE_EMAIL);
     assert_string_equal(e->partition, "default");
     assert_string_equal(e->uniqueid, buf_cstring(&uid));
-    assert_string_equal(e->acl, "alice\t" ACL_OWNER_DEFAULT "\t");
-    assert_int_equal(acl_rights(e->acl, "alice", NULL), ACL_ALL);
+    assert_string_equal(e->acl, "alice" TH_U "\t" ACL_OWNER_DEFAULT "\t");
+    assert_int_equal(acl_rights(e->acl, "alice" TH_U, NULL), ACL_ALL);
     assert_int_equal(acl_rights(e->acl, "bob", NULL), 0);
     mboxlist_entry_free(&e);
     assert_null(e);
 
     /* the spool exists, with its index */
-    dir = spool_dir(&fx, "user.alice", NULL);
+    dir = spool_dir(&fx, TH_D "user.alice", NULL);
     idx = th_path(dir, MAILBOX_INDEX_FNAME);
     assert_true(is_dir(dir));
     assert_true(exists(idx));
@@ -281,44 +281,44 @@ static void test_create_lookup(void **state)
     free(dir);
 
     /* a user's folder gets the owner's ACL; other names none */
-    create_ok(&fx, "user.alice.Sent", NULL);
-    e = lookup_ok(&fx, "user.alice.Sent");
-    assert_string_equal(e->acl, "alice\tlrswipkxtea\t");
+    create_ok(&fx, TH_D "user.alice.Sent", NULL);
+    e = lookup_ok(&fx, TH_D "user.alice.Sent");
+    assert_string_equal(e->acl, "alice" TH_U "\tlrswipkxtea\t");
     assert_true(is_uniqueid(e->uniqueid));
     assert_string_not_equal(e->uniqueid, buf_cstring(&uid));
     mboxlist_entry_free(&e);
-    /* the owner of "user.a^b" logs in as "a.b" */
-    create_ok(&fx, "user.a^b.Sent", NULL);
-    e = lookup_ok(&fx, "user.a^b.Sent");
-    assert_string_equal(e->acl, "a.b\tlrswipkxtea\t");
-    assert_int_equal(acl_rights(e->acl, "a.b", NULL), ACL_ALL);
+    /* the owner of TH_D "user.a^b" logs in as "a.b" */
+    create_ok(&fx, TH_D "user.a^b.Sent", NULL);
+    e = lookup_ok(&fx, TH_D "user.a^b.Sent");
+    assert_string_equal(e->acl, "a.b" TH_U "\tlrswipkxtea\t");
+    assert_int_equal(acl_rights(e->acl, "a.b" TH_U, NULL), ACL_ALL);
     mboxlist_entry_free(&e);
-    create_ok(&fx, "shared", NULL);
-    e = lookup_ok(&fx, "shared");
+    create_ok(&fx, TH_D "shared", NULL);
+    e = lookup_ok(&fx, TH_D "shared");
     assert_string_equal(e->acl, "");
     mboxlist_entry_free(&e);
 
     /* explicit partition and ACL */
-    assert_int_equal(mboxlist_create(fx.ml, "shared.lists", "default",
+    assert_int_equal(mboxlist_create(fx.ml, TH_D "shared.lists", "default",
                                      "anyone\tlrp\t", NULL), STORE_OK);
-    e = lookup_ok(&fx, "shared.lists");
+    e = lookup_ok(&fx, TH_D "shared.lists");
     assert_string_equal(e->acl, "anyone\tlrp\t");
     mboxlist_entry_free(&e);
 
     /* missing and invalid names */
-    expect_notfound(&fx, "user.bob");
-    expect_notfound(&fx, "user.alic");
+    expect_notfound(&fx, TH_D "user.bob");
+    expect_notfound(&fx, TH_D "user.alic");
     e = (struct mboxlist_entry *)0x1;
-    assert_int_equal(mboxlist_lookup(fx.ml, "user..x", &e), STORE_BADNAME);
+    assert_int_equal(mboxlist_lookup(fx.ml, TH_D "user..x", &e), STORE_BADNAME);
     assert_null(e);
 
     /* durable across handles */
     mboxlist_close(&fx.ml);
     assert_int_equal(mboxlist_open(fx.conf, &fx.ml), STORE_OK);
-    e = lookup_ok(&fx, "user.alice");
+    e = lookup_ok(&fx, TH_D "user.alice");
     assert_string_equal(e->uniqueid, buf_cstring(&uid));
     mboxlist_entry_free(&e);
-    e2 = lookup_ok(&fx, "shared.lists");
+    e2 = lookup_ok(&fx, TH_D "shared.lists");
     mboxlist_entry_free(&e2);
 
     buf_free(&uid);
@@ -332,19 +332,19 @@ static void test_create_exists(void **state)
     struct mboxlist_entry *e;
 
     fx_open(&fx, state, NULL);
-    assert_int_equal(mboxlist_create(fx.ml, "user.alice", NULL, NULL, &uid),
+    assert_int_equal(mboxlist_create(fx.ml, TH_D "user.alice", NULL, NULL, &uid),
                      STORE_OK);
-    put_marker(&fx, "user.alice", NULL);
+    put_marker(&fx, TH_D "user.alice", NULL);
     buf_setcstr(&uid2, "untouched");
-    assert_int_equal(mboxlist_create(fx.ml, "user.alice", NULL, "x\tl\t",
+    assert_int_equal(mboxlist_create(fx.ml, TH_D "user.alice", NULL, "x\tl\t",
                                      &uid2), STORE_EXISTS);
     assert_string_equal(buf_cstring(&uid2), "untouched");
-    e = lookup_ok(&fx, "user.alice");
+    e = lookup_ok(&fx, TH_D "user.alice");
     assert_string_equal(e->uniqueid, buf_cstring(&uid));
-    assert_string_equal(e->acl, "alice\tlrswipkxtea\t");
+    assert_string_equal(e->acl, "alice" TH_U "\tlrswipkxtea\t");
     mboxlist_entry_free(&e);
     /* the spool was left alone */
-    expect_marker(&fx, "user.alice", NULL, "user.alice");
+    expect_marker(&fx, TH_D "user.alice", NULL, TH_D "user.alice");
     buf_free(&uid);
     buf_free(&uid2);
     fx_close(&fx);
@@ -353,8 +353,8 @@ static void test_create_exists(void **state)
 static void test_create_refused(void **state)
 {
     static const char *const bad[] = {
-        "", "user.", "user..x", ".x", "x.", "a/b", "user.*", "user.%",
-        "user.^", "a\x01" "b", "caf\xc3\xa9", NULL
+        "", TH_D "user.", TH_D "user..x", ".x", "x.", "a/b", TH_D "user.*", TH_D "user.%",
+        TH_D "user.^", "a\x01" "b", "caf\xc3\xa9", NULL
     };
     const char *const none[] = { NULL };
     struct fx fx;
@@ -367,18 +367,18 @@ static void test_create_refused(void **state)
         assert_int_equal(mboxlist_create(fx.ml, bad[i], NULL, NULL, NULL),
                          STORE_BADNAME);
     /* unknown partition: refused, and no spool anywhere */
-    assert_int_equal(mboxlist_create(fx.ml, "user.alice", "nope", NULL, NULL),
+    assert_int_equal(mboxlist_create(fx.ml, TH_D "user.alice", "nope", NULL, NULL),
                      STORE_BADPARTITION);
-    assert_int_equal(mboxlist_create(fx.ml, "user.alice", "a b", NULL, NULL),
+    assert_int_equal(mboxlist_create(fx.ml, TH_D "user.alice", "a b", NULL, NULL),
                      STORE_BADPARTITION);
-    expect_notfound(&fx, "user.alice");
-    dir = spool_dir(&fx, "user.alice", NULL);
+    expect_notfound(&fx, TH_D "user.alice");
+    dir = spool_dir(&fx, TH_D "user.alice", NULL);
     assert_false(exists(dir));
     free(dir);
     /* a malformed ACL is a caller's error */
-    assert_int_equal(mboxlist_create(fx.ml, "user.alice", NULL, "alice\tlz\t",
+    assert_int_equal(mboxlist_create(fx.ml, TH_D "user.alice", NULL, "alice" TH_U "\tlz\t",
                                      NULL), STORE_INTERNAL);
-    expect_notfound(&fx, "user.alice");
+    expect_notfound(&fx, TH_D "user.alice");
     expect_list(&fx, "*", none);
     log_default();
     fx_close(&fx);
@@ -392,16 +392,16 @@ static void test_create_replaces_orphan(void **state)
     fx_open(&fx, state, NULL);
     log_init("test_mboxlist", LOG_TO_NONE);   /* errors on purpose */
     /* the spool of a create that died before its commit */
-    assert_int_equal(mailbox_create(fx.conf, "user.orphan", "default",
+    assert_int_equal(mailbox_create(fx.conf, TH_D "user.orphan", "default",
                                     "0123456789abcdef01234567", 0), STORE_OK);
-    put_marker(&fx, "user.orphan", NULL);
-    expect_notfound(&fx, "user.orphan");
-    create_ok(&fx, "user.orphan", NULL);
-    e = lookup_ok(&fx, "user.orphan");
+    put_marker(&fx, TH_D "user.orphan", NULL);
+    expect_notfound(&fx, TH_D "user.orphan");
+    create_ok(&fx, TH_D "user.orphan", NULL);
+    e = lookup_ok(&fx, TH_D "user.orphan");
     assert_string_not_equal(e->uniqueid, "0123456789abcdef01234567");
     mboxlist_entry_free(&e);
     {
-        char *dir = spool_dir(&fx, "user.orphan", NULL);
+        char *dir = spool_dir(&fx, TH_D "user.orphan", NULL);
         char *marker = th_path(dir, "1.");
         char *idx = th_path(dir, MAILBOX_INDEX_FNAME);
 
@@ -420,46 +420,46 @@ static void test_delete(void **state)
     struct fx fx;
     struct mboxlist_entry *e;
     char *pdir, *cdir, *pidx;
-    const char *const rest[] = { "user.alice.Sent", "user.bob", NULL };
-    const char *const bob[] = { "user.bob", NULL };
+    const char *const rest[] = { TH_D "user.alice.Sent", TH_D "user.bob", NULL };
+    const char *const bob[] = { TH_D "user.bob", NULL };
 
     fx_open(&fx, state, NULL);
-    create_ok(&fx, "user.alice", NULL);
-    create_ok(&fx, "user.alice.Sent", NULL);
-    create_ok(&fx, "user.bob", NULL);
-    put_marker(&fx, "user.alice", NULL);
-    put_marker(&fx, "user.alice.Sent", NULL);
-    pdir = spool_dir(&fx, "user.alice", NULL);
-    cdir = spool_dir(&fx, "user.alice.Sent", NULL);
+    create_ok(&fx, TH_D "user.alice", NULL);
+    create_ok(&fx, TH_D "user.alice.Sent", NULL);
+    create_ok(&fx, TH_D "user.bob", NULL);
+    put_marker(&fx, TH_D "user.alice", NULL);
+    put_marker(&fx, TH_D "user.alice.Sent", NULL);
+    pdir = spool_dir(&fx, TH_D "user.alice", NULL);
+    cdir = spool_dir(&fx, TH_D "user.alice.Sent", NULL);
     pidx = th_path(pdir, MAILBOX_INDEX_FNAME);
 
     /* without the flag: the parent alone goes */
-    assert_int_equal(mboxlist_delete(fx.ml, "user.alice", 0), STORE_OK);
-    expect_notfound(&fx, "user.alice");
-    e = lookup_ok(&fx, "user.alice.Sent");
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user.alice", 0), STORE_OK);
+    expect_notfound(&fx, TH_D "user.alice");
+    e = lookup_ok(&fx, TH_D "user.alice.Sent");
     mboxlist_entry_free(&e);
     assert_false(exists(pidx));
-    expect_marker(&fx, "user.alice.Sent", NULL, "user.alice.Sent");
+    expect_marker(&fx, TH_D "user.alice.Sent", NULL, TH_D "user.alice.Sent");
     expect_list(&fx, "*", rest);
-    assert_int_equal(mboxlist_delete(fx.ml, "user.alice", 0),
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user.alice", 0),
                      STORE_NOTFOUND);
 
     /* the name can be created again, below the surviving child */
-    create_ok(&fx, "user.alice", NULL);
+    create_ok(&fx, TH_D "user.alice", NULL);
     /* recursive: the whole tree and its spools */
-    assert_int_equal(mboxlist_delete(fx.ml, "user.alice", MBOXLIST_RECURSIVE),
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user.alice", MBOXLIST_RECURSIVE),
                      STORE_OK);
-    expect_notfound(&fx, "user.alice");
-    expect_notfound(&fx, "user.alice.Sent");
+    expect_notfound(&fx, TH_D "user.alice");
+    expect_notfound(&fx, TH_D "user.alice.Sent");
     assert_false(exists(cdir));
     assert_false(exists(pdir));
     expect_list(&fx, "*", bob);
-    e = lookup_ok(&fx, "user.bob");
+    e = lookup_ok(&fx, TH_D "user.bob");
     mboxlist_entry_free(&e);
 
-    assert_int_equal(mboxlist_delete(fx.ml, "user.nobody",
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user.nobody",
                                      MBOXLIST_RECURSIVE), STORE_NOTFOUND);
-    assert_int_equal(mboxlist_delete(fx.ml, "user..x", 0), STORE_BADNAME);
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user..x", 0), STORE_BADNAME);
     free(pidx);
     free(pdir);
     free(cdir);
@@ -467,8 +467,8 @@ static void test_delete(void **state)
 }
 
 static const char *const alice_tree[] = {
-    "user.alice", "user.alice.Sent", "user.alice.Sent.2024",
-    "user.alice.Trash", NULL
+    TH_D "user.alice", TH_D "user.alice.Sent", TH_D "user.alice.Sent.2024",
+    TH_D "user.alice.Trash", NULL
 };
 
 static void make_tree(struct fx *fx, const char *const *names,
@@ -503,8 +503,8 @@ static void expect_renamed(struct fx *fx, const char *const *names,
         snprintf(newname, sizeof(newname), "%s%s", to, names[i] + flen);
         e = lookup_ok(fx, newname);
         assert_string_equal(e->uniqueid, uids[i]);
-        if (strncmp(names[i], "user.alice", 10) == 0)
-            assert_string_equal(e->acl, "alice\tlrswipkxtea\t");
+        if (strncmp(names[i], TH_D "user.alice", sizeof(TH_D "user.alice") - 1) == 0)
+            assert_string_equal(e->acl, "alice" TH_U "\tlrswipkxtea\t");
         assert_string_equal(e->partition, part ? part : "default");
         mboxlist_entry_free(&e);
         if (strcmp(from, to) != 0)
@@ -519,28 +519,28 @@ static void test_rename_children(void **state)
     char uids[8][25];
     char *olddir;
     const char *const all[] = {
-        "user.alicex", "user.bob", "user.bob.Sent", "user.bob.Sent.2024",
-        "user.bob.Trash", NULL
+        TH_D "user.alicex", TH_D "user.bob", TH_D "user.bob.Sent", TH_D "user.bob.Sent.2024",
+        TH_D "user.bob.Trash", NULL
     };
 
     fx_open(&fx, state, NULL);
     make_tree(&fx, alice_tree, uids);
-    create_ok(&fx, "user.alicex", NULL);   /* not below user.alice */
-    put_marker(&fx, "user.alicex", NULL);
-    olddir = spool_dir(&fx, "user.alice", NULL);
+    create_ok(&fx, TH_D "user.alicex", NULL);   /* not below " TH_D "user.alice */
+    put_marker(&fx, TH_D "user.alicex", NULL);
+    olddir = spool_dir(&fx, TH_D "user.alice", NULL);
 
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.bob", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.bob", NULL),
                      STORE_OK);
-    expect_renamed(&fx, alice_tree, uids, "user.alice", "user.bob", NULL);
-    expect_marker(&fx, "user.alicex", NULL, "user.alicex");
+    expect_renamed(&fx, alice_tree, uids, TH_D "user.alice", TH_D "user.bob", NULL);
+    expect_marker(&fx, TH_D "user.alicex", NULL, TH_D "user.alicex");
     assert_false(exists(olddir));
     expect_list(&fx, "*", all);
 
     /* a leaf alone, into another hierarchy */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.bob.Trash", "shared.trash",
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.bob.Trash", TH_D "shared.trash",
                                      "default"), STORE_OK);
-    expect_marker(&fx, "shared.trash", NULL, "user.alice.Trash");
-    expect_notfound(&fx, "user.bob.Trash");
+    expect_marker(&fx, TH_D "shared.trash", NULL, TH_D "user.alice.Trash");
+    expect_notfound(&fx, TH_D "user.bob.Trash");
     free(olddir);
     fx_close(&fx);
 }
@@ -550,11 +550,11 @@ static void test_rename_refused(void **state)
 {
     struct fx fx;
     char uids[8][25], buids[4][25];
-    static const char *const b_tree[] = { "user.carol", "user.carol.Trash",
+    static const char *const b_tree[] = { TH_D "user.carol", TH_D "user.carol.Trash",
                                           NULL };
     const char *const all[] = {
-        "user.alice", "user.alice.Sent", "user.alice.Sent.2024",
-        "user.alice.Trash", "user.carol", "user.carol.Trash", NULL
+        TH_D "user.alice", TH_D "user.alice.Sent", TH_D "user.alice.Sent.2024",
+        TH_D "user.alice.Trash", TH_D "user.carol", TH_D "user.carol.Trash", NULL
     };
 
     fx_open(&fx, state, NULL);
@@ -563,43 +563,43 @@ static void test_rename_refused(void **state)
     make_tree(&fx, b_tree, buids);
 
     /* onto an existing mailbox */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.carol", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.carol", NULL),
                      STORE_EXISTS);
     /* the top is free but a child's new name exists */
-    create_ok(&fx, "user.dave.Trash", NULL);
-    put_marker(&fx, "user.dave.Trash", NULL);
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.dave", NULL),
+    create_ok(&fx, TH_D "user.dave.Trash", NULL);
+    put_marker(&fx, TH_D "user.dave.Trash", NULL);
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.dave", NULL),
                      STORE_EXISTS);
-    expect_notfound(&fx, "user.dave");
-    assert_int_equal(mboxlist_delete(fx.ml, "user.dave.Trash", 0), STORE_OK);
+    expect_notfound(&fx, TH_D "user.dave");
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user.dave.Trash", 0), STORE_OK);
     /* below itself, onto itself */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.alice.x",
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.alice.x",
                                      NULL), STORE_BADNAME);
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.alice.Sent",
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.alice.Sent",
                                      NULL), STORE_BADNAME);
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.alice",
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.alice",
                                      NULL), STORE_EXISTS);
     /* invalid names, missing source */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user..x", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user..x", NULL),
                      STORE_BADNAME);
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "a/b", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", "a/b", NULL),
                      STORE_BADNAME);
-    assert_int_equal(mboxlist_rename(fx.ml, "user.nobody", "user.x", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.nobody", TH_D "user.x", NULL),
                      STORE_NOTFOUND);
     /* partitions: unknown, or another one (not implemented) */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.eve", "nope"),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.eve", "nope"),
                      STORE_BADPARTITION);
     {
         /* a child's new name over the length limit */
         char longname[MBOXNAME_MAX + 1];
 
         memset(longname, 'x', sizeof(longname));
-        memcpy(longname, "user.", 5);
+        memcpy(longname, TH_D "user.", 5);
         for (size_t k = 100; k < MBOXNAME_MAX - 2; k += 101)
             longname[k] = '.';
         longname[MBOXNAME_MAX - 3] = '\0';   /* + ".Sent.2024" is too long */
         assert_int_equal(mboxname_check(longname, NULL), STORE_OK);
-        assert_int_equal(mboxlist_rename(fx.ml, "user.alice", longname, NULL),
+        assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", longname, NULL),
                          STORE_BADNAME);
     }
 
@@ -608,7 +608,7 @@ static void test_rename_refused(void **state)
     expect_renamed(&fx, alice_tree, uids, "", "", NULL);
     expect_renamed(&fx, b_tree, buids, "", "", NULL);
     {
-        char *d = spool_dir(&fx, "user.dave", NULL);
+        char *d = spool_dir(&fx, TH_D "user.dave", NULL);
 
         assert_false(exists(d));
         free(d);
@@ -625,37 +625,37 @@ static void test_rename_hashed(void **state)
     struct fx fx;
     char uids[8][25], uuids[8][25];
     char *d;
-    static const char *const u_tree[] = { "user", "user.carol",
-                                          "user.carol.x", "user.uma", NULL };
+    static const char *const u_tree[] = { TH_D "user", TH_D "user.carol",
+                                          TH_D "user.carol.x", TH_D "user.uma", NULL };
 
     fx_open(&fx, state, "hashimapspool: yes\n");
     make_tree(&fx, alice_tree, uids);
-    d = spool_dir(&fx, "user.alice.Sent", NULL);
-    assert_non_null(strstr(d, "/spool/a/user/alice/Sent"));
+    d = spool_dir(&fx, TH_D "user.alice.Sent", NULL);
+    assert_non_null(strstr(d, "/spool/" TH_DPATH_H "a/user/alice/Sent"));
     free(d);
 
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.bob", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.bob", NULL),
                      STORE_OK);
-    expect_renamed(&fx, alice_tree, uids, "user.alice", "user.bob", NULL);
-    d = spool_dir(&fx, "user.bob.Sent.2024", NULL);
-    assert_non_null(strstr(d, "/spool/b/user/bob/Sent/2024"));
+    expect_renamed(&fx, alice_tree, uids, TH_D "user.alice", TH_D "user.bob", NULL);
+    d = spool_dir(&fx, TH_D "user.bob.Sent.2024", NULL);
+    assert_non_null(strstr(d, "/spool/" TH_DPATH_H "b/user/bob/Sent/2024"));
     free(d);
     d = th_path(fx.dir, "spool/a");   /* emptied hash directory pruned */
     assert_false(exists(d));
     free(d);
 
-    /* "user" hashes to 'u', "user.carol" to 'c', "user.uma" to 'u' (its
-     * directory lies inside "user"'s); all of "people.*" hash to 'p' */
-    assert_int_equal(mboxlist_delete(fx.ml, "user.bob", MBOXLIST_RECURSIVE),
+    /* TH_D "user" hashes to 'u', TH_D "user.carol" to 'c', TH_D "user.uma" to 'u' (its
+     * directory lies inside TH_D "user"'s); all of TH_D "people.*" hash to 'p' */
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user.bob", MBOXLIST_RECURSIVE),
                      STORE_OK);
     make_tree(&fx, u_tree, uuids);
-    assert_int_equal(mboxlist_rename(fx.ml, "user", "people", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user", TH_D "people", NULL),
                      STORE_OK);
-    expect_renamed(&fx, u_tree, uuids, "user", "people", NULL);
-    d = spool_dir(&fx, "people.carol.x", NULL);
-    assert_non_null(strstr(d, "/spool/p/people/carol/x"));
+    expect_renamed(&fx, u_tree, uuids, TH_D "user", TH_D "people", NULL);
+    d = spool_dir(&fx, TH_D "people.carol.x", NULL);
+    assert_non_null(strstr(d, "/spool/" TH_DPATH_H "p/people/carol/x"));
     free(d);
-    d = th_path(fx.dir, "spool/c/user/carol");
+    d = th_path(fx.dir, "spool/" TH_DPATH_H "c/user/carol");
     assert_false(exists(d));
     free(d);
     d = th_path(fx.dir, "spool/u/user");
@@ -663,9 +663,9 @@ static void test_rename_hashed(void **state)
     free(d);
 
     /* and back, the other way round */
-    assert_int_equal(mboxlist_rename(fx.ml, "people", "user", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "people", TH_D "user", NULL),
                      STORE_OK);
-    expect_renamed(&fx, u_tree, uuids, "user", "user", NULL);
+    expect_renamed(&fx, u_tree, uuids, TH_D "user", TH_D "user", NULL);
     fx_close(&fx);
 }
 
@@ -680,39 +680,39 @@ static void test_rename_partitions(void **state)
     char *d;
 
     fx_open(&fx, state, extra);
-    create_ok(&fx, "user.alice", NULL);
-    create_ok(&fx, "user.alice.Arch", "other");
-    create_ok(&fx, "user.alice.Arch.Old", "default");
-    put_marker(&fx, "user.alice", NULL);
-    put_marker(&fx, "user.alice.Arch", "other");
-    put_marker(&fx, "user.alice.Arch.Old", NULL);
-    d = spool_dir(&fx, "user.alice.Arch", "other");
+    create_ok(&fx, TH_D "user.alice", NULL);
+    create_ok(&fx, TH_D "user.alice.Arch", "other");
+    create_ok(&fx, TH_D "user.alice.Arch.Old", "default");
+    put_marker(&fx, TH_D "user.alice", NULL);
+    put_marker(&fx, TH_D "user.alice.Arch", "other");
+    put_marker(&fx, TH_D "user.alice.Arch.Old", NULL);
+    d = spool_dir(&fx, TH_D "user.alice.Arch", "other");
     assert_int_equal(strncmp(d, odir, strlen(odir)), 0);
     free(d);
 
     log_init("test_mboxlist", LOG_TO_NONE);   /* errors on purpose */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.bob",
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.bob",
                                      "other"), STORE_NOTIMPLEMENTED);
     log_default();
-    e = lookup_ok(&fx, "user.alice.Arch");
+    e = lookup_ok(&fx, TH_D "user.alice.Arch");
     mboxlist_entry_free(&e);
 
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.bob", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.bob", NULL),
                      STORE_OK);
-    expect_marker(&fx, "user.bob", NULL, "user.alice");
-    expect_marker(&fx, "user.bob.Arch", "other", "user.alice.Arch");
-    expect_marker(&fx, "user.bob.Arch.Old", NULL, "user.alice.Arch.Old");
-    e = lookup_ok(&fx, "user.bob.Arch");
+    expect_marker(&fx, TH_D "user.bob", NULL, TH_D "user.alice");
+    expect_marker(&fx, TH_D "user.bob.Arch", "other", TH_D "user.alice.Arch");
+    expect_marker(&fx, TH_D "user.bob.Arch.Old", NULL, TH_D "user.alice.Arch.Old");
+    e = lookup_ok(&fx, TH_D "user.bob.Arch");
     assert_string_equal(e->partition, "other");
     mboxlist_entry_free(&e);
-    d = spool_dir(&fx, "user.alice.Arch", "other");
+    d = spool_dir(&fx, TH_D "user.alice.Arch", "other");
     assert_false(exists(d));
     free(d);
 
     /* the whole tree on one partition: naming it is fine */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.bob.Arch.Old", "user.x",
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.bob.Arch.Old", TH_D "user.x",
                                      "default"), STORE_OK);
-    expect_marker(&fx, "user.x", "default", "user.alice.Arch.Old");
+    expect_marker(&fx, TH_D "user.x", "default", TH_D "user.alice.Arch.Old");
     fx_close(&fx);
     th_rmrf(odir);
     free(odir);
@@ -728,28 +728,28 @@ static void test_rename_target_dir_exists(void **state)
     struct mboxlist_entry *e;
 
     fx_open(&fx, state, NULL);
-    create_ok(&fx, "user.bob.Keep", NULL);
-    put_marker(&fx, "user.bob.Keep", NULL);
+    create_ok(&fx, TH_D "user.bob.Keep", NULL);
+    put_marker(&fx, TH_D "user.bob.Keep", NULL);
     make_tree(&fx, alice_tree, uids);
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.bob", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.bob", NULL),
                      STORE_OK);
-    expect_renamed(&fx, alice_tree, uids, "user.alice", "user.bob", NULL);
-    expect_marker(&fx, "user.bob.Keep", NULL, "user.bob.Keep");
-    e = lookup_ok(&fx, "user.bob.Keep");
+    expect_renamed(&fx, alice_tree, uids, TH_D "user.alice", TH_D "user.bob", NULL);
+    expect_marker(&fx, TH_D "user.bob.Keep", NULL, TH_D "user.bob.Keep");
+    e = lookup_ok(&fx, TH_D "user.bob.Keep");
     mboxlist_entry_free(&e);
     {
-        char *d = th_path(fx.dir, "spool/user/alice");
+        char *d = th_path(fx.dir, "spool/" TH_DPATH "user/alice");
 
         assert_false(exists(d));
         free(d);
     }
 
     /* the whole tree, the kept child included, elsewhere */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.bob", "shared", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.bob", TH_D "shared", NULL),
                      STORE_OK);
-    expect_marker(&fx, "shared", NULL, "user.alice");
-    expect_marker(&fx, "shared.Keep", NULL, "user.bob.Keep");
-    expect_marker(&fx, "shared.Sent.2024", NULL, "user.alice.Sent.2024");
+    expect_marker(&fx, TH_D "shared", NULL, TH_D "user.alice");
+    expect_marker(&fx, TH_D "shared.Keep", NULL, TH_D "user.bob.Keep");
+    expect_marker(&fx, TH_D "shared.Sent.2024", NULL, TH_D "user.alice.Sent.2024");
     fx_close(&fx);
 }
 
@@ -760,26 +760,26 @@ static void test_rename_rollback(void **state)
     struct fx fx;
     char uuids[8][25];
     char *carol;
-    static const char *const u_tree[] = { "user", "user.uma",
-                                          "user.uma.x", NULL };
-    const char *const all[] = { "user", "user.carol", "user.uma",
-                                "user.uma.x", NULL };
+    static const char *const u_tree[] = { TH_D "user", TH_D "user.uma",
+                                          TH_D "user.uma.x", NULL };
+    const char *const all[] = { TH_D "user", TH_D "user.carol", TH_D "user.uma",
+                                TH_D "user.uma.x", NULL };
 
     fx_open(&fx, state, "hashimapspool: yes\n");
     make_tree(&fx, u_tree, uuids);
-    create_ok(&fx, "user.carol", NULL);
-    carol = spool_dir(&fx, "user.carol", NULL);
+    create_ok(&fx, TH_D "user.carol", NULL);
+    carol = spool_dir(&fx, TH_D "user.carol", NULL);
     th_rmrf(carol);
     log_init("test_mboxlist", LOG_TO_NONE);   /* errors on purpose */
-    /* "user" and "user.uma" move first (hash 'u' -> 'p'), then
-     * "user.carol" fails */
-    assert_int_equal(mboxlist_rename(fx.ml, "user", "people", NULL),
+    /* TH_D "user" and TH_D "user.uma" move first (hash 'u' -> 'p'), then
+     * TH_D "user.carol" fails */
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user", TH_D "people", NULL),
                      STORE_IOERROR);
     log_default();
     expect_list(&fx, "*", all);
     expect_renamed(&fx, u_tree, uuids, "", "", NULL);
     {
-        char *d = spool_dir(&fx, "people", NULL);
+        char *d = spool_dir(&fx, TH_D "people", NULL);
 
         assert_false(exists(d));
         free(d);
@@ -798,14 +798,14 @@ static void test_rename_repeat_after_crash(void **state)
 
     fx_open(&fx, state, NULL);
     make_tree(&fx, alice_tree, uids);
-    from = spool_dir(&fx, "user.alice", NULL);
-    to = spool_dir(&fx, "user.bob", NULL);
+    from = spool_dir(&fx, TH_D "user.alice", NULL);
+    to = spool_dir(&fx, TH_D "user.bob", NULL);
     assert_int_equal(rename(from, to), 0);
     log_init("test_mboxlist", LOG_TO_NONE);   /* warnings on purpose */
-    assert_int_equal(mboxlist_rename(fx.ml, "user.alice", "user.bob", NULL),
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.alice", TH_D "user.bob", NULL),
                      STORE_OK);
     log_default();
-    expect_renamed(&fx, alice_tree, uids, "user.alice", "user.bob", NULL);
+    expect_renamed(&fx, alice_tree, uids, TH_D "user.alice", TH_D "user.bob", NULL);
     assert_false(exists(from));
     free(from);
     free(to);
@@ -820,64 +820,133 @@ static void test_setacl(void **state)
     char uid[25];
 
     fx_open(&fx, state, NULL);
-    create_ok(&fx, "user.alice", NULL);
-    e = lookup_ok(&fx, "user.alice");
+    create_ok(&fx, TH_D "user.alice", NULL);
+    e = lookup_ok(&fx, TH_D "user.alice");
     snprintf(uid, sizeof(uid), "%s", e->uniqueid);
     assert_int_equal(acl_set(e->acl, "bob", ACL_LOOKUP | ACL_READ, &acl), 0);
     mboxlist_entry_free(&e);
-    assert_int_equal(mboxlist_setacl(fx.ml, "user.alice", buf_cstring(&acl)),
+    assert_int_equal(mboxlist_setacl(fx.ml, TH_D "user.alice", buf_cstring(&acl)),
                      STORE_OK);
-    e = lookup_ok(&fx, "user.alice");
-    assert_string_equal(e->acl, "alice\tlrswipkxtea\tbob\tlr\t");
+    e = lookup_ok(&fx, TH_D "user.alice");
+    assert_string_equal(e->acl, "alice" TH_U "\tlrswipkxtea\tbob\tlr\t");
     assert_string_equal(e->uniqueid, uid);
     assert_string_equal(e->partition, "default");
     assert_int_equal(acl_rights(e->acl, "bob", NULL), ACL_LOOKUP | ACL_READ);
     mboxlist_entry_free(&e);
     /* empty ACL: admins only */
-    assert_int_equal(mboxlist_setacl(fx.ml, "user.alice", ""), STORE_OK);
-    e = lookup_ok(&fx, "user.alice");
+    assert_int_equal(mboxlist_setacl(fx.ml, TH_D "user.alice", ""), STORE_OK);
+    e = lookup_ok(&fx, TH_D "user.alice");
     assert_string_equal(e->acl, "");
     mboxlist_entry_free(&e);
 
     log_init("test_mboxlist", LOG_TO_NONE);   /* errors on purpose */
-    assert_int_equal(mboxlist_setacl(fx.ml, "user.alice", "bob\tlz\t"),
+    assert_int_equal(mboxlist_setacl(fx.ml, TH_D "user.alice", "bob" TH_U "\tlz\t"),
                      STORE_INTERNAL);
-    assert_int_equal(mboxlist_setacl(fx.ml, "user.nobody", "bob\tl\t"),
+    assert_int_equal(mboxlist_setacl(fx.ml, TH_D "user.nobody", "bob" TH_U "\tl\t"),
                      STORE_NOTFOUND);
-    assert_int_equal(mboxlist_setacl(fx.ml, "user..x", "bob\tl\t"),
+    assert_int_equal(mboxlist_setacl(fx.ml, TH_D "user..x", "bob" TH_U "\tl\t"),
                      STORE_BADNAME);
     log_default();
-    e = lookup_ok(&fx, "user.alice");
+    e = lookup_ok(&fx, TH_D "user.alice");
     assert_string_equal(e->acl, "");
     mboxlist_entry_free(&e);
     buf_free(&acl);
     fx_close(&fx);
 }
 
+/* Virtual domains: the same local parts in two domains and the default
+ * namespace are distinct mailboxes with distinct spools (Cyrus's layout,
+ * hashed and not), an owner of the domain, and a listing by prefix that
+ * never crosses domains. */
+static void test_domains(void **state)
+{
+    static const char *const names[] = {
+        "user.alice", "example.com!user.alice", "example.org!user.alice",
+        "example.com!shared.news", "example.com!user.alice.Sent", NULL
+    };
+    const char *const com[] = { "example.com!shared.news",
+                                "example.com!user.alice",
+                                "example.com!user.alice.Sent", NULL };
+    const char *const org[] = { "example.org!user.alice", NULL };
+    const char *const plain[] = { "user.alice", NULL };
+    const char *const com_users[] = { "example.com!user.alice", NULL };
+    struct mboxlist_entry *e;
+    struct fx fx;
+    char *d;
+    int hashed, i;
+
+    for (hashed = 0; hashed <= 1; hashed++) {
+        fx_open(&fx, state, hashed ? "hashimapspool: yes\n" : NULL);
+        for (i = 0; names[i]; i++)
+            create_ok(&fx, names[i], NULL);
+        expect_list(&fx, "example.com!*", com);
+        expect_list(&fx, "example.org!*", org);
+        expect_list(&fx, "user.*", plain);
+        expect_list(&fx, "example.com!user.%", com_users);
+        d = spool_dir(&fx, "example.com!user.alice.Sent", NULL);
+        assert_non_null(strstr(d, hashed
+            ? "/spool/domain/e/example.com/a/user/alice/Sent"
+            : "/spool/domain/example.com/user/alice/Sent"));
+        assert_true(is_dir(d));
+        free(d);
+        d = spool_dir(&fx, "example.org!user.alice", NULL);
+        assert_non_null(strstr(d, hashed
+            ? "/spool/domain/e/example.org/a/user/alice"
+            : "/spool/domain/example.org/user/alice"));
+        assert_true(is_dir(d));
+        free(d);
+        /* the owner of a domain user's mailboxes is the domain user */
+        e = lookup_ok(&fx, "example.com!user.alice.Sent");
+        assert_string_equal(e->acl, "alice@example.com\tlrswipkxtea\t");
+        assert_int_equal(acl_rights(e->acl, "alice", NULL), 0);
+        mboxlist_entry_free(&e);
+        e = lookup_ok(&fx, "user.alice");
+        assert_int_equal(acl_rights(e->acl, "alice@example.com", NULL), 0);
+        mboxlist_entry_free(&e);
+        /* deleting one domain's user leaves the others */
+        assert_int_equal(mboxlist_delete(fx.ml, "example.com!user.alice.Sent",
+                                         0), STORE_OK);
+        assert_int_equal(mboxlist_delete(fx.ml, "example.com!user.alice", 0),
+                         STORE_OK);
+        e = lookup_ok(&fx, "example.org!user.alice");
+        mboxlist_entry_free(&e);
+        e = lookup_ok(&fx, "user.alice");
+        mboxlist_entry_free(&e);
+        /* names outside the rules are refused */
+        assert_int_equal(mboxlist_create(fx.ml, "Example.com!user.bob", NULL,
+                                         NULL, NULL), STORE_BADNAME);
+        assert_int_equal(mboxlist_create(fx.ml, "example.com!user.b!x", NULL,
+                                         NULL, NULL), STORE_BADNAME);
+        assert_int_equal(mboxlist_create(fx.ml, "a..b!user.bob", NULL, NULL,
+                                         NULL), STORE_BADNAME);
+        fx_close(&fx);
+    }
+}
+
 static void test_list(void **state)
 {
     /* created out of order on purpose */
     static const char *const names[] = {
-        "user.b", "user.a-b", "user.a.b", "shared", "user.a", "user.ab",
-        "user.a.b.c", "shared.x", "top", NULL
+        TH_D "user.b", TH_D "user.a-b", TH_D "user.a.b", TH_D "shared", TH_D "user.a", TH_D "user.ab",
+        TH_D "user.a.b.c", TH_D "shared.x", TH_D "top", NULL
     };
     const char *const all[] = {
-        "shared", "shared.x", "top", "user.a", "user.a.b", "user.a.b.c",
-        "user.a-b", "user.ab", "user.b", NULL
+        TH_D "shared", TH_D "shared.x", TH_D "top", TH_D "user.a", TH_D "user.a.b", TH_D "user.a.b.c",
+        TH_D "user.a-b", TH_D "user.ab", TH_D "user.b", NULL
     };
-    const char *const top[] = { "shared", "top", NULL };
-    const char *const users[] = { "user.a", "user.a-b", "user.ab", "user.b",
+    const char *const top[] = { TH_D "shared", TH_D "top", NULL };
+    const char *const users[] = { TH_D "user.a", TH_D "user.a-b", TH_D "user.ab", TH_D "user.b",
                                   NULL };
-    const char *const ua_star[] = { "user.a", "user.a.b", "user.a.b.c",
-                                    "user.a-b", "user.ab", NULL };
-    const char *const ua_pct[] = { "user.a", "user.a-b", "user.ab", NULL };
-    const char *const ua_kids[] = { "user.a.b", "user.a.b.c", NULL };
-    const char *const two[] = { "shared.x", "user.a", "user.a-b", "user.ab",
-                                "user.b", NULL };
-    const char *const exact[] = { "user.a.b", NULL };
+    const char *const ua_star[] = { TH_D "user.a", TH_D "user.a.b", TH_D "user.a.b.c",
+                                    TH_D "user.a-b", TH_D "user.ab", NULL };
+    const char *const ua_pct[] = { TH_D "user.a", TH_D "user.a-b", TH_D "user.ab", NULL };
+    const char *const ua_kids[] = { TH_D "user.a.b", TH_D "user.a.b.c", NULL };
+    const char *const two[] = { TH_D "shared.x", TH_D "user.a", TH_D "user.a-b", TH_D "user.ab",
+                                TH_D "user.b", NULL };
+    const char *const exact[] = { TH_D "user.a.b", NULL };
     const char *const none[] = { NULL };
-    const char *const ends_b[] = { "user.a.b", "user.a-b", "user.ab",
-                                   "user.b", NULL };
+    const char *const ends_b[] = { TH_D "user.a.b", TH_D "user.a-b", TH_D "user.ab",
+                                   TH_D "user.b", NULL };
     struct fx fx;
     struct seen s;
     size_t i;
@@ -887,15 +956,15 @@ static void test_list(void **state)
     for (i = 0; names[i]; i++)
         create_ok(&fx, names[i], NULL);
     expect_list(&fx, "*", all);
-    expect_list(&fx, "%", top);
-    expect_list(&fx, "user.%", users);
-    expect_list(&fx, "user.a*", ua_star);
-    expect_list(&fx, "user.a%", ua_pct);
-    expect_list(&fx, "user.a.*", ua_kids);
-    expect_list(&fx, "%.%", two);
-    expect_list(&fx, "user.a.b", exact);
-    expect_list(&fx, "user.zz*", none);
-    expect_list(&fx, "user.a.b.c.d", none);
+    expect_list(&fx, TH_D "%", top);
+    expect_list(&fx, TH_D "user.%", users);
+    expect_list(&fx, TH_D "user.a*", ua_star);
+    expect_list(&fx, TH_D "user.a%", ua_pct);
+    expect_list(&fx, TH_D "user.a.*", ua_kids);
+    expect_list(&fx, TH_D "%.%", two);
+    expect_list(&fx, TH_D "user.a.b", exact);
+    expect_list(&fx, TH_D "user.zz*", none);
+    expect_list(&fx, TH_D "user.a.b.c.d", none);
     expect_list(&fx, "*b", ends_b);
 
     /* the callback's value stops the walk and is returned; names can be
@@ -905,7 +974,7 @@ static void test_list(void **state)
     s.fx = &fx;
     assert_int_equal(mboxlist_list(fx.ml, "*", record_cb, &s), 99);
     assert_int_equal(s.n, 3);
-    assert_string_equal(s.names[2], "top");
+    assert_string_equal(s.names[2], TH_D "top");
     assert_int_equal(s.lookup_fail, 0);
     seen_free(&s);
     fx_close(&fx);
@@ -919,7 +988,7 @@ static void test_corrupt_entry(void **state)
     struct cyrusdb *db = NULL;
     struct mboxlist_entry *e = (struct mboxlist_entry *)0x1;
     char *fname;
-    const char *const good[] = { "user.a", "user.c", NULL };
+    const char *const good[] = { TH_D "user.a", TH_D "user.c", NULL };
     static const char *const values[] = {
         "e default 0123", "e default 0123456789ABCDEF01234567 ",
         "e  0123456789abcdef01234567 ", "E default 0123456789abcdef01234567 ",
@@ -929,8 +998,8 @@ static void test_corrupt_entry(void **state)
     int i;
 
     fx_open(&fx, state, NULL);
-    create_ok(&fx, "user.a", NULL);
-    create_ok(&fx, "user.c", NULL);
+    create_ok(&fx, TH_D "user.a", NULL);
+    create_ok(&fx, TH_D "user.c", NULL);
     fname = th_path(fx.dir, "conf/" MBOXLIST_FNAME);
     log_init("test_mboxlist", LOG_TO_NONE);   /* errors on purpose */
     for (i = 0; values[i]; i++) {
@@ -939,33 +1008,33 @@ static void test_corrupt_entry(void **state)
         assert_int_equal(cyrusdb_open(fx.backend, fname,
                                       CYRUSDB_MBOXSORT, &db, NULL),
                          CYRUSDB_OK);
-        assert_int_equal(cyrusdb_store(db, "user.b", 6, values[i],
+        assert_int_equal(cyrusdb_store(db, TH_D "user.b", sizeof(TH_D "user.b") - 1, values[i],
                                        strlen(values[i]), NULL), CYRUSDB_OK);
         cyrusdb_close(&db);
         assert_int_equal(mboxlist_open(fx.conf, &fx.ml), STORE_OK);
         e = (struct mboxlist_entry *)0x1;
-        if (mboxlist_lookup(fx.ml, "user.b", &e) != STORE_CORRUPT)
+        if (mboxlist_lookup(fx.ml, TH_D "user.b", &e) != STORE_CORRUPT)
             fail_msg("value \"%s\" accepted", values[i]);
         assert_null(e);
         expect_list(&fx, "*", good);
-        assert_int_equal(mboxlist_setacl(fx.ml, "user.b", ""), STORE_CORRUPT);
+        assert_int_equal(mboxlist_setacl(fx.ml, TH_D "user.b", ""), STORE_CORRUPT);
     }
     /* a malformed ACL alone is served (it grants nothing) */
     mboxlist_close(&fx.ml);
     assert_int_equal(cyrusdb_open(fx.backend, fname, CYRUSDB_MBOXSORT, &db,
                                   NULL), CYRUSDB_OK);
-    assert_int_equal(cyrusdb_store(db, "user.b", 6,
+    assert_int_equal(cyrusdb_store(db, TH_D "user.b", sizeof(TH_D "user.b") - 1,
                                    "e default 0123456789abcdef01234567 x",
                                    36, NULL), CYRUSDB_OK);
     cyrusdb_close(&db);
     assert_int_equal(mboxlist_open(fx.conf, &fx.ml), STORE_OK);
-    e = lookup_ok(&fx, "user.b");
+    e = lookup_ok(&fx, TH_D "user.b");
     assert_string_equal(e->acl, "x");
     assert_int_equal(acl_rights(e->acl, "x", NULL), 0);
     mboxlist_entry_free(&e);
     /* a damaged entry can be deleted */
-    assert_int_equal(mboxlist_delete(fx.ml, "user.b", 0), STORE_OK);
-    expect_notfound(&fx, "user.b");
+    assert_int_equal(mboxlist_delete(fx.ml, TH_D "user.b", 0), STORE_OK);
+    expect_notfound(&fx, TH_D "user.b");
     log_default();
     free(fname);
     fx_close(&fx);
@@ -980,9 +1049,9 @@ static void cc_name(int i, char *out, size_t len)
 {
     /* some nested, so that parents and children are made at once */
     if (i % 3 == 2)
-        snprintf(out, len, "user.u%d.sub", i - 1);
+        snprintf(out, len, TH_D "user.u%d.sub", i - 1);
     else
-        snprintf(out, len, "user.u%d", i);
+        snprintf(out, len, TH_D "user.u%d", i);
 }
 
 static void test_concurrent_create(void **state)
@@ -1083,6 +1152,7 @@ int main(void)
         { "rename_repeat_after_crash", test_rename_repeat_after_crash },
         { "setacl", test_setacl },
         { "list", test_list },
+        { "domains", test_domains },
         { "corrupt_entry", test_corrupt_entry },
         { "concurrent_create", test_concurrent_create },
     };

@@ -177,41 +177,41 @@ static void test_set_get(void **state)
     struct quota qr;
 
     fx_init(&f, state, NULL);
-    assert_int_equal(quota_get(f.q, "user.a", &qr), STORE_NOTFOUND);
-    assert_int_equal(quota_set(f.q, "user.a", 100, 10), STORE_OK);
+    assert_int_equal(quota_get(f.q, TH_D "user.a", &qr), STORE_NOTFOUND);
+    assert_int_equal(quota_set(f.q, TH_D "user.a", 100, 10), STORE_OK);
     memset(&qr, 0x5a, sizeof(qr));
-    assert_int_equal(quota_get(f.q, "user.a", &qr), STORE_OK);
+    assert_int_equal(quota_get(f.q, TH_D "user.a", &qr), STORE_OK);
     assert_int_equal(qr.storage_limit_kb, 100);
     assert_int_equal(qr.message_limit, 10);
     assert_int_equal(qr.used_bytes, 0);
     assert_int_equal(qr.used_messages, 0);
 
     /* changing limits keeps the usage */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 5000, 3), STORE_OK);
-    assert_int_equal(quota_set(f.q, "user.a", QUOTA_UNLIMITED, 20), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 5000, 3), STORE_OK);
+    assert_int_equal(quota_set(f.q, TH_D "user.a", QUOTA_UNLIMITED, 20), STORE_OK);
     memset(&qr, 0x5a, sizeof(qr));
-    assert_int_equal(quota_get(f.q, "user.a", &qr), STORE_OK);
+    assert_int_equal(quota_get(f.q, TH_D "user.a", &qr), STORE_OK);
     assert_true(qr.storage_limit_kb == QUOTA_UNLIMITED);
     assert_int_equal(qr.message_limit, 20);
     assert_int_equal(qr.used_bytes, 5000);
     assert_int_equal(qr.used_messages, 3);
 
     /* largest limits round-trip */
-    assert_int_equal(quota_set(f.q, "user.big", QUOTA_STORAGE_MAX_KB,
+    assert_int_equal(quota_set(f.q, TH_D "user.big", QUOTA_STORAGE_MAX_KB,
                                QUOTA_MESSAGE_MAX), STORE_OK);
-    assert_int_equal(quota_get(f.q, "user.big", &qr), STORE_OK);
+    assert_int_equal(quota_get(f.q, TH_D "user.big", &qr), STORE_OK);
     assert_true(qr.storage_limit_kb == QUOTA_STORAGE_MAX_KB);
     assert_true(qr.message_limit == QUOTA_MESSAGE_MAX);
 
     /* refused names and limits change nothing */
-    assert_int_equal(quota_set(f.q, "user..x", 1, 1), STORE_BADNAME);
+    assert_int_equal(quota_set(f.q, TH_D "user..x", 1, 1), STORE_BADNAME);
     assert_int_equal(quota_set(f.q, "", 1, 1), STORE_BADNAME);
-    assert_int_equal(quota_set(f.q, "user.a", -2, 1), STORE_INTERNAL);
-    assert_int_equal(quota_set(f.q, "user.a", 1, -5), STORE_INTERNAL);
-    assert_int_equal(quota_set(f.q, "user.a", QUOTA_STORAGE_MAX_KB + 1, 1),
+    assert_int_equal(quota_set(f.q, TH_D "user.a", -2, 1), STORE_INTERNAL);
+    assert_int_equal(quota_set(f.q, TH_D "user.a", 1, -5), STORE_INTERNAL);
+    assert_int_equal(quota_set(f.q, TH_D "user.a", QUOTA_STORAGE_MAX_KB + 1, 1),
                      STORE_INTERNAL);
-    assert_int_equal(quota_get(f.q, "user..x", &qr), STORE_NOTFOUND);
-    assert_int_equal(quota_get(f.q, "user.a", &qr), STORE_OK);
+    assert_int_equal(quota_get(f.q, TH_D "user..x", &qr), STORE_NOTFOUND);
+    assert_int_equal(quota_get(f.q, TH_D "user.a", &qr), STORE_OK);
     assert_int_equal(qr.message_limit, 20);
     fx_done(&f);
 }
@@ -221,24 +221,60 @@ static void test_findroot(void **state)
     struct fx f;
 
     fx_init(&f, state, NULL);
-    expect_root(&f, "user.a.b.c", NULL);
-    assert_int_equal(quota_set(f.q, "user", 1000, -1), STORE_OK);
-    assert_int_equal(quota_set(f.q, "user.a", 100, -1), STORE_OK);
-    expect_root(&f, "user.a.b.c", "user.a");
-    expect_root(&f, "user.a", "user.a");
-    expect_root(&f, "user.ab", "user");      /* not below user.a */
-    expect_root(&f, "user.a-b", "user");
-    expect_root(&f, "user", "user");
-    expect_root(&f, "shared.x", NULL);
+    expect_root(&f, TH_D "user.a.b.c", NULL);
+    assert_int_equal(quota_set(f.q, TH_D "user", 1000, -1), STORE_OK);
+    assert_int_equal(quota_set(f.q, TH_D "user.a", 100, -1), STORE_OK);
+    expect_root(&f, TH_D "user.a.b.c", TH_D "user.a");
+    expect_root(&f, TH_D "user.a", TH_D "user.a");
+    expect_root(&f, TH_D "user.ab", TH_D "user");      /* not below user.a */
+    expect_root(&f, TH_D "user.a-b", TH_D "user");
+    expect_root(&f, TH_D "user", TH_D "user");
+    expect_root(&f, TH_D "shared.x", NULL);
     expect_root(&f, "use", NULL);
-    assert_int_equal(quota_set(f.q, "user.a.b", 10, -1), STORE_OK);
-    expect_root(&f, "user.a.b.c", "user.a.b");   /* the nearest wins */
-    expect_root(&f, "user.a.b", "user.a.b");
-    expect_root(&f, "user.a.bc", "user.a");
-    expect_root(&f, "user.a", "user.a");
-    assert_int_equal(quota_remove(f.q, "user.a"), STORE_OK);
-    expect_root(&f, "user.a.x", "user");
-    expect_root(&f, "user.a.b.c", "user.a.b");
+    assert_int_equal(quota_set(f.q, TH_D "user.a.b", 10, -1), STORE_OK);
+    expect_root(&f, TH_D "user.a.b.c", TH_D "user.a.b");   /* the nearest wins */
+    expect_root(&f, TH_D "user.a.b", TH_D "user.a.b");
+    expect_root(&f, TH_D "user.a.bc", TH_D "user.a");
+    expect_root(&f, TH_D "user.a", TH_D "user.a");
+    assert_int_equal(quota_remove(f.q, TH_D "user.a"), STORE_OK);
+    expect_root(&f, TH_D "user.a.x", TH_D "user");
+    expect_root(&f, TH_D "user.a.b.c", TH_D "user.a.b");
+    fx_done(&f);
+}
+
+/* Virtual domains: a root governs its own domain only.  The names of a
+ * domain never fall back on a domain-less root that happens to spell a
+ * prefix of the domain ("example", "example.com") nor on another
+ * domain's root, and the same user in two domains has two roots. */
+static void test_findroot_domains(void **state)
+{
+    struct fx f;
+
+    fx_init(&f, state, NULL);
+    assert_int_equal(quota_set(f.q, "example", 1, -1), STORE_OK);
+    assert_int_equal(quota_set(f.q, "example.com", 1, -1), STORE_OK);
+    assert_int_equal(quota_set(f.q, "user", 1, -1), STORE_OK);
+    expect_root(&f, "example.com!user.a", NULL);
+    expect_root(&f, "example.com!user", NULL);
+    expect_root(&f, "example.com!shared.x", NULL);
+    expect_root(&f, "example.com.x", "example.com");
+    assert_int_equal(quota_set(f.q, "example.com!user.a", 1, -1),
+                     STORE_OK);    /* 1024 bytes */
+    assert_int_equal(quota_set(f.q, "example.org!user.a", 1, -1),
+                     STORE_OK);
+    expect_root(&f, "example.com!user.a.Sent", "example.com!user.a");
+    expect_root(&f, "example.org!user.a.Sent", "example.org!user.a");
+    expect_root(&f, "example.net!user.a.Sent", NULL);
+    expect_root(&f, "user.a.Sent", "user");
+    /* usage is counted per domain user */
+    assert_int_equal(quota_update_mailbox(f.q, "example.com!user.a.Sent",
+                                          1000, 1), STORE_OK);
+    assert_int_equal(quota_check(f.q, "example.com!user.a", 50, 1, NULL),
+                     STORE_OVERQUOTA);
+    assert_int_equal(quota_check(f.q, "example.org!user.a", 1000, 1, NULL),
+                     STORE_OK);
+    assert_int_equal(quota_check(f.q, "user.a", 1000, 1, NULL),
+                     STORE_OK);
     fx_done(&f);
 }
 
@@ -250,67 +286,67 @@ static void test_check(void **state)
     fx_init(&f, state, "quotawarn: 50\n");
     /* no root: always fine */
     warn = 7;
-    assert_int_equal(quota_check(f.q, "user.a", 1ULL << 40, 1000000, &warn),
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 1ULL << 40, 1000000, &warn),
                      STORE_OK);
     assert_int_equal(warn, 0);
 
     /* 10 KiB and 5 messages */
-    assert_int_equal(quota_set(f.q, "user.a", 10, 5), STORE_OK);
+    assert_int_equal(quota_set(f.q, TH_D "user.a", 10, 5), STORE_OK);
     warn = 7;
-    assert_int_equal(quota_check(f.q, "user.a.x", 1000, 1, &warn), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.a.x", 1000, 1, &warn), STORE_OK);
     assert_int_equal(warn, 0);
     /* exactly at the limit: allowed (10 KiB = 10240 bytes, not 10000) */
-    assert_int_equal(quota_check(f.q, "user.a.x", 10240, 1, &warn), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.a.x", 10240, 1, &warn), STORE_OK);
     assert_int_equal(warn, 1);
-    assert_int_equal(quota_check(f.q, "user.a.x", 10001, 1, NULL), STORE_OK);
-    assert_int_equal(quota_check(f.q, "user.a.x", 10241, 1, &warn),
+    assert_int_equal(quota_check(f.q, TH_D "user.a.x", 10001, 1, NULL), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.a.x", 10241, 1, &warn),
                      STORE_OVERQUOTA);
-    assert_int_equal(quota_check(f.q, "user.a", 0, 5, NULL), STORE_OK);
-    assert_int_equal(quota_check(f.q, "user.a", 0, 6, NULL), STORE_OVERQUOTA);
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 0, 5, NULL), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 0, 6, NULL), STORE_OVERQUOTA);
 
     /* with usage: 10000 bytes and 4 messages */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 10000, 4),
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 10000, 4),
                      STORE_OK);
-    assert_int_equal(quota_check(f.q, "user.a", 240, 1, &warn), STORE_OK);
-    assert_int_equal(quota_check(f.q, "user.a", 241, 1, NULL),
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 240, 1, &warn), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 241, 1, NULL),
                      STORE_OVERQUOTA);
-    assert_int_equal(quota_check(f.q, "user.a", 1, 2, NULL), STORE_OVERQUOTA);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 20000, 9),
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 1, 2, NULL), STORE_OVERQUOTA);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 20000, 9),
                      STORE_OK);
     /* over already: any positive addition fails, nothing added passes */
-    assert_int_equal(quota_check(f.q, "user.a", 1, 0, NULL), STORE_OVERQUOTA);
-    assert_int_equal(quota_check(f.q, "user.a", 0, 1, NULL), STORE_OVERQUOTA);
-    assert_int_equal(quota_check(f.q, "user.a", 0, 0, NULL), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 1, 0, NULL), STORE_OVERQUOTA);
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 0, 1, NULL), STORE_OVERQUOTA);
+    assert_int_equal(quota_check(f.q, TH_D "user.a", 0, 0, NULL), STORE_OK);
 
     /* warning threshold, 50 %: 100 KiB, 10 messages, nothing used */
-    assert_int_equal(quota_set(f.q, "user.w", 100, 10), STORE_OK);
+    assert_int_equal(quota_set(f.q, TH_D "user.w", 100, 10), STORE_OK);
     warn = 7;
-    assert_int_equal(quota_check(f.q, "user.w", 50 * 1024 - 1, 1, &warn),
+    assert_int_equal(quota_check(f.q, TH_D "user.w", 50 * 1024 - 1, 1, &warn),
                      STORE_OK);
     assert_int_equal(warn, 0);
-    assert_int_equal(quota_check(f.q, "user.w", 50 * 1024, 1, &warn),
+    assert_int_equal(quota_check(f.q, TH_D "user.w", 50 * 1024, 1, &warn),
                      STORE_OK);
     assert_int_equal(warn, 1);
-    assert_int_equal(quota_check(f.q, "user.w", 10, 4, &warn), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.w", 10, 4, &warn), STORE_OK);
     assert_int_equal(warn, 0);
-    assert_int_equal(quota_check(f.q, "user.w", 10, 5, &warn), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.w", 10, 5, &warn), STORE_OK);
     assert_int_equal(warn, 1);
-    assert_int_equal(quota_update_mailbox(f.q, "user.w", 40 * 1024, 1),
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.w", 40 * 1024, 1),
                      STORE_OK);
-    assert_int_equal(quota_check(f.q, "user.w", 10 * 1024, 1, &warn),
+    assert_int_equal(quota_check(f.q, TH_D "user.w", 10 * 1024, 1, &warn),
                      STORE_OK);
     assert_int_equal(warn, 1);
 
     /* unlimited resources are never passed and never warned about */
-    assert_int_equal(quota_set(f.q, "user.u", QUOTA_UNLIMITED,
+    assert_int_equal(quota_set(f.q, TH_D "user.u", QUOTA_UNLIMITED,
                                QUOTA_UNLIMITED), STORE_OK);
     warn = 7;
-    assert_int_equal(quota_check(f.q, "user.u", 1ULL << 50, 1ULL << 40,
+    assert_int_equal(quota_check(f.q, TH_D "user.u", 1ULL << 50, 1ULL << 40,
                                  &warn), STORE_OK);
     assert_int_equal(warn, 0);
     /* a zero limit refuses everything */
-    assert_int_equal(quota_set(f.q, "user.z", 0, QUOTA_UNLIMITED), STORE_OK);
-    assert_int_equal(quota_check(f.q, "user.z", 1, 1, NULL), STORE_OVERQUOTA);
+    assert_int_equal(quota_set(f.q, TH_D "user.z", 0, QUOTA_UNLIMITED), STORE_OK);
+    assert_int_equal(quota_check(f.q, TH_D "user.z", 1, 1, NULL), STORE_OVERQUOTA);
     fx_done(&f);
 }
 
@@ -320,71 +356,71 @@ static void test_update(void **state)
     struct msum m;
 
     fx_init(&f, state, NULL);
-    assert_int_equal(quota_set(f.q, "user.a", QUOTA_UNLIMITED,
+    assert_int_equal(quota_set(f.q, TH_D "user.a", QUOTA_UNLIMITED,
                                QUOTA_UNLIMITED), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 1000, 2), STORE_OK);
-    expect_usage(&f, "user.a", 1000, 2);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 1000, 2), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 1000, 2);
     /* idempotent */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 1000, 2), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 1000, 2), STORE_OK);
-    expect_usage(&f, "user.a", 1000, 2);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 1000, 2), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 1000, 2), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 1000, 2);
     /* absolute values: the root moves by the difference */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 500, 1), STORE_OK);
-    expect_usage(&f, "user.a", 500, 1);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 700, 5), STORE_OK);
-    expect_usage(&f, "user.a", 700, 5);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 500, 1), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 500, 1);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 700, 5), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 700, 5);
     /* two mailboxes under one root */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 300, 3), STORE_OK);
-    expect_usage(&f, "user.a", 1000, 8);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 100, 1), STORE_OK);
-    expect_usage(&f, "user.a", 800, 6);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 300, 3), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 1000, 8);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 100, 1), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 800, 6);
     memset(&m, 0, sizeof(m));
-    m.root = "user.a";
+    m.root = TH_D "user.a";
     fx_sum_mrecords(&f, &m);
     assert_int_equal(m.n, 2);
     assert_int_equal(m.bytes, 800);
     assert_int_equal(m.msgs, 6);
 
     /* a crash lost an update: the next report corrects the root */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 0, 0), STORE_OK);
-    expect_usage(&f, "user.a", 700, 5);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 0, 0), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 700, 5);
 
     /* forget a mailbox; twice is fine */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 250, 2), STORE_OK);
-    assert_int_equal(quota_remove_mailbox(f.q, "user.a.x"), STORE_OK);
-    expect_usage(&f, "user.a", 700, 5);
-    assert_int_equal(quota_remove_mailbox(f.q, "user.a.x"), STORE_OK);
-    expect_usage(&f, "user.a", 700, 5);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 250, 2), STORE_OK);
+    assert_int_equal(quota_remove_mailbox(f.q, TH_D "user.a.x"), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 700, 5);
+    assert_int_equal(quota_remove_mailbox(f.q, TH_D "user.a.x"), STORE_OK);
+    expect_usage(&f, TH_D "user.a", 700, 5);
 
     /* no root: nothing to account, no record kept */
-    assert_int_equal(quota_update_mailbox(f.q, "shared.x", 5, 5), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "shared.x", 5, 5), STORE_OK);
     memset(&m, 0, sizeof(m));
-    m.root = "shared.x";
+    m.root = TH_D "shared.x";
     fx_sum_mrecords(&f, &m);
     assert_int_equal(m.n, 0);
 
     /* a root created below moves the mailbox at its next report */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.sub.m", 100, 1),
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.sub.m", 100, 1),
                      STORE_OK);
-    expect_usage(&f, "user.a", 800, 6);
-    assert_int_equal(quota_set(f.q, "user.a.sub", 1000, 100), STORE_OK);
-    expect_usage(&f, "user.a.sub", 0, 0);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.sub.m", 100, 1),
+    expect_usage(&f, TH_D "user.a", 800, 6);
+    assert_int_equal(quota_set(f.q, TH_D "user.a.sub", 1000, 100), STORE_OK);
+    expect_usage(&f, TH_D "user.a.sub", 0, 0);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.sub.m", 100, 1),
                      STORE_OK);
-    expect_usage(&f, "user.a", 700, 5);
-    expect_usage(&f, "user.a.sub", 100, 1);
+    expect_usage(&f, TH_D "user.a", 700, 5);
+    expect_usage(&f, TH_D "user.a.sub", 100, 1);
     /* and back up when that root goes */
-    assert_int_equal(quota_remove(f.q, "user.a.sub"), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.sub.m", 100, 1),
+    assert_int_equal(quota_remove(f.q, TH_D "user.a.sub"), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.sub.m", 100, 1),
                      STORE_OK);
-    expect_usage(&f, "user.a", 800, 6);
+    expect_usage(&f, TH_D "user.a", 800, 6);
 
     /* a mailbox whose root vanished without its M records */
-    assert_int_equal(quota_set(f.q, "user.b", 10, 10), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.b", 40, 4), STORE_OK);
-    fx_raw_store(&f, "Muser.b.y", "user.gone 7 7");
-    assert_int_equal(quota_update_mailbox(f.q, "user.b.y", 7, 7), STORE_OK);
-    expect_usage(&f, "user.b", 47, 11);
+    assert_int_equal(quota_set(f.q, TH_D "user.b", 10, 10), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.b", 40, 4), STORE_OK);
+    fx_raw_store(&f, "M" TH_D "user.b.y", TH_D "user.gone 7 7");
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.b.y", 7, 7), STORE_OK);
+    expect_usage(&f, TH_D "user.b", 47, 11);
 
     assert_int_equal(quota_update_mailbox(f.q, "", 1, 1), STORE_BADNAME);
     fx_done(&f);
@@ -397,42 +433,42 @@ static void test_remove(void **state)
     struct quota qr;
 
     fx_init(&f, state, NULL);
-    assert_int_equal(quota_remove(f.q, "user.a"), STORE_NOTFOUND);
-    assert_int_equal(quota_set(f.q, "user", -1, -1), STORE_OK);
-    assert_int_equal(quota_set(f.q, "user.a", -1, -1), STORE_OK);
+    assert_int_equal(quota_remove(f.q, TH_D "user.a"), STORE_NOTFOUND);
+    assert_int_equal(quota_set(f.q, TH_D "user", -1, -1), STORE_OK);
+    assert_int_equal(quota_set(f.q, TH_D "user.a", -1, -1), STORE_OK);
     /* names that sort between the records of user.a in one order or the
-     * other: "user.a-b" and "user.ab" belong to root "user" */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 10, 1), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a-b", 20, 1), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 30, 1), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.ab", 40, 1), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x.y", 50, 1),
+     * other: TH_D "user.a-b" and TH_D "user.ab" belong to root TH_D "user" */
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 10, 1), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a-b", 20, 1), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 30, 1), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.ab", 40, 1), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x.y", 50, 1),
                      STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x-y", 60, 1),
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x-y", 60, 1),
                      STORE_OK);
-    expect_usage(&f, "user.a", 150, 4);
-    expect_usage(&f, "user", 60, 2);
+    expect_usage(&f, TH_D "user.a", 150, 4);
+    expect_usage(&f, TH_D "user", 60, 2);
 
-    assert_int_equal(quota_remove(f.q, "user.a"), STORE_OK);
-    assert_int_equal(quota_get(f.q, "user.a", &qr), STORE_NOTFOUND);
-    assert_int_equal(quota_remove(f.q, "user.a"), STORE_NOTFOUND);
+    assert_int_equal(quota_remove(f.q, TH_D "user.a"), STORE_OK);
+    assert_int_equal(quota_get(f.q, TH_D "user.a", &qr), STORE_NOTFOUND);
+    assert_int_equal(quota_remove(f.q, TH_D "user.a"), STORE_NOTFOUND);
     memset(&m, 0, sizeof(m));
-    m.root = "user.a";
+    m.root = TH_D "user.a";
     fx_sum_mrecords(&f, &m);
     assert_int_equal(m.n, 0);           /* all four M records went */
     memset(&m, 0, sizeof(m));
-    m.root = "user";
+    m.root = TH_D "user";
     fx_sum_mrecords(&f, &m);
     assert_int_equal(m.n, 2);           /* the others stayed */
     assert_int_equal(m.bytes, 60);
-    expect_usage(&f, "user", 60, 2);
+    expect_usage(&f, TH_D "user", 60, 2);
 
-    /* their next reports count toward "user" in full */
-    assert_int_equal(quota_update_mailbox(f.q, "user.a.x", 30, 1), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 10, 1), STORE_OK);
-    expect_usage(&f, "user", 100, 4);
-    assert_int_equal(quota_remove_mailbox(f.q, "user.a"), STORE_OK);
-    expect_usage(&f, "user", 90, 3);
+    /* their next reports count toward TH_D "user" in full */
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a.x", 30, 1), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 10, 1), STORE_OK);
+    expect_usage(&f, TH_D "user", 100, 4);
+    assert_int_equal(quota_remove_mailbox(f.q, TH_D "user.a"), STORE_OK);
+    expect_usage(&f, TH_D "user", 90, 3);
     fx_done(&f);
 }
 
@@ -449,25 +485,25 @@ static void test_corrupt(void **state)
 
     fx_init(&f, state, NULL);
     for (i = 0; bad[i]; i++) {
-        fx_raw_store(&f, "Ruser.z", bad[i]);
-        assert_int_equal(quota_get(f.q, "user.z", &qr), STORE_CORRUPT);
-        assert_int_equal(quota_check(f.q, "user.z.y", 1, 1, NULL),
+        fx_raw_store(&f, "R" TH_D "user.z", bad[i]);
+        assert_int_equal(quota_get(f.q, TH_D "user.z", &qr), STORE_CORRUPT);
+        assert_int_equal(quota_check(f.q, TH_D "user.z.y", 1, 1, NULL),
                          STORE_CORRUPT);
-        assert_int_equal(quota_update_mailbox(f.q, "user.z.y", 1, 1),
+        assert_int_equal(quota_update_mailbox(f.q, TH_D "user.z.y", 1, 1),
                          STORE_CORRUPT);
     }
     /* quota_set repairs it, usage from zero */
-    assert_int_equal(quota_set(f.q, "user.z", 10, 10), STORE_OK);
-    expect_usage(&f, "user.z", 0, 0);
+    assert_int_equal(quota_set(f.q, TH_D "user.z", 10, 10), STORE_OK);
+    expect_usage(&f, TH_D "user.z", 0, 0);
     /* a damaged M record is replaced */
-    fx_raw_store(&f, "Muser.z", "garbage");
-    assert_int_equal(quota_update_mailbox(f.q, "user.z", 10, 1), STORE_OK);
-    expect_usage(&f, "user.z", 10, 1);
-    assert_int_equal(quota_update_mailbox(f.q, "user.z", 10, 1), STORE_OK);
-    expect_usage(&f, "user.z", 10, 1);
-    fx_raw_store(&f, "Muser.z", "user.z 5");
-    assert_int_equal(quota_remove_mailbox(f.q, "user.z"), STORE_OK);
-    expect_usage(&f, "user.z", 10, 1);
+    fx_raw_store(&f, "M" TH_D "user.z", "garbage");
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.z", 10, 1), STORE_OK);
+    expect_usage(&f, TH_D "user.z", 10, 1);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.z", 10, 1), STORE_OK);
+    expect_usage(&f, TH_D "user.z", 10, 1);
+    fx_raw_store(&f, "M" TH_D "user.z", TH_D "user.z 5");
+    assert_int_equal(quota_remove_mailbox(f.q, TH_D "user.z"), STORE_OK);
+    expect_usage(&f, TH_D "user.z", 10, 1);
     fx_done(&f);
 }
 
@@ -517,17 +553,17 @@ struct many_step {
  * mailbox without root, a name given twice, unchanged values, a root
  * created below (the mailbox moves), an M record to drop. */
 static const struct many_step many_steps[] = {
-    { "user", 6,
-      { "user.a", "user.a.x", "user.b", "user.b.sub.m", "shared.x", "user" },
+    { TH_D "user", 6,
+      { TH_D "user.a", TH_D "user.a.x", TH_D "user.b", TH_D "user.b.sub.m", TH_D "shared.x", TH_D "user" },
       { 100, 200, 300, 400, 9, 50 }, { 1, 2, 3, 4, 9, 5 } },
-    { "user.b", 5,
-      { "user.a", "user.b.sub.m", "user.a", "user.b", "user.a.x" },
+    { TH_D "user.b", 5,
+      { TH_D "user.a", TH_D "user.b.sub.m", TH_D "user.a", TH_D "user.b", TH_D "user.a.x" },
       { 150, 400, 120, 310, 200 }, { 2, 4, 1, 4, 2 } },
-    { "user.b.sub", 3,
-      { "user.b.sub.m", "user.b.sub.m", "user.b.sub" },
+    { TH_D "user.b.sub", 3,
+      { TH_D "user.b.sub.m", TH_D "user.b.sub.m", TH_D "user.b.sub" },
       { 400, 0, 7 }, { 4, 0, 1 } },
     { NULL, 4,
-      { "user.a.x", "user.a", "user", "user.b.sub.m" },
+      { TH_D "user.a.x", TH_D "user.a", TH_D "user", TH_D "user.b.sub.m" },
       { 200, 120, 50, 1000 }, { 2, 1, 5, 10 } },
 };
 
@@ -556,9 +592,9 @@ static char *many_run(void **state, int batched)
         }
     }
     /* last step's view, through the API */
-    expect_usage(&f, "user", 50 + 120 + 200, 5 + 1 + 2);
-    expect_usage(&f, "user.b", 310, 4);
-    expect_usage(&f, "user.b.sub", 1000 + 7, 10 + 1);
+    expect_usage(&f, TH_D "user", 50 + 120 + 200, 5 + 1 + 2);
+    expect_usage(&f, TH_D "user.b", 310, 4);
+    expect_usage(&f, TH_D "user.b.sub", 1000 + 7, 10 + 1);
     dump = fx_dump(&f);
     fx_done(&f);
     return dump;
@@ -570,15 +606,15 @@ static void test_update_many(void **state)
     char *single = many_run(state, 0);
     struct fx f;
     struct msum m;
-    const char *names[3] = { "user.a", "user.z.y", "user.a.x" };
+    const char *names[3] = { TH_D "user.a", TH_D "user.z.y", TH_D "user.a.x" };
     uint64_t bytes[3] = { 1, 2, 3 }, msgs[3] = { 1, 1, 1 };
-    const char *bad[2] = { "user.a", "" };
+    const char *bad[2] = { TH_D "user.a", "" };
     char *before, *after;
 
     /* the same database, byte for byte, as the single updates */
     assert_string_equal(batched, single);
-    assert_non_null(strstr(batched, "Muser.a=user 120 1\n"));
-    assert_null(strstr(batched, "Mshared.x="));
+    assert_non_null(strstr(batched, "M" TH_D "user.a=" TH_D "user 120 1\n"));
+    assert_null(strstr(batched, "M" TH_D "shared.x="));
     free(batched);
     free(single);
 
@@ -586,10 +622,10 @@ static void test_update_many(void **state)
     fx_init(&f, state, NULL);
     assert_int_equal(quota_update_many(f.q, names, bytes, msgs, 0),
                      STORE_OK);
-    assert_int_equal(quota_set(f.q, "user.a", -1, -1), STORE_OK);
-    assert_int_equal(quota_set(f.q, "user.z", -1, -1), STORE_OK);
-    assert_int_equal(quota_update_mailbox(f.q, "user.a", 10, 1), STORE_OK);
-    fx_raw_store(&f, "Ruser.z", "garbage");
+    assert_int_equal(quota_set(f.q, TH_D "user.a", -1, -1), STORE_OK);
+    assert_int_equal(quota_set(f.q, TH_D "user.z", -1, -1), STORE_OK);
+    assert_int_equal(quota_update_mailbox(f.q, TH_D "user.a", 10, 1), STORE_OK);
+    fx_raw_store(&f, "R" TH_D "user.z", "garbage");
     before = fx_dump(&f);
     assert_int_equal(quota_update_many(f.q, names, bytes, msgs, 3),
                      STORE_CORRUPT);
@@ -603,15 +639,15 @@ static void test_update_many(void **state)
     assert_string_equal(before, after);
     free(after);
     free(before);
-    expect_usage(&f, "user.a", 10, 1);
+    expect_usage(&f, TH_D "user.a", 10, 1);
     /* repaired, the same batch goes through whole */
-    assert_int_equal(quota_set(f.q, "user.z", -1, -1), STORE_OK);
+    assert_int_equal(quota_set(f.q, TH_D "user.z", -1, -1), STORE_OK);
     assert_int_equal(quota_update_many(f.q, names, bytes, msgs, 3),
                      STORE_OK);
-    expect_usage(&f, "user.a", 1 + 3, 2);
-    expect_usage(&f, "user.z", 2, 1);
+    expect_usage(&f, TH_D "user.a", 1 + 3, 2);
+    expect_usage(&f, TH_D "user.z", 2, 1);
     memset(&m, 0, sizeof(m));
-    m.root = "user.a";
+    m.root = TH_D "user.a";
     fx_sum_mrecords(&f, &m);
     assert_int_equal(m.n, 2);
     assert_int_equal(m.bytes, 4);
@@ -635,7 +671,7 @@ static int conc_child(const struct imapconf *conf, int idx, int fd)
     int i, n, r;
 
     for (i = 0; i < 2; i++)
-        snprintf(name[i], sizeof(name[i]), "user.c.p%d.m%d", idx, i);
+        snprintf(name[i], sizeof(name[i]), TH_D "user.c.p%d.m%d", idx, i);
     if (quota_open(conf, &q) != STORE_OK)
         return 2;
     for (i = 0; i < CONC_OPS; i++) {
@@ -677,7 +713,7 @@ static void test_concurrent(void **state)
     int i;
 
     fx_init(&f, state, NULL);
-    assert_int_equal(quota_set(f.q, "user.c", QUOTA_UNLIMITED, 1000000),
+    assert_int_equal(quota_set(f.q, TH_D "user.c", QUOTA_UNLIMITED, 1000000),
                      STORE_OK);
     quota_close(&f.q);    /* children open their own, after fork */
     for (i = 0; i < CONC_PROCS; i++) {
@@ -713,9 +749,9 @@ static void test_concurrent(void **state)
         want_m += c;
     }
     assert_int_equal(quota_open(f.conf, &f.q), STORE_OK);
-    expect_usage(&f, "user.c", want_b, want_m);
+    expect_usage(&f, TH_D "user.c", want_b, want_m);
     memset(&m, 0, sizeof(m));
-    m.root = "user.c";
+    m.root = TH_D "user.c";
     fx_sum_mrecords(&f, &m);
     assert_int_equal(m.n, 2 * CONC_PROCS);
     assert_int_equal(m.bytes, want_b);
@@ -807,6 +843,7 @@ static void test_store_parse(void **state)
 static const struct th_case cases[] = {
     { "set_get", test_set_get },
     { "findroot", test_findroot },
+    { "findroot_domains", test_findroot_domains },
     { "check", test_check },
     { "update", test_update },
     { "update_many", test_update_many },

@@ -238,8 +238,8 @@ static void test_read_write(void **state)
     struct seen_data d;
 
     fx_init(&f, state);
-    assert_int_equal(seen_open(f.conf, "alice", &s), STORE_OK);
-    assert_true(fx_exists(&f, "conf/user/a/alice.seen"));
+    assert_int_equal(seen_open(f.conf, "alice" TH_U, &s), STORE_OK);
+    assert_true(fx_exists(&f, "conf/" TH_DPATH_H "user/a/alice.seen"));
     expect_data(s, "uid-unknown", 0, 0, 0, "");
 
     memset(&d, 0, sizeof(d));
@@ -277,7 +277,7 @@ static void test_read_write(void **state)
     /* survives a reopen */
     seen_close(&s);
     assert_null(s);
-    assert_int_equal(seen_open(f.conf, "alice", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "alice" TH_U, &s), STORE_OK);
     expect_data(s, "uid-1", 9, 43, 10, "1:13");
     expect_data(s, "uid-3", (time_t)4102444800LL, UINT32_MAX, 0,
                 "1:4294967295");
@@ -328,7 +328,7 @@ static void test_update(void **state)
             struct seen_db *cs = NULL;
             int bad = 0;
 
-            if (seen_open(f.conf, "frank", &cs) != STORE_OK)
+            if (seen_open(f.conf, "frank" TH_U, &cs) != STORE_OK)
                 _exit(2);
             for (uint32_t u = (uint32_t)k + 1; u <= 2 * UPDATE_ROUNDS;
                  u += 2)
@@ -344,7 +344,7 @@ static void test_update(void **state)
         assert_true(WIFEXITED(status));
         assert_int_equal(WEXITSTATUS(status), 0);
     }
-    assert_int_equal(seen_open(f.conf, "frank", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "frank" TH_U, &s), STORE_OK);
     expect_data(s, "uid-c", 0, 0, 0, "1:300");
 
     /* the result comes back; UNCHANGED and errors write nothing */
@@ -385,9 +385,9 @@ static void test_damaged(void **state)
     int i;
 
     fx_init(&f, state);
-    assert_int_equal(seen_open(f.conf, "bob", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "bob" TH_U, &s), STORE_OK);
     seen_close(&s);
-    path = th_path(f.dir, "conf/user/b/bob.seen");
+    path = th_path(f.dir, "conf/" TH_DPATH_H "user/b/bob.seen");
     assert_int_equal(cyrusdb_open(f.backend, path, 0, &db, NULL), CYRUSDB_OK);
     for (i = 0; bad[i]; i++) {
         snprintf(key, sizeof(key), "bad%d", i);
@@ -402,7 +402,7 @@ static void test_damaged(void **state)
     cyrusdb_close(&db);
     free(path);
 
-    assert_int_equal(seen_open(f.conf, "bob", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "bob" TH_U, &s), STORE_OK);
     memset(&d, 0, sizeof(d));
     for (i = 0; bad[i]; i++) {
         snprintf(key, sizeof(key), "bad%d", i);
@@ -444,15 +444,15 @@ static void test_userids(void **state)
     assert_int_equal(seen_open(f.conf, longid, &s), STORE_OK);
     seen_close(&s);
     /* hash directories: first letter lower-cased, 'q' for the rest */
-    assert_int_equal(seen_open(f.conf, "Zed", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "Zed" TH_U, &s), STORE_OK);
     seen_close(&s);
-    assert_true(fx_exists(&f, "conf/user/z/Zed.seen"));
-    assert_int_equal(seen_open(f.conf, "9lives", &s), STORE_OK);
+    assert_true(fx_exists(&f, "conf/" TH_DPATH_H "user/z/Zed.seen"));
+    assert_int_equal(seen_open(f.conf, "9lives" TH_U, &s), STORE_OK);
     seen_close(&s);
-    assert_true(fx_exists(&f, "conf/user/q/9lives.seen"));
-    assert_int_equal(seen_open(f.conf, "john.doe", &s), STORE_OK);
+    assert_true(fx_exists(&f, "conf/" TH_DPATH_H "user/q/9lives.seen"));
+    assert_int_equal(seen_open(f.conf, "john.doe" TH_U, &s), STORE_OK);
     seen_close(&s);
-    assert_true(fx_exists(&f, "conf/user/j/john.doe.seen"));
+    assert_true(fx_exists(&f, "conf/" TH_DPATH_H "user/j/john.doe.seen"));
     assert_int_equal(seen_delete_user(f.conf, "a/b"), STORE_BADNAME);
     fx_done(&f);
 }
@@ -465,7 +465,7 @@ static void test_users(void **state)
 
     fx_init(&f, state);
     memset(&d, 0, sizeof(d));
-    assert_int_equal(seen_open(f.conf, "carol", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "carol" TH_U, &s), STORE_OK);
     data_set(&d, 1, 2, 3, "1:2");
     assert_int_equal(seen_write(s, "u1", &d), STORE_OK);
     data_set(&d, 4, 5, 6, "5");
@@ -473,38 +473,38 @@ static void test_users(void **state)
     seen_close(&s);
 
     /* rename: the records move, the old file goes */
-    assert_int_equal(seen_rename_user(f.conf, "carol", "dave"), STORE_OK);
-    assert_false(fx_exists(&f, "conf/user/c/carol.seen"));
-    assert_true(fx_exists(&f, "conf/user/d/dave.seen"));
-    assert_int_equal(seen_open(f.conf, "dave", &s), STORE_OK);
+    assert_int_equal(seen_rename_user(f.conf, "carol" TH_U, "dave" TH_U), STORE_OK);
+    assert_false(fx_exists(&f, "conf/" TH_DPATH_H "user/c/carol.seen"));
+    assert_true(fx_exists(&f, "conf/" TH_DPATH_H "user/d/dave.seen"));
+    assert_int_equal(seen_open(f.conf, "dave" TH_U, &s), STORE_OK);
     expect_data(s, "u1", 1, 2, 3, "1:2");
     expect_data(s, "u2", 4, 5, 6, "5");
     seen_close(&s);
-    assert_int_equal(seen_rename_user(f.conf, "carol", "dave"),
+    assert_int_equal(seen_rename_user(f.conf, "carol" TH_U, "dave" TH_U),
                      STORE_NOTFOUND);
-    assert_int_equal(seen_rename_user(f.conf, "dave", "dave"), STORE_OK);
-    assert_int_equal(seen_rename_user(f.conf, "dave", "x/y"), STORE_BADNAME);
+    assert_int_equal(seen_rename_user(f.conf, "dave" TH_U, "dave" TH_U), STORE_OK);
+    assert_int_equal(seen_rename_user(f.conf, "dave" TH_U, "x/y"), STORE_BADNAME);
 
     /* into a user who already has state: merged, the moved records win */
-    assert_int_equal(seen_open(f.conf, "erin", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "erin" TH_U, &s), STORE_OK);
     data_set(&d, 7, 8, 9, "8");
     assert_int_equal(seen_write(s, "u2", &d), STORE_OK);
     assert_int_equal(seen_write(s, "u9", &d), STORE_OK);
     seen_close(&s);
-    assert_int_equal(seen_rename_user(f.conf, "dave", "erin"), STORE_OK);
-    assert_int_equal(seen_open(f.conf, "erin", &s), STORE_OK);
+    assert_int_equal(seen_rename_user(f.conf, "dave" TH_U, "erin" TH_U), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "erin" TH_U, &s), STORE_OK);
     expect_data(s, "u1", 1, 2, 3, "1:2");
     expect_data(s, "u2", 4, 5, 6, "5");
     expect_data(s, "u9", 7, 8, 9, "8");
     seen_close(&s);
 
     /* delete */
-    assert_int_equal(seen_delete_user(f.conf, "erin"), STORE_OK);
-    assert_false(fx_exists(&f, "conf/user/e/erin.seen"));
-    assert_false(fx_exists(&f, "conf/user/e/erin.seen-lock"));
-    assert_int_equal(seen_delete_user(f.conf, "erin"), STORE_NOTFOUND);
+    assert_int_equal(seen_delete_user(f.conf, "erin" TH_U), STORE_OK);
+    assert_false(fx_exists(&f, "conf/" TH_DPATH_H "user/e/erin.seen"));
+    assert_false(fx_exists(&f, "conf/" TH_DPATH_H "user/e/erin.seen-lock"));
+    assert_int_equal(seen_delete_user(f.conf, "erin" TH_U), STORE_NOTFOUND);
     /* a new user of the same name starts empty */
-    assert_int_equal(seen_open(f.conf, "erin", &s), STORE_OK);
+    assert_int_equal(seen_open(f.conf, "erin" TH_U, &s), STORE_OK);
     expect_data(s, "u1", 0, 0, 0, "");
     seen_close(&s);
     seen_data_free(&d);

@@ -43,7 +43,7 @@ static void fx_init(struct fx *f, void **state)
     f->dir = th_mkdtemp("subs");
     assert_non_null(f->dir);
     f->conf = th_store_conf(f->dir, f->backend, NULL);
-    assert_int_equal(subs_open(f->conf, "alice", &f->s), STORE_OK);
+    assert_int_equal(subs_open(f->conf, "alice" TH_U, &f->s), STORE_OK);
     assert_non_null(f->s);
 }
 
@@ -107,34 +107,34 @@ static void test_add_remove(void **state)
     struct fx f;
 
     fx_init(&f, state);
-    assert_true(fx_exists(&f, "conf/user/a/alice.sub"));
-    assert_int_equal(subs_is_subscribed(f.s, "user.alice.x"), 0);
-    assert_int_equal(subs_add(f.s, "user.alice.x"), STORE_OK);
-    assert_int_equal(subs_add(f.s, "user.alice.x"), STORE_OK);   /* twice */
-    assert_int_equal(subs_is_subscribed(f.s, "user.alice.x"), 1);
-    assert_int_equal(subs_is_subscribed(f.s, "user.alice"), 0);
-    assert_int_equal(subs_is_subscribed(f.s, "user.alice.xy"), 0);
+    assert_true(fx_exists(&f, "conf/" TH_DPATH_H "user/a/alice.sub"));
+    assert_int_equal(subs_is_subscribed(f.s, TH_D "user.alice.x"), 0);
+    assert_int_equal(subs_add(f.s, TH_D "user.alice.x"), STORE_OK);
+    assert_int_equal(subs_add(f.s, TH_D "user.alice.x"), STORE_OK);   /* twice */
+    assert_int_equal(subs_is_subscribed(f.s, TH_D "user.alice.x"), 1);
+    assert_int_equal(subs_is_subscribed(f.s, TH_D "user.alice"), 0);
+    assert_int_equal(subs_is_subscribed(f.s, TH_D "user.alice.xy"), 0);
     /* a name that does not exist may be subscribed */
-    assert_int_equal(subs_add(f.s, "shared.nowhere"), STORE_OK);
-    expect_list(&f, "*", "shared.nowhere user.alice.x");
+    assert_int_equal(subs_add(f.s, TH_D "shared.nowhere"), STORE_OK);
+    expect_list(&f, "*", TH_D "shared.nowhere " TH_D "user.alice.x");
 
-    assert_int_equal(subs_remove(f.s, "user.alice.x"), STORE_OK);
-    assert_int_equal(subs_is_subscribed(f.s, "user.alice.x"), 0);
-    assert_int_equal(subs_remove(f.s, "user.alice.x"), STORE_NOTFOUND);
+    assert_int_equal(subs_remove(f.s, TH_D "user.alice.x"), STORE_OK);
+    assert_int_equal(subs_is_subscribed(f.s, TH_D "user.alice.x"), 0);
+    assert_int_equal(subs_remove(f.s, TH_D "user.alice.x"), STORE_NOTFOUND);
     assert_int_equal(subs_remove(f.s, "never.there"), STORE_NOTFOUND);
     assert_int_equal(subs_remove(f.s, ""), STORE_NOTFOUND);
 
     /* refused names */
-    assert_int_equal(subs_add(f.s, "user..x"), STORE_BADNAME);
+    assert_int_equal(subs_add(f.s, TH_D "user..x"), STORE_BADNAME);
     assert_int_equal(subs_add(f.s, ""), STORE_BADNAME);
-    assert_int_equal(subs_add(f.s, "user.a\nb"), STORE_BADNAME);
+    assert_int_equal(subs_add(f.s, TH_D "user.a\nb"), STORE_BADNAME);
     assert_int_equal(subs_add(f.s, "a/b"), STORE_BADNAME);
-    expect_list(&f, "*", "shared.nowhere");
+    expect_list(&f, "*", TH_D "shared.nowhere");
 
     /* survives a reopen */
     subs_close(&f.s);
-    assert_int_equal(subs_open(f.conf, "alice", &f.s), STORE_OK);
-    assert_int_equal(subs_is_subscribed(f.s, "shared.nowhere"), 1);
+    assert_int_equal(subs_open(f.conf, "alice" TH_U, &f.s), STORE_OK);
+    assert_int_equal(subs_is_subscribed(f.s, TH_D "shared.nowhere"), 1);
     /* refused user ids */
     {
         struct subs_db *o = NULL;
@@ -148,9 +148,9 @@ static void test_add_remove(void **state)
 static void test_list(void **state)
 {
     static const char *const names[] = {
-        "user.alice", "user.alice.Sent", "user.alice-b", "user.alice.Sent.2019",
-        "user.alicea", "user.alice.Drafts", "shared.news", "user.bob",
-        "user.alice.A b", NULL
+        TH_D "user.alice", TH_D "user.alice.Sent", TH_D "user.alice-b", TH_D "user.alice.Sent.2019",
+        TH_D "user.alicea", TH_D "user.alice.Drafts", TH_D "shared.news", TH_D "user.bob",
+        TH_D "user.alice.A b", NULL
     };
     struct fx f;
     struct seen_names sn;
@@ -162,43 +162,43 @@ static void test_list(void **state)
     /* mailbox order: '.' sorts before every other byte (' ' and '-'
      * included), so a folder's children follow it directly */
     expect_list(&f, "*",
-                "shared.news user.alice user.alice.A b user.alice.Drafts "
-                "user.alice.Sent user.alice.Sent.2019 user.alice-b "
-                "user.alicea user.bob");
-    expect_list(&f, "user.alice.*",
-                "user.alice.A b user.alice.Drafts user.alice.Sent "
-                "user.alice.Sent.2019");
-    expect_list(&f, "user.alice.%",
-                "user.alice.A b user.alice.Drafts user.alice.Sent");
-    expect_list(&f, "user.alice*",
-                "user.alice user.alice.A b user.alice.Drafts "
-                "user.alice.Sent user.alice.Sent.2019 user.alice-b "
-                "user.alicea");
-    expect_list(&f, "user.alice%",
-                "user.alice user.alice-b user.alicea");
-    expect_list(&f, "user.%", "user.alice user.alice-b user.alicea user.bob");
+                TH_D "shared.news " TH_D "user.alice " TH_D "user.alice.A b " TH_D "user.alice.Drafts "
+                TH_D "user.alice.Sent " TH_D "user.alice.Sent.2019 " TH_D "user.alice-b "
+                TH_D "user.alicea " TH_D "user.bob");
+    expect_list(&f, TH_D "user.alice.*",
+                TH_D "user.alice.A b " TH_D "user.alice.Drafts " TH_D "user.alice.Sent "
+                TH_D "user.alice.Sent.2019");
+    expect_list(&f, TH_D "user.alice.%",
+                TH_D "user.alice.A b " TH_D "user.alice.Drafts " TH_D "user.alice.Sent");
+    expect_list(&f, TH_D "user.alice*",
+                TH_D "user.alice " TH_D "user.alice.A b " TH_D "user.alice.Drafts "
+                TH_D "user.alice.Sent " TH_D "user.alice.Sent.2019 " TH_D "user.alice-b "
+                TH_D "user.alicea");
+    expect_list(&f, TH_D "user.alice%",
+                TH_D "user.alice " TH_D "user.alice-b " TH_D "user.alicea");
+    expect_list(&f, TH_D "user.%", TH_D "user.alice " TH_D "user.alice-b " TH_D "user.alicea " TH_D "user.bob");
     expect_list(&f, "%", "");
-    expect_list(&f, "*.Sent", "user.alice.Sent");
-    expect_list(&f, "user.alice", "user.alice");
-    expect_list(&f, "user.alic", "");
+    expect_list(&f, "*.Sent", TH_D "user.alice.Sent");
+    expect_list(&f, TH_D "user.alice", TH_D "user.alice");
+    expect_list(&f, TH_D "user.alic", "");
     expect_list(&f, "nothing.*", "");
 
     /* the callback's value stops the walk and is returned */
     memset(&sn, 0, sizeof(sn));
     sn.stop_after = 2;
-    assert_int_equal(subs_list(f.s, "user.alice.*", list_cb, &sn), 42);
+    assert_int_equal(subs_list(f.s, TH_D "user.alice.*", list_cb, &sn), 42);
     assert_string_equal(buf_cstring(&sn.out),
-                        "user.alice.A b user.alice.Drafts");
+                        TH_D "user.alice.A b " TH_D "user.alice.Drafts");
     buf_free(&sn.out);
 
     /* the callback may use the handle */
     memset(&sn, 0, sizeof(sn));
     sn.s = f.s;
-    assert_int_equal(subs_list(f.s, "user.alice.Sent*", list_cb, &sn), 0);
+    assert_int_equal(subs_list(f.s, TH_D "user.alice.Sent*", list_cb, &sn), 0);
     assert_int_equal(sn.n, 2);
     assert_int_equal(sn.cb_errors, 0);
     buf_free(&sn.out);
-    expect_list(&f, "user.alice.*", "user.alice.A b user.alice.Drafts");
+    expect_list(&f, TH_D "user.alice.*", TH_D "user.alice.A b " TH_D "user.alice.Drafts");
     fx_done(&f);
 }
 
@@ -208,37 +208,37 @@ static void test_users(void **state)
     struct subs_db *o = NULL;
 
     fx_init(&f, state);
-    assert_int_equal(subs_add(f.s, "user.alice"), STORE_OK);
-    assert_int_equal(subs_add(f.s, "user.alice.Sent"), STORE_OK);
-    assert_int_equal(subs_add(f.s, "user.alicea.x"), STORE_OK);
-    assert_int_equal(subs_add(f.s, "user.bob.shared"), STORE_OK);
-    assert_int_equal(subs_add(f.s, "shared.news"), STORE_OK);
+    assert_int_equal(subs_add(f.s, TH_D "user.alice"), STORE_OK);
+    assert_int_equal(subs_add(f.s, TH_D "user.alice.Sent"), STORE_OK);
+    assert_int_equal(subs_add(f.s, TH_D "user.alicea.x"), STORE_OK);
+    assert_int_equal(subs_add(f.s, TH_D "user.bob.shared"), STORE_OK);
+    assert_int_equal(subs_add(f.s, TH_D "shared.news"), STORE_OK);
     subs_close(&f.s);
 
     /* rename: the file moves and alice's own folders follow her */
-    assert_int_equal(subs_rename_user(f.conf, "alice", "zoe"), STORE_OK);
-    assert_false(fx_exists(&f, "conf/user/a/alice.sub"));
-    assert_true(fx_exists(&f, "conf/user/z/zoe.sub"));
-    assert_int_equal(subs_open(f.conf, "zoe", &f.s), STORE_OK);
+    assert_int_equal(subs_rename_user(f.conf, "alice" TH_U, "zoe" TH_U), STORE_OK);
+    assert_false(fx_exists(&f, "conf/" TH_DPATH_H "user/a/alice.sub"));
+    assert_true(fx_exists(&f, "conf/" TH_DPATH_H "user/z/zoe.sub"));
+    assert_int_equal(subs_open(f.conf, "zoe" TH_U, &f.s), STORE_OK);
     expect_list(&f, "*",
-                "shared.news user.alicea.x user.bob.shared user.zoe "
-                "user.zoe.Sent");
+                TH_D "shared.news " TH_D "user.alicea.x " TH_D "user.bob.shared " TH_D "user.zoe "
+                TH_D "user.zoe.Sent");
     subs_close(&f.s);
-    assert_int_equal(subs_rename_user(f.conf, "alice", "zoe"),
+    assert_int_equal(subs_rename_user(f.conf, "alice" TH_U, "zoe" TH_U),
                      STORE_NOTFOUND);
-    assert_int_equal(subs_rename_user(f.conf, "zoe", "a/b"), STORE_BADNAME);
+    assert_int_equal(subs_rename_user(f.conf, "zoe" TH_U, "a/b"), STORE_BADNAME);
 
     /* another user's file is separate */
     assert_int_equal(subs_open(f.conf, "yann", &o), STORE_OK);
-    assert_int_equal(subs_is_subscribed(o, "shared.news"), 0);
+    assert_int_equal(subs_is_subscribed(o, TH_D "shared.news"), 0);
     subs_close(&o);
 
     /* delete */
-    assert_int_equal(subs_delete_user(f.conf, "zoe"), STORE_OK);
-    assert_false(fx_exists(&f, "conf/user/z/zoe.sub"));
-    assert_false(fx_exists(&f, "conf/user/z/zoe.sub-lock"));
-    assert_int_equal(subs_delete_user(f.conf, "zoe"), STORE_NOTFOUND);
-    assert_int_equal(subs_open(f.conf, "zoe", &f.s), STORE_OK);
+    assert_int_equal(subs_delete_user(f.conf, "zoe" TH_U), STORE_OK);
+    assert_false(fx_exists(&f, "conf/" TH_DPATH_H "user/z/zoe.sub"));
+    assert_false(fx_exists(&f, "conf/" TH_DPATH_H "user/z/zoe.sub-lock"));
+    assert_int_equal(subs_delete_user(f.conf, "zoe" TH_U), STORE_NOTFOUND);
+    assert_int_equal(subs_open(f.conf, "zoe" TH_U, &f.s), STORE_OK);
     expect_list(&f, "*", "");
     fx_done(&f);
 }
