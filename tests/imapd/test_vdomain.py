@@ -545,6 +545,43 @@ def test_userid_bad_names():
           % (set(mailbox_list(i)) - set(before)))
 
 
+def test_userid_unixsep():
+    """unixhierarchysep: '/' separates, '.' is a byte of a name, and a
+    domain is still only '@' at the end (global admin) or the login's."""
+    i = new_instance("vd-unixsep", "userid", {"unixhierarchysep": "yes"})
+    with i:
+        i.create("example.com!user.alice.a^b")
+        i.write_cyrus_conf(imaps=False)
+        i.start()
+        m = login("alice@example.com", None, None, i)
+        try:
+            names = list_names(m)
+            check(names == {"INBOX", "INBOX/Sent", "INBOX/a.b",
+                            "shared/news"}, "LIST: %r" % sorted(names))
+            for name in ("user/alice@example.org", "INBOX/x@example.org",
+                         "user/alice/Sent@example.org"):
+                text = no_text(m.select, '"%s"' % name)
+                check("Invalid mailbox name" in text, "SELECT %s: %s"
+                      % (name, text))
+        finally:
+            close(m)
+        m = login("admin", None, None, i)
+        try:
+            names = list_names(m)
+            for n in ("user/alice", "user/alice@example.com",
+                      "user/alice/Sent@example.com",
+                      "user/alice/a.b@example.com",
+                      "shared/news@example.org"):
+                check(n in names, "%s not in %r" % (n, sorted(names)))
+            typ, data = m.create('"user/alice/a.b/c@example.com"')
+            check(typ == "OK", "CREATE user/alice/a.b/c@example.com: %r"
+                  % data)
+            check("example.com!user.alice.a^b.c" in mailbox_list(i),
+                  "created as %r" % mailbox_list(i))
+        finally:
+            close(m)
+
+
 # ---- virtdomains: on --------------------------------------------------------
 
 HOSTS = {"127.0.0.2": "imap.example.com", "127.0.0.3": "MX.EXAMPLE.ORG",
@@ -685,6 +722,7 @@ if __name__ == "__main__":
         test_userid_quota_per_domain_user,
         test_userid_bad_logins,
         test_userid_bad_names,
+        test_userid_unixsep,
         test_on_serverdomain,
         test_off_domain_dropped,
     ])
