@@ -61,6 +61,7 @@
 #include "store/append.h"
 #include "store/deliver.h"
 #include "store/store.h"
+#include "store/userid.h"
 
 #define LMTP_CMD_MAX 4096        /* command line, without CRLF */
 #define LMTP_LINE_MAX 65536      /* message text line, without CRLF */
@@ -198,6 +199,21 @@ int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
     srv->conf = conf;
     srv->tls = tls;
     srv->sasl_ok = sasl_ok;
+    {
+        /* a configuration error is refused at start, never ignored */
+        struct userid_policy pol;
+        const char *why = NULL;
+
+        if (userid_policy_init(conf, &pol, &why) != STORE_OK) {
+            log_error("lmtp: bad configuration key=<defaultdomain> "
+                      "value=<%s> error=<%s>",
+                      imapconf_getstring(conf, "defaultdomain"),
+                      why ? why : "out of memory");
+            free(srv);
+            return -1;
+        }
+        userid_policy_free(&pol);
+    }
     (void)lmtp_server_dbs(srv);   /* a failure is retried at RCPT */
     imapconf_servername(conf, srv->servername, sizeof(srv->servername));
     v = imapconf_getint(conf, "maxmessagesize");
@@ -1040,12 +1056,17 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
         goto out;
     }
     res = rcpt_resolve(s->srv->rctx, path.local.s, path.local.len,
-                       s->size_param, &mailbox);
+                       path.domain.s, path.domain.len, s->size_param,
+                       &mailbox, &err);
     switch (res) {
     case RCPT_OK:
         break;
     case RCPT_UNKNOWN:
         lmtp_reply(s, R_UNKNOWN);
+        goto out;
+    case RCPT_BADDOMAIN:
+        prot_printf(s->p, "550 5.1.2 Bad destination domain: %s\r\n",
+                    err ? err : "not a valid domain");
         goto out;
     case RCPT_NOPOST:
         lmtp_reply(s, R_NOPOST);

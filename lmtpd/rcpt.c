@@ -24,6 +24,7 @@
 #include "store/mboxname.h"
 #include "store/quota.h"
 #include "store/store.h"
+#include "store/userid.h"
 
 void rcpt_path_init(struct rcpt_path *p)
 {
@@ -254,9 +255,33 @@ fail:
     return -1;
 }
 
-int rcpt_mailbox_names(const struct imapconf *conf, const char *local,
-                       size_t locallen, struct buf *inbox_r,
-                       struct buf *folder_r, const char **error_r)
+/* The domain part of a recipient under the policy: into *domain_r the
+ * lower-cased domain of the recipient's namespace, or "" for the default
+ * (domain-less) one.  0, or -1 with *error_r. */
+static int rcpt_domain(const struct userid_policy *policy, const char *domain,
+                       size_t domainlen, struct buf *domain_r,
+                       const char **error_r)
+{
+    buf_reset(domain_r);
+    if (!policy || policy->virtdomains == USERID_VIRTDOMAINS_OFF ||
+        domainlen == 0)
+        return 0;   /* off: the MTA decided the domain is local */
+    if (mboxname_domain_check(domain, domainlen, domain_r, error_r) !=
+        STORE_OK) {
+        buf_reset(domain_r);
+        return -1;
+    }
+    if (policy->defaultdomain &&
+        strcmp(buf_cstring(domain_r), policy->defaultdomain) == 0)
+        buf_reset(domain_r);
+    return 0;
+}
+
+int rcpt_mailbox_names(const struct imapconf *conf,
+                       const struct userid_policy *policy, const char *local,
+                       size_t locallen, const char *domain, size_t domainlen,
+                       struct buf *inbox_r, struct buf *folder_r,
+                       const char **error_r)
 {
     int unixsep = imapconf_getswitch(conf, "unixhierarchysep");
     int downcase = imapconf_getswitch(conf, "lmtp_downcase_rcpt");
@@ -264,13 +289,18 @@ int rcpt_mailbox_names(const struct imapconf *conf, const char *local,
     size_t userlen = plus ? (size_t)(plus - local) : locallen;
     const char *detail = plus ? plus + 1 : NULL;
     size_t detaillen = plus ? locallen - userlen - 1 : 0;
-    struct buf tmp = BUF_INITIALIZER;
+    struct buf tmp = BUF_INITIALIZER, dom = BUF_INITIALIZER;
     const char *err = NULL;
+    int rc = -1;
     size_t i;
 
     buf_reset(inbox_r);
     if (folder_r)
         buf_reset(folder_r);
+    if (rcpt_domain(policy, domain, domainlen, &dom, &err) != 0) {
+        rc = RCPT_NAMES_BADDOMAIN;
+        goto fail;
+    }
     if (locallen == 0 || memchr(local, '\0', locallen)) {
         err = "empty local part";
         goto fail;
@@ -280,20 +310,28 @@ int rcpt_mailbox_names(const struct imapconf *conf, const char *local,
         goto fail;
     }
     if (userlen == 0) {
-        /* +shared.folder: the detail names a shared mailbox */
+        /* +shared.folder: the detail names a shared mailbox of the
+         * recipient's domain */
         if (detaillen == 0) {
             err = "empty user";
             goto fail;
         }
         if (buf_append(&tmp, detail, detaillen) != 0 ||
-            mboxname_to_internal(buf_cstring(&tmp), unixsep, inbox_r,
-                                 &err) != STORE_OK)
+            mboxname_to_internal_for(buf_cstring(&tmp), unixsep,
+                                     buf_cstring(&dom), 0, inbox_r,
+                                     &err) != STORE_OK)
             goto fail;
-        if (mboxname_is_self_or_child("user", buf_cstring(inbox_r))) {
-            err = "shared address names a user mailbox";
-            goto fail;
+        {
+            const char *rest;
+
+            (void)mboxname_domain(buf_cstring(inbox_r), NULL, &rest);
+            if (mboxname_is_self_or_child("user", rest)) {
+                err = "shared address names a user mailbox";
+                goto fail;
+            }
         }
         buf_free(&tmp);
+        buf_free(&dom);
         return 0;
     }
     for (i = 0; i < userlen; i++) {
@@ -303,6 +341,10 @@ int rcpt_mailbox_names(const struct imapconf *conf, const char *local,
             c = (char)(c - 'A' + 'a');
         if (c == '/' || c == '^') {
             err = "'/' or '^' in user";
+            goto fail;
+        }
+        if (c == '!') {
+            err = "'!' in user";
             goto fail;
         }
         if (c == '.') {
@@ -316,6 +358,11 @@ int rcpt_mailbox_names(const struct imapconf *conf, const char *local,
             err = "out of memory";
             goto fail;
         }
+    }
+    if (dom.len > 0 &&
+        (buf_putc(&tmp, '@') != 0 || buf_append(&tmp, dom.s, dom.len) != 0)) {
+        err = "out of memory";
+        goto fail;
     }
     if (mboxname_user_inbox(buf_cstring(&tmp), inbox_r) != STORE_OK) {
         err = "not a valid user";
@@ -339,26 +386,30 @@ int rcpt_mailbox_names(const struct imapconf *conf, const char *local,
         buf_free(&d);
     }
     buf_free(&tmp);
+    buf_free(&dom);
     return 0;
 
 fail:
     buf_free(&tmp);
+    buf_free(&dom);
     buf_reset(inbox_r);
     if (folder_r)
         buf_reset(folder_r);
     if (error_r)
         *error_r = err ? err : "invalid mailbox name";
-    return -1;
+    return rc;
 }
 
 struct rcpt_ctx {
     const struct imapconf *conf;
+    struct userid_policy policy;
     struct mboxlist *ml;
 };
 
 int rcpt_ctx_new(const struct imapconf *conf, struct rcpt_ctx **ctx_r)
 {
     struct rcpt_ctx *ctx;
+    const char *err = NULL;
     int r;
 
     *ctx_r = NULL;
@@ -366,8 +417,16 @@ int rcpt_ctx_new(const struct imapconf *conf, struct rcpt_ctx **ctx_r)
     if (!ctx)
         return STORE_NOMEM;
     ctx->conf = conf;
+    r = userid_policy_init(conf, &ctx->policy, &err);
+    if (r != STORE_OK) {
+        log_error("lmtp: bad defaultdomain error=<%s>",
+                  err ? err : store_strerror(r));
+        free(ctx);
+        return r;
+    }
     r = mboxlist_open(conf, &ctx->ml);
     if (r) {
+        userid_policy_free(&ctx->policy);
         free(ctx);
         return r;
     }
@@ -382,6 +441,7 @@ void rcpt_ctx_free(struct rcpt_ctx **ctxp)
     if (!ctx)
         return;
     mboxlist_close(&ctx->ml);
+    userid_policy_free(&ctx->policy);
     free(ctx);
     *ctxp = NULL;
 }
@@ -412,8 +472,9 @@ static int rcpt_lookup(struct rcpt_ctx *ctx, const char *name, int *post_r,
 }
 
 enum rcpt_result rcpt_resolve(struct rcpt_ctx *ctx, const char *local,
-                              size_t locallen, uint64_t size,
-                              struct buf *mailbox_r)
+                              size_t locallen, const char *domain,
+                              size_t domainlen, uint64_t size,
+                              struct buf *mailbox_r, const char **error_r)
 {
     struct buf folder = BUF_INITIALIZER;
     struct quota_db *q = NULL;
@@ -421,9 +482,12 @@ enum rcpt_result rcpt_resolve(struct rcpt_ctx *ctx, const char *local,
     int post = 0, lookup = 0, r;
 
     buf_reset(mailbox_r);
-    if (rcpt_mailbox_names(ctx->conf, local, locallen, mailbox_r, &folder,
-                           NULL) != 0) {
-        res = RCPT_UNKNOWN;
+    if (error_r)
+        *error_r = NULL;
+    r = rcpt_mailbox_names(ctx->conf, &ctx->policy, local, locallen, domain,
+                           domainlen, mailbox_r, &folder, error_r);
+    if (r != 0) {
+        res = r == RCPT_NAMES_BADDOMAIN ? RCPT_BADDOMAIN : RCPT_UNKNOWN;
         goto out;
     }
     if (local[0] == '+') {

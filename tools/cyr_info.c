@@ -18,6 +18,8 @@
  *   - every database file matches its configured backend (store/dbcheck.c,
  *     the same check ctl_cyrusdb -r makes at the master's start);
  *   - TLS certificate and key files, when set, exist;
+ *   - defaultdomain, when set, is a valid domain (the servers refuse to
+ *     start otherwise), and is not set in vain (virtdomains off);
  *   - cyrus.conf parses (master/master_conf.c, the master's own reader).
  * One line per finding, "error: ..." or "warning: ...", on stdout, with
  * "ok: ..." lines for what passed unless -q; a last line counts them.
@@ -43,6 +45,8 @@
 #include "lib/strarray.h"
 #include "master/master_conf.h"
 #include "store/dbcheck.h"
+#include "store/store.h"
+#include "store/userid.h"
 
 #define INFO_DEFAULT_IMAPDCONF "/etc/imapd.conf"
 #define INFO_DEFAULT_CYRUSCONF "/etc/cyrus.conf"
@@ -310,6 +314,29 @@ static int info_lint(const struct imapconf *conf, const char *conffile,
 
     info_check_file(&l, conf, "tls_server_cert");
     info_check_file(&l, conf, "tls_server_key");
+
+    {
+        /* the servers refuse to start with a bad defaultdomain */
+        struct userid_policy pol;
+        const char *why = NULL;
+        const char *dd = imapconf_getstring(conf, "defaultdomain");
+
+        if (userid_policy_init(conf, &pol, &why) != STORE_OK) {
+            info_say(&l, "error", "defaultdomain is \"%s\": %s (a domain "
+                     "name of at least two labels, as example.com)",
+                     dd ? dd : "", why ? why : "out of memory");
+        } else {
+            if (pol.virtdomains == USERID_VIRTDOMAINS_OFF && dd && *dd)
+                info_say(&l, "warning", "defaultdomain is set but "
+                         "virtdomains is off: it has no effect");
+            else
+                info_say(&l, "ok", "virtdomains %s%s%s",
+                         imapconf_getstring(conf, "virtdomains"),
+                         dd && *dd ? ", defaultdomain " : "",
+                         dd && *dd ? pol.defaultdomain : "");
+            userid_policy_free(&pol);
+        }
+    }
 
     if (cyrusconf_given || stat(cyrusconf, &st) == 0) {
         struct master_conf *mc = NULL;

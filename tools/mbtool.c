@@ -19,6 +19,7 @@
  */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -41,7 +42,10 @@
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
 #include "store/quota.h"
+#include "store/seen.h"
 #include "store/store.h"
+#include "store/subs.h"
+#include "store/userid.h"
 
 #define MBTOOL_DEFAULT_CONFIG "/etc/imapd.conf"
 #define MBTOOL_EXIT_OK 0
@@ -52,6 +56,8 @@
 
 static const char *mbtool_progname = "mbtool";
 static const struct imapconf *mbtool_conf;
+static struct userid_policy mbtool_policy;
+static struct strarray mbtool_converted = STRARRAY_INITIALIZER;
 
 static void mbtool_usage(FILE *out)
 {
@@ -59,13 +65,23 @@ static void mbtool_usage(FILE *out)
 "Usage: %s [-C imapd.conf] COMMAND [ARGS]\n"
 "\n"
 "Mailbox administration.  Names are internal (user.alice, user.alice.Sent,\n"
-"shared.news); a user's INBOX is user.USER.\n"
+"shared.news); a user's INBOX is user.USER.  With virtdomains, a name of\n"
+"a domain is example.com!user.alice, or written as IMAP shows it to a\n"
+"global admin: user/alice@example.com (user.alice@example.com with '.' as\n"
+"the separator); NAME@DEFAULTDOMAIN is the domain-less NAME.  A USER of\n"
+"deliver may be alice@example.com.\n"
 "\n"
 "  create NAME [PARTITION]       create a mailbox (owner ACL for user.*)\n"
 "  delete [-r] NAME              delete it (-r: with every mailbox below)\n"
 "  rename OLD NEW [PARTITION]    rename a mailbox and the ones below it\n"
-"  list [PATTERN]                list mailboxes (IMAP pattern, default *):\n"
-"                                name, partition, messages, uidnext\n"
+"  list [-d DOMAIN] [PATTERN]    list mailboxes (IMAP pattern, default *):\n"
+"                                name, partition, messages, uidnext;\n"
+"                                -d: only DOMAIN's (PATTERN within it)\n"
+"  domains                       the virtual domains that have mailboxes,\n"
+"                                with their number of mailboxes\n"
+"  delete-domain DOMAIN          delete every mailbox of DOMAIN, its\n"
+"                                quota roots and its users' seen and\n"
+"                                subscription files\n"
 "  info NAME                     the list entry and the index header\n"
 "  setacl NAME ID RIGHTS         set ID's rights (letters lrswipkxtea;\n"
 "                                \"none\" removes the entry)\n"
@@ -140,6 +156,57 @@ static int mbtool_parse_limit(const char *s, long long *out)
     return 0;
 }
 
+/* ---- names ---- */
+
+/* A NAME argument into the internal form, in place (*arg then points at
+ * memory kept until exit): "D!..." and plain names are internal already;
+ * with virtdomains, "NAME@D" is read as a global admin's IMAP name ('/'
+ * as the separator when the name has one, else the configured one), and
+ * NAME@DEFAULTDOMAIN is the domain-less NAME.  0, or -1 (said why). */
+static int mbtool_name(char **arg)
+{
+    struct buf out = BUF_INITIALIZER;
+    const char *err = NULL, *domain, *rest;
+    size_t dlen;
+    int unixsep;
+
+    if (strchr(*arg, '!') ||
+        mbtool_policy.virtdomains == USERID_VIRTDOMAINS_OFF ||
+        !strchr(*arg, '@'))
+        return 0;
+    unixsep = strchr(*arg, '/') ? 1
+              : imapconf_getswitch(mbtool_conf, "unixhierarchysep");
+    if (mboxname_to_internal_for(*arg, unixsep, NULL, 1, &out, &err) !=
+        STORE_OK) {
+        fprintf(stderr, "%s: bad mailbox name \"%s\": %s\n", mbtool_progname,
+                *arg, err ? err : "out of memory");
+        buf_free(&out);
+        return -1;
+    }
+    domain = mboxname_domain(buf_cstring(&out), &dlen, &rest);
+    if (domain && strlen(mbtool_policy.defaultdomain) == dlen &&
+        memcmp(domain, mbtool_policy.defaultdomain, dlen) == 0)
+        strarray_append(&mbtool_converted, rest);
+    else
+        strarray_append(&mbtool_converted, buf_cstring(&out));
+    buf_free(&out);
+    *arg = mbtool_converted.data[mbtool_converted.count - 1];
+    return 0;
+}
+
+/* A DOMAIN argument: valid, lower-cased, into out.  0 or -1 (said). */
+static int mbtool_domain(const char *arg, struct buf *out)
+{
+    const char *err = NULL;
+
+    if (mboxname_domain_check(arg, strlen(arg), out, &err) != STORE_OK) {
+        fprintf(stderr, "%s: bad domain \"%s\": %s\n", mbtool_progname, arg,
+                err ? err : "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- create / delete / rename / setacl ---- */
 
 static int mbtool_create(int argc, char **argv)
@@ -150,6 +217,8 @@ static int mbtool_create(int argc, char **argv)
 
     if (argc < 2 || argc > 3)
         return mbtool_usage_error("create NAME [PARTITION]");
+    if (mbtool_name(&argv[1]))
+        return MBTOOL_EXIT_FAIL;
     if (mbtool_open_list(&ml))
         return MBTOOL_EXIT_FAIL;
     r = mboxlist_create(ml, argv[1], argc == 3 ? argv[2] : NULL, NULL, &uid);
@@ -175,6 +244,8 @@ static int mbtool_delete(int argc, char **argv)
     }
     if (argc != 2)
         return mbtool_usage_error("delete [-r] NAME");
+    if (mbtool_name(&argv[1]))
+        return MBTOOL_EXIT_FAIL;
     if (mbtool_open_list(&ml))
         return MBTOOL_EXIT_FAIL;
     r = mboxlist_delete(ml, argv[1], flags);
@@ -192,6 +263,8 @@ static int mbtool_rename(int argc, char **argv)
 
     if (argc < 3 || argc > 4)
         return mbtool_usage_error("rename OLD NEW [PARTITION]");
+    if (mbtool_name(&argv[1]) || mbtool_name(&argv[2]))
+        return MBTOOL_EXIT_FAIL;
     if (mbtool_open_list(&ml))
         return MBTOOL_EXIT_FAIL;
     r = mboxlist_rename(ml, argv[1], argv[2], argc == 4 ? argv[3] : NULL);
@@ -216,6 +289,8 @@ static int mbtool_setacl(int argc, char **argv)
                 mbtool_progname, argv[3]);
         return MBTOOL_EXIT_USAGE;
     }
+    if (mbtool_name(&argv[1]))
+        return MBTOOL_EXIT_FAIL;
     if (mbtool_open_list(&ml))
         return MBTOOL_EXIT_FAIL;
     r = mboxlist_lookup(ml, argv[1], &e);
@@ -287,14 +362,29 @@ static int mbtool_list_cb(void *rock, const struct mboxlist_entry *e)
 static int mbtool_list(int argc, char **argv)
 {
     struct mboxlist *ml;
+    struct buf pat = BUF_INITIALIZER;
     int r;
 
-    if (argc > 2)
-        return mbtool_usage_error("list [PATTERN]");
-    if (mbtool_open_list(&ml))
+    if (argc >= 3 && strcmp(argv[1], "-d") == 0) {
+        /* "DOMAIN!PATTERN": a pattern never crosses the '!' */
+        if (mbtool_domain(argv[2], &pat))
+            return MBTOOL_EXIT_FAIL;
+        buf_putc(&pat, '!');
+        argv += 2;
+        argc -= 2;
+    }
+    if (argc > 2) {
+        buf_free(&pat);
+        return mbtool_usage_error("list [-d DOMAIN] [PATTERN]");
+    }
+    buf_appendcstr(&pat, argc == 2 ? argv[1] : "*");
+    if (mbtool_open_list(&ml)) {
+        buf_free(&pat);
         return MBTOOL_EXIT_FAIL;
-    r = mboxlist_list(ml, argc == 2 ? argv[1] : "*", mbtool_list_cb, NULL);
+    }
+    r = mboxlist_list(ml, buf_cstring(&pat), mbtool_list_cb, NULL);
     mboxlist_close(&ml);
+    buf_free(&pat);
     if (r)
         return mbtool_fail("cannot list", NULL, r);
     return MBTOOL_EXIT_OK;
@@ -309,6 +399,8 @@ static int mbtool_info(int argc, char **argv)
 
     if (argc != 2)
         return mbtool_usage_error("info NAME");
+    if (mbtool_name(&argv[1]))
+        return MBTOOL_EXIT_FAIL;
     if (mbtool_open_list(&ml))
         return MBTOOL_EXIT_FAIL;
     r = mboxlist_lookup(ml, argv[1], &e);
@@ -458,6 +550,8 @@ static int mbtool_quota(int argc, char **argv)
     } else {
         return mbtool_usage_error("quota set|show|remove ...");
     }
+    if (argc >= 3 && mbtool_name(&argv[2]))
+        return MBTOOL_EXIT_FAIL;
 
     r = quota_open(mbtool_conf, &qdb);
     if (r)
@@ -509,6 +603,207 @@ static int mbtool_quota(int argc, char **argv)
     return r ? mbtool_fail("cannot list", NULL, r) : MBTOOL_EXIT_OK;
 }
 
+/* ---- domains ---- */
+
+struct mbtool_domains {
+    struct strarray names;      /* distinct, in list order (sorted) */
+    unsigned long *count;       /* mailboxes of each, grown with names */
+    size_t alloc;
+};
+
+static int mbtool_domains_cb(void *rock, const struct mboxlist_entry *e)
+{
+    struct mbtool_domains *d = rock;
+    const char *dom;
+    size_t dlen, n = d->names.count;
+
+    dom = mboxname_domain(e->name, &dlen, NULL);
+    if (!dom)
+        return 0;
+    if (n > 0 && strlen(d->names.data[n - 1]) == dlen &&
+        memcmp(d->names.data[n - 1], dom, dlen) == 0) {
+        d->count[n - 1]++;
+        return 0;
+    }
+    if (n == d->alloc) {
+        size_t na = d->alloc ? d->alloc * 2 : 16;
+        unsigned long *nc = realloc(d->count, na * sizeof(*nc));
+
+        if (!nc)
+            return STORE_NOMEM;
+        d->count = nc;
+        d->alloc = na;
+    }
+    {
+        char *copy = strndup(dom, dlen);
+
+        if (!copy)
+            return STORE_NOMEM;
+        strarray_append(&d->names, copy);
+        free(copy);
+    }
+    d->count[n] = 1;
+    return 0;
+}
+
+static int mbtool_domains(int argc, char **argv)
+{
+    struct mbtool_domains d;
+    struct mboxlist *ml;
+    size_t i;
+    int r;
+
+    (void)argv;
+    if (argc != 1)
+        return mbtool_usage_error("domains");
+    memset(&d, 0, sizeof(d));
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    /* the list is sorted by name, so a domain's names are adjacent */
+    r = mboxlist_list(ml, "*", mbtool_domains_cb, &d);
+    mboxlist_close(&ml);
+    for (i = 0; r == STORE_OK && i < d.names.count; i++)
+        printf("%s mailboxes=%lu\n", d.names.data[i], d.count[i]);
+    strarray_fini(&d.names);
+    free(d.count);
+    if (r)
+        return mbtool_fail("cannot list", NULL, r);
+    return MBTOOL_EXIT_OK;
+}
+
+/* Remove the empty directories of the tree at path (best effort);
+ * 1 when path itself is gone. */
+static int mbtool_rmdir_empty(const char *path)
+{
+    DIR *dir = opendir(path);
+    struct dirent *de;
+    struct buf sub = BUF_INITIALIZER;
+
+    if (!dir)
+        return errno == ENOENT;
+    while ((de = readdir(dir)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        buf_reset(&sub);
+        buf_printf(&sub, "%s/%s", path, de->d_name);
+        (void)mbtool_rmdir_empty(buf_cstring(&sub));
+    }
+    closedir(dir);
+    buf_free(&sub);
+    return rmdir(path) == 0;
+}
+
+static int mbtool_delete_domain(int argc, char **argv)
+{
+    struct mbtool_names n = { STRARRAY_INITIALIZER, STRARRAY_INITIALIZER };
+    struct buf dom = BUF_INITIALIZER, pat = BUF_INITIALIZER;
+    struct buf path = BUF_INITIALIZER, uid = BUF_INITIALIZER;
+    struct quota_db *qdb = NULL;
+    struct mboxlist *ml;
+    unsigned long deleted = 0, roots = 0, users = 0;
+    size_t i;
+    int r = STORE_OK, failed = 0;
+
+    if (argc != 2)
+        return mbtool_usage_error("delete-domain DOMAIN");
+    if (mbtool_domain(argv[1], &dom))
+        return MBTOOL_EXIT_FAIL;
+    buf_printf(&pat, "%s!*", buf_cstring(&dom));
+    if (mbtool_open_list(&ml)) {
+        buf_free(&dom);
+        buf_free(&pat);
+        return MBTOOL_EXIT_FAIL;
+    }
+    r = mboxlist_list(ml, buf_cstring(&pat), mbtool_collect_cb, &n);
+    if (r) {
+        mboxlist_close(&ml);
+        failed = 1;
+        mbtool_fail("cannot list", buf_cstring(&pat), r);
+        goto out;
+    }
+    r = quota_open(mbtool_conf, &qdb);
+    if (r) {
+        mboxlist_close(&ml);
+        failed = 1;
+        mbtool_fail("cannot open the quota database", NULL, r);
+        goto out;
+    }
+    /* deepest first: children before their parents */
+    for (i = n.names.count; i-- > 0;) {
+        const char *name = n.names.data[i];
+
+        r = mboxlist_delete(ml, name, 0);
+        if (r && r != STORE_NOTFOUND) {
+            mbtool_fail("cannot delete", name, r);
+            failed = 1;
+            continue;
+        }
+        deleted++;
+        r = quota_remove(qdb, name);
+        if (r == STORE_OK)
+            roots++;
+        else if (r != STORE_NOTFOUND) {
+            mbtool_fail("cannot remove the quota root", name, r);
+            failed = 1;
+        }
+        /* the seen state and subscriptions of the domain's users */
+        if (mboxname_userid(name, &uid)) {
+            size_t k;
+            int r1, r2;
+
+            for (k = 0; k < uid.len; k++)
+                if (uid.s[k] == '^')
+                    uid.s[k] = '.';
+            r1 = seen_delete_user(mbtool_conf, buf_cstring(&uid));
+            r2 = subs_delete_user(mbtool_conf, buf_cstring(&uid));
+            if (r1 == STORE_OK || r2 == STORE_OK)
+                users++;
+            if ((r1 != STORE_OK && r1 != STORE_NOTFOUND) ||
+                (r2 != STORE_OK && r2 != STORE_NOTFOUND)) {
+                mbtool_fail("cannot remove the seen state or subscriptions "
+                            "of", buf_cstring(&uid),
+                            r1 != STORE_OK && r1 != STORE_NOTFOUND ? r1 : r2);
+                failed = 1;
+            }
+        }
+    }
+    quota_close(&qdb);
+    mboxlist_close(&ml);
+    /* the domain's directories, now empty: per-user files and spools */
+    buf_printf(&path, "%s/domain/%c/%s",
+               imapconf_getstring(mbtool_conf, "configdirectory"),
+               mboxname_domain_hash_letter(buf_cstring(&dom)),
+               buf_cstring(&dom));
+    (void)mbtool_rmdir_empty(buf_cstring(&path));
+    for (i = 0; i < n.partitions.count; i++) {
+        const char *root = imapconf_partition(mbtool_conf,
+                                              n.partitions.data[i]);
+        int h;
+
+        for (h = 0; root && h <= 1; h++) {
+            buf_reset(&path);
+            if (h)
+                buf_printf(&path, "%s/domain/%c/%s", root,
+                           mboxname_domain_hash_letter(buf_cstring(&dom)),
+                           buf_cstring(&dom));
+            else
+                buf_printf(&path, "%s/domain/%s", root, buf_cstring(&dom));
+            (void)mbtool_rmdir_empty(buf_cstring(&path));
+        }
+    }
+    printf("%s: domain deleted mailboxes=%lu quota_roots=%lu users=%lu\n",
+           buf_cstring(&dom), deleted, roots, users);
+
+out:
+    strarray_fini(&n.names);
+    strarray_fini(&n.partitions);
+    buf_free(&dom);
+    buf_free(&pat);
+    buf_free(&path);
+    buf_free(&uid);
+    return failed ? MBTOOL_EXIT_FAIL : MBTOOL_EXIT_OK;
+}
+
 /* ---- check / reconstruct / cleanup ---- */
 
 static int mbtool_tree_op(int argc, char **argv, const char *usage,
@@ -529,6 +824,8 @@ static int mbtool_tree_op(int argc, char **argv, const char *usage,
     }
     if (argc != 2)
         return mbtool_usage_error(usage);
+    if (!all && mbtool_name(&argv[1]))
+        return MBTOOL_EXIT_FAIL;
     if (mbtool_open_list(&ml))
         return MBTOOL_EXIT_FAIL;
     if (all) {
@@ -729,7 +1026,13 @@ static int mbtool_deliver(int argc, char **argv)
         case 'q': flags |= DELIVER_IGNORE_QUOTA; break;
         case 'D': flags |= DELIVER_NO_DUPCHECK; break;
         case 'm': folder = optarg; break;
-        case 'M': strarray_append(&targets, optarg); break;
+        case 'M':
+            if (mbtool_name(&optarg)) {
+                strarray_fini(&targets);
+                return MBTOOL_EXIT_FAIL;
+            }
+            strarray_append(&targets, optarg);
+            break;
         case 'f': file = optarg; break;
         default:
             strarray_fini(&targets);
@@ -745,12 +1048,23 @@ static int mbtool_deliver(int argc, char **argv)
         strarray_fini(&targets);
         return MBTOOL_EXIT_FAIL;
     }
-    /* USER -> user.USER.FOLDER when that exists, else user.USER */
+    /* USER -> user.USER.FOLDER when that exists, else user.USER;
+     * USER@D -> D!user.USER... under virtdomains (userid_canon) */
     for (i = (size_t)optind; i < (size_t)argc; i++) {
-        r = mboxname_user_inbox(argv[i], &name);
+        const char *why = NULL;
+
+        r = userid_canon(&mbtool_policy, argv[i], NULL, &name, &why);
+        if (r == STORE_OK) {
+            struct buf userid = BUF_INITIALIZER;
+
+            buf_setcstr(&userid, buf_cstring(&name));
+            r = userid_inbox(buf_cstring(&userid), &name);
+            buf_free(&userid);
+        }
         if (r) {
-            fprintf(stderr, "%s: bad user name \"%s\"\n", mbtool_progname,
-                    argv[i]);
+            fprintf(stderr, "%s: bad user name \"%s\"%s%s\n",
+                    mbtool_progname, argv[i], why ? ": " : "",
+                    why ? why : "");
             ret = MBTOOL_EXIT_FAIL;
             continue;
         }
@@ -894,6 +1208,17 @@ int main(int argc, char **argv)
                     "(chown)\n", mbtool_progname, cd, (long)getuid());
     }
     mbtool_conf = conf;
+    {
+        const char *why = NULL;
+
+        if (userid_policy_init(conf, &mbtool_policy, &why) != STORE_OK) {
+            fprintf(stderr, "%s: bad defaultdomain \"%s\": %s\n",
+                    mbtool_progname, imapconf_getstring(conf, "defaultdomain"),
+                    why ? why : "out of memory");
+            imapconf_free(&conf);
+            return MBTOOL_EXIT_FAIL;
+        }
+    }
     argc -= optind;
     argv += optind;
 
@@ -926,10 +1251,16 @@ int main(int argc, char **argv)
         ret = mbtool_stage_cleanup(argc, argv);
     else if (strcmp(cmd, "deliver") == 0)
         ret = mbtool_deliver(argc, argv);
+    else if (strcmp(cmd, "domains") == 0)
+        ret = mbtool_domains(argc, argv);
+    else if (strcmp(cmd, "delete-domain") == 0)
+        ret = mbtool_delete_domain(argc, argv);
     else {
         fprintf(stderr, "%s: unknown command \"%s\"\n", mbtool_progname, cmd);
         ret = MBTOOL_EXIT_USAGE;
     }
+    userid_policy_free(&mbtool_policy);
+    strarray_fini(&mbtool_converted);
     imapconf_free(&conf);
     return ret;
 }

@@ -461,7 +461,12 @@ class Instance(MasterRun):
         return d
 
     def mailbox_dir(self, name):
-        """The spool directory of an internal name (hashimapspool off)."""
+        """The spool directory of an internal name (hashimapspool off);
+        "D!user.x" lies in PARTITION/domain/D/user/x."""
+        if "!" in name:
+            domain, rest = name.split("!", 1)
+            return os.path.join(self.partition, "domain", domain,
+                                *rest.split("."))
         return os.path.join(self.partition, *name.split("."))
 
     def message_files(self, name, all_files=False):

@@ -223,7 +223,8 @@ static void names_ok(const struct imapconf *conf, const char *local,
     const char *err = NULL;
 
     buf_setcstr(&fo, "poison");
-    if (rcpt_mailbox_names(conf, local, strlen(local), &in, &fo, &err) != 0)
+    if (rcpt_mailbox_names(conf, NULL, local, strlen(local), "", 0, &in, &fo,
+                           &err) != 0)
         fail_msg("refused %s: %s", local, err);
     assert_string_equal(buf_cstring(&in), inbox);
     assert_string_equal(buf_cstring(&fo), folder);
@@ -237,7 +238,8 @@ static void names_bad(const struct imapconf *conf, const char *local)
     const char *err = NULL;
 
     buf_setcstr(&in, "poison");
-    if (rcpt_mailbox_names(conf, local, strlen(local), &in, &fo, &err) == 0)
+    if (rcpt_mailbox_names(conf, NULL, local, strlen(local), "", 0, &in, &fo,
+                           &err) == 0)
         fail_msg("accepted %s -> %s", local, buf_cstring(&in));
     assert_non_null(err);
     assert_int_equal(in.len, 0);
@@ -364,8 +366,12 @@ static void resolve_is(struct fixture *f, const char *local, uint64_t size,
     struct buf mb = BUF_INITIALIZER;
     enum rcpt_result got;
 
+    const char *at = strrchr(local, '@');
+    size_t llen = at ? (size_t)(at - local) : strlen(local);
+
     buf_setcstr(&mb, "poison");
-    got = rcpt_resolve(f->ctx, local, strlen(local), size, &mb);
+    got = rcpt_resolve(f->ctx, local, llen, at ? at + 1 : "",
+                       at ? strlen(at + 1) : 0, size, &mb, NULL);
     if (got != want)
         fail_msg("%s: result %d, want %d", local, (int)got, (int)want);
     assert_string_equal(buf_cstring(&mb), mailbox);
@@ -420,6 +426,119 @@ static void test_resolve_options(void **state)
     fixture_down(&f);
 }
 
+/* Virtual domains: the same local parts in two domains, the default
+ * domain, shared folders and quota per domain. */
+static void domain_boxes(struct fixture *f)
+{
+    static const char *const doms[] = { "example.com!", "example.org!" };
+    struct mboxlist *ml = NULL;
+    struct quota_db *q = NULL;
+    struct buf n = BUF_INITIALIZER, owner = BUF_INITIALIZER;
+    size_t i;
+
+    rcpt_ctx_free(&f->ctx);
+    assert_int_equal(mboxlist_open(f->conf, &ml), STORE_OK);
+    for (i = 0; i < 2; i++) {
+        buf_reset(&owner);
+        buf_printf(&owner, "alice@%.*s", (int)strlen(doms[i]) - 1, doms[i]);
+        buf_reset(&n);
+        buf_printf(&n, "%suser.alice", doms[i]);
+        assert_int_equal(mboxlist_create(ml, buf_cstring(&n), NULL, NULL,
+                                         NULL), STORE_OK);
+        buf_reset(&n);
+        buf_printf(&n, "%suser.alice.lists", doms[i]);
+        make_box(ml, buf_cstring(&n), "anyone", "p", buf_cstring(&owner));
+        buf_reset(&n);
+        buf_printf(&n, "%suser.postmaster", doms[i]);
+        assert_int_equal(mboxlist_create(ml, buf_cstring(&n), NULL, NULL,
+                                         NULL), STORE_OK);
+    }
+    make_box(ml, "example.com!shared.news", "anyone", "lp", NULL);
+    assert_int_equal(mboxlist_create(ml, "example.com!user.small", NULL,
+                                     NULL, NULL), STORE_OK);
+    mboxlist_close(&ml);
+    assert_int_equal(quota_shared(f->conf, &q), STORE_OK);
+    assert_int_equal(quota_set(q, "example.com!user.small", 1,
+                               QUOTA_UNLIMITED), STORE_OK);
+    assert_int_equal(rcpt_ctx_new(f->conf, &f->ctx), STORE_OK);
+    buf_free(&n);
+    buf_free(&owner);
+}
+
+static void test_resolve_domains(void **state)
+{
+    static const char *const modes[] = { "userid", "on" };
+    struct buf extra = BUF_INITIALIZER;
+    struct fixture f;
+    size_t m;
+
+    for (m = 0; m < 2; m++) {
+        buf_reset(&extra);
+        buf_printf(&extra, "virtdomains: %s\ndefaultdomain: main.example\n",
+                   modes[m]);
+        fixture_up(&f, *state, buf_cstring(&extra));
+        domain_boxes(&f);
+        /* each domain's user, never another's */
+        resolve_is(&f, "alice@example.com", 0, RCPT_OK,
+                   "example.com!user.alice");
+        resolve_is(&f, "ALICE@EXAMPLE.ORG", 0, RCPT_OK,
+                   "example.org!user.alice");
+        resolve_is(&f, "postmaster@example.org", 0, RCPT_OK,
+                   "example.org!user.postmaster");
+        resolve_is(&f, "alice+lists@example.org", 0, RCPT_OK,
+                   "example.org!user.alice.lists");
+        resolve_is(&f, "alice+nothing@example.com", 0, RCPT_OK,
+                   "example.com!user.alice");
+        /* the default domain and no domain: the domain-less users */
+        resolve_is(&f, "alice@main.example", 0, RCPT_OK, "user.alice");
+        resolve_is(&f, "alice@Main.Example", 0, RCPT_OK, "user.alice");
+        resolve_is(&f, "alice", 0, RCPT_OK, "user.alice");
+        resolve_is(&f, "alice+lists@main.example", 0, RCPT_OK,
+                   "user.alice.lists");
+        /* unknown domain or user */
+        resolve_is(&f, "alice@example.net", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "small@example.org", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "postmaster", 0, RCPT_UNKNOWN, "");
+        /* shared folders per domain */
+        resolve_is(&f, "+shared.news@example.com", 0, RCPT_OK,
+                   "example.com!shared.news");
+        resolve_is(&f, "+shared.news@example.org", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "+shared.folder@example.com", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "+shared.folder@main.example", 0, RCPT_OK,
+                   "shared.folder");
+        resolve_is(&f, "+user.alice@example.com", 0, RCPT_UNKNOWN, "");
+        /* quota of the domain user */
+        resolve_is(&f, "small@example.com", 1024, RCPT_OK,
+                   "example.com!user.small");
+        resolve_is(&f, "small@example.com", 1025, RCPT_OVERQUOTA, "");
+        resolve_is(&f, "small", 10241, RCPT_OVERQUOTA, "");
+        /* garbage never reaches a mailbox */
+        resolve_is(&f, "alice@[127.0.0.1]", 0, RCPT_BADDOMAIN, "");
+        resolve_is(&f, "alice@localhost", 0, RCPT_BADDOMAIN, "");
+        resolve_is(&f, "alice@a..b", 0, RCPT_BADDOMAIN, "");
+        resolve_is(&f, "alice@.", 0, RCPT_BADDOMAIN, "");
+        resolve_is(&f, "alice@-x.com", 0, RCPT_BADDOMAIN, "");
+        resolve_is(&f, "example.com!user.alice", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "a!b@example.com", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "+example.com!shared.news", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "+shared/news@example.com", 0, RCPT_UNKNOWN, "");
+        resolve_is(&f, "alice/x@example.com", 0, RCPT_UNKNOWN, "");
+        fixture_down(&f);
+    }
+
+    /* off: the domain is ignored, as Cyrus */
+    fixture_up(&f, *state, "virtdomains: off\n");
+    domain_boxes(&f);
+    resolve_is(&f, "alice@example.com", 0, RCPT_OK, "user.alice");
+    resolve_is(&f, "alice@[127.0.0.1]", 0, RCPT_OK, "user.alice");
+    resolve_is(&f, "+shared.folder@example.com", 0, RCPT_OK,
+               "shared.folder");
+    resolve_is(&f, "example.com!user.alice", 0, RCPT_UNKNOWN, "");
+    resolve_is(&f, "+example.com!shared.news", 0, RCPT_UNKNOWN, "");
+    fixture_down(&f);
+    buf_free(&extra);
+}
+
 /* Database trouble is a temporary failure, never "unknown user" nor a
  * silent pass: the quota database is replaced by a directory, which no
  * backend can open. */
@@ -447,6 +566,7 @@ int main(void)
     static const struct th_case cases[] = {
         { "resolve", test_resolve },
         { "resolve_options", test_resolve_options },
+        { "resolve_domains", test_resolve_domains },
         { "resolve_dberror", test_resolve_dberror },
     };
     const struct CMUnitTest plain[] = {
