@@ -685,34 +685,51 @@ static const char *imap_serverdomain(struct imap_session *s)
 /* SASL's canon function (saslserver_new_canon): a login name becomes the
  * internal user id (store/userid.h) before the password is checked, so
  * "alice@Example.COM" is checked (and logged in) as "alice@example.com"
- * and, with `virtdomains: on`, "alice" as "alice@SERVERDOMAIN". */
+ * and, with `virtdomains: on`, "alice" as "alice@SERVERDOMAIN".
+ *
+ * A name that is no valid user id is noted in s->canon_error and handed
+ * back as it came (NUL bytes as '?'): the exchange goes on, and whatever
+ * SASL says, the login is refused with "Invalid user name".  Failing
+ * here instead would make SASL's LOGIN mechanism leak the password
+ * buffer it allocated before canonicalizing. */
 static int imap_sasl_canon(void *rock, const char *in, size_t len,
                            struct buf *out, const char **error_r)
 {
     struct imap_session *s = rock;
     struct buf raw = BUF_INITIALIZER;
-    const char *sd = NULL;
+    const char *sd = NULL, *err = NULL;
     int r;
 
     *error_r = NULL;
-    if (memchr(in, '\0', len)) {
-        *error_r = "NUL in user id";
-        s->canon_error = *error_r;
-        return -1;
-    }
     if (buf_setmap(&raw, in, len) < 0) {
         *error_r = "out of memory";
         return -1;
     }
-    if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_ON &&
-        !memchr(in, '@', len))
-        sd = imap_serverdomain(s);
-    r = userid_canon(&s->srv->policy, buf_cstring(&raw), sd, out, error_r);
+    if (memchr(in, '\0', len)) {
+        err = "NUL in user id";
+        for (size_t i = 0; i < raw.len; i++)
+            if (raw.s[i] == '\0')
+                raw.s[i] = '?';
+    } else {
+        if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_ON &&
+            !memchr(in, '@', len))
+            sd = imap_serverdomain(s);
+        r = userid_canon(&s->srv->policy, buf_cstring(&raw), sd, out, &err);
+        if (r == STORE_NOMEM) {
+            buf_free(&raw);
+            *error_r = "out of memory";
+            return -1;
+        }
+        if (r == STORE_OK) {
+            buf_free(&raw);
+            return 0;
+        }
+    }
+    s->canon_error = err ? err : "invalid user id";
+    r = buf_setmap(out, raw.s, raw.len);
     buf_free(&raw);
-    if (r != STORE_OK) {
-        if (!*error_r)
-            *error_r = store_strerror(r);
-        s->canon_error = *error_r;
+    if (r < 0) {
+        *error_r = "out of memory";
         return -1;
     }
     return 0;
@@ -800,6 +817,15 @@ static void imap_cmd_authenticate(struct imap_session *s)
         }
         r = saslserver_step(s->sasl, buf_cstring(&s->line), &chal);
     }
+    if (r == SASLSERVER_DONE && s->canon_error) {
+        imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Invalid user name: %s",
+                    s->canon_error);
+        log_info("imap: authentication refused mech=<%s> peer=<%s> "
+                 "error=<invalid user name: %s>", mech, s->conn->peer,
+                 s->canon_error);
+        imap_sasl_reset(s);
+        goto out;
+    }
     if (r == SASLSERVER_DONE && saslserver_user(s->sasl)) {
         if (imap_login_done(s, saslserver_user(s->sasl), mech) != 0) {
             imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
@@ -834,8 +860,10 @@ static void imap_cmd_authenticate(struct imap_session *s)
                              "failure");
         break;
     }
-    log_info("imap: authentication failed mech=<%s> peer=<%s> error=<%s>",
+    log_info("imap: authentication failed mech=<%s> peer=<%s> error=<%s%s>",
              mech, s->conn->peer,
+             s->canon_error ? "invalid user name: " : "",
+             s->canon_error ? s->canon_error :
              saslserver_error(s->sasl) ? saslserver_error(s->sasl) : "");
     imap_sasl_reset(s);
 out:
@@ -894,7 +922,7 @@ static void imap_cmd_login(struct imap_session *s)
     s->canon_error = NULL;
     r = saslserver_start(s->sasl, "PLAIN", buf_cstring(&b64), &chal);
     memset(b64.s, 0, b64.len);
-    if (r == SASLSERVER_DONE && saslserver_user(s->sasl)) {
+    if (r == SASLSERVER_DONE && !s->canon_error && saslserver_user(s->sasl)) {
         if (imap_login_done(s, saslserver_user(s->sasl), "LOGIN") != 0) {
             imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
             imap_sasl_reset(s);
@@ -902,7 +930,7 @@ static void imap_cmd_login(struct imap_session *s)
             imap_auth_ok(s);
         }
     } else {
-        if (r == SASLSERVER_FAIL && s->canon_error)
+        if ((r == SASLSERVER_FAIL || r == SASLSERVER_DONE) && s->canon_error)
             imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Invalid user "
                                  "name: %s", s->canon_error);
         else if (r == SASLSERVER_FAIL || r == SASLSERVER_CONTINUE)
@@ -911,7 +939,9 @@ static void imap_cmd_login(struct imap_session *s)
         else
             imap_tagged(s, "NO", "[UNAVAILABLE] Temporary authentication "
                                  "failure");
-        log_info("imap: login failed peer=<%s> error=<%s>", s->conn->peer,
+        log_info("imap: login failed peer=<%s> error=<%s%s>", s->conn->peer,
+                 s->canon_error ? "invalid user name: " : "",
+                 s->canon_error ? s->canon_error :
                  saslserver_error(s->sasl) ? saslserver_error(s->sasl) : "");
         imap_sasl_reset(s);
     }

@@ -30,6 +30,7 @@ admin dadmin@example.com`: a global admin and example.com's admin.
 
 Environment: see imaphelp.py.
 """
+import base64
 import imaplib
 import os
 import smtplib
@@ -516,6 +517,14 @@ def test_userid_bad_logins():
                   "LOGIN %r: %r" % (name, r))
             r = c.cmd("n%d" % n, "NOOP")
             check(r[-1] == b"n%d OK NOOP completed" % n, "NOOP %r" % r)
+        # a name SASL knows (a sasldb realm "a..b") is refused all the same
+        make_sasldb(i.sasldb, "alice", "pw-bad-realm", ["a..b"])
+        for n, how in enumerate(('LOGIN "alice@a..b" "pw-bad-realm"',
+                                 "AUTHENTICATE PLAIN " + base64.b64encode(
+                                     b"\0alice@a..b\0pw-bad-realm").decode())):
+            r = c.cmd("k%d" % n, how)
+            check(r[-1] == b"k%d NO [AUTHENTICATIONFAILED] Invalid user "
+                  b"name: empty domain label" % n, "%s: %r" % (how, r))
         # and the session goes on to a good login
         r = c.cmd("ok", 'LOGIN "alice@example.org" "%s"'
                   % pw("alice@example.org"))
