@@ -116,6 +116,7 @@ static void imapd_session(struct imapd_state *ls, int fd, const char *peer)
     conn.localaddr = local[0] ? local : NULL;
     conn.remoteaddr = remote[0] ? remote : NULL;
     conn.implicit_tls = ls->implicit_tls;
+    conn.fd = fd;
 
     p = prot_new(fd);
     if (!p) {

@@ -58,14 +58,26 @@
  * or, with unixhierarchysep, '/' (store/mboxname.h converts).  A login
  * name holding '.' is '^' in mailbox names, as in Cyrus.
  *
+ * Virtual domains (store/userid.h, man/imapd.8).  The login name becomes
+ * the internal user id ("alice", "alice@example.com") in SASL's
+ * canon_user callback, before the password check (imap_sasl_canon();
+ * with virtdomains on, a name without a domain takes the domain of the
+ * local address's name, imapd/localdomain.h).  The session's names are
+ * those of the user's domain: "user.bob" of alice@example.com is
+ * example.com!user.bob; other domains are invisible and cannot be named,
+ * except by a global admin (a domain-less userid in `admins`), who sees
+ * them as "user.bob@example.org".  imap_reachable() checks every looked
+ * up and created name on top of the translation.
+ *
  * Access.  Every mailbox operation looks the mailbox up and asks
  * acl_rights() with imapd.conf's `admins`: a mailbox without the l right
  * is reported as nonexistent (no leak of its existence); CREATE needs k
  * on the nearest existing ancestor (or a name below the user's own
  * INBOX when no ancestor exists), and the new mailbox inherits that
  * ancestor's ACL; DELETE needs x; RENAME needs x on the old name and
- * CREATE's right for the new one; STATUS needs r.  Admins pass every
- * check.
+ * CREATE's right for the new one; STATUS needs r.  Admins get their
+ * rights (acl.h) where they administer: a global admin everywhere, an
+ * admin "admin@D" in domain D only (imap_admin_for()).
  *
  * Limits.  Command lines, literals and commands are bounded by the
  * parser (64 KiB line, 64 KiB literal, 1 MiB command); an oversized
@@ -92,6 +104,7 @@
 #include <unistd.h>
 
 #include "imapd/imapparse.h"
+#include "imapd/localdomain.h"
 #include "imapd/search.h"
 #include "imapd/session.h"
 #include "lib/buf.h"
@@ -110,6 +123,7 @@
 #include "store/seen.h"
 #include "store/store.h"
 #include "store/subs.h"
+#include "store/userid.h"
 
 #define IMAP_AUTH_LINE_MAX 65536   /* one AUTHENTICATE response line */
 #define IMAP_IDLE_LINE_MAX 1024    /* the line ending IDLE */
@@ -126,7 +140,9 @@ struct imap_server {
     int unixsep;
     char sep;
     int allowplaintext;
-    const char *admins;
+    char *admins;                /* `admins`, each entry canonicalized as
+                                    a login (userid_canon) */
+    struct userid_policy policy; /* virtdomains, defaultdomain */
 };
 
 enum imap_state { IMAP_NOTAUTH = 0, IMAP_AUTH = 1, IMAP_SELECTED = 2 };
@@ -150,9 +166,17 @@ struct imap_session {
     const struct imap_conn *conn;
     struct saslserver *sasl;
     enum imap_state state;
-    char *userid;                /* after LOGIN / AUTHENTICATE */
-    struct buf inbox;            /* "user.U" (empty when U cannot own one) */
-    int admin;
+    char *userid;                /* after LOGIN / AUTHENTICATE: internal
+                                    form, "alice" or "alice@example.com" */
+    const char *domain;          /* the userid's domain, NULL for none */
+    struct buf inbox;            /* "user.U" or "D!user.U" (empty when U
+                                    cannot own one) */
+    int admin;                   /* in `admins`: a global admin (domain-
+                                    less userid) or the admin of domain */
+    int global_admin;            /* admin of every domain */
+    int serverdomain_known;      /* serverdomain looked up (virtdomains on) */
+    struct buf serverdomain;     /* the local address's domain, or empty */
+    const char *canon_error;     /* why the last login name was refused */
     int condstore;               /* ENABLE CONDSTORE */
     struct mailbox *sel;         /* the selected mailbox (no lock held
                                     between commands) */
@@ -193,10 +217,51 @@ struct imap_seen_chg {
 
 /* ---- server ---------------------------------------------------------- */
 
+/* `admins` with each entry canonicalized as a login is (no server
+ * domain: an entry without "@domain" is a global admin), so that
+ * "admin@DEFAULTDOMAIN" is "admin" and a domain is lower-cased.  An entry
+ * that is no valid user id is logged and left out.  0, or -1 out of
+ * memory. */
+static int imap_admins_canon(struct imap_server *srv, const char *admins)
+{
+    struct buf out = BUF_INITIALIZER, one = BUF_INITIALIZER,
+               canon = BUF_INITIALIZER;
+    const char *p = admins ? admins : "";
+
+    while (*p) {
+        size_t n = strcspn(p, " \t,");
+        const char *err = NULL;
+
+        if (n > 0) {
+            buf_setmap(&one, p, n);
+            if (userid_canon(&srv->policy, buf_cstring(&one), NULL, &canon,
+                             &err) == STORE_OK) {
+                if (out.len)
+                    buf_putc(&out, ' ');
+                buf_append(&out, canon.s, canon.len);
+            } else {
+                log_warning("imap: admins entry ignored entry=<%s> "
+                            "error=<%s>", buf_cstring(&one),
+                            err ? err : "invalid user id");
+            }
+        }
+        p += n;
+        if (*p)
+            p++;
+    }
+    buf_free(&one);
+    buf_free(&canon);
+    srv->admins = buf_release(&out);
+    if (!srv->admins)
+        srv->admins = strdup("");
+    return srv->admins ? 0 : -1;
+}
+
 int imap_server_new(const struct imapconf *conf, struct tls_server *tls,
                     int sasl_ok, struct imap_server **srv_r)
 {
     struct imap_server *srv;
+    const char *err = NULL;
     long v;
     int r;
 
@@ -217,7 +282,18 @@ int imap_server_new(const struct imapconf *conf, struct tls_server *tls,
     srv->unixsep = imapconf_getswitch(conf, "unixhierarchysep");
     srv->sep = srv->unixsep ? '/' : '.';
     srv->allowplaintext = imapconf_getswitch(conf, "allowplaintext");
-    srv->admins = imapconf_getstring(conf, "admins");
+    if (userid_policy_init(conf, &srv->policy, &err) != STORE_OK) {
+        log_error("imap: virtual domains error=<%s>",
+                  err ? err : "bad configuration");
+        free(srv);
+        return -1;
+    }
+    if (imap_admins_canon(srv, imapconf_getstring(conf, "admins")) != 0) {
+        log_error("imap: out of memory");
+        userid_policy_free(&srv->policy);
+        free(srv);
+        return -1;
+    }
     r = mboxlist_open(conf, &srv->ml);
     if (r != STORE_OK) {
         log_error("imap: cannot open the mailbox list error=<%s> "
@@ -235,6 +311,8 @@ void imap_server_free(struct imap_server **srvp)
     if (!srv)
         return;
     mboxlist_close(&srv->ml);
+    userid_policy_free(&srv->policy);
+    free(srv->admins);
     free(srv);
     *srvp = NULL;
 }
@@ -343,8 +421,53 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
 
 /* ---- names ----------------------------------------------------------- */
 
+/* Is internal name `name` in the user's domain (both domain-less, or
+ * the same domain)? */
+static int imap_in_domain(const struct imap_session *s, const char *name)
+{
+    size_t dlen = 0;
+    const char *rest = NULL;
+    const char *d = mboxname_domain(name, &dlen, &rest);
+
+    if (!s->domain)
+        return d == NULL;
+    return d && dlen == strlen(s->domain) && memcmp(d, s->domain, dlen) == 0;
+}
+
+/* Are internal names a and b in the same domain (or both domain-less)? */
+static int imap_same_domain(const char *a, const char *b)
+{
+    size_t la = 0, lb = 0;
+    const char *ra = NULL, *rb = NULL;
+    const char *da = mboxname_domain(a, &la, &ra);
+    const char *db = mboxname_domain(b, &lb, &rb);
+
+    if (!da || !db)
+        return !da && !db;
+    return la == lb && memcmp(da, db, la) == 0;
+}
+
+/* May the session use its admin rights on `name`?  A global admin
+ * everywhere, a domain's admin in its domain only. */
+static int imap_admin_for(const struct imap_session *s, const char *name)
+{
+    if (!s->admin)
+        return 0;
+    return s->global_admin || imap_in_domain(s, name);
+}
+
+/* May the session reach `name` at all?  Its own domain; every domain for
+ * a global admin.  Names of other domains are reported as nonexistent. */
+static int imap_reachable(const struct imap_session *s, const char *name)
+{
+    return s->global_admin || imap_in_domain(s, name);
+}
+
 /* Client name -> internal name into out.  STORE_OK or STORE_BADNAME with
- * *err_r. */
+ * *err_r.  A user's names land in its own domain ("INBOX" and
+ * "user<sep>bob" of alice@example.com are example.com!user.alice and
+ * example.com!user.bob); only a global admin reaches another domain, by
+ * "user<sep>bob@example.org" (store/mboxname.h). */
 static int imap_to_internal(struct imap_session *s, const char *ext,
                             struct buf *out, const char **err_r)
 {
@@ -354,6 +477,10 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
 
     *err_r = NULL;
     buf_reset(out);
+    if (strchr(ext, '!')) {
+        *err_r = "'!' in name";
+        return STORE_BADNAME;
+    }
     if (strncasecmp(ext, "INBOX", 5) == 0 &&
         (ext[5] == '\0' || ext[5] == sep)) {
         if (!s->inbox.len) {
@@ -363,6 +490,10 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
         buf_setcstr(out, buf_cstring(&s->inbox));
         if (ext[5] == '\0')
             return STORE_OK;
+        if (s->srv->policy.virtdomains && strchr(ext, '@')) {
+            *err_r = "'@' in name";
+            return STORE_BADNAME;
+        }
         r = mboxname_to_internal(ext + 6, s->srv->unixsep, &tmp, err_r);
         if (r == STORE_OK) {
             buf_putc(out, '.');
@@ -374,10 +505,27 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
             buf_reset(out);
         return r;
     }
-    return mboxname_to_internal(ext, s->srv->unixsep, out, err_r);
+    if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_OFF)
+        return mboxname_to_internal(ext, s->srv->unixsep, out, err_r);
+    if (s->global_admin && *s->srv->policy.defaultdomain) {
+        /* "NAME@DEFAULTDOMAIN" is the domain-less NAME */
+        const char *at = strrchr(ext, '@');
+
+        if (at && strcasecmp(at + 1, s->srv->policy.defaultdomain) == 0) {
+            buf_setmap(&tmp, ext, (size_t)(at - ext));
+            r = mboxname_to_internal(buf_cstring(&tmp), s->srv->unixsep,
+                                     out, err_r);
+            buf_free(&tmp);
+            return r;
+        }
+    }
+    return mboxname_to_internal_for(ext, s->srv->unixsep, s->domain,
+                                    s->global_admin, out, err_r);
 }
 
-/* Internal name -> client name into out.  STORE_OK or STORE_BADNAME. */
+/* Internal name -> client name into out.  STORE_OK, or STORE_BADNAME (a
+ * name the session cannot see: another domain's for all but a global
+ * admin). */
 static int imap_to_external(struct imap_session *s, const char *name,
                             struct buf *out)
 {
@@ -399,12 +547,19 @@ static int imap_to_external(struct imap_session *s, const char *name,
         buf_free(&tmp);
         return r;
     }
-    return mboxname_to_external(name, s->srv->unixsep, out);
+    if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_OFF)
+        return mboxname_to_external(name, s->srv->unixsep, out);
+    return mboxname_to_external_for(name, s->srv->unixsep, s->domain,
+                                    s->global_admin, out);
 }
 
-static int imap_rights(struct imap_session *s, const char *acl)
+/* The session's rights on mailbox `name` with ACL `acl`: `admins` count
+ * only where the user administers (imap_admin_for). */
+static int imap_rights(struct imap_session *s, const char *name,
+                       const char *acl)
 {
-    return acl_rights(acl, s->userid, s->srv->admins);
+    return acl_rights(acl, s->userid,
+                      imap_admin_for(s, name) ? s->srv->admins : NULL);
 }
 
 /* Look a mailbox up for an operation needing `need` rights.  STORE_OK
@@ -419,10 +574,12 @@ static int imap_lookup(struct imap_session *s, const char *name, int need,
     *e_r = NULL;
     if (!ml)
         return STORE_IOERROR;
+    if (!imap_reachable(s, name))
+        return STORE_NOTFOUND;
     r = mboxlist_lookup(ml, name, e_r);
     if (r != STORE_OK)
         return r;
-    rights = imap_rights(s, (*e_r)->acl);
+    rights = imap_rights(s, name, (*e_r)->acl);
     if (!(rights & ACL_LOOKUP)) {
         mboxlist_entry_free(e_r);
         return STORE_NOTFOUND;
@@ -442,14 +599,22 @@ static int imap_may_create(struct imap_session *s, const char *name,
 {
     struct mboxlist *ml = imap_ml(s->srv);
     struct buf parent = BUF_INITIALIZER;
+    const char *rest = name;
+    size_t dlen = 0, base;
     char *dot;
     int r = STORE_PERMISSION;
 
     buf_reset(acl);
     if (!ml)
         return STORE_IOERROR;
+    if (!imap_reachable(s, name))
+        return STORE_PERMISSION;
+    /* ancestors stay in the name's domain: "D!user.a" -> "D!user" */
+    (void)mboxname_domain(name, &dlen, &rest);
+    base = (size_t)(rest - name);
     buf_setcstr(&parent, name);
-    while ((dot = strrchr(buf_cstring(&parent), '.')) != NULL) {
+    while ((dot = strrchr(buf_cstring(&parent), '.')) != NULL &&
+           (size_t)(dot - parent.s) > base) {
         struct mboxlist_entry *e = NULL;
         int lr;
 
@@ -461,7 +626,7 @@ static int imap_may_create(struct imap_session *s, const char *name,
             r = lr;
             goto out;
         }
-        if (s->admin || (imap_rights(s, e->acl) & ACL_CREATE)) {
+        if (imap_rights(s, e->name, e->acl) & ACL_CREATE) {
             buf_setcstr(acl, e->acl ? e->acl : "");
             r = STORE_OK;
         }
@@ -469,7 +634,7 @@ static int imap_may_create(struct imap_session *s, const char *name,
         goto out;
     }
     /* no ancestor exists */
-    if (s->admin || (s->inbox.len &&
+    if (imap_admin_for(s, name) || (s->inbox.len &&
                      mboxname_is_self_or_child(buf_cstring(&s->inbox), name) &&
                      strcmp(name, buf_cstring(&s->inbox)) != 0))
         r = STORE_OK;
@@ -493,38 +658,114 @@ static const char *imap_strip_sep(struct imap_session *s, const char *ext,
 
 /* ---- authentication -------------------------------------------------- */
 
+/* The domain of the local address the client connected to, for
+ * `virtdomains: on` (localdomain.h), looked up once per connection; NULL
+ * when there is none or it is no valid domain name. */
+static const char *imap_serverdomain(struct imap_session *s)
+{
+    if (!s->serverdomain_known) {
+        struct buf raw = BUF_INITIALIZER;
+        const char *err = NULL;
+
+        s->serverdomain_known = 1;
+        buf_reset(&s->serverdomain);
+        if (localdomain_lookup(s->conn->fd, &raw) == 0 &&
+            mboxname_domain_check(raw.s, raw.len, &s->serverdomain,
+                                  &err) != STORE_OK) {
+            log_info("imap: local address name gives no domain "
+                     "domain=<%s> error=<%s>", buf_cstring(&raw),
+                     err ? err : "invalid");
+            buf_reset(&s->serverdomain);
+        }
+        buf_free(&raw);
+    }
+    return s->serverdomain.len ? buf_cstring(&s->serverdomain) : NULL;
+}
+
+/* SASL's canon function (saslserver_new_canon): a login name becomes the
+ * internal user id (store/userid.h) before the password is checked, so
+ * "alice@Example.COM" is checked (and logged in) as "alice@example.com"
+ * and, with `virtdomains: on`, "alice" as "alice@SERVERDOMAIN".
+ *
+ * A name that is no valid user id is noted in s->canon_error and handed
+ * back as it came (NUL bytes as '?'): the exchange goes on, and whatever
+ * SASL says, the login is refused with "Invalid user name".  Failing
+ * here instead would make SASL's LOGIN mechanism leak the password
+ * buffer it allocated before canonicalizing. */
+static int imap_sasl_canon(void *rock, const char *in, size_t len,
+                           struct buf *out, const char **error_r)
+{
+    struct imap_session *s = rock;
+    struct buf raw = BUF_INITIALIZER;
+    const char *sd = NULL, *err = NULL;
+    int r;
+
+    *error_r = NULL;
+    if (buf_setmap(&raw, in, len) < 0) {
+        *error_r = "out of memory";
+        return -1;
+    }
+    if (memchr(in, '\0', len)) {
+        err = "NUL in user id";
+        for (size_t i = 0; i < raw.len; i++)
+            if (raw.s[i] == '\0')
+                raw.s[i] = '?';
+    } else {
+        if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_ON &&
+            !memchr(in, '@', len))
+            sd = imap_serverdomain(s);
+        r = userid_canon(&s->srv->policy, buf_cstring(&raw), sd, out, &err);
+        if (r == STORE_NOMEM) {
+            buf_free(&raw);
+            *error_r = "out of memory";
+            return -1;
+        }
+        if (r == STORE_OK) {
+            buf_free(&raw);
+            return 0;
+        }
+    }
+    s->canon_error = err ? err : "invalid user id";
+    r = buf_setmap(out, raw.s, raw.len);
+    buf_free(&raw);
+    if (r < 0) {
+        *error_r = "out of memory";
+        return -1;
+    }
+    return 0;
+}
+
 static void imap_sasl_reset(struct imap_session *s)
 {
     saslserver_free(&s->sasl);
     if (s->srv->sasl_ok)
-        s->sasl = saslserver_new("imap", s->conn->localaddr,
-                                 s->conn->remoteaddr, prot_tls_ssf(s->p));
+        s->sasl = saslserver_new_canon("imap", s->conn->localaddr,
+                                       s->conn->remoteaddr,
+                                       prot_tls_ssf(s->p), imap_sasl_canon,
+                                       s);
 }
 
 /* The state after a successful authentication. */
 static int imap_login_done(struct imap_session *s, const char *user,
                            const char *mech)
 {
-    struct buf uid = BUF_INITIALIZER;
-
+    /* the user id as SASL reports it went through imap_sasl_canon() */
     s->userid = strdup(user);
     if (!s->userid)
         return -1;
-    /* '.' of a login name is '^' in mailbox names */
-    buf_setcstr(&uid, user);
-    for (size_t i = 0; i < uid.len; i++)
-        if (uid.s[i] == '.')
-            uid.s[i] = '^';
-    if (mboxname_user_inbox(buf_cstring(&uid), &s->inbox) != STORE_OK)
+    s->domain = userid_domain(s->userid);
+    /* "D!user.U", a '.' of the login name being '^' */
+    if (userid_inbox(s->userid, &s->inbox) != STORE_OK)
         buf_reset(&s->inbox);
-    buf_free(&uid);
     s->admin = (acl_rights("", s->userid, s->srv->admins) & ACL_ADMIN) != 0;
+    s->global_admin = s->admin && !s->domain;
     s->state = IMAP_AUTH;
     prot_settimeout(s->p, s->srv->timeout);    /* the autologout from now */
     log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s>%s",
              s->userid, mech, s->conn->peer,
              prot_tls_info(s->p) ? prot_tls_info(s->p) : "none",
-             s->admin ? " admin=<yes>" : "");
+             s->global_admin ? " admin=<yes>" :
+             s->admin ? " admin=<domain>" : "");
     return 0;
 }
 
@@ -548,6 +789,7 @@ static void imap_cmd_authenticate(struct imap_session *s)
         imap_tagged(s, "NO", "[UNAVAILABLE] Authentication not available");
         return;
     }
+    s->canon_error = NULL;
     r = saslserver_start(s->sasl, mech, s->cmd.arg[1], &chal);
     while (r == SASLSERVER_CONTINUE) {
         int gr;
@@ -575,6 +817,15 @@ static void imap_cmd_authenticate(struct imap_session *s)
         }
         r = saslserver_step(s->sasl, buf_cstring(&s->line), &chal);
     }
+    if (r == SASLSERVER_DONE && s->canon_error) {
+        imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Invalid user name: %s",
+                    s->canon_error);
+        log_info("imap: authentication refused mech=<%s> peer=<%s> "
+                 "error=<invalid user name: %s>", mech, s->conn->peer,
+                 s->canon_error);
+        imap_sasl_reset(s);
+        goto out;
+    }
     if (r == SASLSERVER_DONE && saslserver_user(s->sasl)) {
         if (imap_login_done(s, saslserver_user(s->sasl), mech) != 0) {
             imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
@@ -586,7 +837,12 @@ static void imap_cmd_authenticate(struct imap_session *s)
     }
     switch (r) {
     case SASLSERVER_FAIL:
-        imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Authentication failed");
+        if (s->canon_error)
+            imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Invalid user "
+                                 "name: %s", s->canon_error);
+        else
+            imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Authentication "
+                                 "failed");
         break;
     case SASLSERVER_NOMECH:
         imap_tagged(s, "NO", "%sMechanism not available%s",
@@ -604,8 +860,10 @@ static void imap_cmd_authenticate(struct imap_session *s)
                              "failure");
         break;
     }
-    log_info("imap: authentication failed mech=<%s> peer=<%s> error=<%s>",
+    log_info("imap: authentication failed mech=<%s> peer=<%s> error=<%s%s>",
              mech, s->conn->peer,
+             s->canon_error ? "invalid user name: " : "",
+             s->canon_error ? s->canon_error :
              saslserver_error(s->sasl) ? saslserver_error(s->sasl) : "");
     imap_sasl_reset(s);
 out:
@@ -661,9 +919,10 @@ static void imap_cmd_login(struct imap_session *s)
     buf_appendcstr(&blob, s->cmd.arg[1]);
     imap_base64((const unsigned char *)blob.s, blob.len, &b64);
     memset(blob.s, 0, blob.len);
+    s->canon_error = NULL;
     r = saslserver_start(s->sasl, "PLAIN", buf_cstring(&b64), &chal);
     memset(b64.s, 0, b64.len);
-    if (r == SASLSERVER_DONE && saslserver_user(s->sasl)) {
+    if (r == SASLSERVER_DONE && !s->canon_error && saslserver_user(s->sasl)) {
         if (imap_login_done(s, saslserver_user(s->sasl), "LOGIN") != 0) {
             imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
             imap_sasl_reset(s);
@@ -671,13 +930,18 @@ static void imap_cmd_login(struct imap_session *s)
             imap_auth_ok(s);
         }
     } else {
-        if (r == SASLSERVER_FAIL || r == SASLSERVER_CONTINUE)
+        if ((r == SASLSERVER_FAIL || r == SASLSERVER_DONE) && s->canon_error)
+            imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Invalid user "
+                                 "name: %s", s->canon_error);
+        else if (r == SASLSERVER_FAIL || r == SASLSERVER_CONTINUE)
             imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Authentication "
                                  "failed");
         else
             imap_tagged(s, "NO", "[UNAVAILABLE] Temporary authentication "
                                  "failure");
-        log_info("imap: login failed peer=<%s> error=<%s>", s->conn->peer,
+        log_info("imap: login failed peer=<%s> error=<%s%s>", s->conn->peer,
+                 s->canon_error ? "invalid user name: " : "",
+                 s->canon_error ? s->canon_error :
                  saslserver_error(s->sasl) ? saslserver_error(s->sasl) : "");
         imap_sasl_reset(s);
     }
@@ -726,7 +990,8 @@ static int imap_list_collect(void *rock, const struct mboxlist_entry *e)
     struct imap_list_rock *lr = rock;
     struct buf ext = BUF_INITIALIZER;
 
-    if (!(imap_rights(lr->s, e->acl) & ACL_LOOKUP))
+    if (!imap_reachable(lr->s, e->name) ||
+        !(imap_rights(lr->s, e->name, e->acl) & ACL_LOOKUP))
         return 0;
     if (imap_to_external(lr->s, e->name, &ext) == STORE_OK &&
         strarray_append(&lr->names, e->name) == 0 &&
@@ -989,6 +1254,11 @@ static void imap_cmd_rename(struct imap_session *s)
                                buf_cstring(&s->inbox)) == 0) {
         imap_tagged(s, "NO", "[CANNOT] Renaming INBOX is not implemented "
                              "yet");
+        goto out;
+    }
+    if (!imap_same_domain(buf_cstring(&oldn), buf_cstring(&newn))) {
+        imap_tagged(s, "NO", "[CANNOT] Cannot rename a mailbox into "
+                             "another domain");
         goto out;
     }
     if (mboxname_is_self_or_child(buf_cstring(&oldn), buf_cstring(&newn))) {
@@ -1393,7 +1663,7 @@ static void imap_cmd_select(struct imap_session *s, int examine)
         goto out;
     r = imap_lookup(s, buf_cstring(&name), ACL_READ, &e);
     if (r == STORE_OK) {
-        rights = imap_rights(s, e->acl);
+        rights = imap_rights(s, e->name, e->acl);
         r = mailbox_open(s->srv->conf, e->name, e->partition, &s->sel);
     }
     if (r == STORE_OK) {
@@ -2865,7 +3135,7 @@ static void imap_cmd_append(struct imap_session *s)
     if (r == STORE_OK)
         r = append_begin(s->srv->conf, &t);
     if (r == STORE_OK) {
-        int rights = imap_rights(s, e->acl);
+        int rights = imap_rights(s, e->name, e->acl);
         uint32_t fl = imap_sysflags_of(&ap->flags) & imap_settable(rights);
 
         /* the user's \Seen goes to the seen state, not the index */
@@ -2980,7 +3250,7 @@ static void imap_cmd_copy(struct imap_session *s, int move)
     }
     if (imap_dest_open(s, 1, &e, &dst) != STORE_OK)
         return;
-    rights = imap_rights(s, e->acl);
+    rights = imap_rights(s, e->name, e->acl);
     dstseen = imap_mb_useseen(dst);
     /* the messages, in uid order */
     recs = calloc(s->nmsgs ? s->nmsgs : 1, sizeof(*recs));
@@ -3421,6 +3691,7 @@ out:
     imapparse_cmd_free(&s.cmd);
     buf_free(&s.line);
     buf_free(&s.inbox);
+    buf_free(&s.serverdomain);
     free(s.userid);
     saslserver_free(&s.sasl);
 }

@@ -25,11 +25,15 @@ struct imap_conn {
     const char *localaddr;   /* "a.b.c.d;port" for SASL, or NULL */
     const char *remoteaddr;  /* "a.b.c.d;port" for SASL, or NULL */
     int implicit_tls;        /* 1: imaps, the handshake comes first */
+    int fd;                  /* the connection's socket (its local
+                                address names the server domain with
+                                virtdomains: on), or -1 */
 };
 
 /* The per-process part.  tls may be NULL (no STARTTLS, no imaps);
  * sasl_ok says whether saslserver_init() worked.  conf and tls must
- * outlive the server.  0, or -1 when out of memory.  A mailbox list that
+ * outlive the server.  0, or -1 (logged) when out of memory or when
+ * virtdomains / defaultdomain are not valid (store/userid.h).  A mailbox list that
  * does not open is retried at each command that needs it (which answers
  * NO [UNAVAILABLE] meanwhile). */
 int imap_server_new(const struct imapconf *conf, struct tls_server *tls,

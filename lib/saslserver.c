@@ -18,6 +18,13 @@
  * the connection is under TLS (tls_ssf > 0) or allowplaintext is on; the
  * TLS strength is given to SASL as SASL_SSF_EXTERNAL.
  *
+ * User ids: with a canon function (saslserver_new_canon()) SASL's
+ * canon_user callback hands every authentication and authorization id to
+ * it first; what it returns is the id SASL checks the password for and
+ * saslserver_user() reports (imapd's virtual domains: "alice" becomes
+ * "alice@example.com" before sasldb looks alice up in realm
+ * example.com).  A refusal fails the exchange like a wrong password.
+ *
  * The exchange: base64 on the wire (sasl_decode64 / sasl_encode64).  An
  * initial response "=" is an empty one; a response "*" cancels.  When a
  * mechanism succeeds with final server data (SCRAM's server signature),
@@ -53,6 +60,9 @@ struct saslserver {
     enum saslserver_state state;
     char *user;               /* after DONE */
     char error[256];
+    saslserver_canon_fn *canon;   /* NULL: SASL's own canonicalization */
+    void *canon_rock;
+    sasl_callback_t callbacks[2];
 };
 
 static const struct imapconf *saslserver_conf;
@@ -144,6 +154,8 @@ void saslserver_done(void)
 
 static void saslserver_seterror(struct saslserver *s, const char *what, int r)
 {
+    if (strncmp(s->error, "user id ", 8) == 0)
+        return;     /* the canon function's reason says more */
     const char *detail = s->conn ? sasl_errdetail(s->conn) : NULL;
 
     snprintf(s->error, sizeof(s->error), "%s: %s", what,
@@ -179,8 +191,53 @@ static int saslserver_props(struct saslserver *s, int tls_ssf)
     return 0;
 }
 
+/* SASL's canon_user callback: the caller's canon function, before SASL's
+ * own canonicalization and before any password check. */
+static int saslserver_canon_user(sasl_conn_t *conn, void *context,
+                                 const char *in, unsigned inlen,
+                                 unsigned flags, const char *user_realm,
+                                 char *out, unsigned out_max,
+                                 unsigned *out_len)
+{
+    struct saslserver *s = context;
+    struct buf res = BUF_INITIALIZER;
+    const char *err = NULL;
+
+    (void)conn;
+    (void)flags;
+    (void)user_realm;
+    if (!in || !out || !out_len)
+        return SASL_BADPARAM;
+    if (s->canon(s->canon_rock, in, inlen, &res, &err) != 0) {
+        snprintf(s->error, sizeof(s->error), "user id refused: %s",
+                 err ? err : "invalid");
+        buf_free(&res);
+        return SASL_BADAUTH;
+    }
+    if (res.len >= out_max) {
+        snprintf(s->error, sizeof(s->error), "user id too long");
+        buf_free(&res);
+        return SASL_BUFOVER;
+    }
+    memcpy(out, res.s ? res.s : "", res.len);
+    out[res.len] = '\0';
+    *out_len = (unsigned)res.len;
+    buf_free(&res);
+    return SASL_OK;
+}
+
 struct saslserver *saslserver_new(const char *service, const char *localaddr,
                                   const char *remoteaddr, int tls_ssf)
+{
+    return saslserver_new_canon(service, localaddr, remoteaddr, tls_ssf,
+                                NULL, NULL);
+}
+
+struct saslserver *saslserver_new_canon(const char *service,
+                                        const char *localaddr,
+                                        const char *remoteaddr, int tls_ssf,
+                                        saslserver_canon_fn *canon,
+                                        void *rock)
 {
     struct saslserver *s;
     const char *fqdn = NULL;
@@ -200,8 +257,17 @@ struct saslserver *saslserver_new(const char *service, const char *localaddr,
         if (fqdn && !*fqdn)
             fqdn = NULL;
     }
+    s->canon = canon;
+    s->canon_rock = rock;
+    s->callbacks[0].id = SASL_CB_LIST_END;
+    if (canon) {
+        s->callbacks[0].id = SASL_CB_CANON_USER;
+        s->callbacks[0].proc = SASLSERVER_PROC(saslserver_canon_user);
+        s->callbacks[0].context = s;
+        s->callbacks[1].id = SASL_CB_LIST_END;
+    }
     r = sasl_server_new(service, fqdn, NULL, localaddr, remoteaddr,
-                        NULL, 0, &s->conn);
+                        s->callbacks, 0, &s->conn);
     if (r != SASL_OK) {
         log_error("sasl: sasl_server_new failed service=<%s> error=<%s>",
                   service, sasl_errstring(r, NULL, NULL));
@@ -380,6 +446,7 @@ int saslserver_start(struct saslserver *s, const char *mech,
         return SASLSERVER_ERROR;
     }
     s->state = SASLSERVER_IDLE;
+    snprintf(s->error, sizeof(s->error), "no error");
     if (!mech || !*mech) {
         snprintf(s->error, sizeof(s->error), "no mechanism given");
         return SASLSERVER_NOMECH;

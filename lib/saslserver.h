@@ -36,6 +36,21 @@ struct saslserver;
  * (logged). */
 struct saslserver *saslserver_new(const char *service, const char *localaddr,
                                   const char *remoteaddr, int tls_ssf);
+/* The same with a canon function: every user id the client gives (the
+ * authentication id and an authorization id), as `len` bytes at `in`,
+ * goes through canon before SASL's own canonicalization and before the
+ * password check, so the password is checked for canon's result and
+ * saslserver_user() is that result.  canon returns 0 with the id in out,
+ * or -1 with a reason in *error_r (static text): the exchange then fails
+ * as SASLSERVER_FAIL and saslserver_error() is "user id refused:
+ * REASON".  rock is passed to canon and must outlive the connection. */
+typedef int saslserver_canon_fn(void *rock, const char *in, size_t len,
+                                struct buf *out, const char **error_r);
+struct saslserver *saslserver_new_canon(const char *service,
+                                        const char *localaddr,
+                                        const char *remoteaddr, int tls_ssf,
+                                        saslserver_canon_fn *canon,
+                                        void *rock);
 void saslserver_free(struct saslserver **sp);
 /* The "a.b.c.d;port" forms SASL wants of a connection's local and remote
  * addresses (IPv6 too), or "" for both on a UNIX socket.  Buffers of at
