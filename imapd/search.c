@@ -895,6 +895,95 @@ static int match_field(struct msg *m, const char *name, size_t nlen,
     return R_FALSE;
 }
 
+struct addr_match {
+    struct msg *m;
+    const struct buf *needle;
+    struct buf cand, fold;
+    int found;
+};
+
+/* Does the needle occur in text once decoded and folded? (1, 0, -1) */
+static int addr_try(struct addr_match *am, const char *s, size_t len,
+                    int decode)
+{
+    buf_reset(&am->cand);
+    buf_reset(&am->fold);
+    if (decode) {
+        if (search_decode_header(s, len, &am->cand) < 0)
+            return -1;
+        s = am->cand.s;
+        len = am->cand.len;
+    }
+    if (search_fold(s, len, &am->fold) < 0)
+        return -1;
+    return contains(am->fold.s, am->fold.len, am->needle->s,
+                    am->needle->len);
+}
+
+static int addr_cb(void *rock, const char *name, size_t namelen,
+                   const char *mailbox, size_t mailboxlen,
+                   const char *host, size_t hostlen)
+{
+    struct addr_match *am = rock;
+    struct buf a = BUF_INITIALIZER;
+    int r;
+
+    if (am->found)
+        return 0;
+    if (name && (r = addr_try(am, name, namelen, 1)) != 0) {
+        am->found = r > 0;
+        return r < 0;
+    }
+    /* mailbox@host, as it would be written without comments */
+    if (buf_append(&a, mailbox, mailboxlen) < 0
+        || (hostlen && (buf_putc(&a, '@') < 0
+                        || buf_append(&a, host, hostlen) < 0))) {
+        buf_free(&a);
+        return 1;
+    }
+    r = addr_try(am, a.s ? a.s : "", a.len, 0);
+    buf_free(&a);
+    if (r > 0)
+        am->found = 1;
+    return r < 0;
+}
+
+/* Does an address field named `name` hold the needle, in its text or in
+ * one of its parsed addresses (display name, or mailbox@host)?  RFC 3501
+ * 6.4.4 defines FROM, TO, CC and BCC on the envelope's addresses, whose
+ * text may differ from the field's (comments, folding, quoting). */
+static int match_address_field(struct msg *m, const char *name, size_t nlen,
+                               const struct buf *needle)
+{
+    const char *p = m->base, *end = m->base + m->hdr_len;
+    struct hfield f;
+    struct addr_match am;
+    int r = match_field(m, name, nlen, needle);
+
+    if (r != R_FALSE || !m->base)
+        return r;
+    memset(&am, 0, sizeof(am));
+    am.m = m;
+    am.needle = needle;
+    r = R_FALSE;
+    while (header_next(&p, end, &f)) {
+        if (f.nlen != nlen || strncasecmp(f.name, name, nlen) != 0)
+            continue;
+        if (message_addresses(f.val, f.vlen, addr_cb, &am) == MESSAGE_NOMEM
+            && !am.found) {
+            r = -STORE_NOMEM;
+            break;
+        }
+        if (am.found) {
+            r = R_TRUE;
+            break;
+        }
+    }
+    buf_free(&am.cand);
+    buf_free(&am.fold);
+    return r;
+}
+
 /* Append the decoded, folded text of a header block to out, each field
  * as "name: value" followed by NUL. */
 static int header_text(struct msg *m, const char *p, const char *end,
@@ -1321,7 +1410,9 @@ static int eval(struct ctx *c, struct msg *m, const struct node *nd, int file)
 
         if ((r = msg_load(c, m)) != STORE_OK)
             return -r;
-        return match_field(m, name, strlen(name), &nd->needle);
+        if (k->key == IMAPPARSE_S_SUBJECT)
+            return match_field(m, name, strlen(name), &nd->needle);
+        return match_address_field(m, name, strlen(name), &nd->needle);
     }
     case IMAPPARSE_S_HEADER:
         if ((r = msg_load(c, m)) != STORE_OK)

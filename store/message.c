@@ -778,6 +778,8 @@ struct addr_out {
     struct buf *out;
     size_t count;               /* addresses written */
     struct buf name, route, mailbox, host;
+    message_address_fn *fn;     /* not NULL: report, do not write */
+    void *rock;
 };
 
 /* Write one address; NULL members are NIL. */
@@ -787,6 +789,15 @@ static int addr_emit(struct addr_out *ao, const struct buf *name,
 {
     const struct buf *f[4] = { name, route, mailbox, host };
     int i;
+    if (ao->fn) {
+        ao->count++;
+        if (mailbox == NULL || host == NULL)
+            return MESSAGE_OK;          /* group start or end */
+        return ao->fn(ao->rock, name ? name->s : NULL, name ? name->len : 0,
+                      mailbox->s ? mailbox->s : "", mailbox->len,
+                      host->s ? host->s : "", host->len)
+               ? MESSAGE_NOMEM : MESSAGE_OK;
+    }
     if (put(ao->out, ao->count == 0 ? "((" : "(") != MESSAGE_OK)
         return MESSAGE_NOMEM;
     for (i = 0; i < 4; i++) {
@@ -917,7 +928,7 @@ static int put_addresses(struct buf *out, const struct message *msg,
     struct buf v = BUF_INITIALIZER;
     struct toklist tl = { NULL, 0, 0 };
     struct addr_out ao = { out, 0, BUF_INITIALIZER, BUF_INITIALIZER,
-                           BUF_INITIALIZER, BUF_INITIALIZER };
+                           BUF_INITIALIZER, BUF_INITIALIZER, NULL, NULL };
     int r;
 
     *written = 0;
@@ -935,6 +946,42 @@ static int put_addresses(struct buf *out, const struct message *msg,
         r = put(out, ")");
         *written = 1;
     }
+done:
+    free(tl.t);
+    buf_free(&v);
+    buf_free(&ao.name);
+    buf_free(&ao.route);
+    buf_free(&ao.mailbox);
+    buf_free(&ao.host);
+    return r;
+}
+
+int message_addresses(const char *value, size_t len, message_address_fn *fn,
+                      void *rock)
+{
+    struct buf v = BUF_INITIALIZER;
+    struct toklist tl = { NULL, 0, 0 };
+    struct addr_out ao = { NULL, 0, BUF_INITIALIZER, BUF_INITIALIZER,
+                           BUF_INITIALIZER, BUF_INITIALIZER, fn, rock };
+    size_t i;
+    int r = MESSAGE_OK;
+
+    if (fn == NULL || (value == NULL && len > 0))
+        return MESSAGE_BADARG;
+    /* unfold as header_get() does */
+    for (i = 0; i < len; i++) {
+        if (value[i] == '\r' || value[i] == '\n' || value[i] == '\0')
+            continue;
+        if (buf_putc(&v, (unsigned char)value[i]) < 0) {
+            r = MESSAGE_NOMEM;
+            goto done;
+        }
+    }
+    if (v.len > 0 && addr_tokenize(v.s, v.s + v.len, &tl) < 0) {
+        r = MESSAGE_NOMEM;
+        goto done;
+    }
+    r = addr_list_tokens(&ao, &tl);
 done:
     free(tl.t);
     buf_free(&v);

@@ -96,6 +96,20 @@ size_t message_part_count(const struct message *msg);
  * it back to its old length). */
 int message_write_envelope(const struct message *msg, struct buf *out);
 
+/* The addresses of an address-list header value (From, To, Cc, ...), as
+ * the ENVELOPE parses them: fn is called once per address with its
+ * display name (NULL when none; quoted strings unquoted, comments
+ * dropped, encoded words left as they are), its local part and its
+ * domain (empty when none), none NUL-terminated.  Group names are not
+ * reported.  value may hold folding line breaks.  fn returns 0, or
+ * nonzero to stop (then MESSAGE_NOMEM is returned).  Returns MESSAGE_OK,
+ * MESSAGE_NOMEM, or MESSAGE_BADARG (fn NULL, value NULL with len > 0). */
+typedef int message_address_fn(void *rock, const char *name, size_t namelen,
+                               const char *mailbox, size_t mailboxlen,
+                               const char *host, size_t hostlen);
+int message_addresses(const char *value, size_t len, message_address_fn *fn,
+                      void *rock);
+
 /* Append the body structure: extended != 0 for BODYSTRUCTURE (with the
  * extension data), 0 for BODY.  Returns as message_write_envelope(). */
 int message_write_body(const struct message *msg, int extended,

@@ -819,6 +819,56 @@ def test_search():
         close(m)
 
 
+def test_search_addresses():
+    """FROM/TO/CC/BCC match the parsed addresses of the ENVELOPE (RFC
+    3501 6.4.4) as well as the field text: comments inside an address,
+    a folded quoted display name, an encoded-word name."""
+    i = inst()
+    i.create("user.alice.SearchAddr")
+    msgs = [
+        b"From: <user-from (comment)@ (comment) domain.org>\r\n"
+        b"To: \"Dora\r\n Quoted\" <dora @ example.net>\r\n"
+        b"Subject: one\r\n\r\nbody\r\n",
+        b"From: =?UTF-8?Q?J=C3=B6rg?= <joerg@example.de>\r\n"
+        b"Cc: list: carl (Carl C) @ example.org, ann@example.com;\r\n"
+        b"Bcc: x.y(c)@(c)z.example\r\n"
+        b"Subject: two\r\n\r\nbody\r\n",
+    ]
+    for m in msgs:
+        i.mbtool("deliver", "-m", "SearchAddr", "alice", input=m)
+    with Raw(i.addr()) as c:
+        raw_login(c)
+        ok(c.cmd("a1", "SELECT INBOX.SearchAddr"), "a1")
+        r = ok(c.cmd("a2", "FETCH 1 ENVELOPE"), "a2")
+        check(b'((NIL NIL "user-from" "domain.org"))' in r[0],
+              "ENVELOPE %r" % r[0])
+        cases = [
+            ("SEARCH FROM user-from@domain.org", b"* SEARCH 1"),
+            ("SEARCH FROM USER-FROM@DOMAIN.ORG", b"* SEARCH 1"),
+            ("SEARCH FROM comment", b"* SEARCH 1"),      # the field text
+            ("SEARCH TO dora@example.net", b"* SEARCH 1"),
+            ('SEARCH TO "Dora Quoted"', b"* SEARCH 1"),
+            ("SEARCH CC carl@example.org", b"* SEARCH 2"),
+            ("SEARCH CC ann@example.com", b"* SEARCH 2"),
+            ("SEARCH BCC x.y@z.example", b"* SEARCH 2"),
+            ("SEARCH NOT BCC x.y@z.example", b"* SEARCH 1"),
+            ("SEARCH FROM joerg@example.de", b"* SEARCH 2"),
+            ("SEARCH TO user-from@domain.org", b"* SEARCH"),
+            ("UID SEARCH OR FROM user-from@domain.org CC carl@example.org",
+             b"* SEARCH 1 2"),
+        ]
+        for n, (cmd, want) in enumerate(cases):
+            tag = "t%d" % n
+            r = ok(c.cmd(tag, cmd), tag)
+            check(r[0] == want, "%s: %r, want %r" % (cmd, r, want))
+        word = "J\u00d6RG".encode("utf-8")
+        c.send(b"u0 SEARCH CHARSET UTF-8 FROM {%d+}\r\n%s\r\n"
+               % (len(word), word))
+        r = c.until_tagged("u0")
+        check(r[0] == b"* SEARCH 2" and r[-1].startswith(b"u0 OK"),
+              "encoded-word display name %r" % r)
+
+
 def test_store_expunge_two_sessions():
     i = inst()
     i.create("user.alice.Two")
@@ -1417,6 +1467,7 @@ if __name__ == "__main__":
         test_select_examine_close,
         test_fetch,
         test_search,
+        test_search_addresses,
         test_store_expunge_two_sessions,
         test_seen_per_user,
         test_recent,
