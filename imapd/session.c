@@ -1090,7 +1090,8 @@ out:
 
 struct imap_lsub_rock {
     struct imap_session *s;
-    const char *pattern;
+    struct strarray ext;         /* subscribed names, client form */
+    struct strarray flags;       /* "" or "\\Noselect", one per name */
 };
 
 static int imap_lsub_one(void *rock, const char *mailbox)
@@ -1103,15 +1104,46 @@ static int imap_lsub_one(void *rock, const char *mailbox)
 
     if (imap_to_external(s, mailbox, &ext) != STORE_OK)
         goto out;
-    if (!mboxname_match(lr->pattern, buf_cstring(&ext), s->srv->sep))
-        goto out;
     visible = imap_lookup(s, mailbox, 0, &e) == STORE_OK;
     mboxlist_entry_free(&e);
-    imap_list_line(s, "LSUB", visible ? "" : "\\Noselect",
-                   buf_cstring(&ext));
+    if (strarray_append(&lr->ext, buf_cstring(&ext)) == 0 &&
+        strarray_append(&lr->flags, visible ? "" : "\\Noselect") != 0)
+        strarray_remove(&lr->ext, lr->ext.count - 1);
 out:
     buf_free(&ext);
     return 0;
+}
+
+/* The subscribed names that match the pattern; with '%' in it also the
+ * levels above subscribed names that match where the names do not, as
+ * \Noselect (RFC 3501 6.3.9: "foo" for "foo.bar" under "%"). */
+static void imap_lsub_send(struct imap_session *s, struct imap_lsub_rock *lr,
+                           const char *pat)
+{
+    struct strarray shown = STRARRAY_INITIALIZER;
+    struct buf anc = BUF_INITIALIZER;
+    char sep = s->srv->sep;
+    int pct = strchr(pat, '%') != NULL;
+
+    for (size_t i = 0; i < lr->ext.count; i++) {
+        const char *ext = lr->ext.data[i];
+
+        if (pct) {
+            for (const char *c = strchr(ext, sep); c; c = strchr(c + 1, sep)) {
+                buf_setmap(&anc, ext, (size_t)(c - ext));
+                if (strarray_find(&lr->ext, buf_cstring(&anc)) >= 0 ||
+                    strarray_find(&shown, buf_cstring(&anc)) >= 0 ||
+                    !mboxname_match(pat, buf_cstring(&anc), sep))
+                    continue;
+                imap_list_line(s, "LSUB", "\\Noselect", buf_cstring(&anc));
+                strarray_append(&shown, buf_cstring(&anc));
+            }
+        }
+        if (mboxname_match(pat, ext, sep))
+            imap_list_line(s, "LSUB", lr->flags.data[i], ext);
+    }
+    strarray_fini(&shown);
+    buf_free(&anc);
 }
 
 static int imap_subs_open(struct imap_session *s, struct subs_db **sub_r)
@@ -1142,14 +1174,18 @@ static void imap_cmd_lsub(struct imap_session *s)
         return;
     }
     imap_list_pattern(s, &pat);
+    memset(&lr, 0, sizeof(lr));
     lr.s = s;
-    lr.pattern = buf_cstring(&pat);
     r = subs_list(sub, "*", imap_lsub_one, &lr);
-    if (r != STORE_OK)
+    if (r != STORE_OK) {
         imap_store_no(s, r);
-    else
+    } else {
+        imap_lsub_send(s, &lr, buf_cstring(&pat));
         imap_tagged(s, "OK", "LSUB completed");
+    }
     subs_close(&sub);
+    strarray_fini(&lr.ext);
+    strarray_fini(&lr.flags);
     buf_free(&pat);
 }
 

@@ -416,6 +416,34 @@ def test_subscribe_lsub():
         close(m)
 
 
+def test_lsub_percent_parents():
+    """LSUB with '%': a level above a subscribed name, not subscribed
+    itself, is answered \\Noselect where the pattern stops at it (RFC
+    3501 6.3.9); '*' lists only the subscribed names."""
+    i = inst()
+    i.create("user.alice.x.a.b")
+    with Raw(i.addr()) as c:
+        raw_login(c)
+        ok(c.cmd("s1", "SUBSCRIBE INBOX.x.a.b"), "s1")
+        r = c.cmd("s2", 'LSUB "" INBOX.x.%')
+        check(r == [b'* LSUB (\\Noselect) "." "INBOX.x.a"',
+                    b"s2 OK LSUB completed"], "LSUB INBOX.x.%% %r" % r)
+        r = c.cmd("s3", 'LSUB "INBOX.x." %')
+        check(r == [b'* LSUB (\\Noselect) "." "INBOX.x.a"',
+                    b"s3 OK LSUB completed"], "LSUB INBOX.x. %% %r" % r)
+        r = c.cmd("s4", 'LSUB "" INBOX.x.a.%')
+        check(r == [b'* LSUB () "." "INBOX.x.a.b"',
+                    b"s4 OK LSUB completed"], "LSUB INBOX.x.a.%% %r" % r)
+        r = c.cmd("s5", 'LSUB "" INBOX.x.*')
+        check(r == [b'* LSUB () "." "INBOX.x.a.b"',
+                    b"s5 OK LSUB completed"], "LSUB INBOX.x.* %r" % r)
+        r = c.cmd("s6", 'LSUB "" INBOX.y.%')
+        check(r == [b"s6 OK LSUB completed"], "LSUB INBOX.y.%% %r" % r)
+        ok(c.cmd("s7", "UNSUBSCRIBE INBOX.x.a.b"), "s7")
+        r = c.cmd("s8", 'LSUB "" INBOX.x.%')
+        check(r == [b"s8 OK LSUB completed"], "after UNSUBSCRIBE %r" % r)
+
+
 def test_status():
     i = inst()
     msg = (b"From: a@example.com\r\nTo: alice@example.com\r\n"
@@ -1462,6 +1490,7 @@ if __name__ == "__main__":
         test_list_and_acl,
         test_create_delete_rename,
         test_subscribe_lsub,
+        test_lsub_percent_parents,
         test_status,
         test_misc_authenticated,
         test_select_examine_close,
