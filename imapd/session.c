@@ -401,7 +401,7 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
 
     buf_reset(out);
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
-                        "IDLE UIDPLUS MOVE CONDSTORE");
+                        "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN");
     if (s->state == IMAP_NOTAUTH) {
         if (s->srv->tls && !prot_is_tls(s->p))
             buf_appendcstr(out, " STARTTLS");

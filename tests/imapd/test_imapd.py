@@ -119,7 +119,8 @@ def test_greeting_capability():
         caps = m.group(1).split()
         for cap in (b"IMAP4rev1", b"LITERAL+", b"SASL-IR", b"ID", b"ENABLE",
                     b"NAMESPACE", b"IDLE", b"UIDPLUS", b"MOVE",
-                    b"CONDSTORE", b"STARTTLS", b"LOGINDISABLED"):
+                    b"CONDSTORE", b"UNSELECT", b"CHILDREN", b"STARTTLS",
+                    b"LOGINDISABLED"):
             check(cap in caps, "%r not in greeting capabilities %r"
                   % (cap, caps))
         # plaintext mechanisms are not offered without TLS
