@@ -446,6 +446,70 @@ static int mbx_remove_stale_messages(const char *dir)
     return r;
 }
 
+/* A new uidvalidity: max(now, last + 1), where last is the one given
+ * out before by any process of this configuration.  It is kept in
+ * CONFIGDIR/MAILBOX_UIDVALIDITY_FNAME, read, raised and written back
+ * (synced) under an exclusive fcntl lock, so that a name deleted and
+ * created again, even within one second or after a restart, never gets a
+ * uidvalidity it had before (RFC 3501 2.3.1.1).  Without configdirectory
+ * (tools on a bare spool) only this process's last value is known. */
+static int mbx_next_uidvalidity(const struct imapconf *conf, uint32_t *uv_r)
+{
+    static uint32_t proc_last;
+    const char *confdir = imapconf_getstring(conf, "configdirectory");
+    struct buf path = BUF_INITIALIZER;
+    char text[32];
+    uint32_t last = proc_last, uv;
+    ssize_t n;
+    int fd = -1, r = STORE_OK, e;
+
+    if (confdir && *confdir) {
+        buf_printf(&path, "%s/%s", confdir, MAILBOX_UIDVALIDITY_FNAME);
+        fd = open(buf_cstring(&path), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0 || fs_lock(fd, F_WRLCK, 1) < 0) {
+            e = errno;
+            log_error("mailbox: uidvalidity counter failed file=<%s> "
+                      "error=<%s>", buf_cstring(&path), strerror(e));
+            r = mbx_errno(e);
+            goto out;
+        }
+        n = pread(fd, text, sizeof(text) - 1, 0);
+        if (n > 0) {
+            unsigned long v;
+
+            text[n] = '\0';
+            v = strtoul(text, NULL, 10);
+            if (v <= UINT32_MAX && (uint32_t)v > last)
+                last = (uint32_t)v;
+        }
+    }
+    uv = (uint32_t)time(NULL);
+    if (uv <= last)
+        uv = last + 1;
+    if (uv == 0)
+        uv = 1;                 /* wrapped: 0 means "none" */
+    if (fd >= 0) {
+        int len = snprintf(text, sizeof(text), "%u\n", (unsigned)uv);
+
+        if (ftruncate(fd, 0) < 0
+            || fs_pwrite_all(fd, text, (size_t)len, 0) < 0
+            || fsync(fd) < 0) {
+            e = errno;
+            log_error("mailbox: uidvalidity counter write failed file=<%s> "
+                      "error=<%s>", buf_cstring(&path), strerror(e));
+            r = mbx_errno(e);
+            goto out;
+        }
+    }
+    proc_last = uv;
+    *uv_r = uv;
+out:
+    if (fd >= 0)
+        close(fd);              /* releases the lock */
+    buf_free(&path);
+    return r;
+}
+
 int mailbox_create(const struct imapconf *conf, const char *name,
                    const char *partition, const char *uniqueid,
                    uint32_t uidvalidity)
@@ -506,7 +570,12 @@ int mailbox_create(const struct imapconf *conf, const char *name,
     /* the index: both slots valid, generation 1 current */
     memset(area, 0, sizeof(area));
     memset(&s, 0, sizeof(s));
-    s.uidvalidity = uidvalidity ? uidvalidity : (uint32_t)time(NULL);
+    if (uidvalidity == 0) {
+        r = mbx_next_uidvalidity(conf, &uidvalidity);
+        if (r)
+            goto out;
+    }
+    s.uidvalidity = uidvalidity;
     s.uidnext = 1;
     s.generation = 0;
     mbx_slot_encode(&s, area + MBX_SLOT_SIZE);
@@ -2990,8 +3059,13 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
     }
 
     memset(&ns, 0, sizeof(ns));
-    ns.uidvalidity = have_old && os.uidvalidity ? os.uidvalidity
-                                                : (uint32_t)time(NULL);
+    if (have_old && os.uidvalidity) {
+        ns.uidvalidity = os.uidvalidity;
+    } else {
+        r = mbx_next_uidvalidity(conf, &ns.uidvalidity);
+        if (r)
+            goto out;
+    }
     ns.uidnext = have_old ? os.uidnext : 1;
     if (ns.uidnext <= maxuid)
         ns.uidnext = maxuid + 1;

@@ -52,6 +52,8 @@
 #include "store/commit.h"
 
 #define MAILBOX_INDEX_FNAME "cyrus.index"
+/* In configdirectory: the last uidvalidity given out (decimal text) */
+#define MAILBOX_UIDVALIDITY_FNAME "mailboxes.uidvalidity"
 #define MAILBOX_HEADER_FNAME "cyrus.header"
 #define MAILBOX_DIGEST_LEN 20   /* SHA-1 */
 #define MAILBOX_USER_FLAGS 128
@@ -105,7 +107,10 @@ struct mailbox_msginfo {
 };
 
 /* Create the spool directory, an empty cyrus.header and cyrus.index
- * (uidvalidity = `uidvalidity`, or the current time when 0; uidnext 1),
+ * (uidvalidity = `uidvalidity`, or when 0 a new one: the current time,
+ * or one more than the last given out when that is not smaller; kept in
+ * CONFIGDIR/mailboxes.uidvalidity, synced before the index is made, so
+ * that it never repeats for a name; uidnext 1),
  * and sync the files and directories.  An existing directory holding no
  * index is reused (the orphan of an interrupted create or delete: message
  * files left in it are removed); one holding an index gives STORE_EXISTS.
@@ -286,7 +291,8 @@ int mailbox_check(struct mailbox *mb, struct buf *problem);
  * "N." file becomes a record (size, header size and digest from the file,
  * internal date from its mtime); flags and modseq are kept from the old
  * index where its record for that uid is intact and the digest matches.
- * uidvalidity kept from a valid old header (else now), uidnext =
+ * uidvalidity kept from a valid old header (else a new one, as
+ * mailbox_create() gives), uidnext =
  * max(old uidnext, highest uid + 1).  The new index is written beside,
  * synced and renamed over.  Needs no open handle and takes the exclusive
  * lock on the old index when there is one.  Quota is recomputed for the

@@ -1468,6 +1468,51 @@ def test_log_lines_printable():
         check(b"FAKE-MECH" in data, "the unknown mechanism was not logged")
 
 
+def _uidvalidity_round(c, tag, name):
+    """CREATE name, its UIDVALIDITY from STATUS, DELETE name."""
+    ok(c.cmd(tag + "c", "CREATE " + name), tag + "c")
+    r = ok(c.cmd(tag + "s", "STATUS %s (UIDVALIDITY UIDNEXT)" % name),
+           tag + "s")
+    m = re.match(rb'^\* STATUS "?%s"? \(UIDVALIDITY (\d+) UIDNEXT 1\)$'
+                 % re.escape(name.encode()), r[0])
+    check(m is not None, "STATUS %r" % r)
+    ok(c.cmd(tag + "d", "DELETE " + name), tag + "d")
+    return int(m.group(1))
+
+
+def test_uidvalidity_never_repeats():
+    """A name deleted and created again, many times within a second and
+    across a restart of the server, gets a new, larger UIDVALIDITY each
+    time (RFC 3501 2.3.1.1): otherwise UID 1 of the new mailbox would name
+    a different message under the same UIDVALIDITY."""
+    i = ImapInstance("uidval", conf={"allowplaintext": "yes"},
+                     tls=True, sasl=(ALICE, ALICE_PW))
+    with i:
+        i.create("user.alice")
+        i.write_cyrus_conf(imaps=False)
+        i.start()
+        seen = []
+        with Raw(i.addr()) as c:
+            c.line()
+            ok(c.cmd("L0", "LOGIN alice " + ALICE_PW), "L0")
+            for n in range(20):
+                seen.append(_uidvalidity_round(c, "u%d" % n, "INBOX.uv"))
+            # another name draws from the same sequence
+            seen.append(_uidvalidity_round(c, "w0", "INBOX.other"))
+        check(all(a < b for a, b in zip(seen, seen[1:])),
+              "UIDVALIDITY not strictly increasing: %r" % seen)
+        check(not i.stop(), "master stop")
+        if os.path.exists(i.statusfile):
+            os.unlink(i.statusfile)
+        i.start()
+        with Raw(i.addr()) as c:
+            c.line()
+            ok(c.cmd("L0", "LOGIN alice " + ALICE_PW), "L0")
+            after = _uidvalidity_round(c, "r0", "INBOX.uv")
+        check(after > seen[-1], "UIDVALIDITY after a restart %d, before "
+              "%d" % (after, seen[-1]))
+
+
 def _log_bytes(i):
     with open(i.logfile, "rb") as f:
         return f.read()
@@ -1509,6 +1554,7 @@ if __name__ == "__main__":
         test_bad_input,
         test_sigterm_idle_client,
         test_log_lines_printable,
+        test_uidvalidity_never_repeats,
     ])
     try:
         finish()
