@@ -817,8 +817,10 @@ struct mailbox {
     int fd;                    /* cyrus.index, the only one in the process */
     dev_t dev;
     ino_t ino;
-    dev_t hdr_dev;             /* cyrus.header as last read */
+    dev_t hdr_dev;             /* cyrus.header as last read: inode */
     ino_t hdr_ino;
+    off_t hdr_size;            /* and size and change time: a replaced */
+    struct timespec hdr_ctime; /* file's inode number may be reused */
     char *flags[MAILBOX_USER_FLAGS];
     int locktype;              /* 0 or enum mailbox_locktype */
     struct mbx_slot slot;      /* the current header */
@@ -1077,6 +1079,22 @@ static int mbx_atom_ok(const char *s, size_t len)
 
 /* Read cyrus.header into the handle.  STORE_CORRUPT when it does not
  * parse, STORE_NOTFOUND when missing. */
+static void mbx_header_remember(struct mailbox *mb, const struct stat *sb)
+{
+    mb->hdr_dev = sb->st_dev;
+    mb->hdr_ino = sb->st_ino;
+    mb->hdr_size = sb->st_size;
+    mb->hdr_ctime = sb->st_ctim;
+}
+
+static int mbx_header_same(const struct mailbox *mb, const struct stat *sb)
+{
+    return sb->st_ino == mb->hdr_ino && sb->st_dev == mb->hdr_dev &&
+           sb->st_size == mb->hdr_size &&
+           sb->st_ctim.tv_sec == mb->hdr_ctime.tv_sec &&
+           sb->st_ctim.tv_nsec == mb->hdr_ctime.tv_nsec;
+}
+
 static int mbx_load_header_file(struct mailbox *mb)
 {
     char *flags[MAILBOX_USER_FLAGS];
@@ -1161,8 +1179,7 @@ static int mbx_load_header_file(struct mailbox *mb)
     memcpy(mb->flags, flags, sizeof(flags));
     free(mb->uniqueid);
     mb->uniqueid = uniqueid;
-    mb->hdr_dev = sb.st_dev;
-    mb->hdr_ino = sb.st_ino;
+    mbx_header_remember(mb, &sb);
     return STORE_OK;
 
 corrupt_flags:
@@ -1174,14 +1191,17 @@ corrupt:
     return STORE_CORRUPT;
 }
 
-/* Re-read cyrus.header when another process replaced it. */
+/* Re-read cyrus.header when another process replaced it.  The inode
+ * alone does not tell: the number of a file replaced a moment ago is
+ * often given to the next one; the size (keywords are only added) and
+ * the change time (nanoseconds) go with it. */
 static int mbx_refresh_header_file(struct mailbox *mb)
 {
     struct stat sb;
 
     if (stat(mb->header_path, &sb) < 0)
         return errno == ENOENT ? STORE_CORRUPT : STORE_IOERROR;
-    if (sb.st_ino == mb->hdr_ino && sb.st_dev == mb->hdr_dev)
+    if (mbx_header_same(mb, &sb))
         return STORE_OK;
     return mbx_load_header_file(mb);
 }
@@ -2049,13 +2069,15 @@ int mailbox_user_flag(struct mailbox *mb, const char *name, int create,
 {
     size_t len;
     struct stat sb;
-    int i, freeslot = -1, r;
+    int i, freeslot = -1, r, reread = 0;
 
     if (!mb || !name || !num_r)
         return STORE_INTERNAL;
     len = strnlen(name, 101);
     if (!mbx_atom_ok(name, len))
         return STORE_BADNAME;
+again:
+    freeslot = -1;
     for (i = 0; i < MAILBOX_USER_FLAGS; i++) {
         if (!mb->flags[i]) {
             if (freeslot < 0)
@@ -2071,6 +2093,15 @@ int mailbox_user_flag(struct mailbox *mb, const char *name, int create,
         return STORE_NOTFOUND;
     if (mb->locktype != MAILBOX_LOCK_EXCLUSIVE)
         return STORE_INTERNAL;
+    if (!reread) {
+        /* the names as on disk now, under the exclusive lock, before a
+         * slot is taken: never one another process has just defined */
+        reread = 1;
+        r = mbx_load_header_file(mb);
+        if (r)
+            return r;
+        goto again;
+    }
     if (freeslot < 0)
         return STORE_OVERQUOTA;
     mb->flags[freeslot] = strndup(name, len);
@@ -2083,10 +2114,8 @@ int mailbox_user_flag(struct mailbox *mb, const char *name, int create,
         mb->flags[freeslot] = NULL;
         return r;
     }
-    if (stat(mb->header_path, &sb) == 0) {
-        mb->hdr_dev = sb.st_dev;
-        mb->hdr_ino = sb.st_ino;
-    }
+    if (stat(mb->header_path, &sb) == 0)
+        mbx_header_remember(mb, &sb);
     *num_r = freeslot;
     return STORE_OK;
 }
