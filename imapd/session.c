@@ -345,6 +345,7 @@ static void imap_tagged(struct imap_session *s, const char *status,
 static void imap_update(struct imap_session *s);
 static size_t imap_recent_mark(struct imap_session *s);
 static void imap_flags_lines(struct imap_session *s, struct buf *out);
+static void imap_permflags_line(struct imap_session *s, struct buf *out);
 
 static void imap_tagged(struct imap_session *s, const char *status,
                         const char *fmt, ...)
@@ -1756,23 +1757,11 @@ static void imap_cmd_select(struct imap_session *s, int examine)
                     ACL_INSERT));
     if (s->cmd.condstore)
         s->condstore = 1;
-    if (s->sel_readonly)
-        prot_puts(s->p, "* OK [PERMANENTFLAGS ()] Read-only mailbox\r\n");
-    else {
-        /* flags separated by single spaces, none at the end (RFC 3501
-         * flag-perm list) */
+    {
         struct buf pf = BUF_INITIALIZER;
 
-        if (rights & ACL_WRITE)
-            buf_appendcstr(&pf, " \\Answered \\Flagged \\Draft");
-        if (rights & ACL_DELETEMSG)
-            buf_appendcstr(&pf, " \\Deleted");
-        if (rights & ACL_SEEN)
-            buf_appendcstr(&pf, " \\Seen");
-        if (rights & ACL_WRITE)
-            buf_appendcstr(&pf, " \\*");
-        prot_printf(s->p, "* OK [PERMANENTFLAGS (%s)] Ok\r\n",
-                    pf.len ? buf_cstring(&pf) + 1 : "");
+        imap_permflags_line(s, &pf);
+        prot_write(s->p, pf.s, pf.len);
         buf_free(&pf);
     }
     s->recent_base = s->seen.lastuid;
@@ -1994,8 +1983,8 @@ static void imap_send_flags(struct imap_session *s, size_t seq,
     buf_appendcstr(out, ")\r\n");
 }
 
-/* The FLAGS and PERMANENTFLAGS lines (SELECT, and when a keyword was
- * defined: RFC 3501 7.2.6). */
+/* The FLAGS line (SELECT, and when a keyword was defined: RFC 3501
+ * 7.2.6); remembers how many keywords the client now knows. */
 static void imap_flags_lines(struct imap_session *s, struct buf *out)
 {
     int n = 0;
@@ -2014,6 +2003,61 @@ static void imap_flags_lines(struct imap_session *s, struct buf *out)
     s->nkeywords = n;
 }
 
+/* The PERMANENTFLAGS line for the selected mailbox and the user's rights
+ * there (the keywords defined and \* with the w right). */
+static void imap_permflags_line(struct imap_session *s, struct buf *out)
+{
+    uint32_t rights = s->sel_rights;
+    size_t start;
+
+    if (s->sel_readonly) {
+        buf_appendcstr(out, "* OK [PERMANENTFLAGS ()] Read-only mailbox\r\n");
+        return;
+    }
+    /* flags separated by single spaces, none at the end (RFC 3501
+     * flag-perm list) */
+    buf_appendcstr(out, "* OK [PERMANENTFLAGS (");
+    start = out->len;
+    if (rights & ACL_WRITE)
+        buf_appendcstr(out, " \\Answered \\Flagged \\Draft");
+    if (rights & ACL_DELETEMSG)
+        buf_appendcstr(out, " \\Deleted");
+    if (rights & ACL_SEEN)
+        buf_appendcstr(out, " \\Seen");
+    if (rights & ACL_WRITE) {
+        for (int i = 0; i < MAILBOX_USER_FLAGS; i++) {
+            const char *f = mailbox_user_flag_name(s->sel, i);
+
+            if (f)
+                buf_printf(out, " %s", f);
+        }
+        buf_appendcstr(out, " \\*");
+    }
+    if (out->len > start) {
+        /* drop the leading space */
+        memmove(out->s + start, out->s + start + 1, out->len - start - 1);
+        out->len--;
+    }
+    buf_appendcstr(out, ")] Ok\r\n");
+}
+
+/* Under a lock of s->sel, before any response that may name a keyword:
+ * when keywords were defined since the client was last told, FLAGS and
+ * PERMANENTFLAGS into out, so that no FETCH FLAGS names a keyword the
+ * client has not seen announced. */
+static void imap_keywords_announce(struct imap_session *s, struct buf *out)
+{
+    int nkw = 0;
+
+    for (int k = 0; k < MAILBOX_USER_FLAGS; k++)
+        if (mailbox_user_flag_name(s->sel, k))
+            nkw++;
+    if (nkw != s->nkeywords) {
+        imap_flags_lines(s, out);
+        imap_permflags_line(s, out);
+    }
+}
+
 /* Under a lock of s->sel: compare the index with the client's view and
  * put into out FLAGS when keywords were defined, FETCH FLAGS for changed
  * messages, EXPUNGE for removed ones (when allow_expunge; else they stay
@@ -2024,13 +2068,9 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
 {
     uint32_t visible = mailbox_get_header(s->sel)->visible;
     size_t i = 0, oldn = s->nmsgs;
-    int r = STORE_OK, nkw = 0;
+    int r = STORE_OK;
 
-    for (int k = 0; k < MAILBOX_USER_FLAGS; k++)
-        if (mailbox_user_flag_name(s->sel, k))
-            nkw++;
-    if (nkw != s->nkeywords)
-        imap_flags_lines(s, out);
+    imap_keywords_announce(s, out);
 
     for (uint32_t recno = 0; recno < visible; recno++) {
         struct mailbox_record rec;
@@ -2417,6 +2457,9 @@ static void imap_cmd_fetch(struct imap_session *s)
         imap_store_no(s, r);
         return;
     }
+    /* keywords defined by others since the last update: announced before
+     * a FETCH response names them */
+    imap_keywords_announce(s, &out);
     for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
         struct imap_fetch_item *it = &items[nitems];
         uint32_t recno, idxseen;
@@ -2467,6 +2510,8 @@ static void imap_cmd_fetch(struct imap_session *s)
         r = imap_seen_write(s);
     else if (seenchanged)
         imap_seen_reload(s);    /* forget the unwritten change */
+    if (out.len)
+        prot_write(s->p, out.s, out.len);
     for (size_t n = 0; n < nitems && r == STORE_OK; n++) {
         struct imap_fetch_item *it = &items[n];
         struct imap_msg *m = &s->msgs[it->idx];
@@ -2644,6 +2689,8 @@ static void imap_cmd_store(struct imap_session *s)
         imap_tagged(s, "NO", "[NOPERM] Permission denied for these flags");
         return;
     }
+    /* a keyword just defined is announced before the FETCH responses */
+    imap_keywords_announce(s, &resp);
     for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
         struct imap_msg *m = &s->msgs[i];
         struct mailbox_record rec, old;

@@ -28,6 +28,7 @@ import imaplib
 import os
 import re
 import sys
+import threading
 
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -916,9 +917,15 @@ def test_store_expunge_two_sessions():
         check(r[0] == b"* 1 FETCH (FLAGS (\\Flagged) UID 1)", "NOOP %r" % r)
         r = ok(a.cmd("a3", "STORE 2 +FLAGS.SILENT (\\Deleted)"), "a3")
         check(len(r) == 1, ".SILENT %r" % r)
+        # a new keyword is announced (FLAGS, PERMANENTFLAGS) before the
+        # FETCH response that names it
         r = ok(a.cmd("a4", "UID STORE 1 FLAGS (\\Seen $Work)"), "a4")
-        check(r[0] == b"* 1 FETCH (FLAGS (\\Seen \\Recent $Work) UID 1)",
-              "%r" % r)
+        check(r == [b"* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft "
+                    b"$Work)",
+                    b"* OK [PERMANENTFLAGS (\\Answered \\Flagged \\Draft "
+                    b"\\Deleted \\Seen $Work \\*)] Ok",
+                    b"* 1 FETCH (FLAGS (\\Seen \\Recent $Work) UID 1)",
+                    b"a4 OK UID STORE completed"], "%r" % r)
         r = ok(a.cmd("a5", "STORE 1 -FLAGS ($Work)"), "a5")
         check(r[0] == b"* 1 FETCH (FLAGS (\\Seen \\Recent) UID 1)", "%r" % r)
         # the other session learns of the new keyword and the changes
@@ -956,6 +963,121 @@ def test_store_expunge_two_sessions():
         r = ok(a.cmd("a12", "STATUS INBOX.Two (MESSAGES)"), "a12")
         check(b"(MESSAGES 2)" in r[0], "%r" % r)
     i.mbtool("check", "user.alice.Two")
+
+
+class KeywordTracker:
+    """Client-side check of one session's responses: every keyword a
+    FETCH FLAGS names must have been announced by an earlier FLAGS."""
+
+    FETCH_FLAGS = re.compile(rb"^\* \d+ FETCH \(.*?FLAGS \(([^)]*)\)")
+
+    def __init__(self, name):
+        self.name = name
+        self.known = None       # until the SELECT's FLAGS
+        self.fetches = 0
+
+    def feed(self, lines):
+        for ln in lines:
+            if ln.startswith(b"* FLAGS ("):
+                self.known = set(ln[len(b"* FLAGS ("):-1].split())
+                continue
+            m = self.FETCH_FLAGS.match(ln)
+            if not m:
+                continue
+            self.fetches += 1
+            kws = {f for f in m.group(1).split() if not f.startswith(b"\\")}
+            check(self.known is not None and kws <= self.known,
+                  "%s: FETCH names keywords %r not announced by FLAGS "
+                  "(known %r): %r" % (self.name, sorted(kws - (self.known
+                                                              or set())),
+                                      sorted(self.known or ()), ln))
+        return lines
+
+
+def test_keyword_announced_before_use():
+    """A keyword defined by STORE is announced with FLAGS and
+    PERMANENTFLAGS before any FETCH response names it: in the session
+    that stored it and in another session, whether that one learns of it
+    from a FETCH or from its updates; then under concurrent STOREs of new
+    keywords from several sessions while another polls with NOOP and
+    FETCH, no FETCH FLAGS of any session names a keyword its FLAGS did
+    not announce."""
+    i = inst()
+    i.create("user.alice.Kw")
+    for n in range(6):
+        i.mbtool("deliver", "-D", "-m", "Kw", "alice",
+                 input=b"Subject: %d\r\n\r\nbody %d\r\n" % (n, n))
+    base = (b"* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft%s)",
+            b"* OK [PERMANENTFLAGS (\\Answered \\Flagged \\Draft \\Deleted "
+            b"\\Seen%s \\*)] Ok")
+    with Raw(i.addr()) as a, Raw(i.addr()) as b:
+        raw_login(a)
+        raw_login(b)
+        ok(a.cmd("a1", "SELECT INBOX.Kw"), "a1")
+        ok(b.cmd("b1", "SELECT INBOX.Kw"), "b1")
+        r = ok(a.cmd("a2", "STORE 1 +FLAGS ($one)"), "a2")
+        check(r == [base[0] % b" $one", base[1] % b" $one",
+                    b"* 1 FETCH (FLAGS (\\Recent $one) UID 1)",
+                    b"a2 OK STORE completed"], "STORE $one %r" % r)
+        # b asks for the flags before any update told it of $one
+        r = ok(b.cmd("b2", "FETCH 1 FLAGS"), "b2")
+        check(r == [base[0] % b" $one", base[1] % b" $one",
+                    b"* 1 FETCH (FLAGS ($one))",
+                    b"b2 OK FETCH completed"], "FETCH after $one %r" % r)
+        r = ok(a.cmd("a3", "STORE 2 +FLAGS.SILENT ($two)"), "a3")
+        check(r == [base[0] % b" $one $two", base[1] % b" $one $two",
+                    b"a3 OK STORE completed"], "STORE.SILENT $two %r" % r)
+        # b learns of $two from its update: FLAGS first
+        r = ok(b.cmd("b3", "NOOP"), "b3")
+        check(r == [base[0] % b" $one $two", base[1] % b" $one $two",
+                    b"* 2 FETCH (FLAGS ($two) UID 2)",
+                    b"b3 OK NOOP completed"], "NOOP after $two %r" % r)
+
+    # concurrent load
+    writers, rounds = 4, 8
+    errors = []
+    done = threading.Event()
+
+    def writer(w):
+        try:
+            with Raw(i.addr()) as c:
+                raw_login(c)
+                kt = KeywordTracker("writer %d" % w)
+                kt.feed(ok(c.cmd("s", "SELECT INBOX.Kw"), "s"))
+                for n in range(rounds):
+                    tag = "w%d" % n
+                    kt.feed(ok(c.cmd(tag, "STORE %d +FLAGS ($w%d_%d)"
+                                     % (n % 6 + 1, w, n)), tag))
+                    if n % 3 == 2:
+                        kt.feed(ok(c.cmd(tag + "f", "FETCH 1:* FLAGS"),
+                                   tag + "f"))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with Raw(i.addr()) as p:
+        raw_login(p)
+        poll = KeywordTracker("poller")
+        poll.feed(ok(p.cmd("p0", "SELECT INBOX.Kw"), "p0"))
+        threads = [threading.Thread(target=writer, args=(w,))
+                   for w in range(writers)]
+        for t in threads:
+            t.start()
+        n = 0
+        while any(t.is_alive() for t in threads):
+            tag = "p%d" % n
+            poll.feed(ok(p.cmd(tag, "NOOP" if n % 2 else "FETCH 1:6 FLAGS"),
+                         tag))
+            n += 1
+        for t in threads:
+            t.join(60)
+        done.set()
+        check(not errors, "writers: %r" % errors[:3])
+        poll.feed(ok(p.cmd("pz", "FETCH 1:* FLAGS"), "pz"))
+        want = {b"$w%d_%d" % (w, k) for w in range(writers)
+                for k in range(rounds)}
+        check(want <= poll.known, "keywords missing from FLAGS: %r"
+              % sorted(want - poll.known))
+        check(poll.fetches > 0 and n > 2, "the poller saw no FETCH")
 
 
 def index_flags(directory, recno):
@@ -1544,6 +1666,7 @@ if __name__ == "__main__":
         test_search,
         test_search_addresses,
         test_store_expunge_two_sessions,
+        test_keyword_announced_before_use,
         test_seen_per_user,
         test_recent,
         test_seen_concurrent_sessions,
