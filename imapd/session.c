@@ -3060,40 +3060,14 @@ static void imap_cmd_idle(struct imap_session *s)
 
 /* ---- APPEND, COPY, MOVE ---------------------------------------------- */
 
-/* Set keywords (by name, created as needed) on message uid of mb, which
- * is open and unlocked.  Unknown-to-IMAP names are skipped. */
-static int imap_add_keywords(struct mailbox *mb, uint32_t uid,
-                             const char *const *names, size_t n)
+/* The keywords of a flag list (the names not starting with a
+ * backslash) into out. */
+static void imap_keyword_names(const char *const *names, size_t n,
+                               struct strarray *out)
 {
-    struct mailbox_record rec;
-    uint32_t recno;
-    int r, ur;
-
-    if (!n)
-        return STORE_OK;
-    r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
-    if (r != STORE_OK)
-        return r;
-    r = mailbox_find_uid(mb, uid, &recno);
-    if (r == STORE_OK)
-        r = mailbox_read_record(mb, recno, &rec);
-    if (r == STORE_OK) {
-        struct mailbox_record old = rec;
-
-        for (size_t i = 0; i < n; i++) {
-            int num;
-
-            if (names[i][0] == '\\')
-                continue;
-            if (mailbox_user_flag(mb, names[i], 1, &num) == STORE_OK)
-                rec.user_flags[num / 32] |= 1u << (num % 32);
-        }
-        if (memcmp(rec.user_flags, old.user_flags,
-                   sizeof(rec.user_flags)) != 0)
-            r = mailbox_rewrite_record(mb, recno, &rec);
-    }
-    ur = mailbox_unlock(mb);
-    return r == STORE_OK ? ur : r;
+    for (size_t i = 0; i < n; i++)
+        if (names[i][0] != '\\')
+            strarray_append(out, names[i]);
 }
 
 /* System flags of an APPEND flag list (unknown \flags ignored). */
@@ -3178,6 +3152,7 @@ static void imap_cmd_append(struct imap_session *s)
     struct append_stage *st = NULL;
     struct append_txn *t = NULL;
     struct buf chunk = BUF_INITIALIZER;
+    struct strarray kws = STRARRAY_INITIALIZER;
     size_t left = ap->size;
     uint32_t uid = 0, uidvalidity = 0;
     int r, werr, pr, seenit = 0;
@@ -3225,20 +3200,18 @@ static void imap_cmd_append(struct imap_session *s)
         seenit = imap_mb_useseen(mb) && (fl & MAILBOX_FLAG_SEEN);
         if (seenit)
             fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
-        r = append_add(t, mb, st, ap->date_set ? (int64_t)ap->date : 0,
-                       fl, 0, &uid);
+        /* keywords go into the record before the commit: the message is
+         * never visible without them */
+        if (rights & ACL_WRITE)
+            imap_keyword_names(ap->flags.s, ap->flags.n, &kws);
+        r = append_add_keywords(t, mb, st,
+                                ap->date_set ? (int64_t)ap->date : 0, fl,
+                                (const char *const *)kws.data,
+                                (size_t)kws.count, 0, &uid);
         if (r == STORE_OK)
             r = append_commit(t);
         else
             append_abort(t);
-        if (r == STORE_OK && (rights & ACL_WRITE) && ap->flags.n) {
-            int kr = imap_add_keywords(mb, uid, ap->flags.s, ap->flags.n);
-
-            if (kr != STORE_OK)
-                log_error("imap: keywords of an appended message lost "
-                          "mailbox=<%s> uid=<%u> error=<%s>", e->name,
-                          (unsigned)uid, store_strerror(kr));
-        }
         uidvalidity = mailbox_get_header(mb)->uidvalidity;
     }
     if (r != STORE_OK) {
@@ -3257,6 +3230,7 @@ out:
     mailbox_close(&mb);
     mboxlist_entry_free(&e);
     buf_free(&chunk);
+    strarray_fini(&kws);
 }
 
 /* A stage for message `rec` of the selected mailbox on `partition`: a
@@ -3320,6 +3294,7 @@ static void imap_cmd_copy(struct imap_session *s, int move)
     size_t n = 0;
     struct buf srcset = BUF_INITIALIZER, dstset = BUF_INITIALIZER;
     struct buf names = BUF_INITIALIZER;
+    struct strarray kws = STRARRAY_INITIALIZER;
     uint32_t sprev = 0, dprev = 0, uidvalidity = 0;
     int srun = 0, drun = 0, r, rights, dstseen;
 
@@ -3379,8 +3354,22 @@ static void imap_cmd_copy(struct imap_session *s, int move)
                 fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
             else
                 recs[k].flags &= ~(uint32_t)MAILBOX_FLAG_SEEN;
-            r = append_add(t, dst, stages[k], recs[k].internaldate,
-                           fl, 0, &newuids[k]);
+            /* the keywords, by name, in the same commit (copies of
+             * the names: defining one may reload the handle's) */
+            strarray_fini(&kws);
+            for (int b = 0; (rights & ACL_WRITE) && b < MAILBOX_USER_FLAGS;
+                 b++) {
+                const char *nm;
+
+                if (!(recs[k].user_flags[b / 32] & (1u << (b % 32))))
+                    continue;
+                nm = mailbox_user_flag_name(s->sel, b);
+                if (nm)
+                    strarray_append(&kws, nm);
+            }
+            r = append_add_keywords(t, dst, stages[k], recs[k].internaldate,
+                                    fl, (const char *const *)kws.data,
+                                    (size_t)kws.count, 0, &newuids[k]);
         }
     }
     if (r == STORE_OK)
@@ -3399,28 +3388,6 @@ static void imap_cmd_copy(struct imap_session *s, int move)
         imap_seen_add_uids(s, dst, seenuids, ns);
     }
     uidvalidity = mailbox_get_header(dst)->uidvalidity;
-    /* keywords, by name */
-    if (rights & ACL_WRITE) {
-        for (size_t k = 0; k < n; k++) {
-            const char *kw[MAILBOX_USER_FLAGS];
-            size_t nkw = 0;
-
-            for (int b = 0; b < MAILBOX_USER_FLAGS; b++) {
-                const char *nm;
-
-                if (!(recs[k].user_flags[b / 32] & (1u << (b % 32))))
-                    continue;
-                nm = mailbox_user_flag_name(s->sel, b);
-                if (nm)
-                    kw[nkw++] = nm;
-            }
-            if (nkw && imap_add_keywords(dst, newuids[k], kw, nkw)
-                           != STORE_OK)
-                log_error("imap: keywords of a copied message lost "
-                          "mailbox=<%s> uid=<%u>", e->name,
-                          (unsigned)newuids[k]);
-        }
-    }
     for (size_t k = 0; k < n; k++) {
         imap_set_add(&srcset, recs[k].uid, &sprev, &srun);
         imap_set_add(&dstset, newuids[k], &dprev, &drun);
@@ -3480,6 +3447,7 @@ out:
     buf_free(&srcset);
     buf_free(&dstset);
     buf_free(&names);
+    strarray_fini(&kws);
     mailbox_close(&dst);
     mboxlist_entry_free(&e);
 }

@@ -618,6 +618,15 @@ int append_add(struct append_txn *t, struct mailbox *mb,
                struct append_stage *st, int64_t internaldate,
                uint32_t sysflags, int flags, uint32_t *uid_r)
 {
+    return append_add_keywords(t, mb, st, internaldate, sysflags, NULL, 0,
+                               flags, uid_r);
+}
+
+int append_add_keywords(struct append_txn *t, struct mailbox *mb,
+                        struct append_stage *st, int64_t internaldate,
+                        uint32_t sysflags, const char *const *keywords,
+                        size_t nkeywords, int flags, uint32_t *uid_r)
+{
     struct append_part *part;
     const char *partname;
     uint32_t uid = 0;
@@ -666,8 +675,9 @@ int append_add(struct append_txn *t, struct mailbox *mb,
 
     if (internaldate == 0)
         internaldate = (int64_t)time(NULL);
-    r = mailbox_append_reserve(mb, part->path, &st->info, internaldate,
-                               sysflags, t->batch, &uid);
+    r = mailbox_append_reserve_keywords(mb, part->path, &st->info,
+                                        internaldate, sysflags, keywords,
+                                        nkeywords, t->batch, &uid);
     if (r)
         return r;
     r = commit_batch_add_fd(t->batch, part->fd);

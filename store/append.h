@@ -122,6 +122,15 @@ int append_add(struct append_txn *t, struct mailbox *mb,
                struct append_stage *st, int64_t internaldate,
                uint32_t sysflags, int flags, uint32_t *uid_r);
 
+/* append_add() with keywords (IMAP APPEND and COPY): defined in mb as
+ * needed and set on the reserved record, so that append_commit() makes
+ * the message visible with them, never without (see
+ * mailbox_append_reserve_keywords()). */
+int append_add_keywords(struct append_txn *t, struct mailbox *mb,
+                        struct append_stage *st, int64_t internaldate,
+                        uint32_t sysflags, const char *const *keywords,
+                        size_t nkeywords, int flags, uint32_t *uid_r);
+
 /* One sync round, then every reserved record made visible.  STORE_OK, or
  * the sync's error, after which every reservation has been cancelled (the
  * caller answers 4xx).  Nothing reserved: STORE_OK without a round.  If

@@ -2387,9 +2387,25 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
                            int64_t internaldate, uint32_t sysflags,
                            struct commit_batch *batch, uint32_t *uid_r)
 {
+    return mailbox_append_reserve_keywords(mb, stage_path, info,
+                                           internaldate, sysflags, NULL, 0,
+                                           batch, uid_r);
+}
+
+int mailbox_append_reserve_keywords(struct mailbox *mb,
+                                    const char *stage_path,
+                                    const struct mailbox_msginfo *info,
+                                    int64_t internaldate, uint32_t sysflags,
+                                    const char *const *keywords,
+                                    size_t nkeywords,
+                                    struct commit_batch *batch,
+                                    uint32_t *uid_r)
+{
     struct mailbox_record rec;
     uint32_t uid, recno;
+    uint32_t user[MAILBOX_USER_FLAGS / 32];
     off_t off;
+    size_t k;
     int r;
 
     if (uid_r)
@@ -2409,6 +2425,28 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
     r = mbx_lock_append(mb);
     if (r)
         return r;
+    /* the keywords, defined as needed under this lock: the record is
+     * written with them, so the message is never visible without them */
+    memset(user, 0, sizeof(user));
+    for (k = 0; k < nkeywords; k++) {
+        int num, kr;
+
+        if (!keywords || !keywords[k])
+            continue;
+        kr = mailbox_user_flag(mb, keywords[k], 1, &num);
+        if (kr == STORE_OK) {
+            user[num / 32] |= 1u << (num % 32);
+        } else if (kr == STORE_BADNAME || kr == STORE_OVERQUOTA) {
+            log_warning("mailbox: keyword not set mailbox=<%s> "
+                        "keyword=<%s> error=<%s>", mb->name,
+                        mbx_atom_ok(keywords[k], strnlen(keywords[k], 101))
+                            ? keywords[k] : "(invalid)",
+                        store_strerror(kr));
+        } else {
+            r = kr;
+            goto out;
+        }
+    }
     if (batch) {
         r = commit_batch_add_fd(batch, mb->fd);
         if (r == STORE_OK)
@@ -2436,6 +2474,7 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
     memset(&rec, 0, sizeof(rec));
     rec.uid = uid;
     rec.flags = (sysflags & MAILBOX_SYSTEM_FLAGS) | MAILBOX_FLAG_PENDING;
+    memcpy(rec.user_flags, user, sizeof(rec.user_flags));
     rec.internaldate = internaldate;
     rec.size = info->size;
     rec.header_size = info->header_size;

@@ -238,6 +238,22 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
                            int64_t internaldate, uint32_t sysflags,
                            struct commit_batch *batch, uint32_t *uid_r);
 
+/* mailbox_append_reserve() with keywords: each name is defined in the
+ * mailbox as needed (as mailbox_user_flag() with create, under the same
+ * exclusive lock, cyrus.header synced) and its bit is in the PENDING
+ * record, so the message becomes visible with its keywords in the one
+ * commit.  A name that is not a valid atom, or beyond the mailbox's 128
+ * keywords, is left out (logged); NULL entries are skipped.  Errors as
+ * mailbox_append_reserve(), and the header file's (STORE_IOERROR, ...). */
+int mailbox_append_reserve_keywords(struct mailbox *mb,
+                                    const char *stage_path,
+                                    const struct mailbox_msginfo *info,
+                                    int64_t internaldate, uint32_t sysflags,
+                                    const char *const *keywords,
+                                    size_t nkeywords,
+                                    struct commit_batch *batch,
+                                    uint32_t *uid_r);
+
 /* Phase 2, after the batch's sync round succeeded: under the exclusive
  * lock, marks the record committed, advances the visible prefix over every
  * resolved record, updates the counters and header, releases the record

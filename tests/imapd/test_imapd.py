@@ -1080,6 +1080,112 @@ def test_keyword_announced_before_use():
         check(poll.fetches > 0 and n > 2, "the poller saw no FETCH")
 
 
+def test_append_keywords_one_commit():
+    """APPEND and COPY put a message's keywords into the one commit that
+    makes it visible: another session never sees it without them (no
+    later FETCH FLAGS for it), none are lost, under concurrent APPENDs of
+    new keywords from several sessions while another session polls."""
+    i = inst()
+    i.create("user.alice.AppKw")
+    i.create("user.alice.AppKw2")
+    with Raw(i.addr()) as a, Raw(i.addr()) as b:
+        raw_login(a)
+        raw_login(b)
+        ok(b.cmd("b1", "SELECT INBOX.AppKw"), "b1")
+        msg = b"Subject: kw $first\r\n\r\nbody\r\n"
+        a.send(b"a1 APPEND INBOX.AppKw ($first \\Flagged) {%d+}\r\n%s\r\n"
+               % (len(msg), msg))
+        r = ok(a.until_tagged("a1"), "a1")
+        check(re.match(rb"^a1 OK \[APPENDUID \d+ 1\] APPEND completed$",
+                       r[-1]), "APPEND %r" % r)
+        r = ok(b.cmd("b2", "NOOP"), "b2")
+        check(r == [b"* FLAGS (\\Answered \\Flagged \\Deleted \\Seen "
+                    b"\\Draft $first)",
+                    b"* OK [PERMANENTFLAGS (\\Answered \\Flagged \\Draft "
+                    b"\\Deleted \\Seen $first \\*)] Ok",
+                    b"* 1 EXISTS", b"* 1 RECENT", b"b2 OK NOOP completed"],
+              "NOOP after APPEND %r" % r)
+        r = ok(b.cmd("b3", "FETCH 1 FLAGS"), "b3")
+        check(r == [b"* 1 FETCH (FLAGS (\\Flagged \\Recent $first))",
+                    b"b3 OK FETCH completed"], "FETCH %r" % r)
+        # COPY carries the keyword by name into the other mailbox
+        r = ok(b.cmd("b4", "COPY 1 INBOX.AppKw2"), "b4")
+        ok(a.cmd("a2", "EXAMINE INBOX.AppKw2"), "a2")
+        r = ok(a.cmd("a3", "FETCH 1 FLAGS"), "a3")
+        check(r == [b"* 1 FETCH (FLAGS (\\Flagged \\Recent $first))",
+                    b"a3 OK FETCH completed"], "FETCH copy %r" % r)
+
+    writers, rounds = 4, 8
+    errors = []
+    env = re.compile(rb'^\* (\d+) FETCH \(FLAGS \(([^)]*)\) '
+                     rb'ENVELOPE \(NIL "kw ([^"]*)"')
+
+    def appender(w):
+        try:
+            with Raw(i.addr()) as c:
+                raw_login(c)
+                ok(c.cmd("e", "EXAMINE INBOX.AppKw"), "e")
+                for n in range(rounds):
+                    kws = b"$a%d_%d $all" % (w, n)
+                    body = b"Subject: kw %s\r\n\r\nbody %d %d\r\n" % (
+                        kws, w, n)
+                    tag = "w%d" % n
+                    c.send(b"%s APPEND INBOX.AppKw (%s) {%d+}\r\n%s\r\n"
+                           % (tag.encode(), kws, len(body), body))
+                    ok(c.until_tagged(tag), tag)
+                    if n % 2:
+                        tag = "c%d" % n
+                        ok(c.cmd(tag, "UID COPY 1:* INBOX.AppKw2"), tag)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def look(lines, tracker, seen):
+        tracker.feed(lines)
+        for ln in lines:
+            if b" FETCH (" not in ln:
+                continue
+            m = env.match(ln)
+            check(m is not None, "a FETCH FLAGS not asked for (the "
+                  "message's flags changed after it became visible): %r"
+                  % ln)
+            want = set(m.group(3).split())
+            have = set(m.group(2).split())
+            check(want <= have, "message %s seen without its keywords: "
+                  "%r" % (m.group(1).decode(), ln))
+            seen.add(m.group(3))
+
+    with Raw(i.addr()) as p:
+        raw_login(p)
+        tracker = KeywordTracker("poller")
+        seen = set()
+        look(ok(p.cmd("p0", "SELECT INBOX.AppKw"), "p0"), tracker, seen)
+        threads = [threading.Thread(target=appender, args=(w,))
+                   for w in range(writers)]
+        for t in threads:
+            t.start()
+        n = 0
+        while any(t.is_alive() for t in threads) or n < 2:
+            tag = "p%d" % n
+            look(ok(p.cmd(tag, "NOOP"), tag), tracker, seen)
+            tag = "q%d" % n
+            look(ok(p.cmd(tag, "FETCH 1:* (FLAGS ENVELOPE)"), tag),
+                 tracker, seen)
+            n += 1
+        for t in threads:
+            t.join(60)
+        check(not errors, "appenders: %r" % errors[:3])
+        look(ok(p.cmd("pz", "FETCH 1:* (FLAGS ENVELOPE)"), "pz"),
+             tracker, seen)
+        check(len(seen) == writers * rounds + 1,
+              "%d messages seen, want %d" % (len(seen), writers * rounds + 1))
+        # the copies too: every one with its keywords
+        look(ok(p.cmd("r0", "EXAMINE INBOX.AppKw2"), "r0"), tracker, set())
+        copies = set()
+        look(ok(p.cmd("r1", "FETCH 1:* (FLAGS ENVELOPE)"), "r1"),
+             tracker, copies)
+        check(len(copies) > 1, "copies %r" % copies)
+
+
 def index_flags(directory, recno):
     """The system flag bits of record recno of DIR/cyrus.index."""
     import struct
@@ -1667,6 +1773,7 @@ if __name__ == "__main__":
         test_search_addresses,
         test_store_expunge_two_sessions,
         test_keyword_announced_before_use,
+        test_append_keywords_one_commit,
         test_seen_per_user,
         test_recent,
         test_seen_concurrent_sessions,
