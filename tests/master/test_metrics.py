@@ -407,6 +407,12 @@ def test_storm_and_prometheus():
 
 def test_fold_keeps_counts():
     i = inst()
+    # counts in the living workers' slots first
+    mailbench(["lmtp", "--lmtp", i.unix_socket, "-n", "40", "-m",
+               str(USERS), "-c", "4"])
+    m = imaplib.IMAP4("127.0.0.1", i.tcp_port)
+    m.login(user(2), PASSWORD)
+    m.logout()
     before = parse(scrape())
     ok0 = value(before, P + "lmtp_deliveries_total", code="250")
     login0 = value(before, P + "imap_logins_total", result="ok")
