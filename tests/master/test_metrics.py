@@ -400,6 +400,7 @@ def test_storm_and_prometheus():
             got = wait_until(lambda: prom.query(q) == ok1, 120, step=0.5)
             check(got, "prometheus says %r, expected %d: %s"
                   % (prom.query(q), ok1, prom.logtail()))
+            print("# prometheus scraped %d 250s, as counted" % ok1)
     finally:
         if prom:
             prom.stop()
