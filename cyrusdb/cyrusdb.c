@@ -22,6 +22,7 @@
 #include "cyrusdb/cyrusdb_backends.h"
 #include "lib/buf.h"
 #include "lib/log.h"
+#include "lib/metrics.h"
 
 const struct cyrusdb_registry_entry cyrusdb_registry[] = {
     { .name = "flat",            .format = "flat",     .backend = &cyrusdb_flat,     .variant = 0 },
@@ -192,6 +193,14 @@ int cyrusdb_detect(const char *fname, const char **format_r)
 
 /* ---- open / close ---------------------------------------------------- */
 
+static int cyrusdb_counted(int dbindex, const char *backend, int r)
+{
+    if (r == CYRUSDB_IOERROR || r == CYRUSDB_INTERNAL || r == CYRUSDB_FULL
+        || r == CYRUSDB_BADFORMAT)
+        metrics_db_error(dbindex, backend);
+    return r;
+}
+
 int cyrusdb_open(const char *backend, const char *fname, int flags,
                  struct cyrusdb **db_r, const char **error_r)
 {
@@ -249,11 +258,13 @@ int cyrusdb_open(const char *backend, const char *fname, int flags,
                  fname, err ? err : cyrusdb_strerror(r), e->name);
         log_error("cyrusdb: open failed file=<%s> backend=<%s> error=<%s>",
                   fname, e->name, cyrusdb_errbuf);
+        cyrusdb_counted(metrics_db_index(fname), e->name, r);
         *db_r = NULL;
         return r;
     }
     (*db_r)->backend = e->backend;
     (*db_r)->flags = flags;
+    (*db_r)->metrics_db = metrics_db_index(fname);
     return CYRUSDB_OK;
 }
 
@@ -271,6 +282,11 @@ int cyrusdb_close(struct cyrusdb **dbp)
 
 #define CYRUSDB_MAX_KEYLEN 511   /* LMDB's limit, applied to all backends */
 
+/* r of a backend call, counted for the metrics when it is an error of
+ * the engine or the file (not "not found", "exists", "again"). */
+#define CYRUSDB_COUNTED(db, call) \
+    cyrusdb_counted((db)->metrics_db, (db)->backend->name, (call))
+
 static int cyrusdb_check_write(struct cyrusdb *db, size_t keylen)
 {
     if (db->flags & CYRUSDB_RDONLY)
@@ -286,7 +302,7 @@ int cyrusdb_fetch(struct cyrusdb *db, const char *key, size_t keylen,
 {
     if (keylen == 0 || keylen > CYRUSDB_MAX_KEYLEN)
         return CYRUSDB_NOTFOUND;
-    return db->backend->fetch(db, key, keylen, data_r, datalen_r, tid);
+    return CYRUSDB_COUNTED(db, db->backend->fetch(db, key, keylen, data_r, datalen_r, tid));
 }
 
 int cyrusdb_fetchlock(struct cyrusdb *db, const char *key, size_t keylen,
@@ -299,7 +315,7 @@ int cyrusdb_fetchlock(struct cyrusdb *db, const char *key, size_t keylen,
         return CYRUSDB_INTERNAL;
     if ((r = cyrusdb_check_write(db, keylen)) != CYRUSDB_OK)
         return r;
-    return db->backend->fetchlock(db, key, keylen, data_r, datalen_r, tid);
+    return CYRUSDB_COUNTED(db, db->backend->fetchlock(db, key, keylen, data_r, datalen_r, tid));
 }
 
 /*
@@ -373,7 +389,7 @@ int cyrusdb_foreach(struct cyrusdb *db, const char *prefix, size_t prefixlen,
         r = CYRUSDB_INTERNAL;
     }
     buf_free(&w.prev);
-    return r;
+    return CYRUSDB_COUNTED(db, r);
 }
 
 int cyrusdb_create(struct cyrusdb *db, const char *key, size_t keylen,
@@ -385,7 +401,7 @@ int cyrusdb_create(struct cyrusdb *db, const char *key, size_t keylen,
         return r;
     if (!data)
         data = "", datalen = 0;
-    return db->backend->create(db, key, keylen, data, datalen, tid);
+    return CYRUSDB_COUNTED(db, db->backend->create(db, key, keylen, data, datalen, tid));
 }
 
 int cyrusdb_store(struct cyrusdb *db, const char *key, size_t keylen,
@@ -397,7 +413,7 @@ int cyrusdb_store(struct cyrusdb *db, const char *key, size_t keylen,
         return r;
     if (!data)
         data = "", datalen = 0;
-    return db->backend->store(db, key, keylen, data, datalen, tid);
+    return CYRUSDB_COUNTED(db, db->backend->store(db, key, keylen, data, datalen, tid));
 }
 
 int cyrusdb_delete(struct cyrusdb *db, const char *key, size_t keylen,
@@ -407,21 +423,21 @@ int cyrusdb_delete(struct cyrusdb *db, const char *key, size_t keylen,
 
     if (r != CYRUSDB_OK)
         return r;
-    return db->backend->delete(db, key, keylen, tid, force);
+    return CYRUSDB_COUNTED(db, db->backend->delete(db, key, keylen, tid, force));
 }
 
 int cyrusdb_commit(struct cyrusdb *db, struct cyrusdb_txn *tid)
 {
     if (!tid)
         return CYRUSDB_INTERNAL;
-    return db->backend->commit(db, tid);
+    return CYRUSDB_COUNTED(db, db->backend->commit(db, tid));
 }
 
 int cyrusdb_abort(struct cyrusdb *db, struct cyrusdb_txn *tid)
 {
     if (!tid)
         return CYRUSDB_INTERNAL;
-    return db->backend->abort(db, tid);
+    return CYRUSDB_COUNTED(db, db->backend->abort(db, tid));
 }
 
 int cyrusdb_dump(struct cyrusdb *db, FILE *out, int detail)

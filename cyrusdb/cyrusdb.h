@@ -159,6 +159,7 @@ struct cyrusdb_backend {
 struct cyrusdb {
     const struct cyrusdb_backend *backend;
     int flags;
+    int metrics_db;             /* the database's metrics label (metrics.h) */
 };
 
 /* ---- registry --------------------------------------------------------- */

@@ -110,6 +110,7 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "lib/prot.h"
 #include "lib/saslserver.h"
 #include "lib/service.h"
@@ -761,6 +762,7 @@ static int imap_login_done(struct imap_session *s, const char *user,
     s->admin = (acl_rights("", s->userid, s->srv->admins) & ACL_ADMIN) != 0;
     s->global_admin = s->admin && !s->domain;
     s->state = IMAP_AUTH;
+    metrics_count(METRICS_IMAP_LOGINS_OK, 1);
     prot_settimeout(s->p, s->srv->timeout);    /* the autologout from now */
     log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s>%s",
              s->userid, mech, s->conn->peer,
@@ -821,6 +823,7 @@ static void imap_cmd_authenticate(struct imap_session *s)
     if (r == SASLSERVER_DONE && s->canon_error) {
         imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Invalid user name: %s",
                     s->canon_error);
+        metrics_count(METRICS_IMAP_LOGINS_FAILED, 1);
         log_info("imap: authentication refused mech=<%s> peer=<%s> "
                  "error=<invalid user name: %s>", mech, s->conn->peer,
                  s->canon_error);
@@ -838,6 +841,7 @@ static void imap_cmd_authenticate(struct imap_session *s)
     }
     switch (r) {
     case SASLSERVER_FAIL:
+        metrics_count(METRICS_IMAP_LOGINS_FAILED, 1);
         if (s->canon_error)
             imap_tagged(s, "NO", "[AUTHENTICATIONFAILED] Invalid user "
                                  "name: %s", s->canon_error);
@@ -940,6 +944,7 @@ static void imap_cmd_login(struct imap_session *s)
         else
             imap_tagged(s, "NO", "[UNAVAILABLE] Temporary authentication "
                                  "failure");
+        metrics_count(METRICS_IMAP_LOGINS_FAILED, 1);
         log_info("imap: login failed peer=<%s> error=<%s%s>", s->conn->peer,
                  s->canon_error ? "invalid user name: " : "",
                  s->canon_error ? s->canon_error :
@@ -3696,9 +3701,13 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         r = imapparse_read(p, &s.opts, &s.cmd);
         prot_set_interrupt(p, NULL);
         switch (r) {
-        case IMAPPARSE_OK:
+        case IMAPPARSE_OK: {
+            uint64_t t0 = metrics_now_us();
+
             imap_command(&s);
+            metrics_imap_command((int)s.cmd.id, t0);
             break;
+        }
         case IMAPPARSE_BAD:
         case IMAPPARSE_TOOBIG:
             imap_tagged(&s, "BAD", "%s", s.cmd.error);

@@ -209,6 +209,11 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "file the master, lmtpd and imapd append their log lines to "
               "instead of syslog (master -l still means stderr); empty = "
               "syslog, or stderr when nothing listens on /dev/log" },
+    { .name = "metrics_listen", .type = IMAPCONF_STRING, .def = "",
+      .desc = "HOST:PORT ([ADDRESS]:PORT for IPv6) where metricsd serves "
+              "Prometheus metrics on /metrics; the master runs metricsd "
+              "and workers count into CONFIGDIR/metrics.shm only when it "
+              "is set; empty = off" },
 };
 
 #define IMAPCONF_NOPTIONS (sizeof(imapconf_options) / sizeof(imapconf_options[0]))

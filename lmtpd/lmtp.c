@@ -53,6 +53,7 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "lib/prot.h"
 #include "lib/saslserver.h"
 #include "lib/service.h"
@@ -132,6 +133,7 @@ struct lmtp_msg {
 struct lmtp_rcpt {
     char *mailbox;              /* internal name */
     char *addr;                 /* as the client wrote it, for logs */
+    uint64_t rcpt_us;           /* when RCPT was accepted (metrics) */
 };
 
 struct lmtp_session {
@@ -805,12 +807,15 @@ static void lmtp_msg_finish(struct lmtp_session *s)
                         msgid.len, dr, s->nrcpts, 0);
         for (i = 0; i < s->nrcpts; i++) {
             lmtp_reply(s, lmtp_store_reply(srv, dr[i].result));
+            metrics_lmtp_final(lmtp_store_reply(srv, dr[i].result),
+                               s->rcpts[i].rcpt_us, m->size);
             if (dr[i].result != STORE_OK) {
                 failed++;
                 log_info("lmtp: recipient failed rcpt=<%s> mailbox=<%s> "
                          "error=<%s>", s->rcpts[i].addr, dr[i].mailbox,
                          store_strerror(dr[i].result));
             } else if (dr[i].duplicate) {
+                metrics_count(METRICS_DUPLICATES, 1);
                 dups++;
             } else {
                 stored++;
@@ -819,8 +824,10 @@ static void lmtp_msg_finish(struct lmtp_session *s)
         result = failed == 0 ? "ok" : (failed == s->nrcpts ? "failed"
                                                            : "partial");
     } else {
-        for (i = 0; i < s->nrcpts; i++)
+        for (i = 0; i < s->nrcpts; i++) {
             lmtp_reply(s, fixed);
+            metrics_lmtp_final(fixed, s->rcpts[i].rcpt_us, m->size);
+        }
         failed = s->nrcpts;
         result = "refused";
     }
@@ -1072,6 +1079,7 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
         lmtp_reply(s, R_NOPOST);
         goto out;
     case RCPT_OVERQUOTA:
+        metrics_count(METRICS_QUOTA_REFUSALS, 1);
         lmtp_reply(s, s->srv->overquota_perm ? R_QUOTA_PERM : R_QUOTA_TEMP);
         goto out;
     default:
@@ -1097,7 +1105,7 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
         lmtp_reply(s, R_TEMPFAIL);
         goto out;
     }
-    s->nrcpts++;
+    s->rcpts[s->nrcpts++].rcpt_us = metrics_now_us();
     lmtp_reply(s, "250 2.1.5 Ok");
 out:
     buf_free(&mailbox);

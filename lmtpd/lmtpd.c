@@ -34,6 +34,7 @@
 
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "lib/prot.h"
 #include "lib/saslserver.h"
 #include "lib/service.h"
@@ -95,6 +96,7 @@ static int lmtpd_init(int argc, char **argv, void *rock)
         return 1;
     }
     imapconf_log_file(ls->conf);
+    metrics_attach(ls->conf);
     if (tls_server_new(ls->conf, &ls->tls, &err) != 0) {
         log_info("lmtpd: STARTTLS not offered reason=<%s>",
                  err ? err : "out of memory");

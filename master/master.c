@@ -61,10 +61,12 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "lib/privs.h"
 #include "master/master_compat.h"
 #include "master/master_conf.h"
 #include "master/master_event.h"
+#include "master/master_metrics.h"
 #include "master/master_service.h"
 #include "master/master_status.h"
 
@@ -368,6 +370,7 @@ static void reap(double now)
 
         if (pid < 0 && errno == EINTR) continue;
         if (pid <= 0) return;
+        metrics_reaped(pid);
         if (!master_service_reaped(pid, st, now)
             && !master_event_reaped(pid, st, now))
             log_info("master: reaped unknown pid=<%d>", (int)pid);
@@ -463,6 +466,7 @@ int main(int argc, char **argv)
     mdir = master_dir();
     master_service_setup(sdir, mdir, imapdconf);
     master_compat_apply(conf, cyrusconf, sdir, mdir, imapdconf);
+    master_metrics_conf(conf, ic);
 
     /* where lines go: -l, else log_file, else syslog (stderr without a
      * syslog socket); until the master is up, errors also to stderr */
@@ -493,6 +497,7 @@ int main(int argc, char **argv)
     }
     master_service_bind_wait(0);
     drop_privileges(ic);
+    master_metrics_start(ic);
     if (master_event_start(conf) < 0) {
         master_service_shutdown();
         master_service_free();
@@ -517,6 +522,7 @@ int main(int argc, char **argv)
             master_event_run(now, &deadline);
         }
         master_status_update(now, master_service_changed());
+        master_service_metrics();
         if (draining) {
             if (master_service_nchildren() + master_event_nchildren()
                 == 0)
@@ -595,6 +601,7 @@ int main(int argc, char **argv)
             } else {
                 log_info("master: reloading config=<%s>", cyrusconf);
                 master_compat_apply(nconf, cyrusconf, sdir, mdir, imapdconf);
+                master_metrics_conf(nconf, ic);
                 master_service_apply(nconf, 0);
                 master_event_apply(nconf, now);
                 master_conf_free(&conf);
@@ -607,6 +614,7 @@ int main(int argc, char **argv)
     master_service_free();
     master_event_free();
     master_status_remove();
+    metrics_detach();
     unlink(pidfile);        /* ours: we hold its lock */
     close(pidfd);
     log_info("master: exiting");

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "lib/service.h"
 #include "master/master_service.h"
 
@@ -109,6 +110,7 @@ struct service {
     int nforks, forkpos;
 
     unsigned long served;       /* connections finished by past children */
+    unsigned long nforked, ncrashed;    /* for the metrics */
     struct service *next;
 };
 
@@ -807,6 +809,7 @@ static void service_fork_one(struct service *s, double now)
     pid = master_service_forkexec(s->argv, s->listen_fd, s->status_wr,
                                   s->maxfds, env);
     free(env[2]);
+    s->nforked += pid > 0;
     if (s->nforks > 0 && s->forks) {
         s->forks[s->forkpos] = now;
         s->forkpos = (s->forkpos + 1) % s->nforks;
@@ -1044,16 +1047,19 @@ int master_service_reaped(pid_t pid, int wstatus, double now)
         else
             log_warning("service=<%s> pid=<%d> crashed signal=<%d> (%s)",
                     s->name, (int)pid, sig, signame(sig));
+        s->ncrashed += !(ch->signalled && sig == SIGTERM);
     } else {
         int st = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
         if (st == 0 && (ch->exiting || ch->signalled))
             log_info("service=<%s> pid=<%d> exited status=<%d>",
                      s->name, (int)pid, st);
-        else
+        else {
             log_warning("service=<%s> pid=<%d> exited status=<%d>%s",
                         s->name, (int)pid, st,
                         st == 127 ? " (exec failed)" :
                         st == 75 ? " (init failed)" : "");
+            s->ncrashed++;
+        }
     }
 
     failed = !ch->was_ready && !ch->signalled
@@ -1136,6 +1142,22 @@ void master_service_status(struct buf *out, double now)
                        ch->served, (long)(now - ch->forked));
         }
     }
+}
+
+void master_service_metrics(void)
+{
+    const struct service *s;
+    int i = 0;
+
+    for (s = services; s && i < METRICS_SERVICES; s = s->next, i++) {
+        struct counts c;
+
+        service_counts(s, &c);
+        metrics_service_set(i, s->name, (unsigned)c.ready, (unsigned)c.busy,
+                            (unsigned)s->maxchild, s->nforked, s->ncrashed);
+    }
+    for (; i < METRICS_SERVICES; i++)
+        metrics_service_set(i, NULL, 0, 0, 0, 0, 0);
 }
 
 void master_service_free(void)

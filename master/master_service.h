@@ -115,6 +115,10 @@ int master_service_changed(void);
 void master_service_status(struct buf *out, double now);
 
 /* Free everything (sockets closed, children forgotten, not signalled). */
+/* Write every service's ready, busy, maxchild, forks and crashes into
+ * the metrics file (lib/metrics.h; nothing when metrics are off). */
+void master_service_metrics(void);
+
 void master_service_free(void);
 
 #endif

@@ -15,7 +15,8 @@
 #     installed, and the tests that need it say they were skipped;
 #   - packages installed here never start a service: a policy-rc.d forbids
 #     it during the install, and the services of packages this script
-#     installed itself (cyrus-common's cyrus-imapd, postfix, dovecot) are
+#     installed itself (cyrus-common's cyrus-imapd, postfix, dovecot,
+#     prometheus) are
 #     disabled at boot, so a test-only install never becomes a running
 #     rival server after the next reboot.  Services of packages that were
 #     already installed are not touched.
@@ -39,22 +40,23 @@ done
 bench_cache=${BENCH_CACHE:-/var/cache/mailbench}
 
 # build and run: the compiler and autotools, the engines and libraries the
-# programs link, saslpasswd2 and the SASL mechanisms (the demo's login),
-# python3 (the demo's LMTP and IMAP client)
+# programs link (libmicrohttpd: metricsd), saslpasswd2 and the SASL
+# mechanisms (the demo's login), python3 (the demo's LMTP and IMAP client)
 packages=(
   build-essential autoconf automake libtool pkg-config
-  libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev
+  libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev libmicrohttpd-dev
   sasl2-bin libsasl2-modules python3
 )
 # tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
 # imtest, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
-# smtp-source/smtp-sink), openssl (certificates), strace, gnuplot
+# smtp-source/smtp-sink), openssl (certificates), strace, gnuplot,
+# prometheus (promtool and a private Prometheus scraping metricsd)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
   cyrus-common cyrus-clients
   clang isync swaks libnet-ssleay-perl postfix
-  openssl strace gnuplot-nox
+  openssl strace gnuplot-nox prometheus
 )
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)

@@ -224,6 +224,7 @@ static const struct {
     { "timeout", IMAPCONF_INT, "32" },
     { "syslog_prefix", IMAPCONF_STRING, "" },
     { "log_file", IMAPCONF_STRING, "" },
+    { "metrics_listen", IMAPCONF_STRING, "" },
 };
 #define NEXPECTED (sizeof(expected_keys) / sizeof(expected_keys[0]))
 
