@@ -3,8 +3,10 @@
  * program (lmtpd, imapd, the test service) links to run under master.
  *
  * How the master starts a service child (master/master_service.c):
- *   fd 3 (SERVICE_LISTEN_FD)  the service's listening socket (inherited;
- *                             blocking accept() by every idle child)
+ *   fd 3 (SERVICE_LISTEN_FD)  the service's listening socket (inherited,
+ *                             non-blocking: every idle child polls it and
+ *                             accept() gives EAGAIN to those that lose
+ *                             the race)
  *   fd 4 (SERVICE_STATUS_FD)  the write end of the service's status pipe
  *   environment: CYRUSDELIVER_SERVICE=NAME, CYRUSDELIVER_MAXUSES=N,
  *                CYRUSDELIVER_IDLETIMEOUT=SECONDS, CYRUSDELIVER_CONF=path
@@ -15,8 +17,10 @@
  * Status messages: fixed-size struct service_status records written with
  * one write(2) each (smaller than PIPE_BUF, so atomic even with many
  * children on one pipe):
- *   SERVICE_READY    waiting in accept(): counts as an idle child
- *   SERVICE_BUSY     accepted a connection: no longer idle
+ *   SERVICE_READY    waiting for a connection and holding none: counts
+ *                    as an idle child
+ *   SERVICE_BUSY     holds a connection (service_main_mux: one or more,
+ *                    busy or waiting for their next command)
  *   SERVICE_EXITING  leaving on its own (max uses, idle timeout, told to
  *                    stop): the master need not count it as a crash
  * A child that dies without EXITING is a crash for the master's accounting
@@ -79,6 +83,75 @@ struct service_callbacks {
  * main() to return.  When fd 3 is not a listening socket (run by hand),
  * serves stdin/stdout once (fd 0) and returns. */
 int service_main(int argc, char **argv, const struct service_callbacks *cb);
+
+/* A service whose processes each hold several connections (lmtpd): one
+ * poll() over the listening socket and every connection the process
+ * holds; whichever connection has input is served (the callee serves its
+ * whole commands and returns while it waits for the next one), so an idle
+ * connection costs a descriptor, not a process.
+ *
+ *   - A process reports READY only while it holds no connection, BUSY
+ *     while it holds one or more: the master keeps `prefork` processes
+ *     without connections and starts more (up to maxchild) for new
+ *     clients, so busy connections are spread over processes.
+ *   - A process holding connections lets a new client wait on the
+ *     listening socket for 10 ms before taking it, so a process without
+ *     connections takes it first; then it accepts it as well (up to
+ *     max_conns).  With every process at maxchild holding connections a
+ *     new client is still greeted at once.
+ *   - The master makes listening sockets non-blocking: a process that
+ *     loses the race for a connection gets EAGAIN and goes back to its
+ *     poll instead of waiting in accept() while its clients wait.
+ *   - A connection silent for `timeout` seconds is ended (end() with
+ *     SERVICE_END_TIMEOUT).  A process holding max_conns connections
+ *     while a client waits on the listening socket ends the connection
+ *     silent longest if it is evictable() and has been silent for
+ *     idle_timeout seconds (SERVICE_END_IDLE), and takes the new one.
+ *   - CYRUSDELIVER_MAXUSES counts connections accepted: at the limit the
+ *     process accepts no more and leaves once its last one ends;
+ *     CYRUSDELIVER_IDLETIMEOUT counts time without any connection.
+ *   - SIGTERM (or the master gone): the command in progress is finished;
+ *     then every connection gets end(SERVICE_END_STOP) and the process
+ *     leaves.  input(), open() and end() run with SIGTERM deliverable
+ *     (the handler only sets service_stopping() and closes the listening
+ *     socket), the rest of the loop with it blocked. */
+enum service_end {
+    SERVICE_END_TIMEOUT,     /* silent for `timeout` seconds */
+    SERVICE_END_IDLE,        /* gave way to a waiting client */
+    SERVICE_END_STOP         /* SIGTERM, or the master is gone */
+};
+
+struct service_mux_callbacks {
+    /* as in struct service_callbacks; init may fill max_conns, timeout
+     * and idle_timeout below (through its rock) from its configuration */
+    int (*init)(int argc, char **argv, void *rock);
+    /* run by hand (fd 3 is not a listening socket): the one session on
+     * stdin, as service_callbacks.serve */
+    void (*serve)(int fd, const char *peer, void *rock);
+    /* a new connection (fd is the service's to close): greet it; the
+     * connection's handle, or NULL when it is over already */
+    void *(*open)(int fd, const char *peer, void *rock);
+    /* the connection polled readable: serve its whole commands; 0 when
+     * it waits for more, 1 when it is over (the callee freed its state;
+     * the service closes fd) */
+    int (*input)(void *conn, void *rock);
+    /* 1 when conn may be ended to make room (no transaction open); NULL:
+     * always */
+    int (*evictable)(void *conn, void *rock);
+    /* end a waiting connection: tell the peer why, free the state (the
+     * service closes fd) */
+    void (*end)(void *conn, enum service_end why, void *rock);
+    void (*done)(void *rock);
+    void *rock;
+    int max_conns;           /* connections one process holds, >= 1 */
+    int timeout;             /* seconds of silence; 0 = never */
+    int idle_timeout;        /* seconds before giving way; 0 = never */
+};
+
+/* Like service_main(), for a multiplexing service (see above).  cb is
+ * read again after init, which may change its limits. */
+int service_main_mux(int argc, char **argv,
+                     const struct service_mux_callbacks *cb);
 
 /* A worker's command line, the same for lmtpd and imapd: -C FILE (else
  * $CYRUSDELIVER_CONF, else defconf) into *confpath_r; the one option

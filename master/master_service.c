@@ -13,6 +13,10 @@
  *   message from a pid already reaped is dropped.
  * - Every descriptor the master holds is close-on-exec; a child gets only
  *   fds 0-2 (the master's), 3 (listen) and 4 (status pipe write end).
+ * - Listening sockets are non-blocking (set once, at creation; the flag is
+ *   shared by every child): a child that loses the race for a connection
+ *   gets EAGAIN from accept() and goes back to its poll (lib/service.h).
+ *   The backlog is backlog= or, by default, the system's maximum.
  * - Each service has its own status pipe, read end non-blocking in the
  *   master.  The master keeps the write end open too, so the pipe never
  *   reads EOF while the service exists.  The master holds the only read
@@ -349,6 +353,27 @@ static void service_free_one(struct service *s)
 }
 
 /* Copy limits and cmd of e into s.  Returns -1 when cmd does not split. */
+/* The listen backlog when cyrus.conf names none: the system's maximum
+ * (net.core.somaxconn; listen() caps any larger value at it anyway), so
+ * a burst of clients queues instead of being refused (EAGAIN on a UNIX
+ * socket, a dropped SYN on TCP). */
+static int service_default_backlog(void)
+{
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    int v = 0;
+
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    if (v < SOMAXCONN)
+        v = SOMAXCONN;
+    if (v > 65535)
+        v = 65535;
+    return v;
+}
+
 static int service_set_entry(struct service *s, const struct master_entry *e)
 {
     char **argv = master_conf_split_cmd(e->cmd);
@@ -386,7 +411,7 @@ static int service_set_entry(struct service *s, const struct master_entry *e)
     s->babysit = e->babysit;
     s->maxuses = e->maxuses;
     s->idletimeout = e->idletimeout;
-    s->backlog = e->backlog > 0 ? e->backlog : 128;
+    s->backlog = e->backlog > 0 ? e->backlog : service_default_backlog();
     return 0;
 }
 
@@ -488,7 +513,8 @@ static int service_open_unix(struct service *s)
         if (r == 0) {
             mode_t old;
 
-            fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                        0);
             if (fd < 0) goto fail;
             old = umask(0);
             r = bind(fd, (struct sockaddr *)&sun, sizeof(sun));
@@ -559,7 +585,8 @@ again:
             } else if (pass == 1) {
                 break;
             }
-            fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+            fd = socket(ai->ai_family,
+                        ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                         ai->ai_protocol);
             if (fd < 0) continue;
             setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
