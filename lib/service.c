@@ -468,7 +468,7 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
         nfds_t n = 0;
         int accepting, poll_listener, r;
         long listen_ix = -1, status_ix = -1;
-        size_t conn_base;
+        size_t conn_base, had, had_before_timeouts;
 
         if (service_term_flag) {
             why = service_master_gone() ? "master gone" : "stopped";
@@ -499,13 +499,29 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
             }
         }
 
-        /* silent for the whole timeout: 421 and close */
-        for (i = 0; i < nconns && cb->timeout > 0; i++) {
-            double t = conns[i].last + (double)cb->timeout;
+        /* silent for the whole timeout: 421 and close; a process that
+         * accepts no more (maxuses) lets an idle connection go after
+         * idle_timeout, so that it leaves and a fresh one takes over */
+        had_before_timeouts = nconns;
+        for (i = 0; i < nconns; i++) {
+            double t = cb->timeout > 0
+                       ? conns[i].last + (double)cb->timeout : 0;
+            enum service_end end_why = SERVICE_END_TIMEOUT;
 
+            if (!accepting && cb->idle_timeout > 0 &&
+                (!cb->evictable || cb->evictable(conns[i].h, cb->rock))) {
+                double ti = conns[i].last + (double)cb->idle_timeout;
+
+                if (t == 0 || ti < t) {
+                    t = ti;
+                    end_why = SERVICE_END_IDLE;
+                }
+            }
+            if (t == 0)
+                continue;
             if (t <= now) {
                 sigprocmask(SIG_UNBLOCK, &term, NULL);
-                cb->end(conns[i].h, SERVICE_END_TIMEOUT, cb->rock);
+                cb->end(conns[i].h, end_why, cb->rock);
                 sigprocmask(SIG_BLOCK, &term, NULL);
                 close(conns[i].fd);
                 conns[i].fd = -1;
@@ -514,8 +530,12 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
             }
         }
         nconns = service_conns_compact(conns, nconns);
-        if (nconns == 0)
+        if (nconns == 0 && had_before_timeouts > 0) {
             defer_until = 0;
+            idle_since = now;
+            if (!accepting)
+                continue;           /* leaves at the top of the loop */
+        }
 
         poll_listener = accepting;
         if (accepting && defer_until > now) {
@@ -572,6 +592,9 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
             status = 1;
             break;
         }
+        if (defer_until > 0 && defer_until <= now && listen_ix >= 0 &&
+            !pfd[listen_ix].revents)
+            defer_until = 0;        /* a free process took that client */
         if (r == 0)
             continue;
         if (status_ix >= 0 && (pfd[status_ix].revents & (POLLERR | POLLHUP))) {
@@ -581,6 +604,7 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
         }
 
         /* connections with input first: a command beats a new client */
+        had = nconns;
         for (i = 0; i < nconns; i++) {
             if (!pfd[conn_base + i].revents)
                 continue;
@@ -595,7 +619,7 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
             }
         }
         nconns = service_conns_compact(conns, nconns);
-        if (nconns == 0)
+        if (had > 0 && nconns == 0)
             idle_since = service_now();
 
         if (listen_ix < 0 || !pfd[listen_ix].revents || !service_listen_open)
@@ -644,14 +668,14 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
             sigprocmask(SIG_BLOCK, &term, NULL);
             if (!h) {
                 close(fd);
+                if (nconns == 0)
+                    idle_since = service_now();
             } else {
                 conns[nconns].fd = fd;
                 conns[nconns].h = h;
                 conns[nconns].last = service_now();
                 nconns++;
             }
-            if (nconns == 0)
-                idle_since = service_now();
         }
     }
 

@@ -108,7 +108,9 @@ int service_main(int argc, char **argv, const struct service_callbacks *cb);
  *     silent longest if it is evictable() and has been silent for
  *     idle_timeout seconds (SERVICE_END_IDLE), and takes the new one.
  *   - CYRUSDELIVER_MAXUSES counts connections accepted: at the limit the
- *     process accepts no more and leaves once its last one ends;
+ *     process accepts no more, lets a connection evictable() and
+ *     silent for idle_timeout go (SERVICE_END_IDLE), and leaves once its
+ *     last one ends;
  *     CYRUSDELIVER_IDLETIMEOUT counts time without any connection.
  *   - SIGTERM (or the master gone): the command in progress is finished;
  *     then every connection gets end(SERVICE_END_STOP) and the process

@@ -3,7 +3,10 @@
  *
  * A session is a loop of: read one command line (at most LMTP_CMD_MAX
  * bytes; longer ones are answered "500 5.5.2 Line too long" and skipped),
- * act, queue the reply.  Replies are flushed only when the client has
+ * act, queue the reply.  lmtp_serve() runs the loop until the session
+ * ends; lmtp_session_input() runs it only while a whole command line is
+ * buffered (prot_line_ready) and returns between commands, so one process
+ * can wait for many idle sessions at once.  Replies are flushed only when the client has
  * nothing more buffered (PIPELINING, RFC 2920) or before blocking work
  * (the 354 of DATA, a delivery, the TLS handshake, an AUTH challenge).
  *
@@ -1572,11 +1575,11 @@ void lmtp_session_end(struct lmtp_session **sp, enum lmtp_session_end why)
         lmtp_timeout_close(s);
         break;
     case LMTP_END_IDLE:
-        prot_printf(s->p, "421 4.4.2 %s Idle too long while others wait, "
-                    "closing connection\r\n", s->srv->servername);
+        prot_printf(s->p, "421 4.4.2 %s Idle too long, closing "
+                    "connection\r\n", s->srv->servername);
         prot_flush(s->p);
-        log_info("lmtp: idle connection closed for a waiting client "
-                 "peer=<%s>", s->conn->peer);
+        log_info("lmtp: idle connection closed to make room peer=<%s>",
+                 s->conn->peer);
         break;
     case LMTP_END_STOP:
         prot_printf(s->p, "421 4.3.2 %s Service shutting down\r\n",

@@ -1,7 +1,8 @@
 /*
  * lmtpd.c - the LMTP delivery worker: command line, and the callbacks
- * lib/service.h's service_main() runs (init once per process, serve once
- * per connection, done before exit).  The protocol is lmtp.c.
+ * lib/service.h's service_main_mux() runs (init once per process; open,
+ * input and end for the connections the process holds, several at a
+ * time: lmtp_max_idle; done before exit).  The protocol is lmtp.c.
  *
  *   lmtpd [-C imapd.conf] [-a] [-U uses] [-T idlesecs]
  *

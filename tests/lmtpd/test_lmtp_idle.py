@@ -254,6 +254,49 @@ def test_timeout_sigterm_idle_timeout():
         check(inst.count("user.tmo") == 0, "a message was stored")
 
 
+def test_maxuses_retires():
+    """maxuses=1: the worker's one client inside a transaction keeps its
+    place past lmtp_idle_timeout; a new client goes to a new worker; once
+    the transaction is over the old client is let go after
+    lmtp_idle_timeout (421 4.4.2) and the old worker leaves."""
+    with Instance("uses", conf={"lmtp_idle_timeout": "1",
+                                "lmtp_timeout": "60"}) as inst:
+        inst.create("user.uses")
+        with open(inst.cyrus_conf, "w") as f:
+            f.write("SERVICES {\n  lmtpunix cmd=\"lmtpd\" listen=\"%s\" "
+                    "prefork=1 maxchild=3 maxuses=1\n}\n"
+                    % inst.unix_socket)
+        inst.start()
+        first = set(inst.child_pids("lmtpunix"))
+        check(len(first) == 1, "workers at start: %r" % first)
+        a = greet(inst.unix_socket, timeout=60)
+        check(a.cmd("LHLO a.example").code == 250, "LHLO")
+        check(a.cmd("MAIL FROM:<a@example.org>").code == 250, "MAIL")
+        c = greet(inst.unix_socket, timeout=60)
+        _, _, _, dr = transaction(c, "c@example.org", ["uses"],
+                                  make_message(uniq("c")), lhlo="c.example")
+        check([x.code for x in dr] == [250], "c: %r" % dr)
+        c.close()               # (its worker, at maxuses too, would let
+                                # it go after lmtp_idle_timeout)
+        time.sleep(2)           # past lmtp_idle_timeout, inside MAIL
+        check(a.cmd("RCPT TO:<uses>").code == 250, "RCPT after the wait")
+        check(a.cmd("DATA").code == 354, "DATA")
+        a.send(make_message(uniq("a")) + b".\r\n")
+        check(a.reply().code == 250, "a's delivery")
+        a.settimeout(60)
+        r = a.reply()
+        check(r.code == 421 and r.enh == "4.4.2" and "Idle" in r.text,
+              "idle client of the retiring worker: %r" % r)
+        check(a.at_eof(), "open after 421")
+        a.close()
+        gone = wait_until(lambda: not (first & set(inst.child_pids(
+            "lmtpunix"))), 60)
+        check(gone, "the worker past maxuses did not leave: %r"
+              % inst.child_pids("lmtpunix"))
+        check(inst.count("user.uses") == 2, "count %d"
+              % inst.count("user.uses"))
+
+
 # ---- 4: TLS, AUTH and pipelining side by side in one worker ------------------
 
 def test_tls_auth_pipelining_one_worker():
@@ -372,6 +415,7 @@ TESTS = [
     test_idle_clients_do_not_block,
     test_persistent_storm,
     test_timeout_sigterm_idle_timeout,
+    test_maxuses_retires,
     test_tls_auth_pipelining_one_worker,
     test_unix_backlog,
 ]
