@@ -51,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -330,9 +331,50 @@ out_noreport:
 
 /* ---- the multiplexing loop (service_main_mux) ------------------------ */
 
-/* How long a process that holds connections lets a new one wait on the
- * listening socket, so that a process with none takes it first. */
+/* How long a process that holds n connections lets a new one wait on the
+ * listening socket, so that a process with none (or one the master forks
+ * meanwhile) takes it first: 10 ms doubled for each connection beyond
+ * the first, at most 160 ms.  Connections stay where they are accepted,
+ * so spreading a burst of new ones over processes matters. */
 #define SERVICE_MUX_DEFER 0.010
+#define SERVICE_MUX_DEFER_MAX 0.160
+
+/* The master's shared page (fd 5), mapped read-only, or NULL. */
+static const struct service_shared *service_shared_page;
+
+static void service_shared_map(void)
+{
+    struct stat st;
+    void *m;
+
+    if (fstat(SERVICE_SHARED_FD, &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_size < (off_t)sizeof(struct service_shared))
+        return;             /* no page (an older master, run by hand) */
+    m = mmap(NULL, sizeof(struct service_shared), PROT_READ, MAP_SHARED,
+             SERVICE_SHARED_FD, 0);
+    if (m == MAP_FAILED)
+        return;
+    service_shared_page = m;
+    close(SERVICE_SHARED_FD);
+}
+
+/* 1 when the master will start no child for a waiting client. */
+static int service_master_saturated(void)
+{
+    if (!service_shared_page)
+        return 1;
+    return __atomic_load_n(&service_shared_page->saturated,
+                           __ATOMIC_RELAXED) != 0;
+}
+
+static double service_mux_defer(size_t nconns)
+{
+    double d = SERVICE_MUX_DEFER;
+
+    while (nconns-- > 1 && d < SERVICE_MUX_DEFER_MAX)
+        d *= 2;
+    return d < SERVICE_MUX_DEFER_MAX ? d : SERVICE_MUX_DEFER_MAX;
+}
 
 struct service_conn {
     int fd;                     /* -1: ended, to be removed */
@@ -449,7 +491,7 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
     size_t nconns = 0, i;
     unsigned served = 0;
     int reported = 0, status = 0;
-    double defer_until = 0, idle_since = service_now();
+    double defer_until = 0, pending_since = 0, idle_since = service_now();
     const char *why = "stopped";
 
     sigemptyset(&term);
@@ -594,7 +636,7 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
         }
         if (defer_until > 0 && defer_until <= now && listen_ix >= 0 &&
             !pfd[listen_ix].revents)
-            defer_until = 0;        /* a free process took that client */
+            defer_until = pending_since = 0;   /* another one took it */
         if (r == 0)
             continue;
         if (status_ix >= 0 && (pfd[status_ix].revents & (POLLERR | POLLHUP))) {
@@ -629,12 +671,25 @@ static int service_mux_loop(const struct service_mux_callbacks *cb,
             status = 1;
             break;
         }
-        if (nconns > 0 && defer_until == 0) {
-            /* a process without connections may take it first */
-            defer_until = service_now() + SERVICE_MUX_DEFER;
-            continue;
+        if (nconns > 0) {
+            double t = service_now();
+
+            if (!service_master_saturated()) {
+                /* the master forks for it, or an idle child takes it:
+                 * look again in a moment */
+                pending_since = 0;
+                defer_until = t + SERVICE_MUX_DEFER;
+                continue;
+            }
+            if (pending_since == 0)
+                pending_since = t;
+            if (t < pending_since + service_mux_defer(nconns)) {
+                /* the least loaded process takes it first */
+                defer_until = pending_since + service_mux_defer(nconns);
+                continue;
+            }
         }
-        defer_until = 0;
+        defer_until = pending_since = 0;
         if (nconns >= maxconns) {
             long v = service_conns_victim(cb, conns, nconns, &at);
 
@@ -758,6 +813,7 @@ int service_main_mux(int argc, char **argv,
         int fl = fcntl(SERVICE_LISTEN_FD, F_GETFL);
         struct sigaction sa;
 
+        service_shared_map();
         service_listen_blocking = fl >= 0 && !(fl & O_NONBLOCK);
         memset(&sa, 0, sizeof(sa));
         sa.sa_handler = service_sigalrm;

@@ -8,6 +8,8 @@
  *                             accept() gives EAGAIN to those that lose
  *                             the race)
  *   fd 4 (SERVICE_STATUS_FD)  the write end of the service's status pipe
+ *   fd 5 (SERVICE_SHARED_FD)  the service's shared page (struct
+ *                             service_shared), when the master has one
  *   environment: CYRUSDELIVER_SERVICE=NAME, CYRUSDELIVER_MAXUSES=N,
  *                CYRUSDELIVER_IDLETIMEOUT=SECONDS, CYRUSDELIVER_CONF=path
  *                of imapd.conf (the master's -C),
@@ -47,6 +49,17 @@
 
 #define SERVICE_LISTEN_FD 3
 #define SERVICE_STATUS_FD 4
+#define SERVICE_SHARED_FD 5
+
+/* The page behind fd 5 (a memfd the master maps read-write; children
+ * map it read-only): what the master says to all children of the
+ * service at once. */
+struct service_shared {
+    uint32_t saturated;  /* 1: the master starts no child for a waiting
+                            client now (maxchild reached, backing off,
+                            service removed); 0: it will, or an idle
+                            child will take the client */
+};
 
 enum service_state {
     SERVICE_READY = 1,
@@ -94,10 +107,15 @@ int service_main(int argc, char **argv, const struct service_callbacks *cb);
  *     while it holds one or more: the master keeps `prefork` processes
  *     without connections and starts more (up to maxchild) for new
  *     clients, so busy connections are spread over processes.
- *   - A process holding connections lets a new client wait on the
- *     listening socket for 10 ms before taking it, so a process without
- *     connections takes it first; then it accepts it as well (up to
- *     max_conns).  With every process at maxchild holding connections a
+ *   - A process holding connections leaves a new client to the master
+ *     (which forks a child for it) and to idle children while the
+ *     master is not saturated (the shared page on fd 5); so below
+ *     maxchild each client gets a process of its own, as with
+ *     service_main.  Once it is saturated, a process holding n
+ *     connections lets the client wait 10 ms (doubled for each connection
+ *     beyond the first, at most 160 ms: the least loaded one takes it
+ *     first) and then accepts it (up to max_conns).  Without the shared
+ *     page it acts as if the master were saturated.  With every process at maxchild holding connections a
  *     new client is still greeted at once.
  *   - The master makes listening sockets non-blocking: a process that
  *     loses the race for a connection gets EAGAIN and goes back to its
