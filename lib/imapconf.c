@@ -195,6 +195,18 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 10, .max = 86400,
       .desc = "seconds an LMTP client may stay silent before the "
               "connection is closed with 421" },
+    { .name = "lmtp_max_idle", .type = IMAPCONF_INT, .def = "32",
+      .min = 1, .max = 1000,
+      .desc = "most connections one lmtpd process holds: it serves "
+              "whichever has a command and waits for the others in one "
+              "poll, so idle clients do not hold processes; 1 = one "
+              "connection per process" },
+    { .name = "lmtp_idle_timeout", .type = IMAPCONF_INT, .def = "10",
+      .min = 1, .max = 86400,
+      .desc = "seconds an LMTP connection with no transaction open may "
+              "stay silent once its process holds lmtp_max_idle "
+              "connections and a new client waits: then it is closed "
+              "with 421 to make room" },
     { .name = "prelogin_timeout", .type = IMAPCONF_INT, .def = "60",
       .min = 5, .max = 3600,
       .desc = "seconds an IMAP client may stay idle before it has logged "

@@ -572,6 +572,90 @@ int prot_read_some(struct prot *p, struct buf *out, size_t max, size_t *n_r)
     return PROT_OK;
 }
 
+/* One read of what is there, without waiting: 1 bytes added, 0 nothing
+ * there yet (or no room), -1 EOF or an error (made sticky). */
+static int prot_fill_nowait(struct prot *p)
+{
+    size_t room;
+
+    if (p->read_error || p->read_eof)
+        return -1;
+    if (p->in_start == p->in_end) {
+        p->in_start = p->in_end = 0;
+    } else if (p->in_start > 0) {
+        memmove(p->in, p->in + p->in_start, p->in_end - p->in_start);
+        p->in_end -= p->in_start;
+        p->in_start = 0;
+    }
+    room = PROT_BUFSIZE - p->in_end;
+    if (room == 0)
+        return 0;
+    for (;;) {
+        if (p->ssl) {
+            size_t n = 0;
+            int ret, err;
+
+            errno = 0;
+            ret = SSL_read_ex(p->ssl, p->in + p->in_end, room, &n);
+            if (ret > 0) {
+                p->in_end += n;
+                p->bytes_in += n;
+                return 1;
+            }
+            err = SSL_get_error(p->ssl, ret);
+            if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE)
+                return 0;
+            /* the waiting read reports it properly (EOF or the error) */
+            ret = prot_ssl_wait(p, ret, "TLS read");
+            if (ret == PROT_EOF) {
+                p->read_eof = 1;
+                prot_seterror(p, "read: connection closed by peer");
+            } else {
+                p->read_error = 1;
+            }
+            return -1;
+        } else {
+            ssize_t n = prot_sys_read(p, p->in + p->in_end, room);
+
+            if (n > 0) {
+                p->in_end += (size_t)n;
+                p->bytes_in += (unsigned long long)n;
+                return 1;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return 0;
+            if (n == 0 || errno == ECONNRESET) {
+                p->read_eof = 1;
+                prot_seterror(p, "read: connection closed by peer");
+            } else {
+                prot_seterror(p, "read: %s", strerror(errno));
+                p->read_error = 1;
+            }
+            return -1;
+        }
+    }
+}
+
+int prot_line_ready(struct prot *p)
+{
+    for (;;) {
+        size_t avail = p->in_end - p->in_start;
+
+        if (avail && memchr(p->in + p->in_start, '\n', avail))
+            return 1;
+        if (p->read_eof || p->read_error)
+            return 1;
+        if (p->in_start == 0 && p->in_end == PROT_BUFSIZE)
+            return 1;                /* a line longer than the buffer */
+        if (p->mem)
+            return 1;                /* prot_getline() reports the end */
+        if (prot_fill_nowait(p) == 0)
+            return 0;
+    }
+}
+
 int prot_pending(const struct prot *p)
 {
     if (p->in_end > p->in_start)

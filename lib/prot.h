@@ -107,6 +107,17 @@ int prot_read_some(struct prot *p, struct buf *out, size_t max, size_t *n_r);
  * Does not read from the socket. */
 int prot_pending(const struct prot *p);
 
+/* Read what has arrived, without waiting, and say whether prot_getline()
+ * can now return without waiting for the connection: 1 when a whole line
+ * is buffered, when the peer closed the connection or a read failed (the
+ * next read reports it), or when the buffer is full without a line end
+ * (then prot_getline() skips the rest of the overlong line, which may
+ * wait); 0 when the line is not complete yet.  For a process that serves
+ * several connections and waits in poll() between their commands: after
+ * 0 the connection's socket polls readable when more arrives (TLS bytes
+ * already received are moved out of the TLS layer first). */
+int prot_line_ready(struct prot *p);
+
 /* Buffered output. */
 void prot_write(struct prot *p, const void *data, size_t len);
 void prot_puts(struct prot *p, const char *s);

@@ -17,10 +17,11 @@
  *   the accept), and while serve() runs (the handler only sets the flag;
  *   SA_RESTART keeps serve()'s blocking reads going, so the connection in
  *   progress is finished).
- * - Several idle children wake up for one connection; the ones that lose
- *   the race block in accept() until the next connection.  Such a child
- *   does not honour its idle timeout until then, but SIGTERM still ends
- *   it at once.  A SIGTERM that arrives just as accept() returns a
+ * - Several idle children wake up for one connection; the master makes
+ *   the listening socket non-blocking, so the ones that lose the race get
+ *   EAGAIN and go back to their poll (with a blocking socket, as when run
+ *   by another launcher, they would wait in accept() for the next
+ *   connection; SIGTERM still ends that wait at once).  A SIGTERM that arrives just as accept() returns a
  *   connection drops that connection (the window is a few instructions;
  *   the master sends SIGTERM only when it stops the service anyway).
  * - SIGTERM closes the child's copy of the listening socket at once (in
@@ -50,9 +51,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <sys/un.h>
 #include <time.h>
@@ -109,6 +112,13 @@ static long service_getenv_long(const char *name, long def)
 }
 
 static int service_status_ok;
+static int service_listen_blocking;  /* fd 3 lacks O_NONBLOCK */
+
+static void service_sigalrm(int sig)
+{
+    (void)sig;          /* only ends a blocking accept() with EINTR */
+}
+
 static pid_t service_master_pid;     /* 0 = not known */
 
 /* Leave as on SIGTERM (the master is gone).  SIGTERM must be blocked. */
@@ -319,34 +329,437 @@ out_noreport:
     return status;
 }
 
-int service_main(int argc, char **argv, const struct service_callbacks *cb)
+/* ---- the multiplexing loop (service_main_mux) ------------------------ */
+
+/* How long a process that holds n connections lets a new one wait on the
+ * listening socket, so that a process with none (or one the master forks
+ * meanwhile) takes it first: 10 ms doubled for each connection beyond
+ * the first, at most 160 ms.  Connections stay where they are accepted,
+ * so spreading a burst of new ones over processes matters. */
+#define SERVICE_MUX_DEFER 0.010
+#define SERVICE_MUX_DEFER_MAX 0.160
+
+/* The master's shared page (fd 5), mapped read-only, or NULL. */
+static const struct service_shared *service_shared_page;
+
+static void service_shared_map(void)
 {
-    struct sigaction sa;
-    long maxuses, idletimeout;
-    int status;
+    struct stat st;
+    void *m;
 
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = SIG_IGN;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGPIPE, &sa, NULL);
+    if (fstat(SERVICE_SHARED_FD, &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_size < (off_t)sizeof(struct service_shared))
+        return;             /* no page (an older master, run by hand) */
+    m = mmap(NULL, sizeof(struct service_shared), PROT_READ, MAP_SHARED,
+             SERVICE_SHARED_FD, 0);
+    if (m == MAP_FAILED)
+        return;
+    service_shared_page = m;
+    close(SERVICE_SHARED_FD);
+}
 
-    sa.sa_handler = service_sigterm;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &sa, NULL);
+/* 1 when the master will start no child for a waiting client. */
+static int service_master_saturated(void)
+{
+    if (!service_shared_page)
+        return 1;
+    return __atomic_load_n(&service_shared_page->saturated,
+                           __ATOMIC_RELAXED) != 0;
+}
 
-    service_status_ok = fcntl(SERVICE_STATUS_FD, F_GETFD) >= 0;
+static double service_mux_defer(size_t nconns)
+{
+    double d = SERVICE_MUX_DEFER;
 
-    if (!service_have_listener()) {
-        /* run by hand: one session on stdin/stdout */
-        service_status_ok = 0;
-        if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
-        cb->serve(0, "stdin", cb->rock);
-        if (cb->done) cb->done(cb->rock);
-        return 0;
+    while (nconns-- > 1 && d < SERVICE_MUX_DEFER_MAX)
+        d *= 2;
+    return d < SERVICE_MUX_DEFER_MAX ? d : SERVICE_MUX_DEFER_MAX;
+}
+
+struct service_conn {
+    int fd;                     /* -1: ended, to be removed */
+    void *h;                    /* the callbacks' handle */
+    double last;                /* monotonic time of the last input */
+};
+
+static double service_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void service_soonest(double *wake, double t)
+{
+    if (*wake == 0 || t < *wake)
+        *wake = t;
+}
+
+/* Drop the connections marked ended (fd -1). */
+static size_t service_conns_compact(struct service_conn *c, size_t n)
+{
+    size_t i, j = 0;
+
+    for (i = 0; i < n; i++)
+        if (c[i].fd >= 0)
+            c[j++] = c[i];
+    return j;
+}
+
+/* The idle connection that has been silent longest and may give way
+ * (evictable), or -1; its silence must have lasted idle_timeout by
+ * *at_r's time: *at_r gets when that is (<= now: at once). */
+static long service_conns_victim(const struct service_mux_callbacks *cb,
+                                 struct service_conn *c, size_t n,
+                                 double *at_r)
+{
+    long best = -1;
+    size_t i;
+
+    if (cb->idle_timeout <= 0)
+        return -1;
+    for (i = 0; i < n; i++) {
+        if (c[i].fd < 0 || (cb->evictable && !cb->evictable(c[i].h, cb->rock)))
+            continue;
+        if (best < 0 || c[i].last < c[best].last)
+            best = (long)i;
+    }
+    if (best >= 0)
+        *at_r = c[best].last + cb->idle_timeout;
+    return best;
+}
+
+/* Accept one connection from the (non-blocking) listening socket: the fd,
+ * or -1 (lost the race, a transient error, or SIGTERM), or -2 for a
+ * failure that ends the process.  SIGTERM must be blocked. */
+static int service_accept(const sigset_t *term, char *peer, size_t peerlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t sslen = sizeof(ss);
+    volatile int fd = -1;
+
+    memset(&ss, 0, sizeof(ss));
+    if (sigsetjmp(service_accept_jmp, 1) == 0) {
+        /* a blocking listening socket (not made by our master): a lost
+         * race must not keep the connections held here waiting, so a
+         * timer (SIGALRM, no SA_RESTART) ends the wait */
+        struct itimerval limit = { { 0, 0 }, { 0, 50000 } };
+        struct itimerval off = { { 0, 0 }, { 0, 0 } };
+
+        if (service_listen_blocking)
+            setitimer(ITIMER_REAL, &limit, NULL);
+        service_in_accept = 1;
+        sigprocmask(SIG_UNBLOCK, term, NULL);
+        fd = accept(SERVICE_LISTEN_FD, (struct sockaddr *)&ss, &sslen);
+        service_in_accept = 0;
+        sigprocmask(SIG_BLOCK, term, NULL);
+        if (service_listen_blocking)
+            setitimer(ITIMER_REAL, &off, NULL);
+    } else {
+        return -1;          /* SIGTERM while in accept(): mask restored */
+    }
+    if (fd < 0) {
+        switch (errno) {
+        case EINTR: case EAGAIN: case ECONNABORTED: case EPROTO:
+        case ENETDOWN: case ENOPROTOOPT: case EHOSTDOWN: case ENONET:
+        case EHOSTUNREACH: case EOPNOTSUPP: case ENETUNREACH:
+            return -1;
+        case EMFILE: case ENFILE: case ENOBUFS: case ENOMEM:
+            log_warning("service: accept failed error=<%s>", strerror(errno));
+            {
+                struct timespec pause = { 0, 100 * 1000 * 1000 };
+                nanosleep(&pause, NULL);
+            }
+            return -1;
+        default:
+            log_error("service: accept failed error=<%s>", strerror(errno));
+            return -2;
+        }
+    }
+    service_peer_text(&ss, sslen, peer, peerlen);
+    return fd;
+}
+
+static int service_mux_loop(const struct service_mux_callbacks *cb,
+                            long maxuses, long idletimeout)
+{
+    sigset_t term, waitmask;
+    size_t maxconns = cb->max_conns > 0 ? (size_t)cb->max_conns : 1;
+    struct service_conn *conns = calloc(maxconns, sizeof(*conns));
+    struct pollfd *pfd = calloc(maxconns + 2, sizeof(*pfd));
+    size_t nconns = 0, i;
+    unsigned served = 0;
+    int reported = 0, status = 0;
+    double defer_until = 0, pending_since = 0, idle_since = service_now();
+    const char *why = "stopped";
+
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, &waitmask);
+    sigdelset(&waitmask, SIGTERM);
+    if (!conns || !pfd) {
+        log_error("service: out of memory");
+        status = 1;
+        goto out_noreport;
     }
 
-    /* leave when the master dies (see the top of this file); checked
-     * once more after setting it: the master may be gone already */
+    for (;;) {
+        double now = service_now(), wake = 0, at = 0;
+        struct timespec ts, *tsp = NULL;
+        nfds_t n = 0;
+        int accepting, poll_listener, r;
+        long listen_ix = -1, status_ix = -1;
+        size_t conn_base, had, had_before_timeouts;
+
+        if (service_term_flag) {
+            why = service_master_gone() ? "master gone" : "stopped";
+            break;
+        }
+        accepting = service_listen_open &&
+                    !(maxuses > 0 && served >= (unsigned long)maxuses);
+        if (!accepting && nconns == 0) {
+            why = service_listen_open ? "maxuses" : "stopped";
+            break;
+        }
+        if (nconns == 0 && idletimeout > 0) {
+            if (now - idle_since >= (double)idletimeout) {
+                why = "idle";
+                break;
+            }
+            service_soonest(&wake, idle_since + (double)idletimeout);
+        }
+        /* READY only with no connection at all: the master counts a
+         * process holding connections as busy and starts another for
+         * new clients while it may (maxchild) */
+        {
+            int state = nconns == 0 ? SERVICE_READY : SERVICE_BUSY;
+
+            if (state != reported) {
+                service_report((enum service_state)state, served);
+                reported = state;
+            }
+        }
+
+        /* silent for the whole timeout: 421 and close; a process that
+         * accepts no more (maxuses) lets an idle connection go after
+         * idle_timeout, so that it leaves and a fresh one takes over */
+        had_before_timeouts = nconns;
+        for (i = 0; i < nconns; i++) {
+            double t = cb->timeout > 0
+                       ? conns[i].last + (double)cb->timeout : 0;
+            enum service_end end_why = SERVICE_END_TIMEOUT;
+
+            if (!accepting && cb->idle_timeout > 0 &&
+                (!cb->evictable || cb->evictable(conns[i].h, cb->rock))) {
+                double ti = conns[i].last + (double)cb->idle_timeout;
+
+                if (t == 0 || ti < t) {
+                    t = ti;
+                    end_why = SERVICE_END_IDLE;
+                }
+            }
+            if (t == 0)
+                continue;
+            if (t <= now) {
+                sigprocmask(SIG_UNBLOCK, &term, NULL);
+                cb->end(conns[i].h, end_why, cb->rock);
+                sigprocmask(SIG_BLOCK, &term, NULL);
+                close(conns[i].fd);
+                conns[i].fd = -1;
+            } else {
+                service_soonest(&wake, t);
+            }
+        }
+        nconns = service_conns_compact(conns, nconns);
+        if (nconns == 0 && had_before_timeouts > 0) {
+            defer_until = 0;
+            idle_since = now;
+            if (!accepting)
+                continue;           /* leaves at the top of the loop */
+        }
+
+        poll_listener = accepting;
+        if (accepting && defer_until > now) {
+            poll_listener = 0;
+            service_soonest(&wake, defer_until);
+        }
+        if (poll_listener && nconns >= maxconns) {
+            /* full: a waiting client is looked at only once one of ours
+             * may give way to it */
+            if (service_conns_victim(cb, conns, nconns, &at) < 0) {
+                poll_listener = 0;
+            } else if (at > now) {
+                poll_listener = 0;
+                service_soonest(&wake, at);
+            }
+        }
+
+        if (poll_listener) {
+            listen_ix = (long)n;
+            pfd[n].fd = SERVICE_LISTEN_FD;
+            pfd[n].events = POLLIN;
+            pfd[n++].revents = 0;
+        }
+        if (service_status_ok) {
+            status_ix = (long)n;
+            pfd[n].fd = SERVICE_STATUS_FD;
+            pfd[n].events = 0;
+            pfd[n++].revents = 0;
+        }
+        conn_base = n;
+        for (i = 0; i < nconns; i++) {
+            pfd[n].fd = conns[i].fd;
+            pfd[n].events = POLLIN;
+            pfd[n++].revents = 0;
+        }
+        if (wake > 0) {
+            double left = wake - now;
+
+            if (left < 0)
+                left = 0;
+            ts.tv_sec = (time_t)left;
+            ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9) + 1000000;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            tsp = &ts;
+        }
+        r = ppoll(pfd, n, tsp, &waitmask);
+        if (r < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            log_error("service: poll failed error=<%s>", strerror(errno));
+            status = 1;
+            break;
+        }
+        if (defer_until > 0 && defer_until <= now && listen_ix >= 0 &&
+            !pfd[listen_ix].revents)
+            defer_until = pending_since = 0;   /* another one took it */
+        if (r == 0)
+            continue;
+        if (status_ix >= 0 && (pfd[status_ix].revents & (POLLERR | POLLHUP))) {
+            service_orphaned();
+            why = "master gone";
+            break;
+        }
+
+        /* connections with input first: a command beats a new client */
+        had = nconns;
+        for (i = 0; i < nconns; i++) {
+            if (!pfd[conn_base + i].revents)
+                continue;
+            sigprocmask(SIG_UNBLOCK, &term, NULL);
+            r = cb->input(conns[i].h, cb->rock);
+            sigprocmask(SIG_BLOCK, &term, NULL);
+            if (r != 0) {
+                close(conns[i].fd);
+                conns[i].fd = -1;
+            } else {
+                conns[i].last = service_now();
+            }
+        }
+        nconns = service_conns_compact(conns, nconns);
+        if (had > 0 && nconns == 0)
+            idle_since = service_now();
+
+        if (listen_ix < 0 || !pfd[listen_ix].revents || !service_listen_open)
+            continue;
+        if (pfd[listen_ix].revents & (POLLERR | POLLNVAL)) {
+            log_error("service: listening socket failed");
+            status = 1;
+            break;
+        }
+        if (nconns > 0) {
+            double t = service_now();
+
+            if (!service_master_saturated()) {
+                /* the master forks for it, or an idle child takes it:
+                 * look again in a moment */
+                pending_since = 0;
+                defer_until = t + SERVICE_MUX_DEFER;
+                continue;
+            }
+            if (pending_since == 0)
+                pending_since = t;
+            if (t < pending_since + service_mux_defer(nconns)) {
+                /* the least loaded process takes it first */
+                defer_until = pending_since + service_mux_defer(nconns);
+                continue;
+            }
+        }
+        defer_until = pending_since = 0;
+        if (nconns >= maxconns) {
+            long v = service_conns_victim(cb, conns, nconns, &at);
+
+            if (v < 0 || at > service_now())
+                continue;
+            sigprocmask(SIG_UNBLOCK, &term, NULL);
+            cb->end(conns[v].h, SERVICE_END_IDLE, cb->rock);
+            sigprocmask(SIG_BLOCK, &term, NULL);
+            close(conns[v].fd);
+            conns[v].fd = -1;
+            nconns = service_conns_compact(conns, nconns);
+        }
+        {
+            char peer[INET6_ADDRSTRLEN + 16];
+            int fd = service_accept(&term, peer, sizeof(peer));
+            void *h;
+
+            if (fd == -2) {
+                status = 1;
+                break;
+            }
+            if (fd < 0)
+                continue;
+            served++;
+            if (reported != SERVICE_BUSY) {
+                service_report(SERVICE_BUSY, served);
+                reported = SERVICE_BUSY;
+            }
+            sigprocmask(SIG_UNBLOCK, &term, NULL);
+            h = cb->open(fd, peer, cb->rock);
+            sigprocmask(SIG_BLOCK, &term, NULL);
+            if (!h) {
+                close(fd);
+                if (nconns == 0)
+                    idle_since = service_now();
+            } else {
+                conns[nconns].fd = fd;
+                conns[nconns].h = h;
+                conns[nconns].last = service_now();
+                nconns++;
+            }
+        }
+    }
+
+    /* stopping: every connection is between commands here */
+    for (i = 0; i < nconns; i++) {
+        cb->end(conns[i].h, SERVICE_END_STOP, cb->rock);
+        close(conns[i].fd);
+    }
+    nconns = 0;
+    if (status == 0) {
+        if (strcmp(why, "master gone") == 0)
+            log_info("service: master gone: leaving served=<%u>", served);
+        else
+            log_debug("service: leaving reason=<%s> served=<%u>", why,
+                      served);
+        service_report(SERVICE_EXITING, served);
+    }
+out_noreport:
+    free(conns);
+    free(pfd);
+    sigprocmask(SIG_UNBLOCK, &term, NULL);
+    return status;
+}
+
+/* What service_main and service_main_mux share before their loop: signal
+ * set-up, the orphan check, the environment.  1 to go on, 0 when the
+ * master is gone already. */
+static int service_setup(long *maxuses_r, long *idletimeout_r)
+{
     service_listen_open = 1;
     service_master_pid =
         (pid_t)service_getenv_long("CYRUSDELIVER_MASTER_PID", 0);
@@ -357,11 +770,80 @@ int service_main(int argc, char **argv, const struct service_callbacks *cb)
         log_info("service: master gone before the start: leaving");
         return 0;
     }
+    *maxuses_r = service_getenv_long("CYRUSDELIVER_MAXUSES", 0);
+    *idletimeout_r = service_getenv_long("CYRUSDELIVER_IDLETIMEOUT", 0);
+    if (*idletimeout_r > INT_MAX / 1000)
+        *idletimeout_r = INT_MAX / 1000;
+    return 1;
+}
 
-    maxuses = service_getenv_long("CYRUSDELIVER_MAXUSES", 0);
-    idletimeout = service_getenv_long("CYRUSDELIVER_IDLETIMEOUT", 0);
-    if (idletimeout > INT_MAX / 1000) idletimeout = INT_MAX / 1000;
+static void service_signals(void)
+{
+    struct sigaction sa;
 
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, NULL);
+
+    sa.sa_handler = service_sigterm;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    service_status_ok = fcntl(SERVICE_STATUS_FD, F_GETFD) >= 0;
+}
+
+int service_main_mux(int argc, char **argv,
+                     const struct service_mux_callbacks *cb)
+{
+    long maxuses, idletimeout;
+    int status;
+
+    service_signals();
+    if (!service_have_listener()) {
+        /* run by hand: one session on stdin/stdout */
+        service_status_ok = 0;
+        if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
+        cb->serve(0, "stdin", cb->rock);
+        if (cb->done) cb->done(cb->rock);
+        return 0;
+    }
+    if (!service_setup(&maxuses, &idletimeout))
+        return 0;
+    {
+        int fl = fcntl(SERVICE_LISTEN_FD, F_GETFL);
+        struct sigaction sa;
+
+        service_shared_map();
+        service_listen_blocking = fl >= 0 && !(fl & O_NONBLOCK);
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = service_sigalrm;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGALRM, &sa, NULL);   /* no SA_RESTART */
+    }
+    if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
+    status = service_mux_loop(cb, maxuses, idletimeout);
+    if (cb->done) cb->done(cb->rock);
+    return status;
+}
+
+int service_main(int argc, char **argv, const struct service_callbacks *cb)
+{
+    long maxuses, idletimeout;
+    int status;
+
+    service_signals();
+    if (!service_have_listener()) {
+        /* run by hand: one session on stdin/stdout */
+        service_status_ok = 0;
+        if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
+        cb->serve(0, "stdin", cb->rock);
+        if (cb->done) cb->done(cb->rock);
+        return 0;
+    }
+    /* leave when the master dies (see the top of this file); checked
+     * once more after setting it: the master may be gone already */
+    if (!service_setup(&maxuses, &idletimeout))
+        return 0;
     if (cb->init && cb->init(argc, argv, cb->rock) != 0) return 75;
 
     status = service_loop(cb, maxuses, idletimeout);

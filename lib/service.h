@@ -3,9 +3,13 @@
  * program (lmtpd, imapd, the test service) links to run under master.
  *
  * How the master starts a service child (master/master_service.c):
- *   fd 3 (SERVICE_LISTEN_FD)  the service's listening socket (inherited;
- *                             blocking accept() by every idle child)
+ *   fd 3 (SERVICE_LISTEN_FD)  the service's listening socket (inherited,
+ *                             non-blocking: every idle child polls it and
+ *                             accept() gives EAGAIN to those that lose
+ *                             the race)
  *   fd 4 (SERVICE_STATUS_FD)  the write end of the service's status pipe
+ *   fd 5 (SERVICE_SHARED_FD)  the service's shared page (struct
+ *                             service_shared), when the master has one
  *   environment: CYRUSDELIVER_SERVICE=NAME, CYRUSDELIVER_MAXUSES=N,
  *                CYRUSDELIVER_IDLETIMEOUT=SECONDS, CYRUSDELIVER_CONF=path
  *                of imapd.conf (the master's -C),
@@ -15,8 +19,10 @@
  * Status messages: fixed-size struct service_status records written with
  * one write(2) each (smaller than PIPE_BUF, so atomic even with many
  * children on one pipe):
- *   SERVICE_READY    waiting in accept(): counts as an idle child
- *   SERVICE_BUSY     accepted a connection: no longer idle
+ *   SERVICE_READY    waiting for a connection and holding none: counts
+ *                    as an idle child
+ *   SERVICE_BUSY     holds a connection (service_main_mux: one or more,
+ *                    busy or waiting for their next command)
  *   SERVICE_EXITING  leaving on its own (max uses, idle timeout, told to
  *                    stop): the master need not count it as a crash
  * A child that dies without EXITING is a crash for the master's accounting
@@ -43,6 +49,17 @@
 
 #define SERVICE_LISTEN_FD 3
 #define SERVICE_STATUS_FD 4
+#define SERVICE_SHARED_FD 5
+
+/* The page behind fd 5 (a memfd the master maps read-write; children
+ * map it read-only): what the master says to all children of the
+ * service at once. */
+struct service_shared {
+    uint32_t saturated;  /* 1: the master starts no child for a waiting
+                            client now (maxchild reached, backing off,
+                            service removed); 0: it will, or an idle
+                            child will take the client */
+};
 
 enum service_state {
     SERVICE_READY = 1,
@@ -79,6 +96,82 @@ struct service_callbacks {
  * main() to return.  When fd 3 is not a listening socket (run by hand),
  * serves stdin/stdout once (fd 0) and returns. */
 int service_main(int argc, char **argv, const struct service_callbacks *cb);
+
+/* A service whose processes each hold several connections (lmtpd): one
+ * poll() over the listening socket and every connection the process
+ * holds; whichever connection has input is served (the callee serves its
+ * whole commands and returns while it waits for the next one), so an idle
+ * connection costs a descriptor, not a process.
+ *
+ *   - A process reports READY only while it holds no connection, BUSY
+ *     while it holds one or more: the master keeps `prefork` processes
+ *     without connections and starts more (up to maxchild) for new
+ *     clients, so busy connections are spread over processes.
+ *   - A process holding connections leaves a new client to the master
+ *     (which forks a child for it) and to idle children while the
+ *     master is not saturated (the shared page on fd 5); so below
+ *     maxchild each client gets a process of its own, as with
+ *     service_main.  Once it is saturated, a process holding n
+ *     connections lets the client wait 10 ms (doubled for each connection
+ *     beyond the first, at most 160 ms: the least loaded one takes it
+ *     first) and then accepts it (up to max_conns).  Without the shared
+ *     page it acts as if the master were saturated.  With every process at maxchild holding connections a
+ *     new client is still greeted at once.
+ *   - The master makes listening sockets non-blocking: a process that
+ *     loses the race for a connection gets EAGAIN and goes back to its
+ *     poll instead of waiting in accept() while its clients wait.
+ *   - A connection silent for `timeout` seconds is ended (end() with
+ *     SERVICE_END_TIMEOUT).  A process holding max_conns connections
+ *     while a client waits on the listening socket ends the connection
+ *     silent longest if it is evictable() and has been silent for
+ *     idle_timeout seconds (SERVICE_END_IDLE), and takes the new one.
+ *   - CYRUSDELIVER_MAXUSES counts connections accepted: at the limit the
+ *     process accepts no more, lets a connection evictable() and
+ *     silent for idle_timeout go (SERVICE_END_IDLE), and leaves once its
+ *     last one ends;
+ *     CYRUSDELIVER_IDLETIMEOUT counts time without any connection.
+ *   - SIGTERM (or the master gone): the command in progress is finished;
+ *     then every connection gets end(SERVICE_END_STOP) and the process
+ *     leaves.  input(), open() and end() run with SIGTERM deliverable
+ *     (the handler only sets service_stopping() and closes the listening
+ *     socket), the rest of the loop with it blocked. */
+enum service_end {
+    SERVICE_END_TIMEOUT,     /* silent for `timeout` seconds */
+    SERVICE_END_IDLE,        /* gave way to a waiting client */
+    SERVICE_END_STOP         /* SIGTERM, or the master is gone */
+};
+
+struct service_mux_callbacks {
+    /* as in struct service_callbacks; init may fill max_conns, timeout
+     * and idle_timeout below (through its rock) from its configuration */
+    int (*init)(int argc, char **argv, void *rock);
+    /* run by hand (fd 3 is not a listening socket): the one session on
+     * stdin, as service_callbacks.serve */
+    void (*serve)(int fd, const char *peer, void *rock);
+    /* a new connection (fd is the service's to close): greet it; the
+     * connection's handle, or NULL when it is over already */
+    void *(*open)(int fd, const char *peer, void *rock);
+    /* the connection polled readable: serve its whole commands; 0 when
+     * it waits for more, 1 when it is over (the callee freed its state;
+     * the service closes fd) */
+    int (*input)(void *conn, void *rock);
+    /* 1 when conn may be ended to make room (no transaction open); NULL:
+     * always */
+    int (*evictable)(void *conn, void *rock);
+    /* end a waiting connection: tell the peer why, free the state (the
+     * service closes fd) */
+    void (*end)(void *conn, enum service_end why, void *rock);
+    void (*done)(void *rock);
+    void *rock;
+    int max_conns;           /* connections one process holds, >= 1 */
+    int timeout;             /* seconds of silence; 0 = never */
+    int idle_timeout;        /* seconds before giving way; 0 = never */
+};
+
+/* Like service_main(), for a multiplexing service (see above).  cb is
+ * read again after init, which may change its limits. */
+int service_main_mux(int argc, char **argv,
+                     const struct service_mux_callbacks *cb);
 
 /* A worker's command line, the same for lmtpd and imapd: -C FILE (else
  * $CYRUSDELIVER_CONF, else defconf) into *confpath_r; the one option

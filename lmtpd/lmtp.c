@@ -3,7 +3,10 @@
  *
  * A session is a loop of: read one command line (at most LMTP_CMD_MAX
  * bytes; longer ones are answered "500 5.5.2 Line too long" and skipped),
- * act, queue the reply.  Replies are flushed only when the client has
+ * act, queue the reply.  lmtp_serve() runs the loop until the session
+ * ends; lmtp_session_input() runs it only while a whole command line is
+ * buffered (prot_line_ready) and returns between commands, so one process
+ * can wait for many idle sessions at once.  Replies are flushed only when the client has
  * nothing more buffered (PIPELINING, RFC 2920) or before blocking work
  * (the 354 of DATA, a delivery, the TLS handshake, an AUTH challenge).
  *
@@ -1499,59 +1502,147 @@ static void lmtp_command(struct lmtp_session *s)
 #undef VERB
 }
 
-void lmtp_serve(struct lmtp_server *srv, struct prot *p,
-                const struct lmtp_conn *conn)
+/* A new session: the greeting is queued (sent by the first flush). */
+static struct lmtp_session *lmtp_session_alloc(struct lmtp_server *srv,
+                                               struct prot *p,
+                                               const struct lmtp_conn *conn)
 {
-    struct lmtp_session s;
+    struct lmtp_session *s = calloc(1, sizeof(*s));
+
+    if (!s) {
+        log_error("lmtp: out of memory peer=<%s>", conn->peer);
+        return NULL;
+    }
+    s->srv = srv;
+    s->p = p;
+    s->conn = conn;
+    prot_settimeout(p, srv->timeout);
+    lmtp_sasl_reset(s);
+    log_debug("lmtp: connection peer=<%s>", conn->peer);
+    prot_printf(p, "220 %s LMTP cyrusdeliver ready\r\n", srv->servername);
+    return s;
+}
+
+/* Serve commands until the session ends (LMTP_SESSION_DONE) or, with
+ * nowait, until no whole command line is buffered any more
+ * (LMTP_SESSION_IDLE, replies flushed).  Pipelined commands already
+ * buffered are served before returning, their replies sent together. */
+static int lmtp_session_loop(struct lmtp_session *s, int nowait)
+{
+    struct prot *p = s->p;
     enum prot_eol eol;
     int r;
 
-    memset(&s, 0, sizeof(s));
-    s.srv = srv;
-    s.p = p;
-    s.conn = conn;
-    prot_settimeout(p, srv->timeout);
-    lmtp_sasl_reset(&s);
-    log_debug("lmtp: connection peer=<%s>", conn->peer);
-    prot_printf(p, "220 %s LMTP cyrusdeliver ready\r\n", srv->servername);
-
-    while (!s.quit) {
+    while (!s->quit) {
+        if (nowait && !prot_line_ready(p))
+            return prot_flush(p) == PROT_OK ? LMTP_SESSION_IDLE
+                                            : LMTP_SESSION_DONE;
         if (!prot_pending(p) && prot_flush(p) != PROT_OK)
-            break;
+            return LMTP_SESSION_DONE;
         /* between commands nothing is half-stored: a transaction in
          * progress gets 421 and the client's MTA tries again later */
         if (service_stopping()) {
             prot_printf(p, "421 4.3.2 %s Service shutting down\r\n",
-                        srv->servername);
+                        s->srv->servername);
             break;
         }
         /* an idle client does not hold up a shutdown (SIGTERM from the
          * master): the wait for the next command gives way to it */
         prot_set_interrupt(p, service_stopping);
-        r = prot_getline(p, &s.line, LMTP_CMD_MAX, &eol);
+        r = prot_getline(p, &s->line, LMTP_CMD_MAX, &eol);
         prot_set_interrupt(p, NULL);
         if (r == PROT_INTERRUPTED) {
             prot_printf(p, "421 4.3.2 %s Service shutting down\r\n",
-                        srv->servername);
+                        s->srv->servername);
             break;
         }
         if (r == PROT_TOOLONG) {
-            lmtp_reply(&s, "500 5.5.2 Line too long");
+            lmtp_reply(s, "500 5.5.2 Line too long");
             continue;
         }
         if (r != PROT_OK) {
-            lmtp_read_failed(&s, r);
+            lmtp_read_failed(s, r);
             break;
         }
-        lmtp_command(&s);
+        lmtp_command(s);
     }
     prot_flush(p);
+    return LMTP_SESSION_DONE;
+}
 
-    lmtp_txn_reset(&s);
-    buf_free(&s.msg.out);
-    buf_free(&s.msg.hdr);
-    buf_free(&s.line);
-    buf_free(&s.helo);
-    free(s.authuser);
-    saslserver_free(&s.sasl);
+int lmtp_session_new(struct lmtp_server *srv, struct prot *p,
+                     const struct lmtp_conn *conn, struct lmtp_session **s_r)
+{
+    *s_r = lmtp_session_alloc(srv, p, conn);
+    if (!*s_r)
+        return -1;
+    if (prot_flush(p) != PROT_OK) {
+        lmtp_session_free(s_r);
+        return -1;
+    }
+    return 0;
+}
+
+int lmtp_session_input(struct lmtp_session *s)
+{
+    return lmtp_session_loop(s, 1);
+}
+
+int lmtp_session_in_transaction(const struct lmtp_session *s)
+{
+    return s->mail;
+}
+
+void lmtp_session_end(struct lmtp_session **sp, enum lmtp_session_end why)
+{
+    struct lmtp_session *s = *sp;
+
+    if (!s)
+        return;
+    switch (why) {
+    case LMTP_END_TIMEOUT:
+        lmtp_timeout_close(s);
+        break;
+    case LMTP_END_IDLE:
+        prot_printf(s->p, "421 4.4.2 %s Idle too long, closing "
+                    "connection\r\n", s->srv->servername);
+        prot_flush(s->p);
+        log_info("lmtp: idle connection closed to make room peer=<%s>",
+                 s->conn->peer);
+        break;
+    case LMTP_END_STOP:
+        prot_printf(s->p, "421 4.3.2 %s Service shutting down\r\n",
+                    s->srv->servername);
+        prot_flush(s->p);
+        break;
+    }
+    lmtp_session_free(sp);
+}
+
+void lmtp_session_free(struct lmtp_session **sp)
+{
+    struct lmtp_session *s = *sp;
+
+    if (!s)
+        return;
+    lmtp_txn_reset(s);
+    buf_free(&s->msg.out);
+    buf_free(&s->msg.hdr);
+    buf_free(&s->line);
+    buf_free(&s->helo);
+    free(s->authuser);
+    saslserver_free(&s->sasl);
+    free(s);
+    *sp = NULL;
+}
+
+void lmtp_serve(struct lmtp_server *srv, struct prot *p,
+                const struct lmtp_conn *conn)
+{
+    struct lmtp_session *s = lmtp_session_alloc(srv, p, conn);
+
+    if (!s)
+        return;
+    (void)lmtp_session_loop(s, 0);
+    lmtp_session_free(&s);
 }

@@ -4,8 +4,11 @@
  * CHUNKING), run over a struct prot (lib/prot.h).
  *
  * One struct lmtp_server per process (created after fork: it holds the
- * store handles), one lmtp_serve() call per connection.  Everything a
- * connection allocates is freed before lmtp_serve() returns; no client
+ * store handles), and per connection either one lmtp_serve() call (the
+ * connection has the process to itself) or a struct lmtp_session fed by
+ * lmtp_session_input() whenever its socket polls readable (the process
+ * holds several connections and serves whichever has a command).
+ * Everything a connection allocates is freed when it ends; no client
  * input can end the process.
  *
  * Reply texts are fixed (doc: man/lmtpd.8).  A 250 for a recipient is
@@ -45,5 +48,38 @@ void lmtp_server_free(struct lmtp_server **srvp);
  * stream error.  Does not free p. */
 void lmtp_serve(struct lmtp_server *srv, struct prot *p,
                 const struct lmtp_conn *conn);
+
+/* A session a process serves among others (lmtpd's worker waits for
+ * all its connections in one poll(): lib/service.h service_main_mux()).
+ * lmtp_session_new() sends the greeting; 0, or -1 (out of memory, or the
+ * greeting could not be sent: the connection is over).  conn must
+ * outlive the session. */
+struct lmtp_session;
+int lmtp_session_new(struct lmtp_server *srv, struct prot *p,
+                     const struct lmtp_conn *conn, struct lmtp_session **s_r);
+
+enum lmtp_session_state {
+    LMTP_SESSION_IDLE = 0,   /* waits for its next command line */
+    LMTP_SESSION_DONE = 1    /* over: lmtp_session_free() */
+};
+/* The connection polled readable: read what is there without waiting and
+ * serve every whole command line buffered (a command itself, DATA, BDAT,
+ * AUTH, STARTTLS, reads and waits as in lmtp_serve(), with the
+ * lmtp_timeout).  LMTP_SESSION_IDLE once no whole line is left (replies
+ * flushed), or LMTP_SESSION_DONE (QUIT, EOF, a timeout inside a command,
+ * an error, SIGTERM). */
+int lmtp_session_input(struct lmtp_session *s);
+/* 1 between MAIL and the end of its transaction. */
+int lmtp_session_in_transaction(const struct lmtp_session *s);
+
+enum lmtp_session_end {
+    LMTP_END_TIMEOUT,        /* 421 4.4.2 Timeout (lmtp_timeout) */
+    LMTP_END_IDLE,           /* 421 4.4.2 Idle too long (lmtp_idle_timeout) */
+    LMTP_END_STOP            /* 421 4.3.2 Service shutting down */
+};
+/* End an idle session: the 421 for why, then lmtp_session_free(). */
+void lmtp_session_end(struct lmtp_session **sp, enum lmtp_session_end why);
+/* Free the session (not the prot); sets *sp NULL; no-op on NULL. */
+void lmtp_session_free(struct lmtp_session **sp);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * lmtpd.c - the LMTP delivery worker: command line, and the callbacks
- * lib/service.h's service_main() runs (init once per process, serve once
- * per connection, done before exit).  The protocol is lmtp.c.
+ * lib/service.h's service_main_mux() runs (init once per process; open,
+ * input and end for the connections the process holds, several at a
+ * time: lmtp_max_idle; done before exit).  The protocol is lmtp.c.
  *
  *   lmtpd [-C imapd.conf] [-a] [-U uses] [-T idlesecs]
  *
@@ -50,6 +51,7 @@ struct lmtpd_state {
     struct tls_server *tls;
     int sasl_ok;
     struct lmtp_server *srv;
+    struct service_mux_callbacks *mux;   /* init sets its limits */
 };
 
 static void lmtpd_usage(FILE *out)
@@ -107,41 +109,114 @@ static int lmtpd_init(int argc, char **argv, void *rock)
     ls->sasl_ok = saslserver_init(ls->conf, "lmtpd") == 0;
     if (lmtp_server_new(ls->conf, ls->tls, ls->sasl_ok, &ls->srv) != 0)
         return 1;
+    ls->mux->max_conns = (int)imapconf_getint(ls->conf, "lmtp_max_idle");
+    ls->mux->timeout = (int)imapconf_getint(ls->conf, "lmtp_timeout");
+    ls->mux->idle_timeout = (int)imapconf_getint(ls->conf,
+                                                 "lmtp_idle_timeout");
     return 0;
 }
 
-static void lmtpd_session(struct lmtpd_state *ls, int fd, const char *peer)
-{
-    char local[SASLSERVER_ADDRLEN], remote[SASLSERVER_ADDRLEN];
+/* One connection a worker holds: what lmtp_session needs to outlive it. */
+struct lmtpd_conn {
     struct lmtp_conn conn;
+    char peer[128];
+    char local[SASLSERVER_ADDRLEN], remote[SASLSERVER_ADDRLEN];
     struct prot *p;
+    struct lmtp_session *s;
+};
+
+static void lmtpd_conn_free(struct lmtpd_conn **cp)
+{
+    struct lmtpd_conn *c = *cp;
+
+    if (!c)
+        return;
+    lmtp_session_free(&c->s);
+    prot_free(&c->p);
+    free(c);
+    *cp = NULL;
+}
+
+static struct lmtpd_conn *lmtpd_conn_new(struct lmtpd_state *ls, int fd,
+                                         const char *peer)
+{
+    struct lmtpd_conn *c = calloc(1, sizeof(*c));
     int tcp;
 
-    memset(&conn, 0, sizeof(conn));
-    tcp = saslserver_sockaddrs(fd, local, remote);
-    conn.peer = peer;
-    conn.localaddr = local[0] ? local : NULL;
-    conn.remoteaddr = remote[0] ? remote : NULL;
-    conn.trusted = !tcp || ls->preauth;
-
-    p = prot_new(fd);
-    if (!p) {
+    if (!c || !(c->p = prot_new(fd))) {
         log_error("lmtpd: out of memory peer=<%s>", peer);
-        return;
+        free(c);
+        return NULL;
     }
-    lmtp_serve(ls->srv, p, &conn);
-    prot_free(&p);
+    snprintf(c->peer, sizeof(c->peer), "%s", peer);
+    tcp = saslserver_sockaddrs(fd, c->local, c->remote);
+    c->conn.peer = c->peer;
+    c->conn.localaddr = c->local[0] ? c->local : NULL;
+    c->conn.remoteaddr = c->remote[0] ? c->remote : NULL;
+    c->conn.trusted = !tcp || ls->preauth;
+    return c;
 }
 
 static void lmtpd_session_cb(int fd, const char *peer, void *rock)
 {
-    lmtpd_session(rock, fd, peer);
+    struct lmtpd_conn *c = lmtpd_conn_new(rock, fd, peer);
+    struct lmtpd_state *ls = rock;
+
+    if (!c)
+        return;
+    lmtp_serve(ls->srv, c->p, &c->conn);
+    lmtpd_conn_free(&c);
 }
 
-/* One connection; run by hand, stdin/stdout through a relay (service.h) */
+/* Run by hand: one session on stdin/stdout through a relay (service.h) */
 static void lmtpd_serve(int fd, const char *peer, void *rock)
 {
     service_serve_stdio(fd, peer, lmtpd_session_cb, rock);
+}
+
+/* A new connection of the worker: greet it. */
+static void *lmtpd_open(int fd, const char *peer, void *rock)
+{
+    struct lmtpd_state *ls = rock;
+    struct lmtpd_conn *c = lmtpd_conn_new(ls, fd, peer);
+
+    if (!c)
+        return NULL;
+    if (lmtp_session_new(ls->srv, c->p, &c->conn, &c->s) != 0) {
+        lmtpd_conn_free(&c);
+        return NULL;
+    }
+    return c;
+}
+
+static int lmtpd_input(void *conn, void *rock)
+{
+    struct lmtpd_conn *c = conn;
+
+    (void)rock;
+    if (lmtp_session_input(c->s) == LMTP_SESSION_IDLE)
+        return 0;
+    lmtpd_conn_free(&c);
+    return 1;
+}
+
+static int lmtpd_evictable(void *conn, void *rock)
+{
+    const struct lmtpd_conn *c = conn;
+
+    (void)rock;
+    return !lmtp_session_in_transaction(c->s);
+}
+
+static void lmtpd_end(void *conn, enum service_end why, void *rock)
+{
+    struct lmtpd_conn *c = conn;
+
+    (void)rock;
+    lmtp_session_end(&c->s, why == SERVICE_END_TIMEOUT ? LMTP_END_TIMEOUT
+                            : why == SERVICE_END_IDLE ? LMTP_END_IDLE
+                            : LMTP_END_STOP);
+    lmtpd_conn_free(&c);
 }
 
 static void lmtpd_done(void *rock)
@@ -159,7 +234,7 @@ static void lmtpd_done(void *rock)
 int main(int argc, char **argv)
 {
     struct lmtpd_state ls;
-    struct service_callbacks cb;
+    struct service_mux_callbacks cb;
     int flag, status;
 
     memset(&ls, 0, sizeof(ls));
@@ -173,9 +248,15 @@ int main(int argc, char **argv)
     memset(&cb, 0, sizeof(cb));
     cb.init = lmtpd_init;
     cb.serve = lmtpd_serve;
+    cb.open = lmtpd_open;
+    cb.input = lmtpd_input;
+    cb.evictable = lmtpd_evictable;
+    cb.end = lmtpd_end;
     cb.done = lmtpd_done;
     cb.rock = &ls;
-    status = service_main(argc, argv, &cb);
+    cb.max_conns = 1;
+    ls.mux = &cb;
+    status = service_main_mux(argc, argv, &cb);
     if (status == 75)
         lmtpd_done(&ls);   /* init failed half way */
     return status;

@@ -492,7 +492,7 @@ static void entry_defaults(struct master_entry *e, enum master_section sec)
     e->babysit = 0;
     e->maxuses = 250;
     e->idletimeout = 0;
-    e->backlog = 128;
+    e->backlog = 0;            /* the system maximum (somaxconn) */
     e->period = 0;
     e->at = -1;
 }

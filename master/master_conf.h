@@ -48,7 +48,8 @@
  * ignored" (so a stock Debian cyrus.conf, whose notifyd uses udp, loads);
  * any other proto value is an error.
  * Defaults: prefork 0, maxchild -1, maxforkrate 0 (no cap), maxfds 256,
- * babysit 0, maxuses 250, idletimeout 0, backlog 128, proto tcp.
+ * babysit 0, maxuses 250, idletimeout 0, backlog 0 (stored when absent:
+ * the system maximum, net.core.somaxconn), proto tcp.
  * maxchild -1 (or absent) means no limit and is STORED as
  * MASTER_MAXCHILD_CAP: after a load maxchild is always 0..CAP (0: the
  * service never forks).  prefork > maxchild is an error.

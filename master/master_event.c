@@ -56,7 +56,7 @@ int master_event_start(const struct master_conf *conf)
         }
         log_info("master: START running entry=<%s> cmd=<%s>", e->name,
                  e->cmd);
-        pid = master_service_forkexec(argv, -1, -1, 0, NULL);
+        pid = master_service_forkexec(argv, -1, -1, -1, 0, NULL);
         master_conf_argv_free(argv);
         if (pid < 0) return -1;
         while (waitpid(pid, &st, 0) < 0) {
@@ -213,7 +213,7 @@ void master_event_run(double now, double *deadline)
                     log_error("event=<%s> bad cmd=<%s>", ev->name, ev->cmd);
                     ev->pid = -1;
                 } else {
-                    ev->pid = master_service_forkexec(argv, -1, -1, 0,
+                    ev->pid = master_service_forkexec(argv, -1, -1, -1, 0,
                                                       NULL);
                     ev->started = now;
                     if (ev->pid > 0)

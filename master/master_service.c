@@ -12,7 +12,13 @@
  *   message only changes the state of a child still in the list; a
  *   message from a pid already reaped is dropped.
  * - Every descriptor the master holds is close-on-exec; a child gets only
- *   fds 0-2 (the master's), 3 (listen) and 4 (status pipe write end).
+ *   fds 0-2 (the master's), 3 (listen), 4 (status pipe write end) and 5
+ *   (the service's shared page: whether the master is saturated, i.e.
+ *   would start no child for a waiting client; lib/service.h).
+ * - Listening sockets are non-blocking (set once, at creation; the flag is
+ *   shared by every child): a child that loses the race for a connection
+ *   gets EAGAIN from accept() and goes back to its poll (lib/service.h).
+ *   The backlog is backlog= or, by default, the system's maximum.
  * - Each service has its own status pipe, read end non-blocking in the
  *   master.  The master keeps the write end open too, so the pipe never
  *   reads EOF while the service exists.  The master holds the only read
@@ -41,6 +47,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -96,6 +103,8 @@ struct service {
     dev_t unix_dev;             /* ... as bound: unlinked only when the */
     ino_t unix_ino;             /* path still names this socket */
     int status_rd, status_wr;
+    int shared_fd;              /* memfd of the shared page, or -1 */
+    struct service_shared *shared;  /* mapped, or NULL */
     int removed;                /* no more forks; freed when childless */
     int demand;                 /* the socket was readable */
 
@@ -211,7 +220,7 @@ char *master_service_resolve(const char *word)
 }
 
 pid_t master_service_forkexec(char *const argv[], int listen_fd,
-                              int status_fd, int maxfds,
+                              int status_fd, int shared_fd, int maxfds,
                               char *const env[])
 {
     char *prog = master_service_resolve(argv[0]);
@@ -248,7 +257,7 @@ pid_t master_service_forkexec(char *const argv[], int listen_fd,
         struct sigaction sa;
         sigset_t none;
         size_t i;
-        int lfd = -1, sfd = -1;
+        int lfd = -1, sfd = -1, mfd = -1;
 
         memset(&sa, 0, sizeof(sa));
         sa.sa_handler = SIG_DFL;
@@ -258,10 +267,12 @@ pid_t master_service_forkexec(char *const argv[], int listen_fd,
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
 
-        /* move both out of the way first: either may sit on 3 or 4 */
-        if (listen_fd >= 0 && (lfd = fcntl(listen_fd, F_DUPFD, 5)) < 0)
+        /* move them out of the way first: any may sit on 3, 4 or 5 */
+        if (listen_fd >= 0 && (lfd = fcntl(listen_fd, F_DUPFD, 6)) < 0)
             _exit(127);
-        if (status_fd >= 0 && (sfd = fcntl(status_fd, F_DUPFD, 5)) < 0)
+        if (status_fd >= 0 && (sfd = fcntl(status_fd, F_DUPFD, 6)) < 0)
+            _exit(127);
+        if (shared_fd >= 0 && (mfd = fcntl(shared_fd, F_DUPFD, 6)) < 0)
             _exit(127);
         if (lfd >= 0) {
             if (dup2(lfd, SERVICE_LISTEN_FD) < 0) _exit(127);
@@ -273,11 +284,16 @@ pid_t master_service_forkexec(char *const argv[], int listen_fd,
         } else {
             close(SERVICE_STATUS_FD);
         }
-        if (close_range(5, ~0U, 0) < 0) {
+        if (mfd >= 0) {
+            if (dup2(mfd, SERVICE_SHARED_FD) < 0) _exit(127);
+        } else {
+            close(SERVICE_SHARED_FD);
+        }
+        if (close_range(6, ~0U, 0) < 0) {
             long maxfd = sysconf(_SC_OPEN_MAX);
             long fd;
             if (maxfd < 0 || maxfd > 65536) maxfd = 65536;
-            for (fd = 5; fd < maxfd; fd++) close((int)fd);
+            for (fd = 6; fd < maxfd; fd++) close((int)fd);
         }
         if (maxfds > 0) {
             struct rlimit rl;
@@ -339,6 +355,8 @@ static void service_free_one(struct service *s)
     service_close_socket(s);
     if (s->status_rd >= 0) close(s->status_rd);
     if (s->status_wr >= 0) close(s->status_wr);
+    if (s->shared) munmap(s->shared, sizeof(*s->shared));
+    if (s->shared_fd >= 0) close(s->shared_fd);
     master_conf_argv_free(s->argv);
     free(s->forks);
     free(s->name);
@@ -351,6 +369,27 @@ static void service_free_one(struct service *s)
 }
 
 /* Copy limits and cmd of e into s.  Returns -1 when cmd does not split. */
+/* The listen backlog when cyrus.conf names none: the system's maximum
+ * (net.core.somaxconn; listen() caps any larger value at it anyway), so
+ * a burst of clients queues instead of being refused (EAGAIN on a UNIX
+ * socket, a dropped SYN on TCP). */
+static int service_default_backlog(void)
+{
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "r");
+    int v = 0;
+
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    if (v < SOMAXCONN)
+        v = SOMAXCONN;
+    if (v > 65535)
+        v = 65535;
+    return v;
+}
+
 static int service_set_entry(struct service *s, const struct master_entry *e)
 {
     char **argv = master_conf_split_cmd(e->cmd);
@@ -388,7 +427,7 @@ static int service_set_entry(struct service *s, const struct master_entry *e)
     s->babysit = e->babysit;
     s->maxuses = e->maxuses;
     s->idletimeout = e->idletimeout;
-    s->backlog = e->backlog > 0 ? e->backlog : 128;
+    s->backlog = e->backlog > 0 ? e->backlog : service_default_backlog();
     return 0;
 }
 
@@ -490,7 +529,8 @@ static int service_open_unix(struct service *s)
         if (r == 0) {
             mode_t old;
 
-            fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                        0);
             if (fd < 0) goto fail;
             old = umask(0);
             r = bind(fd, (struct sockaddr *)&sun, sizeof(sun));
@@ -561,7 +601,8 @@ again:
             } else if (pass == 1) {
                 break;
             }
-            fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+            fd = socket(ai->ai_family,
+                        ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                         ai->ai_protocol);
             if (fd < 0) continue;
             setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
@@ -594,13 +635,48 @@ again:
     return 0;
 }
 
+/* The page shared with the service's children (fd 5, lib/service.h).
+ * Without it (no memfd) children act as if the master were saturated:
+ * they take connections themselves, only a little later. */
+static void service_shared_open(struct service *s)
+{
+    void *m;
+    int fd = memfd_create("cyrusdeliver-service", MFD_CLOEXEC);
+
+    if (fd < 0 || ftruncate(fd, (off_t)sizeof(*s->shared)) < 0) {
+        log_warning("service=<%s> no shared page error=<%s>", s->name,
+                    strerror(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    m = mmap(NULL, sizeof(*s->shared), PROT_READ | PROT_WRITE, MAP_SHARED,
+             fd, 0);
+    if (m == MAP_FAILED) {
+        log_warning("service=<%s> no shared page error=<%s>", s->name,
+                    strerror(errno));
+        close(fd);
+        return;
+    }
+    s->shared_fd = fd;
+    s->shared = m;
+    __atomic_store_n(&s->shared->saturated, 1, __ATOMIC_RELAXED);
+}
+
+/* Tell the children whether the master would start another child now. */
+static void service_shared_set(struct service *s, int saturated)
+{
+    if (s->shared && s->shared->saturated != (uint32_t)saturated)
+        __atomic_store_n(&s->shared->saturated, (uint32_t)saturated,
+                         __ATOMIC_RELAXED);
+}
+
 static struct service *service_new(const struct master_entry *e)
 {
     struct service *s = calloc(1, sizeof(*s));
     int p[2];
 
     if (!s) log_fatal(71, "master: out of memory");
-    s->listen_fd = s->status_rd = s->status_wr = -1;
+    s->listen_fd = s->status_rd = s->status_wr = s->shared_fd = -1;
     s->name = xstrdup_or_null(e->name);
     s->listen = xstrdup_or_null(e->listen);
     s->proto = xstrdup_or_null(e->proto);
@@ -621,6 +697,7 @@ static struct service *service_new(const struct master_entry *e)
     s->status_rd = p[0];
     s->status_wr = p[1];
     fcntl(s->status_rd, F_SETFL, fcntl(s->status_rd, F_GETFL) | O_NONBLOCK);
+    service_shared_open(s);
     set_cloexec(s->listen_fd);
     log_info("service=<%s> listening listen=<%s> prefork=<%d> "
              "maxchild=<%d>", s->name, s->listen, s->prefork, s->maxchild);
@@ -633,6 +710,7 @@ fail:
 struct counts {
     int ready, busy, starting, stopping, total;
 };
+
 
 static void service_counts(const struct service *s, struct counts *c)
 {
@@ -807,7 +885,7 @@ static void service_fork_one(struct service *s, double now)
     env[4] = NULL;
 
     pid = master_service_forkexec(s->argv, s->listen_fd, s->status_wr,
-                                  s->maxfds, env);
+                                  s->shared_fd, s->maxfds, env);
     free(env[2]);
     s->nforked += pid > 0;
     if (s->nforks > 0 && s->forks) {
@@ -894,8 +972,14 @@ void master_service_poll_prepare(struct pollfd **fds, size_t *nalloc,
 
         if (s->status_rd >= 0)
             poll_append(fds, nalloc, n, s->status_rd, s, 0);
-        if (s->removed || s->listen_fd < 0) continue;
+        if (s->removed || s->listen_fd < 0) {
+            service_shared_set(s, 1);
+            continue;
+        }
         service_counts(s, &c);
+        /* saturated: no child will be started for a waiting client */
+        service_shared_set(s, c.total >= s->maxchild ||
+                              (s->backoff && now < s->backoff_until));
         if (c.total >= s->maxchild) continue;
         if (s->backoff && now < s->backoff_until) {
             if (s->backoff_until < *deadline) *deadline = s->backoff_until;

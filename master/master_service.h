@@ -14,7 +14,9 @@
  * - when ready == 0 and starting == 0 and total < maxchild, the master
  *   polls the listening socket; a pending connection forks one child;
  * - at total >= maxchild the socket is not polled: connections wait in the
- *   kernel backlog until a child becomes READY again;
+ *   kernel backlog until a child becomes READY again (or, for a service
+ *   whose children hold several connections, lmtpd, until a busy child
+ *   with room takes them: lib/service.h service_main_mux);
  * - maxforkrate > 0: no 1-second window holds more than that many forks
  *   (the last maxforkrate fork times are kept); while the limit is reached
  *   the socket is not polled either;
@@ -49,13 +51,14 @@ char *master_service_resolve(const char *word);
 
 /* Fork and exec argv (argv[0] resolved with master_service_resolve).  In
  * the child: signal dispositions and mask reset, listen_fd (if >= 0) on
- * fd 3 and status_fd (if >= 0) on fd 4, every other fd >= 3 closed,
+ * fd 3, status_fd (if >= 0) on fd 4 and shared_fd (if >= 0) on fd 5,
+ * every other fd >= 3 closed,
  * RLIMIT_NOFILE set to maxfds (if > 0), env[] (NAME=VALUE strings, may be
  * NULL) and CYRUSDELIVER_CONF and CYRUSDELIVER_CONF_WARNED (both the
  * imapd.conf path; see imapconf.h) added; exec failure: _exit(127).  Returns
  * the pid, or -1 (logged) when fork failed. */
 pid_t master_service_forkexec(char *const argv[], int listen_fd,
-                              int status_fd, int maxfds,
+                              int status_fd, int shared_fd, int maxfds,
                               char *const env[]);
 
 /* Bring the running services in line with conf (SERVICES entries):

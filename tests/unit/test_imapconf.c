@@ -220,6 +220,8 @@ static const struct {
     { "maxheaderlines", IMAPCONF_INT, "1000" },
     { "lmtp_max_recipients", IMAPCONF_INT, "1000" },
     { "lmtp_timeout", IMAPCONF_INT, "300" },
+    { "lmtp_max_idle", IMAPCONF_INT, "32" },
+    { "lmtp_idle_timeout", IMAPCONF_INT, "10" },
     { "prelogin_timeout", IMAPCONF_INT, "60" },
     { "timeout", IMAPCONF_INT, "32" },
     { "syslog_prefix", IMAPCONF_STRING, "" },

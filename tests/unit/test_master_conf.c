@@ -295,7 +295,7 @@ static void test_defaults(void **state)
     assert_int_equal(e->babysit, 0);
     assert_int_equal(e->maxuses, 250);
     assert_int_equal(e->idletimeout, 0);
-    assert_int_equal(e->backlog, 128);
+    assert_int_equal(e->backlog, 0);
     assert_int_equal(e->period, 0);
     assert_int_equal(e->at, -1);
     master_conf_free(&conf);
