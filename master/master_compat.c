@@ -144,6 +144,10 @@ static char *compat_ours(const char *name)
             if ((r = compat_found(&b)) != NULL) return r;
         }
     }
+#ifdef MASTER_LIBEXECDIR
+    buf_printf(&b, "%s/%s", MASTER_LIBEXECDIR, name);
+    if ((r = compat_found(&b)) != NULL) return r;
+#endif
     return NULL;
 }
 

@@ -27,7 +27,8 @@
  * mailbox is removed at once here), -A, -a, -v, -x, -p, -u, -t, -c,
  * service -D, -N, -p.  CONF is the master's imapd.conf; OURS is the first
  * directory holding that program of: -S servicedir, the master's own
- * directory, and (build tree) its siblings lmtpd/, imapd/, tools/.
+ * directory, (build tree) its siblings lmtpd/, imapd/, tools/, and the
+ * installed workers' directory (pkglibexecdir, compiled in).
  *
  * What counts as Cyrus's command: the word after the Debian wrapper
  * "cyrus" (any directory; "expire" -> cyr_expire, NAME -> cyr_NAME or

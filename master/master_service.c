@@ -192,6 +192,11 @@ char *master_service_resolve(const char *word)
         if (is_executable(cand)) return cand;
         free(cand);
     }
+#ifdef MASTER_LIBEXECDIR
+    cand = join_path(MASTER_LIBEXECDIR, strlen(MASTER_LIBEXECDIR), word);
+    if (is_executable(cand)) return cand;
+    free(cand);
+#endif
     path = getenv("PATH");
     if (!path) path = "/usr/bin:/bin";
     for (p = path; ; ) {
