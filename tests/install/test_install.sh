@@ -10,6 +10,9 @@
 #     configuration (bare "lmtpd" in cyrus.conf, -S the installed
 #     pkglibexecdir), runs the installed lmtpd and a message delivered
 #     over LMTP is in the mailbox;
+#   - as root, with the DESTDIR tree mounted on the prefix in a private
+#     mount namespace, the installed master without -S runs lmtpd from
+#     the compiled-in pkglibexecdir;
 #   - `make uninstall DESTDIR=...` leaves no file behind.
 # Needs no root.  Exit 0 pass, 1 fail.
 set -u
@@ -157,7 +160,42 @@ else
     mpid=
 fi
 
-# 4. uninstall leaves no file
+# 4. without -S, the installed master finds the workers where they were
+# installed (the compiled-in pkglibexecdir): run it in a private mount
+# namespace where the DESTDIR tree is mounted on the prefix itself (root,
+# unshare(1), an existing prefix directory; else skipped)
+prefix=$(makevar prefix)
+case "$libexec" in "$prefix"/*) under_prefix=yes ;; *) under_prefix=no ;; esac
+if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null 2>&1 ||
+   ! [ -d "$prefix" ] || [ $under_prefix = no ]; then
+    echo "ok - # SKIP the compiled-in pkglibexecdir (needs root, unshare and an existing $prefix)"
+elif ! unshare -m --propagation private true 2>/dev/null; then
+    echo "ok - # SKIP the compiled-in pkglibexecdir (no mount namespace here)"
+else
+    rm -f "$tmp/master.log"
+    PATH=/usr/bin:/bin unshare -m --propagation private sh -c \
+        'mount --bind "$1" "$2" && shift 2 && exec "$@"' sh "$dest$prefix" "$prefix" \
+        "$sbindir/master" -D -l -C "$tmp/imapd.conf" -M "$tmp/cyrus.conf" \
+        -p "$tmp/master.pid" -s "$tmp/master.status" > "$tmp/master.log" 2>&1 &
+    mpid=$!
+    i=0
+    while [ $i -lt 600 ] && ! grep -q 'master: started' "$tmp/master.log" 2>/dev/null; do
+        kill -0 "$mpid" 2>/dev/null || break
+        sleep 0.1; i=$((i + 1))
+    done
+    if grep -qF "runs=<$libexec/lmtpd " "$tmp/master.log" &&
+       grep -q 'master: started' "$tmp/master.log"; then
+        ok "installed master without -S runs $libexec/lmtpd"
+    else
+        bad "installed master without -S: $(tail -20 "$tmp/master.log")"
+    fi
+    kill "$mpid" 2>/dev/null
+    i=0
+    while kill -0 "$mpid" 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -0 "$mpid" 2>/dev/null || mpid=
+fi
+
+# 5. uninstall leaves no file
 make -s --no-print-directory -C "$top_builddir" uninstall DESTDIR="$dest" > "$tmp/uninstall.log" 2>&1
 left=$(find "$dest" -type f 2>/dev/null)
 if [ -z "$left" ]; then
