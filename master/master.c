@@ -28,6 +28,11 @@
  * (lib/service.c).  A master that finds such a pidfile waits up to the
  * drain timeout (-T) for their addresses to be free, else 2 s.
  *
+ * Under systemd (built with libsystemd, Type=notify, -D): READY=1 once the
+ * sockets are open and START is done, RELOADING=1 / READY=1 around a
+ * SIGHUP reload, STOPPING=1 when the drain begins.  Without NOTIFY_SOCKET
+ * in the environment these do nothing.
+ *
  * Invariants of the loop:
  * - Signal handlers only write the signal number into a non-blocking
  *   self-pipe; all work happens in the loop, so SIGCHLD cannot race with
@@ -69,6 +74,17 @@
 #include "master/master_metrics.h"
 #include "master/master_service.h"
 #include "master/master_status.h"
+
+#ifdef HAVE_LIBSYSTEMD
+#include <systemd/sd-daemon.h>
+#define master_notify(state) ((void)sd_notify(0, (state)))
+#else
+#define master_notify(state) ((void)0)
+#endif
+
+#ifndef MASTER_LIBEXECDIR
+#define MASTER_LIBEXECDIR "(none)"
+#endif
 
 #define MASTER_DEFAULT_IMAPDCONF "/etc/imapd.conf"
 #define MASTER_DEFAULT_CYRUSCONF "/etc/cyrus.conf"
@@ -120,7 +136,8 @@ static void usage(const char *prog, FILE *out, int code)
 "  -d       log debug lines too\n"
 "  -p FILE  pidfile, locked while the master runs\n"
 "           (default CONFIGDIRECTORY/master.pid)\n"
-"  -S DIR   look for service programs in DIR first\n"
+"  -S DIR   look for service programs in DIR first (then in the\n"
+"           master's directory, " MASTER_LIBEXECDIR ", $PATH)\n"
 "  -T SECS  on SIGTERM wait at most SECS for connections (default %d)\n"
 "  -s FILE  status file (default CONFIGDIRECTORY/master.status)\n"
 "  -h, --help  this text\n",
@@ -510,6 +527,7 @@ int main(int argc, char **argv)
              cyrusconf);
     log_set_echo(0);
     if (readyfd >= 0) daemonize_done(readyfd, saved_stderr);
+    master_notify("READY=1");
 
     for (;;) {
         double now = master_now(), deadline = now + 1.0;
@@ -585,6 +603,7 @@ int main(int argc, char **argv)
             log_info("master: stopping: draining children=<%zu> "
                      "timeout=<%d>", master_service_nchildren()
                      + master_event_nchildren(), drain_secs);
+            master_notify("STOPPING=1");
             draining = 1;
             drain_until = now + drain_secs;
             master_service_shutdown();
@@ -600,12 +619,14 @@ int main(int argc, char **argv)
                 free(rerr);
             } else {
                 log_info("master: reloading config=<%s>", cyrusconf);
+                master_notify("RELOADING=1");
                 master_compat_apply(nconf, cyrusconf, sdir, mdir, imapdconf);
                 master_metrics_conf(nconf, ic);
                 master_service_apply(nconf, 0);
                 master_event_apply(nconf, now);
                 master_conf_free(&conf);
                 conf = nconf;
+                master_notify("READY=1");
             }
         }
     }

@@ -124,7 +124,8 @@ static char *compat_found(struct buf *b)
 /* Our program `name`: a malloc'ed path, or NULL. */
 static char *compat_ours(const char *name)
 {
-    static const char *const siblings[] = { "lmtpd", "imapd", "tools" };
+    static const char *const siblings[] = { "lmtpd", "imapd", "metricsd",
+                                            "tools" };
     struct buf b = BUF_INITIALIZER;
     char *r = NULL;
     size_t i;
@@ -144,7 +145,16 @@ static char *compat_ours(const char *name)
             if ((r = compat_found(&b)) != NULL) return r;
         }
     }
+#ifdef MASTER_LIBEXECDIR
+    buf_printf(&b, "%s/%s", MASTER_LIBEXECDIR, name);
+    if ((r = compat_found(&b)) != NULL) return r;
+#endif
     return NULL;
+}
+
+char *master_compat_find_ours(const char *name)
+{
+    return name ? compat_ours(name) : NULL;
 }
 
 /* 1 when path is the same file as our program of that base name. */

@@ -27,7 +27,8 @@
  * mailbox is removed at once here), -A, -a, -v, -x, -p, -u, -t, -c,
  * service -D, -N, -p.  CONF is the master's imapd.conf; OURS is the first
  * directory holding that program of: -S servicedir, the master's own
- * directory, and (build tree) its siblings lmtpd/, imapd/, tools/.
+ * directory, (build tree) its siblings lmtpd/, imapd/, tools/, and the
+ * installed workers' directory (pkglibexecdir, compiled in).
  *
  * What counts as Cyrus's command: the word after the Debian wrapper
  * "cyrus" (any directory; "expire" -> cyr_expire, NAME -> cyr_NAME or
@@ -67,5 +68,12 @@
 size_t master_compat_apply(struct master_conf *conf, const char *confname,
                            const char *servicedir, const char *masterdir,
                            const char *imapdconf);
+
+/* Our program `name` (a bare name: lmtpd, imapd, metricsd, a tool): its
+ * malloc'ed path, looked for in the servicedir and masterdir given to the
+ * last master_compat_apply(), the build tree's sibling directories of the
+ * master (lmtpd/, imapd/, metricsd/, tools/), then the compiled-in
+ * libexec directory; NULL when none has it. */
+char *master_compat_find_ours(const char *name);
 
 #endif

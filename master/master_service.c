@@ -56,6 +56,7 @@
 
 #include "lib/log.h"
 #include "lib/metrics.h"
+#include "master/master_compat.h"
 #include "lib/service.h"
 #include "master/master_service.h"
 
@@ -203,6 +204,14 @@ char *master_service_resolve(const char *word)
         if (is_executable(cand)) return cand;
         free(cand);
     }
+    /* the build tree's siblings of the master (lmtpd/, metricsd/, ...) */
+    if ((cand = master_compat_find_ours(word)) != NULL)
+        return cand;
+#ifdef MASTER_LIBEXECDIR
+    cand = join_path(MASTER_LIBEXECDIR, strlen(MASTER_LIBEXECDIR), word);
+    if (is_executable(cand)) return cand;
+    free(cand);
+#endif
     path = getenv("PATH");
     if (!path) path = "/usr/bin:/bin";
     for (p = path; ; ) {

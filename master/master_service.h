@@ -45,8 +45,9 @@ void master_service_setup(const char *servicedir, const char *masterdir,
                           const char *imapdconf);
 
 /* The program for a command word: as given when it contains '/', else
- * servicedir/word, masterdir/word, then each $PATH directory, the first
- * executable one.  Returns a malloc'ed path, or NULL (not found). */
+ * servicedir/word, masterdir/word, the installed workers' directory
+ * (MASTER_LIBEXECDIR, pkglibexecdir, when compiled in)/word, then each
+ * $PATH directory, the first executable one.  Returns a malloc'ed path, or NULL (not found). */
 char *master_service_resolve(const char *word);
 
 /* Fork and exec argv (argv[0] resolved with master_service_resolve).  In

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# deps.sh - install the Debian packages the project needs, in three groups:
+# deps.sh - install the Debian packages the project needs, in four groups:
 #
 #   scripts/deps.sh            build and run (what ./demo.sh needs)
 #   scripts/deps.sh --test     also what the tests need (./check.sh, CI)
 #   scripts/deps.sh --bench    also what the benchmark suite needs (bench/run.sh)
-#   scripts/deps.sh --list [--test|--bench]   print the packages and stop
+#   scripts/deps.sh --package  also what building the Debian package needs
+#                              (dpkg-buildpackage -us -uc -b; lintian)
+#   scripts/deps.sh --list [--test|--bench|--package]   print the packages and stop
 #
 # Installs only what is missing; as root it runs apt-get, otherwise it
 # names the packages and stops.  Three promises to the admin whose machine
@@ -28,23 +30,26 @@ set -euo pipefail
 
 group=run
 list=no
+package=no
 for arg in "$@"; do
   case $arg in
   --test)  [[ $group == bench ]] || group=test ;;
   --bench) group=bench ;;
+  --package) package=yes ;;
   --list)  list=yes ;;
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  *) echo "usage: scripts/deps.sh [--test|--bench] [--list]" >&2; exit 2 ;;
+  *) echo "usage: scripts/deps.sh [--test|--bench] [--package] [--list]" >&2; exit 2 ;;
   esac
 done
 bench_cache=${BENCH_CACHE:-/var/cache/mailbench}
 
 # build and run: the compiler and autotools, the engines and libraries the
-# programs link (libmicrohttpd: metricsd), saslpasswd2 and the SASL
-# mechanisms (the demo's login), python3 (the demo's LMTP and IMAP client)
+# programs link (libmicrohttpd: metricsd; libsystemd: the master's
+# readiness notification), saslpasswd2 and the SASL mechanisms (the demo's
+# login), python3 (the demo's LMTP and IMAP client)
 packages=(
   build-essential autoconf automake libtool pkg-config
-  libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev libmicrohttpd-dev
+  libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev libmicrohttpd-dev libsystemd-dev
   sasl2-bin libsasl2-modules python3
 )
 # tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
@@ -61,10 +66,14 @@ test_packages=(
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)
 
+# the Debian package: debhelper (dh, compat 13) and lintian
+package_packages=(debhelper lintian)
+
 case $group in
   test)  packages+=("${test_packages[@]}") ;;
   bench) packages+=("${test_packages[@]}" "${bench_packages[@]}") ;;
 esac
+[[ $package == no ]] || packages+=("${package_packages[@]}")
 
 installed() {
   [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]

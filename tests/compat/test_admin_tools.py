@@ -123,11 +123,11 @@ def test_root_tool_then_master():
 # ---- 2. --help and -h ------------------------------------------------------
 
 def installed_programs():
-    """The programs Makefile.am installs (bin/sbin/libexec _PROGRAMS)."""
+    """The programs Makefile.am installs (bin/sbin/(pkg)libexec _PROGRAMS)."""
     with open(os.path.join(TOP_SRCDIR, "Makefile.am")) as f:
         text = f.read().replace("\\\n", " ")
     progs = []
-    for m in re.finditer(r"^(?:bin|sbin|libexec)_PROGRAMS\s*\+?=(.*)$",
+    for m in re.finditer(r"^(?:bin|sbin|libexec|pkglibexec)_PROGRAMS\s*\+?=(.*)$",
                          text, re.M):
         progs += m.group(1).split()
     return progs
