@@ -208,6 +208,14 @@ struct imap_session {
     struct imapparse_cmd cmd;
     struct imapparse_options opts;
     struct buf line;
+    /* for the session's end line */
+    const char *end_reason;      /* logout, autologout, shutdown, error;
+                                    NULL: disconnect */
+    unsigned long ncommands;     /* commands read (also refused ones) */
+    unsigned long nappended;     /* APPENDs stored */
+    unsigned long nfetched;      /* FETCH responses that read a message */
+    unsigned long nexpunged;     /* messages expunged (EXPUNGE, CLOSE,
+                                    MOVE) */
 };
 
 /* One \Seen change of a session, replayed on the stored state. */
@@ -808,8 +816,10 @@ static void imap_cmd_authenticate(struct imap_session *s)
             imap_sasl_reset(s);
             goto out;
         }
-        if (gr == PROT_TIMEOUT)
+        if (gr == PROT_TIMEOUT) {
             prot_puts(s->p, "* BYE Autologout; idle for too long\r\n");
+            s->end_reason = "autologout";
+        }
         if (gr != PROT_OK) {
             s->quit = 1;
             goto out;
@@ -1624,6 +1634,7 @@ out:
 static int imap_unselect(struct imap_session *s, int expunge)
 {
     int r = STORE_OK;
+    unsigned long gone = 0;
 
     if (!s->sel)
         return STORE_OK;
@@ -1644,6 +1655,7 @@ static int imap_unselect(struct imap_session *s, int expunge)
                                    MAILBOX_FLAG_ABORTED))) {
                     rec.flags |= MAILBOX_FLAG_EXPUNGED;
                     r = mailbox_rewrite_record(s->sel, i, &rec);
+                    gone++;
                 }
             }
             {
@@ -1651,6 +1663,8 @@ static int imap_unselect(struct imap_session *s, int expunge)
 
                 if (r == STORE_OK)
                     r = ur;
+                if (r == STORE_OK)
+                    s->nexpunged += gone;
             }
         }
     }
@@ -2557,6 +2571,8 @@ static void imap_cmd_fetch(struct imap_session *s)
         buf_appendcstr(&out, ")\r\n");
         imap_msgfile_close(&mf);
         if (r == STORE_OK) {
+            if (needmsg)
+                s->nfetched++;
             prot_write(s->p, out.s, out.len);
             if (it->markseen || wantflags)
                 imap_msg_told(m, &it->rec);
@@ -2813,6 +2829,7 @@ static int imap_expunge(struct imap_session *s,
                         const struct imapparse_seqset *uidset)
 {
     uint32_t visible;
+    unsigned long gone = 0;
     int r, ur;
 
     r = mailbox_lock(s->sel, MAILBOX_LOCK_EXCLUSIVE);
@@ -2834,8 +2851,11 @@ static int imap_expunge(struct imap_session *s,
             continue;
         rec.flags |= MAILBOX_FLAG_EXPUNGED;
         r = mailbox_rewrite_record(s->sel, recno, &rec);
+        gone++;
     }
     ur = mailbox_unlock(s->sel);
+    if (r == STORE_OK && ur == STORE_OK)
+        s->nexpunged += gone;
     return r == STORE_OK ? ur : r;
 }
 
@@ -3051,10 +3071,12 @@ static void imap_cmd_idle(struct imap_session *s)
         break;
     case PROT_INTERRUPTED:
         prot_puts(s->p, "* BYE Server shutting down\r\n");
+        s->end_reason = "shutdown";
         s->quit = 1;
         break;
     case PROT_TIMEOUT:
         prot_puts(s->p, "* BYE Autologout; idle for too long\r\n");
+        s->end_reason = "autologout";
         s->quit = 1;
         break;
     default:
@@ -3227,6 +3249,7 @@ static void imap_cmd_append(struct imap_session *s)
         imap_seen_add_uids(s, mb, &uid, 1);
     log_info("imap: append user=<%s> mailbox=<%s> uid=<%u> size=<%zu>",
              s->userid, e->name, (unsigned)uid, ap->size);
+    s->nappended++;
     imap_tagged(s, "OK", "[APPENDUID %u %u] APPEND completed",
                 (unsigned)uidvalidity, (unsigned)uid);
 out:
@@ -3408,6 +3431,7 @@ static void imap_cmd_copy(struct imap_session *s, int move)
     /* MOVE: expunge the sources */
     r = mailbox_lock(s->sel, MAILBOX_LOCK_EXCLUSIVE);
     if (r == STORE_OK) {
+        unsigned long gone = 0;
         int ur;
 
         for (size_t k = 0; k < n && r == STORE_OK; k++) {
@@ -3421,11 +3445,14 @@ static void imap_cmd_copy(struct imap_session *s, int move)
             if (r == STORE_OK) {
                 rec.flags |= MAILBOX_FLAG_EXPUNGED;
                 r = mailbox_rewrite_record(s->sel, recno, &rec);
+                gone++;
             }
         }
         ur = mailbox_unlock(s->sel);
         if (r == STORE_OK)
             r = ur;
+        if (r == STORE_OK)
+            s->nexpunged += gone;
     }
     prot_printf(s->p, "* OK [COPYUID %u %s %s] Moved\r\n",
                 (unsigned)uidvalidity, buf_cstring(&srcset),
@@ -3521,6 +3548,7 @@ static void imap_command(struct imap_session *s)
         prot_printf(s->p, "* BYE %s LOGOUT received\r\n",
                     s->srv->servername);
         imap_tagged(s, "OK", "LOGOUT completed");
+        s->end_reason = "logout";
         s->quit = 1;
         return;
     case IMAPPARSE_CMD_ID:
@@ -3653,11 +3681,33 @@ static void imap_command(struct imap_session *s)
     }
 }
 
+/* The session's end line:
+ *   imap: session end user=<U> peer=<P> reason=<R> duration=<S.mmm>
+ *   commands=<N> bytes_in=<N> bytes_out=<N> appended=<N> fetched=<N>
+ *   expunged=<N>
+ * user=<> before a login. */
+static void imap_log_end(struct imap_session *s, uint64_t t_start)
+{
+    uint64_t now = metrics_now_us();
+    uint64_t us = now > t_start ? now - t_start : 0;
+
+    log_info("imap: session end user=<%s> peer=<%s> reason=<%s> "
+             "duration=<%llu.%03llu> commands=<%lu> bytes_in=<%llu> "
+             "bytes_out=<%llu> appended=<%lu> fetched=<%lu> expunged=<%lu>",
+             s->userid ? s->userid : "", s->conn->peer,
+             s->end_reason ? s->end_reason : "disconnect",
+             (unsigned long long)(us / 1000000),
+             (unsigned long long)(us / 1000 % 1000), s->ncommands,
+             prot_bytes_in(s->p), prot_bytes_out(s->p), s->nappended,
+             s->nfetched, s->nexpunged);
+}
+
 void imap_serve(struct imap_server *srv, struct prot *p,
                 const struct imap_conn *conn)
 {
     struct imap_session s;
     struct buf caps = BUF_INITIALIZER;
+    uint64_t t_start;
     int r;
 
     memset(&s, 0, sizeof(s));
@@ -3667,6 +3717,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
     s.opts.cont = imap_continue;
     s.opts.rock = &s;
     imapparse_cmd_init(&s.cmd);
+    t_start = metrics_now_us();
     prot_settimeout(p, srv->prelogin_timeout);
     log_debug("imap: connection peer=<%s>", conn->peer);
 
@@ -3693,6 +3744,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
             break;
         if (service_stopping()) {
             prot_puts(p, "* BYE Server shutting down\r\n");
+            s.end_reason = "shutdown";
             break;
         }
         s.append_refused = 0;
@@ -3704,36 +3756,43 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         case IMAPPARSE_OK: {
             uint64_t t0 = metrics_now_us();
 
+            s.ncommands++;
             imap_command(&s);
             metrics_imap_command((int)s.cmd.id, t0);
             break;
         }
         case IMAPPARSE_BAD:
         case IMAPPARSE_TOOBIG:
+            s.ncommands++;
             imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_REFUSED:
+            s.ncommands++;
             if (s.append_refused && s.state != IMAP_NOTAUTH)
                 imap_tagged(&s, "NO", "%s", s.cmd.error);
             else
                 imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_BADCHARSET:
+            s.ncommands++;
             imap_tagged(&s, "NO", "[BADCHARSET (US-ASCII UTF-8)] %s",
                         s.cmd.error);
             break;
         case IMAPPARSE_TIMEOUT:
             prot_puts(p, "* BYE Autologout; idle for too long\r\n");
+            s.end_reason = "autologout";
             s.quit = 1;
             break;
         case IMAPPARSE_INTERRUPTED:
             prot_puts(p, "* BYE Server shutting down\r\n");
+            s.end_reason = "shutdown";
             s.quit = 1;
             break;
         case IMAPPARSE_DESYNC:
         case IMAPPARSE_NOMEM:
             prot_printf(p, "* BYE %s\r\n", s.cmd.error ? s.cmd.error
                                                        : "Protocol error");
+            s.end_reason = "error";
             s.quit = 1;
             break;
         default:        /* EOF, IOERROR */
@@ -3742,8 +3801,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         }
     }
     prot_flush(p);
-    if (s.userid)
-        log_info("imap: logout user=<%s> peer=<%s>", s.userid, conn->peer);
+    imap_log_end(&s, t_start);
 out:
     imap_unselect(&s, 0);
     seen_close(&s.seendb);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
@@ -36,6 +37,49 @@ static int log_info_off;
 static int log_file_fd = -1;
 static int log_no_syslog;
 static int log_echo;
+static int log_journal = -1;      /* stderr is journald's stream; -1: ask */
+
+/* 1 when stderr is the stream journald gave us: JOURNAL_STREAM holds
+ * "DEVICE:INODE" of that stream, and it is what fd 2 is now (a child
+ * whose stderr was redirected elsewhere inherits the variable but not
+ * the stream: no prefixes there). */
+static int log_journal_check(void)
+{
+    const char *v = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    char extra;
+
+    if (!v || sscanf(v, "%llu:%llu%c", &dev, &ino, &extra) != 2)
+        return 0;
+    if (fstat(STDERR_FILENO, &st) != 0)
+        return 0;
+    return (unsigned long long)st.st_dev == dev &&
+           (unsigned long long)st.st_ino == ino;
+}
+
+int log_to_journal(void)
+{
+    if (log_journal < 0)
+        log_journal = log_journal_check();
+    return log_journal;
+}
+
+/* One line to stderr: "prog[pid]: level: text", with the sd-daemon(3)
+ * priority prefix "<N>" first when stderr is journald's stream. */
+static void log_stderr_write(int prio, const char *level, const char *text,
+                             int withpid)
+{
+    char pre[8] = "";
+
+    if (log_to_journal())
+        snprintf(pre, sizeof(pre), "<%d>", prio & 7);
+    if (withpid)
+        fprintf(stderr, "%s%s[%ld]: %s: %s\n", pre, log_progname,
+                (long)getpid(), level, text);
+    else
+        fprintf(stderr, "%s%s: %s: %s\n", pre, log_progname, level, text);
+}
 
 /* 1 when something accepts connections on /dev/log (datagram, as
  * syslog(3) tries first, else stream). */
@@ -71,6 +115,7 @@ void log_init(const char *progname, enum log_target target)
         log_progname = slash ? slash + 1 : progname;
     }
     log_no_syslog = 0;
+    log_journal = log_journal_check();
     if (target == LOG_TO_SYSLOG && !log_syslog_reachable()) {
         log_no_syslog = 1;
         target = LOG_TO_STDERR;
@@ -225,8 +270,7 @@ static void log_vemit(int prio, const char *level, const char *fmt, va_list ap)
         syslog(prio, "%s", safe);
         break;
     case LOG_TO_STDERR:
-        fprintf(stderr, "%s[%ld]: %s: %s\n", log_progname, (long)getpid(),
-                level, safe);
+        log_stderr_write(prio, level, safe, 1);
         break;
     case LOG_TO_FILE:
         log_file_write(level, safe);
@@ -236,7 +280,7 @@ static void log_vemit(int prio, const char *level, const char *fmt, va_list ap)
     }
     if (log_echo && prio <= LOG_WARNING &&
         (log_where == LOG_TO_SYSLOG || log_where == LOG_TO_FILE))
-        fprintf(stderr, "%s: %s: %s\n", log_progname, level, safe);
+        log_stderr_write(prio, level, safe, 0);
 }
 
 #define LOG_FUNCTION(fname, prio, level)        \
@@ -287,7 +331,7 @@ void log_fatal(int code, const char *fmt, ...)
         va_start(ap, fmt);
         log_format(safe, sizeof(safe), fmt, ap);
         va_end(ap);
-        fprintf(stderr, "%s: fatal: %s\n", log_progname, safe);
+        log_stderr_write(LOG_CRIT, "fatal", safe, 0);
     }
     exit(code);
 }

@@ -14,6 +14,15 @@
  * it holds printable ASCII only, so any %s may carry client bytes (user,
  * mailbox and command names, addresses, SASL errors) without forging or
  * breaking a line.  Lines longer than 2047 bytes before escaping are cut.
+ *
+ * Under systemd: when stderr is journald's stream (JOURNAL_STREAM names
+ * the device and inode of fd 2, see systemd.exec(5)), each stderr line
+ * starts with its syslog priority as sd-daemon(3) prefixes do ("<3>" for
+ * errors, "<4>" warnings, "<6>" info, "<7>" debug, "<2>" fatal), so that
+ * journald keeps the level; the rest of the line is as elsewhere
+ * ("prog[pid]: level: text", no time stamp: the journal adds its own).
+ * Without JOURNAL_STREAM, or with stderr sent elsewhere, lines are
+ * unchanged.  Syslog and log_file targets are never prefixed.
  */
 #ifndef LIB_LOG_H
 #define LIB_LOG_H
@@ -51,6 +60,10 @@ enum log_target log_get_target(void);
  * NULL or "" leaves the plain program name.  A prefix longer than 64
  * bytes is cut. */
 void log_set_prefix(const char *prefix);
+
+/* 1 when stderr lines carry "<N>" priority prefixes for journald
+ * (decided by log_init(), or at the first line without it). */
+int log_to_journal(void);
 
 /* 1 when log_init() was asked for syslog and fell back to stderr. */
 int log_syslog_missing(void);

@@ -62,6 +62,7 @@
 #include "lib/service.h"
 #include "lmtpd/lmtp.h"
 #include "lmtpd/rcpt.h"
+#include "lmtpd/received.h"
 #include "store/append.h"
 #include "store/deliver.h"
 #include "store/store.h"
@@ -319,6 +320,61 @@ static const char *lmtp_clean(const char *data, size_t len, char *out,
                               size_t outlen)
 {
     return log_sanitize(data, len, out, outlen);
+}
+
+/* What a recipient's reply means, for the log: "delivered", "duplicate"
+ * (2xx, nothing stored), "overquota", "deferred" (another 4xx) or
+ * "refused" (another 5xx). */
+static const char *lmtp_status_word(const char *reply, int duplicate)
+{
+    if (reply[0] == '2')
+        return duplicate ? "duplicate" : "delivered";
+    if (strcmp(reply, R_QUOTA_TEMP) == 0 || strcmp(reply, R_QUOTA_PERM) == 0)
+        return "overquota";
+    return reply[0] == '4' ? "deferred" : "refused";
+}
+
+/* One line per recipient and outcome (after DATA, or a refusal at RCPT):
+ *   lmtp: recipient qid=<Q> msgid=<M> sender=<S> rcpt=<R> mailbox=<B>
+ *   uid=<U> size=<N> status=<delivered> reply=<250 2.1.5> delay=<0.012>
+ *   peer=<P>
+ * qid and msgid only when known, mailbox when resolved, uid when
+ * stored, size once the message was read.  reply is the reply's code
+ * and enhanced code; delay the seconds from RCPT to this reply. */
+static void lmtp_log_rcpt(struct lmtp_session *s, const char *qid,
+                          const char *msgid, const char *addr,
+                          const char *mailbox, uint32_t uid,
+                          const uint64_t *size, const char *reply,
+                          int duplicate, uint64_t rcpt_us)
+{
+    char csender[256], cqid[RECEIVED_QID_MAX + 16], cmsgid[300];
+    char cmailbox[300], cuid[32], csize[40];
+    uint64_t now = metrics_now_us();
+    uint64_t us = now > rcpt_us ? now - rcpt_us : 0;
+    size_t codelen = strcspn(reply, " ");
+
+    if (reply[codelen] == ' ')
+        codelen += 1 + strcspn(reply + codelen + 1, " ");
+    lmtp_clean(s->sender.s ? s->sender.s : "", s->sender.len, csender,
+               sizeof(csender));
+    cqid[0] = cmsgid[0] = cmailbox[0] = cuid[0] = csize[0] = '\0';
+    if (qid && *qid)
+        snprintf(cqid, sizeof(cqid), " qid=<%s>", qid);
+    if (msgid && *msgid)
+        snprintf(cmsgid, sizeof(cmsgid), " msgid=<%s>", msgid);
+    if (mailbox && *mailbox)
+        snprintf(cmailbox, sizeof(cmailbox), " mailbox=<%.256s>", mailbox);
+    if (uid)
+        snprintf(cuid, sizeof(cuid), " uid=<%u>", (unsigned)uid);
+    if (size)
+        snprintf(csize, sizeof(csize), " size=<%llu>",
+                 (unsigned long long)*size);
+    log_info("lmtp: recipient%s%s sender=<%s> rcpt=<%s>%s%s%s status=<%s> "
+             "reply=<%.*s> delay=<%llu.%03llu> peer=<%s>", cqid, cmsgid,
+             csender, addr, cmailbox, cuid, csize,
+             lmtp_status_word(reply, duplicate), (int)codelen, reply,
+             (unsigned long long)(us / 1000000),
+             (unsigned long long)(us / 1000 % 1000), s->conn->peer);
 }
 
 /* Case-insensitive "does (s, len) start with word"? */
@@ -783,7 +839,7 @@ static void lmtp_msg_finish(struct lmtp_session *s)
     struct buf msgid = BUF_INITIALIZER;
     const char *fixed = NULL, *result = "ok";
     size_t i, stored = 0, dups = 0, failed = 0;
-    char csender[256], cmsgid[256];
+    char csender[256], cmsgid[256], qid[RECEIVED_QID_MAX + 1];
     int r;
 
     lmtp_msg_end(s);
@@ -802,21 +858,28 @@ static void lmtp_msg_finish(struct lmtp_session *s)
             lmtp_msg_fail(m, MSG_STORE, STORE_NOMEM);
     }
     fixed = lmtp_msg_reply(srv, m);
+    /* the headers as far as read, also for a refused message */
+    deliver_find_msgid(m->hdr.s ? m->hdr.s : "", m->hdr.len, &msgid);
+    lmtp_clean(msgid.s ? msgid.s : "", msgid.len, cmsgid, sizeof(cmsgid));
+    received_queue_id(m->hdr.s ? m->hdr.s : "", m->hdr.len, qid,
+                      sizeof(qid));
     if (!fixed) {
-        deliver_find_msgid(m->hdr.s ? m->hdr.s : "", m->hdr.len, &msgid);
         for (i = 0; i < s->nrcpts; i++)
             dr[i].mailbox = s->rcpts[i].mailbox;
         deliver_message(srv->dctx, m->st, msgid.len ? msgid.s : NULL,
                         msgid.len, dr, s->nrcpts, 0);
         for (i = 0; i < s->nrcpts; i++) {
-            lmtp_reply(s, lmtp_store_reply(srv, dr[i].result));
-            metrics_lmtp_final(lmtp_store_reply(srv, dr[i].result),
-                               s->rcpts[i].rcpt_us, m->size);
+            const char *reply = lmtp_store_reply(srv, dr[i].result);
+
+            lmtp_reply(s, reply);
+            metrics_lmtp_final(reply, s->rcpts[i].rcpt_us, m->size);
+            lmtp_log_rcpt(s, qid, cmsgid, s->rcpts[i].addr, dr[i].mailbox,
+                          dr[i].result == STORE_OK && !dr[i].duplicate
+                              ? dr[i].uid : 0,
+                          &m->size, reply, dr[i].duplicate,
+                          s->rcpts[i].rcpt_us);
             if (dr[i].result != STORE_OK) {
                 failed++;
-                log_info("lmtp: recipient failed rcpt=<%s> mailbox=<%s> "
-                         "error=<%s>", s->rcpts[i].addr, dr[i].mailbox,
-                         store_strerror(dr[i].result));
             } else if (dr[i].duplicate) {
                 metrics_count(METRICS_DUPLICATES, 1);
                 dups++;
@@ -830,16 +893,19 @@ static void lmtp_msg_finish(struct lmtp_session *s)
         for (i = 0; i < s->nrcpts; i++) {
             lmtp_reply(s, fixed);
             metrics_lmtp_final(fixed, s->rcpts[i].rcpt_us, m->size);
+            lmtp_log_rcpt(s, qid, cmsgid, s->rcpts[i].addr,
+                          s->rcpts[i].mailbox, 0, &m->size, fixed, 0,
+                          s->rcpts[i].rcpt_us);
         }
         failed = s->nrcpts;
         result = "refused";
     }
     lmtp_clean(s->sender.s ? s->sender.s : "", s->sender.len, csender,
                sizeof(csender));
-    lmtp_clean(msgid.s ? msgid.s : "", msgid.len, cmsgid, sizeof(cmsgid));
-    log_info("lmtp: delivery sender=<%s> rcpts=<%lu> size=<%llu> "
+    log_info("lmtp: delivery%s%s%s sender=<%s> rcpts=<%lu> size=<%llu> "
              "result=<%s> stored=<%lu> duplicates=<%lu> failed=<%lu> "
-             "msgid=<%s> peer=<%s>%s%s%s", csender,
+             "msgid=<%s> peer=<%s>%s%s%s", qid[0] ? " qid=<" : "", qid,
+             qid[0] ? ">" : "", csender,
              (unsigned long)s->nrcpts, (unsigned long long)m->size, result,
              (unsigned long)stored, (unsigned long)dups,
              (unsigned long)failed, cmsgid, s->conn->peer,
@@ -1019,6 +1085,22 @@ static void lmtp_cmd_mail(struct lmtp_session *s, const char *arg,
     rcpt_path_free(&path);
 }
 
+/* A recipient refused at RCPT after its lookup: reply (NULL when the
+ * caller has sent "550 5.1.2 ...") and log it. */
+static void lmtp_rcpt_refused(struct lmtp_session *s,
+                              const struct rcpt_path *path, uint64_t t0,
+                              const char *reply)
+{
+    char addr[300];
+
+    if (reply)
+        lmtp_reply(s, reply);
+    log_sanitize(path->addr.s ? path->addr.s : "", path->addr.len, addr,
+                 sizeof(addr));
+    lmtp_log_rcpt(s, NULL, NULL, addr, NULL, 0, NULL,
+                  reply ? reply : "550 5.1.2", 0, t0);
+}
+
 static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
                           size_t len)
 {
@@ -1027,6 +1109,7 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
     const char *err = NULL;
     size_t used = 0, i;
     enum rcpt_result res;
+    uint64_t t0 = metrics_now_us();
 
     if (!s->mail) {
         lmtp_reply(s, "503 5.5.1 Need MAIL command");
@@ -1072,21 +1155,23 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
     case RCPT_OK:
         break;
     case RCPT_UNKNOWN:
-        lmtp_reply(s, R_UNKNOWN);
+        lmtp_rcpt_refused(s, &path, t0, R_UNKNOWN);
         goto out;
     case RCPT_BADDOMAIN:
         prot_printf(s->p, "550 5.1.2 Bad destination domain: %s\r\n",
                     err ? err : "not a valid domain");
+        lmtp_rcpt_refused(s, &path, t0, NULL);
         goto out;
     case RCPT_NOPOST:
-        lmtp_reply(s, R_NOPOST);
+        lmtp_rcpt_refused(s, &path, t0, R_NOPOST);
         goto out;
     case RCPT_OVERQUOTA:
         metrics_count(METRICS_QUOTA_REFUSALS, 1);
-        lmtp_reply(s, s->srv->overquota_perm ? R_QUOTA_PERM : R_QUOTA_TEMP);
+        lmtp_rcpt_refused(s, &path, t0, s->srv->overquota_perm
+                                            ? R_QUOTA_PERM : R_QUOTA_TEMP);
         goto out;
     default:
-        lmtp_reply(s, R_TEMPFAIL);
+        lmtp_rcpt_refused(s, &path, t0, R_TEMPFAIL);
         goto out;
     }
     if (s->nrcpts == s->arcpts) {
@@ -1108,7 +1193,7 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
         lmtp_reply(s, R_TEMPFAIL);
         goto out;
     }
-    s->rcpts[s->nrcpts++].rcpt_us = metrics_now_us();
+    s->rcpts[s->nrcpts++].rcpt_us = t0;
     lmtp_reply(s, "250 2.1.5 Ok");
 out:
     buf_free(&mailbox);

@@ -1405,6 +1405,78 @@ def test_autologout():
         check(r == [b"a1 OK NOOP completed"], "logged-in session %r" % r)
 
 
+def session_end_line(i, port, deadline=20):
+    """The "imap: session end" line of the session whose client port is
+    port (waited for: the worker logs it as the session ends)."""
+    pat = re.compile(r"imap: session end .*peer=<[^>]*:%d>.*" % port)
+
+    def find():
+        m = pat.search(i.log())
+        return m.group(0) if m else None
+    line = wait_until(find, deadline)
+    check(line, "no session end line for client port %d: %r"
+          % (port, i.log()[-800:]))
+    return line
+
+
+def end_fields(line):
+    return dict(re.findall(r"(\w+)=<([^>]*)>", line))
+
+
+def test_session_end_line():
+    """At LOGOUT one line tells the session's user, peer, reason,
+    duration, commands, bytes in and out, and the messages appended,
+    fetched and expunged; a dropped connection says reason=<disconnect>,
+    an idle one reason=<autologout>."""
+    i = inst()
+    i.create("user.bob.LogEnd")
+    msg = b"Subject: x\r\n\r\nbody\r\n"
+    with Raw(i.addr()) as c:
+        port = c.sock.getsockname()[1]
+        raw_login(c, BOB, BOB_PW)                       # STARTTLS, LOGIN
+        for t in ("a1", "a2"):
+            c.send("%s APPEND INBOX.LogEnd {%d+}\r\n" % (t, len(msg))
+                   + msg.decode() + "\r\n")
+            ok(c.until_tagged(t), t)
+        ok(c.cmd("s1", "SELECT INBOX.LogEnd"), "s1")
+        ok(c.lcmd("f1", "FETCH 1:2 BODY.PEEK[]"), "f1")
+        ok(c.cmd("f2", "FETCH 1:2 FLAGS"), "f2")        # reads no message
+        ok(c.cmd("st", "STORE 1 +FLAGS.SILENT (\\Deleted)"), "st")
+        ok(c.cmd("e1", "EXPUNGE"), "e1")
+        c.cmd("x1", "FOO")                              # BAD counts too
+        ok(c.cmd("lo", "LOGOUT"), "lo")
+    f = end_fields(session_end_line(i, port))
+    check(f.get("user") == BOB and f.get("reason") == "logout",
+          "user/reason: %r" % f)
+    check(f.get("peer", "").endswith(":%d" % port), "peer: %r" % f)
+    check(f.get("commands") == "11", "commands (STARTTLS, LOGIN, 2 APPEND, "
+          "SELECT, 2 FETCH, STORE, EXPUNGE, FOO, LOGOUT): %r" % f)
+    check(f.get("appended") == "2" and f.get("fetched") == "2" and
+          f.get("expunged") == "1", "appended/fetched/expunged: %r" % f)
+    check(re.match(r"^\d+\.\d{3}$", f.get("duration", "")),
+          "duration: %r" % f)
+    check(int(f.get("bytes_in", "0")) > 2 * len(msg) and
+          int(f.get("bytes_out", "0")) > 2 * len(msg),
+          "bytes in/out: %r" % f)
+    # a client that just goes away
+    with Raw(i.addr()) as c:
+        port = c.sock.getsockname()[1]
+        raw_login(c, BOB, BOB_PW)
+    f = end_fields(session_end_line(i, port))
+    check(f.get("reason") == "disconnect" and f.get("user") == BOB,
+          "dropped connection: %r" % f)
+    # idle past prelogin_timeout (5 s): autologout, no user yet
+    with Raw(i.addr()) as c:
+        port = c.sock.getsockname()[1]
+        c.line()
+        c.sock.settimeout(90)
+        check(c.line() == b"* BYE Autologout; idle for too long",
+              "no autologout")
+    f = end_fields(session_end_line(i, port))
+    check(f.get("reason") == "autologout" and f.get("user") == "" and
+          f.get("commands") == "0", "autologout: %r" % f)
+
+
 def test_append():
     i = inst()
     i.create("user.alice.App")
@@ -1778,6 +1850,7 @@ if __name__ == "__main__":
         test_recent,
         test_seen_concurrent_sessions,
         test_autologout,
+        test_session_end_line,
         test_append,
         test_copy_move,
         test_idle_sees_lmtp_delivery,
