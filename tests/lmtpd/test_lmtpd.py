@@ -1386,6 +1386,149 @@ def test_main_instance_stops_clean():
           % " | ".join(trouble[:5]))
 
 
+def rcpt_lines(inst, rcpt, deadline=20, n=1):
+    """The "lmtp: recipient" lines for rcpt (as written in RCPT) in the
+    log since mark_log(), as dicts of their key=<value> fields; waits
+    for n of them."""
+    def find():
+        got = []
+        for line in inst.new_log().splitlines():
+            if "lmtp: recipient " in line and "rcpt=<%s>" % rcpt in line:
+                f = dict(re.findall(r" (\w+)=<((?:[^<>]|<[^<>]*>)*)>",
+                                    line))
+                f["_line"] = line
+                got.append(f)
+        return got if len(got) >= n else None
+    got = wait_until(find, deadline)
+    check(got, "no recipient line for %s: %r" % (rcpt, inst.new_log()[-800:]))
+    return got
+
+
+def test_journald_prefixes():
+    """Under systemd (JOURNAL_STREAM names the device and inode of the
+    stream stderr is), every stderr line starts with its syslog priority,
+    "<6>" info, "<4>" warning, as sd-daemon(3) prefixes do; the rest of
+    the line is unchanged.  Here stderr is the log file, so JOURNAL_STREAM
+    gets its device and inode."""
+    inst = Instance("journal", conf={"no_such_key_at_all": "1"})
+    with inst:
+        inst.create("user.alice")
+        inst.write_cyrus_conf(prefork=1, maxchild=2)
+        open(inst.logfile, "ab").close()
+        st = os.stat(inst.logfile)
+        old = os.environ.get("JOURNAL_STREAM")
+        os.environ["JOURNAL_STREAM"] = "%d:%d" % (st.st_dev, st.st_ino)
+        try:
+            inst.start()
+        finally:
+            if old is None:
+                del os.environ["JOURNAL_STREAM"]
+            else:
+                os.environ["JOURNAL_STREAM"] = old
+        msgid = uniq("journal")
+        with connect(inst) as c:
+            _, rr, _, dr = transaction(c, "s@example.org", ["alice"],
+                                       make_message(msgid))
+            check(codes(dr) == [250], "delivery: %r" % dr)
+        got = wait_until(lambda: [l for l in inst.log().splitlines()
+                                  if msgid in l and "lmtp: delivery " in l],
+                         10)
+        check(got and re.match(r"^<6>lmtpd\[\d+\]: info: lmtp: delivery ",
+                               got[0]), "delivery line: %r" % got)
+        lines = [l for l in inst.log().splitlines() if l.strip()]
+        check(any(re.match(r"^<6>master\[\d+\]: info: master: started ", l)
+                  for l in lines), "master's start line: %r" % lines[:5])
+        check(any(re.match(r"^<4>\S+\[\d+\]: warning: .*no_such_key", l)
+                  for l in lines), "no <4> warning for the unknown key: %r"
+              % [l for l in lines if "no_such_key" in l])
+        bad = [l for l in lines if not re.match(r"^<[0-7]>\S+\[\d+\]: ", l)]
+        check(not bad, "lines without a priority prefix: %r" % bad[:3])
+
+
+def test_delivery_log_line():
+    """One line per recipient with qid (from the topmost Received),
+    msgid, sender, rcpt, mailbox, uid, size, status, reply and delay; a
+    duplicate and an over-quota recipient say so; no Received, no qid."""
+    inst = main_instance()
+    msgid = uniq("logline")
+    received = ["Received: from client.example (client.example "
+                "[192.0.2.1])", "\tby mx.example (Postfix) with LMTP id "
+                "4ABC123", "\tfor <bob@test.example>; Thu, 21 Nov 2024 "
+                "12:00:00 +0000",
+                "Received: by relay.example with ESMTP id OLDER99;"
+                " Thu, 21 Nov 2024 11:00:00 +0000"]
+    # the Received fields first, as an MTA prepends them
+    body = make_message(msgid)
+    message = ("\r\n".join(received) + "\r\n").encode() + body
+    inst.mark_log()
+    before = inst.count("user.bob")
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "logger@example.org",
+                                    ["bob@test.example"], message)
+        check(codes(res) == [250], "delivery: %r %r" % (rr, res))
+    f = rcpt_lines(inst, "bob@test.example")[0]
+    uids = [uid for uid, _ in inst.message_files("user.bob")]
+    check(inst.count("user.bob") == before + 1, "not stored")
+    want = {"qid": "4ABC123", "msgid": "<%s>" % msgid,
+            "sender": "logger@example.org", "rcpt": "bob@test.example",
+            "mailbox": "user.bob", "uid": str(uids[-1]),
+            "status": "delivered", "reply": "250 2.1.5"}
+    for k, v in want.items():
+        check(f.get(k) == v, "%s=<%s>, expected <%s>: %s"
+              % (k, f.get(k), v, f["_line"]))
+    check(f.get("size") and int(f["size"]) >= len(message),
+          "size: %s" % f["_line"])
+    check(re.match(r"^\d+\.\d{3}$", f.get("delay", "")),
+          "delay: %s" % f["_line"])
+    # the same message again: a duplicate
+    inst.mark_log()
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "logger@example.org",
+                                    ["bob@test.example"], message)
+        check(codes(res) == [250], "duplicate: %r" % res)
+    f = rcpt_lines(inst, "bob@test.example")[0]
+    check(f.get("status") == "duplicate" and f.get("reply") == "250 2.1.5"
+          and "uid" not in f and f.get("qid") == "4ABC123",
+          "duplicate: %s" % f["_line"])
+    # over quota: at DATA (no SIZE=) and at RCPT (SIZE=)
+    big = make_message(uniq("logq"), body=(b"z" * 78 + b"\r\n") * 60)
+    inst.mark_log()
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "logger@example.org",
+                                    ["quser@test.example"], big)
+        check(codes(rr) == [250] and codes(res) == [452],
+              "over quota at DATA: %r %r" % (rr, res))
+        _, rr, _, res = transaction(c, "logger@example.org",
+                                    ["quser@test.example"], big,
+                                    mail_params=" SIZE=%d" % len(big))
+        check(codes(rr) == [452], "over quota at RCPT: %r" % rr)
+    lines = rcpt_lines(inst, "quser@test.example", n=2)
+    for f in lines:
+        check(f.get("status") == "overquota" and
+              f.get("reply") == "452 4.2.2" and "uid" not in f,
+              "over quota: %s" % f["_line"])
+    check("msgid" in lines[0] and "msgid" not in lines[1],
+          "msgid at DATA, none at RCPT: %r" % [l["_line"] for l in lines])
+    # no Received: no qid
+    inst.mark_log()
+    with connect(inst) as c:
+        _, rr, _, res = transaction(c, "logger@example.org",
+                                    ["carol@test.example"],
+                                    make_message(uniq("noqid")))
+        check(codes(res) == [250], "delivery: %r" % res)
+    f = rcpt_lines(inst, "carol@test.example")[0]
+    check("qid" not in f and f.get("status") == "delivered",
+          "no Received but: %s" % f["_line"])
+    # an unknown user, refused at RCPT
+    inst.mark_log()
+    with connect(inst) as c:
+        c.expect("MAIL FROM:<logger@example.org>", 250)
+        c.expect("RCPT TO:<nosuch@test.example>", 550, "5.1.1")
+    f = rcpt_lines(inst, "nosuch@test.example")[0]
+    check(f.get("status") == "refused" and f.get("reply") == "550 5.1.1",
+          "unknown user: %s" % f["_line"])
+
+
 def test_log_file():
     """log_file in imapd.conf: lmtpd's lines (here a delivery) go to that
     file, one line each with a time stamp, not to stderr."""
@@ -1405,7 +1548,8 @@ def test_log_file():
         def lines():
             try:
                 with open(logf, errors="replace") as f:
-                    return [l for l in f if msgid in l]
+                    return [l for l in f
+                            if msgid in l and "lmtp: delivery " in l]
             except OSError:
                 return []
         got = wait_until(lines, 10)
@@ -1450,6 +1594,8 @@ TESTS = [
     test_damaged_mailbox_list,
     test_strict_instance,
     test_log_file,
+    test_delivery_log_line,
+    test_journald_prefixes,
     test_main_instance_stops_clean,
 ]
 

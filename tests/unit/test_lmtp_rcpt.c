@@ -23,6 +23,7 @@
 #include "lib/imapconf.h"
 #include "lib/log.h"
 #include "lmtpd/rcpt.h"
+#include "lmtpd/received.h"
 #include "store/acl.h"
 #include "store/mboxlist.h"
 #include "store/quota.h"
@@ -561,6 +562,62 @@ static void test_resolve_dberror(void **state)
     fixture_down(&f);
 }
 
+
+/* received_queue_id(): the topmost Received field's id clause. */
+static void test_received_qid(void **state)
+{
+    static const struct {
+        const char *hdr, *qid;
+    } cases[] = {
+        { "Received: from a (a [192.0.2.1])\r\n\tby mx (Postfix) with "
+          "LMTP id 4ABC123\r\n\tfor <b@x>; Thu, 1 Jan 2024\r\n"
+          "Received: by r with ESMTP id OLDER;\r\n\r\n", "4ABC123" },
+        { "received: by mx with ESMTP id 4XyZ.9-1_a; date\r\n", "4XyZ.9-1_a" },
+        { "Subject: id 5\r\nReceived: by mx id Q1\r\n", "Q1" },
+        { "Received: from id.example (ID x) by mx id\r\n Q2;\r\n", "Q2" },
+        { "Received: from x (id y) by mx; date\r\n"
+          "Received: by r id Q3\r\n", "" },
+        { "Received: by mx id \x01" "bad\r\n", "" },
+        { "Received: by mx id Q4(comment)\r\n", "Q4" },
+        { "Subject: x\r\n\r\nReceived: by mx id BODY\r\n", "" },
+        { "X-Received: by mx id NOT\r\n", "" },
+        { "", "" },
+    };
+    char out[RECEIVED_QID_MAX + 1];
+    size_t i, cut;
+
+    (void)state;
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t len = strlen(cases[i].hdr);
+        int r;
+
+        memset(out, 'X', sizeof(out));
+        r = received_queue_id(cases[i].hdr, len, out, sizeof(out));
+        assert_string_equal(out, cases[i].qid);
+        assert_int_equal(r, cases[i].qid[0] != '\0');
+        /* every cut: nothing read past the end (a heap copy for ASan) */
+        for (cut = 0; cut <= len; cut++) {
+            char *copy = malloc(cut ? cut : 1);
+
+            assert_non_null(copy);
+            memcpy(copy, cases[i].hdr, cut);
+            received_queue_id(copy, cut, out, sizeof(out));
+            free(copy);
+        }
+    }
+    /* a long id is cut at RECEIVED_QID_MAX, a small out too */
+    {
+        char hdr[300];
+
+        snprintf(hdr, sizeof(hdr), "Received: by mx id %0200d\r\n", 7);
+        assert_int_equal(received_queue_id(hdr, strlen(hdr), out,
+                                           sizeof(out)), 1);
+        assert_int_equal(strlen(out), RECEIVED_QID_MAX);
+        assert_int_equal(received_queue_id(hdr, strlen(hdr), out, 4), 1);
+        assert_string_equal(out, "000");
+    }
+}
+
 int main(void)
 {
     static const struct th_case cases[] = {
@@ -577,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_parse_prefixes),
         cmocka_unit_test(test_names_dotsep),
         cmocka_unit_test(test_names_unixsep),
+        cmocka_unit_test(test_received_qid),
     };
     int failed;
 
