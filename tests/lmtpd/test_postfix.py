@@ -325,6 +325,16 @@ def test_postfix_end_to_end():
                   % (len(bounced), bounced[:2]))
             sent = len(re.findall(r"relay=[^,]*lmtp\.sock[^,]*,.*"
                                   r"status=sent", log))
+            # lmtpd logs each delivery with Postfix's queue id, read
+            # from the Received field Postfix put on top
+            pf_qids = set(re.findall(r"lmtp\[\d+\]: ([0-9A-Za-z]+): to=<"
+                                     r"[^>]*>, relay=[^,]*lmtp\.sock[^,]*,"
+                                     r".*status=sent", log))
+            our_qids = set(re.findall(r"lmtp: recipient qid=<([^>]*)> .*"
+                                      r"status=<delivered>", inst.log()))
+            check(pf_qids and pf_qids <= our_qids,
+                  "Postfix queue ids not in lmtpd's recipient lines: %r"
+                  % sorted(pf_qids - our_qids)[:5])
             print("#   %d messages: submitted in %.1f s, all delivered "
                   "after %.1f s (%.0f msg/s end to end); Postfix log: %d "
                   "sent via lmtp, %d deferrals"
