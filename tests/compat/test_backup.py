@@ -329,5 +329,65 @@ def test_refusals():
                   "restore of an incomplete backup: %d %s" % (rc, err))
 
 
+def test_layout():
+    """CONFIGDIR/cyrusdeliver.version: written when missing, a newer one
+    refused by ctl_cyrusdb -r and by the master's START, reported by
+    cyr_info conf-lint."""
+    cyr_info = os.path.join(TOP_BUILDDIR, "tools", "cyr_info")
+    inst = ImapInstance("layout")
+    with inst:
+        vfile = os.path.join(inst.confdir, "cyrusdeliver.version")
+        inst.create("user.alice")      # a store from before the file
+        check(not os.path.exists(vfile), "the version file exists early")
+        rc, out, err = run([cyr_info, "-C", inst.imapd_conf, "-M",
+                            inst.cyrus_conf, "conf-lint"], check_rc=False)
+        check("layout 1, written by the next ctl_cyrusdb -r" in out,
+              "conf-lint without a version file: %s" % out)
+        _, out, _ = run([CTL_CYRUSDB, "-C", inst.imapd_conf, "-r"])
+        check("version file written" in out, "ctl_cyrusdb -r: %s" % out)
+        with open(vfile) as f:
+            text = f.read()
+        check("layout 1\n" in text.splitlines(True), "version file: %r"
+              % text)
+        rc, out, err = run([cyr_info, "-C", inst.imapd_conf, "-M",
+                            inst.cyrus_conf, "conf-lint"], check_rc=False)
+        check("ok: layout 1 (" in out and "index 1" in out,
+              "conf-lint: %s" % out)
+        # from the future
+        with open(vfile, "w") as f:
+            f.write("layout 7\nindex 3\n")
+        rc, out, err = run([CTL_CYRUSDB, "-C", inst.imapd_conf, "-r"],
+                           check_rc=False)
+        check(rc == 1 and "says layout 7" in err and "up to 1" in err,
+              "ctl_cyrusdb -r on layout 7: exit %d: %s%s" % (rc, out, err))
+        rc, out, err = run([cyr_info, "-C", inst.imapd_conf, "-M",
+                            inst.cyrus_conf, "conf-lint"], check_rc=False)
+        check(rc == 1 and "says layout 7" in out, "conf-lint on layout 7: "
+              "%d %s" % (rc, out))
+        # the master's START stops the start
+        inst.write_cyrus_conf()
+        with open(inst.cyrus_conf) as f:
+            conf = f.read()
+        with open(inst.cyrus_conf, "w") as f:
+            f.write('START {\n  recover cmd="ctl_cyrusdb -r"\n}\n' + conf)
+        try:
+            inst.start(timeout=30)
+        except Fail:
+            pass
+        else:
+            raise Fail("the master started on a layout-7 store")
+        check("says layout 7" in inst.log(), "master log: %s"
+              % inst.log()[-600:])
+        inst.proc.wait(10)
+        inst.proc = None
+        with open(vfile, "w") as f:
+            f.write("garbage\n")
+        rc, out, err = run([CTL_CYRUSDB, "-C", inst.imapd_conf, "-r"],
+                           check_rc=False)
+        check(rc == 1 and "damaged" in err, "ctl_cyrusdb -r on a damaged "
+              "version file: %d %s" % (rc, err))
+
+
 if __name__ == "__main__":
-    sys.exit(run_imap_tests([test_refusals, test_wrong_order, test_storm]))
+    sys.exit(run_imap_tests([test_refusals, test_layout, test_wrong_order,
+                             test_storm]))
