@@ -299,6 +299,36 @@ def test_wrong_order():
                        "(message files before the index)")
 
 
+def test_backends():
+    """Backup and restore with every database on each backend."""
+    for backend in ("skiplist", "flat", "db3", "lmdb"):
+        conf = {k: backend for k in ("mboxlist_db", "duplicate_db",
+                                     "quota_db", "seenstate_db",
+                                     "subscription_db")}
+        inst = ImapInstance("backup-" + backend, conf=conf)
+        with inst:
+            setup(inst)
+            inst.quota("user.alice", 1000)
+            inst.write_cyrus_conf()
+            inst.start()
+            acked = []
+            for rcpt, box in sorted(RCPTS.items()):
+                msg = make_message("%s.%s@test.example" % (backend, box),
+                                   body=b"to %s\r\n" % box.encode())
+                inst.lmtp_deliver(rcpt, msg)
+                acked.append((box, msg))
+            b = os.path.join(new_dir(backend), "b")
+            run([CYR_BACKUP, "-q", "-C", inst.imapd_conf, b])
+            check(inst.stop() == [], "master stop")
+        r = ImapInstance("restored-" + backend, conf=conf)
+        with r:
+            run([CYR_BACKUP, "-q", "-C", r.imapd_conf, "--restore", b])
+            verify(r, acked)
+            _, out, _ = r.mbtool("quota", "show", "user.alice")
+            check("messages=1" in out, "%s: restored quota: %s"
+                  % (backend, out))
+
+
 def test_refusals():
     rc, out, _ = run([CYR_BACKUP, "--help"])
     check("--restore" in out and "DESTDIR" in out, "--help: %s" % out)
@@ -389,5 +419,5 @@ def test_layout():
 
 
 if __name__ == "__main__":
-    sys.exit(run_imap_tests([test_refusals, test_layout, test_wrong_order,
-                             test_storm]))
+    sys.exit(run_imap_tests([test_refusals, test_layout, test_backends,
+                             test_wrong_order, test_storm]))
