@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "imapd"))
 from imaphelp import (IMAP4, Conn, ImapInstance, check,  # noqa: E402
                       make_message, run_imap_tests, tls_context,
                       transaction)
-from lmtphelp import header_value  # noqa: E402
+from lmtphelp import header_value, read_index  # noqa: E402
 from testlib import (TMPDIR, TOP_BUILDDIR, Fail, chown_run_as,  # noqa: E402
                      drop_privileges, wait_until)
 
@@ -379,6 +379,11 @@ def test_layout():
             text = f.read()
         check("layout 1\n" in text.splitlines(True), "version file: %r"
               % text)
+        # the index version it records is the one mailbox.c writes
+        h, _ = read_index(inst.mailbox_dir("user.alice"))
+        check("index %d\n" % h["version"] in text.splitlines(True),
+              "version file %r, cyrus.index version %d" % (text,
+                                                          h["version"]))
         rc, out, err = run([cyr_info, "-C", inst.imapd_conf, "-M",
                             inst.cyrus_conf, "conf-lint"], check_rc=False)
         check("ok: layout 1 (" in out and "index 1" in out,
