@@ -23,6 +23,12 @@
  * and, when stderr leads nowhere (a daemonized master), in syslog: the
  * master's START then fails before any worker could answer 451.
  *
+ * With -r and a configuration file (and no -d), the store's layout
+ * version (CONFIGDIR/cyrusdeliver.version, store/layout.h) is checked
+ * after that: a newer layout than this build knows stops it with exit
+ * status 1 and a message naming both; a missing file is written (a
+ * store from before the file is layout 1).
+ *
  * Started as root it becomes cyrus_user first (lib/privs.c); with -d and
  * no -C, the owner of DIR.
  *
@@ -50,6 +56,7 @@
 #include "lib/log.h"
 #include "lib/privs.h"
 #include "store/dbcheck.h"
+#include "store/layout.h"
 
 #define CTL_EXIT_OK 0
 #define CTL_EXIT_ERROR 1
@@ -70,7 +77,9 @@ static void ctl_usage(FILE *out)
 "            its configured backend (mboxlist_db, duplicate_db, quota_db,\n"
 "            seenstate_db, subscription_db; not with -d): a file in\n"
 "            another format stops here with the cvt_cyrusdb command that\n"
-"            converts it; then run each backend's directory recovery (Berkeley DB\n"
+"            converts it; then check the store's layout version\n"
+"            (CONFIGDIR/cyrusdeliver.version: a newer one stops here, a\n"
+"            missing one is written); then run each backend's directory recovery (Berkeley DB\n"
 "            environments), then open every database file in DIR with the\n"
 "            backend that wrote it (which finishes or cuts off an\n"
 "            interrupted commit), check it, and close it.  Run it only\n"
@@ -453,6 +462,23 @@ int main(int argc, char **argv)
         }
     }
     imapconf_free(&conf);
+
+    /* the store's layout version: a newer one stops the start, none is
+     * written (store/layout.h) */
+    if (mode == 'r' && conf_from_file && !dir_opt && stat(dir, &st) == 0) {
+        const char *lerr = NULL;
+        int found = 0, lr = layout_check(dir, &found, &lerr);
+
+        if (lr < 0) {
+            ctl_alert("%s; not recovering", lerr ? lerr : "layout check failed");
+            free(cdir);
+            return CTL_EXIT_ERROR;
+        }
+        if (!ctl_quiet)
+            printf("%s: layout %d dir=<%s>%s\n", ctl_progname, LAYOUT_VERSION,
+                   dir, found == 0 ? " (version file written)"
+                        : lr == LAYOUT_UPGRADED ? " (upgraded)" : "");
+    }
 
     if (stat(dir, &st) < 0) {
         fprintf(stderr, "%s: %s: %s\n", ctl_progname, dir, strerror(errno));

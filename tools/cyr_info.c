@@ -45,6 +45,7 @@
 #include "lib/strarray.h"
 #include "master/master_conf.h"
 #include "store/dbcheck.h"
+#include "store/layout.h"
 #include "store/store.h"
 #include "store/userid.h"
 
@@ -311,6 +312,33 @@ static int info_lint(const struct imapconf *conf, const char *conffile,
                  "backend");
     else if (n < 0)
         info_say(&l, "error", "the database files could not be checked");
+
+    {
+        /* the store's on-disk versions (store/layout.h) */
+        const char *cd = imapconf_getstring(conf, "configdirectory");
+        const char *lerr = NULL;
+        int v = 0;
+
+        if (cd && *cd) {
+            if (layout_read(cd, &v, &lerr) != LAYOUT_OK)
+                info_say(&l, "error", "%s", lerr ? lerr : "layout");
+            else if (v > LAYOUT_VERSION)
+                info_say(&l, "error", "%s/%s says layout %d; this build "
+                         "knows layouts up to %d: the master's start "
+                         "(ctl_cyrusdb -r) refuses it", cd, LAYOUT_FNAME, v,
+                         LAYOUT_VERSION);
+            else if (v == 0)
+                info_say(&l, "ok", "no %s/%s yet: layout 1, written by the "
+                         "next ctl_cyrusdb -r (this build: layout %d, index "
+                         "%d, skiplist %s)", cd, LAYOUT_FNAME, LAYOUT_VERSION,
+                         LAYOUT_INDEX_VERSION, LAYOUT_SKIPLIST_VERSION);
+            else
+                info_say(&l, "ok", "layout %d (%s/%s; this build: layout %d, "
+                         "index %d, skiplist %s)", v, cd, LAYOUT_FNAME,
+                         LAYOUT_VERSION, LAYOUT_INDEX_VERSION,
+                         LAYOUT_SKIPLIST_VERSION);
+        }
+    }
 
     info_check_file(&l, conf, "tls_server_cert");
     info_check_file(&l, conf, "tls_server_key");
