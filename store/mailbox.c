@@ -2254,7 +2254,7 @@ static int mbx_cleanup_eligible(const struct mailbox_record *rec,
         return 1;
     if (!(rec->flags & MAILBOX_FLAG_EXPUNGED))
         return 0;
-    return before == 0 || rec->last_updated < before;
+    return before == 0 || rec->last_updated <= before;
 }
 
 int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
@@ -2305,10 +2305,15 @@ int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
     }
     if (removed_r)
         *removed_r = removable;
-    /* without a compaction the records stay, and the next batch would
-     * take the same ones again: report no more work then */
-    if (pending || removable == 0 || mb->slot.visible != n)
+    if (removable == 0)
         goto out;
+    /* an append in progress: the records stay (their files are gone) and
+     * the compaction waits for a later batch */
+    if (pending || mb->slot.visible != n) {
+        if (more_r)
+            *more_r = 2;
+        goto out;
+    }
     if (more_r)
         *more_r = waiting > 0;
 

@@ -55,6 +55,7 @@
 #define EXPIRE_EXIT_USAGE 2
 #define EXPIRE_DEFAULT_BATCH 1000
 #define EXPIRE_DEFAULT_PAUSE_MS 20
+#define EXPIRE_MAX_DEFERRED 200   /* batches in a row an append blocks */
 #define EXPIRE_MAX_AGE (100000LL * 86400)
 
 static const char *expire_progname = "cyr_expire";
@@ -199,7 +200,7 @@ static int expire_mailbox(const char *name, const char *part,
                           unsigned long *removed_r, unsigned long *batches_r)
 {
     struct mailbox *mb = NULL;
-    int r, r2, more;
+    int r, r2, more, deferred = 0;
 
     r = mailbox_open(expire_conf, name, part, &mb);
     if (r != STORE_OK)
@@ -215,11 +216,22 @@ static int expire_mailbox(const char *name, const char *part,
         r2 = mailbox_unlock(mb);
         if (r == STORE_OK)
             r = r2;
-        *removed_r += removed;
-        if (removed)
-            (*batches_r)++;
+        if (more == 2) {
+            /* appends in progress: the same records again after a pause;
+             * a mailbox that never pauses is left for the next run */
+            if (++deferred > EXPIRE_MAX_DEFERRED) {
+                log_info("expire: compaction deferred mailbox=<%s> "
+                         "reason=<appends in progress>", name);
+                break;
+            }
+        } else {
+            deferred = 0;
+            *removed_r += removed;
+            if (removed)
+                (*batches_r)++;
+        }
         if (r == STORE_OK && more)
-            expire_pause(pause_ms);
+            expire_pause(pause_ms > 0 ? pause_ms : 1);
     } while (r == STORE_OK && more);
     mailbox_close(&mb);
     return r;
