@@ -96,6 +96,14 @@ static const char *const imapconf_bare_newlines_words[] = {
     "reject", "fix", NULL
 };
 
+static const char *const imapconf_expunge_mode_words[] = {
+    "immediate", "delayed", NULL
+};
+
+static const char *const imapconf_delete_mode_words[] = {
+    "immediate", "delayed", NULL
+};
+
 static const struct imapconf_option imapconf_options[] = {
     { .name = "configdirectory", .type = IMAPCONF_STRING,
       .def = "/var/lib/cyrusdeliver",
@@ -183,6 +191,18 @@ static const struct imapconf_option imapconf_options[] = {
       .words = imapconf_bare_newlines_words,
       .desc = "a message with a bare CR or LF: reject = refuse it with "
               "554 5.6.0; fix = turn each into CRLF" },
+    { .name = "expunge_mode", .type = IMAPCONF_ENUM, .def = "immediate",
+      .words = imapconf_expunge_mode_words,
+      .desc = "expunged messages: immediate = the next cleanup (mbtool "
+              "cleanup, cyr_expire -X) removes them whatever their age; "
+              "delayed = cyr_expire -X DAYS removes only those expunged "
+              "more than DAYS ago" },
+    { .name = "delete_mode", .type = IMAPCONF_ENUM, .def = "immediate",
+      .words = imapconf_delete_mode_words,
+      .desc = "deleted mailboxes: immediate = removed at once; delayed = "
+              "renamed into the hidden DELETED. hierarchy with a hex "
+              "timestamp, removed by cyr_expire -D DAYS, restored by "
+              "mbtool undelete" },
     { .name = "maxheaderlines", .type = IMAPCONF_INT, .def = "1000",
       .min = 10, .max = 1000000,
       .desc = "most header lines (continuations included) an LMTP "

@@ -228,8 +228,7 @@ struct compat_opts {
     int flag;                       /* imapd -s, lmtpd -a */
     int flag_r, flag_c;             /* ctl_cyrusdb -r, -c */
     const char *uses, *timeout;     /* -U, -T */
-    long prune_days;                /* -E, -1 = not given */
-    int cleanup;                    /* -X given */
+    const char *age_e, *age_x, *age_d;  /* -E, -X, -D (valid durations) */
     struct buf ignored;             /* dropped words, for the info line */
 };
 
@@ -289,10 +288,13 @@ static void compat_read_opts(const struct compat_program *prog,
             case COMPAT_CTL_DELIVER:
             case COMPAT_EXPIRE:
                 if (c == 'E' && arg && compat_days(arg) >= 0)
-                    o->prune_days = compat_days(arg);
+                    o->age_e = arg;
                 else if (c == 'X' && prog->kind == COMPAT_EXPIRE && arg
                          && compat_days(arg) >= 0)
-                    o->cleanup = 1;
+                    o->age_x = arg;
+                else if (c == 'D' && prog->kind == COMPAT_EXPIRE && arg
+                         && compat_days(arg) >= 0)
+                    o->age_d = arg;
                 else
                     compat_ignore(o, c, arg);
                 break;
@@ -319,7 +321,6 @@ static int compat_put_word(struct buf *b, const char *w)
 
 struct compat_result {
     struct buf cmd;         /* the new command; empty: leave alone */
-    struct buf cmd2;        /* a second command (cyr_expire -E and -X) */
     const char *why;        /* set: remove the entry, with this reason */
     char whybuf[160];
     struct buf ignored;
@@ -449,7 +450,6 @@ static void compat_entry(const struct master_entry *e, const char *imapdconf,
         struct compat_opts o;
         const char *args[8];
         size_t n = 0;
-        char days[32];
         int is_service = prog->kind == COMPAT_IMAPD
                          || prog->kind == COMPAT_LMTPD;
 
@@ -467,7 +467,6 @@ static void compat_entry(const struct master_entry *e, const char *imapdconf,
             goto done;
         }
         memset(&o, 0, sizeof(o));
-        o.prune_days = -1;
         compat_read_opts(prog, argv + toolpos + 1, &o);
         buf_free(&r->ignored);
         r->ignored = o.ignored;
@@ -495,29 +494,19 @@ static void compat_entry(const struct master_entry *e, const char *imapdconf,
             break;
         case COMPAT_CTL_DELIVER:
         case COMPAT_EXPIRE:
-            if (o.prune_days < 0 && !o.cleanup) {
+            if (!o.age_e && !o.age_x && !o.age_d) {
                 snprintf(r->whybuf, sizeof(r->whybuf), "%s without -E%s "
                          "asks for nothing we do", prog->name,
-                         prog->kind == COMPAT_EXPIRE ? " or -X" : "");
+                         prog->kind == COMPAT_EXPIRE ? ", -X or -D" : "");
                 r->why = r->whybuf;
                 break;
             }
-            if (o.prune_days >= 0) {
-                snprintf(days, sizeof(days), "%ld", o.prune_days);
-                args[0] = "prune";
-                args[1] = days;
-                args[2] = NULL;
-                if (compat_build(r, argv, k, "mbtool", imapdconf, args,
-                                 &r->cmd) < 0)
-                    break;
-            }
-            if (o.cleanup) {
-                args[0] = "cleanup";
-                args[1] = "-a";
-                args[2] = NULL;
-                compat_build(r, argv, k, "mbtool", imapdconf, args,
-                             o.prune_days >= 0 ? &r->cmd2 : &r->cmd);
-            }
+            if (o.age_e) { args[n++] = "-E"; args[n++] = o.age_e; }
+            if (o.age_x) { args[n++] = "-X"; args[n++] = o.age_x; }
+            if (o.age_d) { args[n++] = "-D"; args[n++] = o.age_d; }
+            args[n] = NULL;
+            compat_build(r, argv, k, "cyr_expire", imapdconf, args,
+                         &r->cmd);
             break;
         case COMPAT_NONE:
             break;
@@ -562,32 +551,8 @@ size_t master_compat_apply(struct master_conf *conf, const char *confname,
                      r.ignored.len ? ">" : "");
             free(e->cmd);
             e->cmd = cmd;
-            if (r.cmd2.len) {
-                struct buf name = BUF_INITIALIZER;
-
-                /* entry names are at most 64 bytes */
-                buf_printf(&name, "%.*s-cleanup", 56, e->name);
-                if (master_conf_find(conf, buf_cstring(&name))) {
-                    log_warning("%s:%lu: %s entry=<%s>: the name %s is "
-                                "taken, its cleanup (runs=<%s>) is not "
-                                "run", confname, e->line, sec, e->name,
-                                buf_cstring(&name), buf_cstring(&r.cmd2));
-                } else if (master_conf_insert_copy(conf, i,
-                                                   buf_cstring(&name),
-                                                   buf_cstring(&r.cmd2))
-                           < 0) {
-                    log_fatal(71, "master: out of memory");
-                } else {
-                    log_info("%s:%lu: %s entry=<%s> added runs=<%s>",
-                             confname, conf->entries[i].line, sec,
-                             buf_cstring(&name), buf_cstring(&r.cmd2));
-                    i++;
-                }
-                buf_free(&name);
-            }
         }
         buf_free(&r.cmd);
-        buf_free(&r.cmd2);
         buf_free(&r.ignored);
     }
     compat_servicedir = compat_masterdir = NULL;

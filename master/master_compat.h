@@ -13,19 +13,17 @@
  *   Cyrus's command                      becomes (OURS = our program)
  *   ctl_cyrusdb -r                       OURS/ctl_cyrusdb -C CONF -r
  *   ctl_cyrusdb -c                       OURS/ctl_cyrusdb -C CONF -c
- *   ctl_deliver -E DAYS                  OURS/mbtool -C CONF prune DAYS
- *   cyr_expire -E DAYS                   OURS/mbtool -C CONF prune DAYS
- *   cyr_expire -X DAYS                   OURS/mbtool -C CONF cleanup -a
+ *   ctl_deliver -E AGE                   OURS/cyr_expire -C CONF -E AGE
+ *   cyr_expire [-E AGE] [-X AGE] [-D AGE]
+ *                                        OURS/cyr_expire -C CONF [same]
  *   imapd [-s] [-U N] [-T N]             OURS/imapd -C CONF [same]
  *   lmtpd [-a] [-U N] [-T N]             OURS/lmtpd -C CONF [same]
  *
- * cyr_expire with both -E and -X becomes two entries: NAME runs the
- * prune and NAME-cleanup (same section and schedule) the cleanup.
- * Durations: DAYS, or Cyrus's NUMBER with a unit d/h/m/s, rounded up to
- * whole days.  Other options are dropped (listed in the info line): -C
- * (ours is always given), ctl_cyrusdb -x, cyr_expire -D (a deleted
- * mailbox is removed at once here), -A, -a, -v, -x, -p, -u, -t, -c,
- * service -D, -N, -p.  CONF is the master's imapd.conf; OURS is the first
+ * AGE: Cyrus's NUMBER with an optional unit d/h/m/s, passed on as
+ * written (our cyr_expire reads the same syntax); a malformed one is
+ * dropped.  Other options are dropped (listed in the info line): -C
+ * (ours is always given), ctl_cyrusdb -x, cyr_expire -A, -a, -v, -x, -p,
+ * -u, -t, -c, service -D, -N, -p.  CONF is the master's imapd.conf; OURS is the first
  * directory holding that program of: -S servicedir, the master's own
  * directory, (build tree) its siblings lmtpd/, imapd/, tools/, and the
  * installed workers' directory (pkglibexecdir, compiled in).

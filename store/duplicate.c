@@ -583,6 +583,12 @@ static int duplicate_delete_batch(struct duplicate_db *d,
 int duplicate_prune(struct duplicate_db *d, int days,
                     unsigned long *pruned_r, unsigned long *kept_r)
 {
+    return duplicate_prune_at(d, days, time(NULL), pruned_r, kept_r);
+}
+
+int duplicate_prune_at(struct duplicate_db *d, int days, time_t now,
+                       unsigned long *pruned_r, unsigned long *kept_r)
+{
     struct duplicate_walk w;
     unsigned long pruned = 0, kept_late = 0, damaged = 0;
     int r, attempt;
@@ -596,7 +602,7 @@ int duplicate_prune(struct duplicate_db *d, int days,
         return STORE_INTERNAL;
     }
     memset(&w, 0, sizeof(w));
-    w.cutoff = time(NULL) - (time_t)days * 86400;
+    w.cutoff = now - (time_t)days * 86400;
     for (;;) {
         size_t pos = 0;
 

@@ -73,5 +73,9 @@ int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
  * STORE_INTERNAL (days < 0). */
 int duplicate_prune(struct duplicate_db *d, int days,
                     unsigned long *pruned_r, unsigned long *kept_r);
+/* duplicate_prune() with the age counted from `now` instead of the
+ * current time (cyr_expire's clock). */
+int duplicate_prune_at(struct duplicate_db *d, int days, time_t now,
+                       unsigned long *pruned_r, unsigned long *kept_r);
 
 #endif

@@ -2242,12 +2242,36 @@ static int mbx_install_index(struct mailbox *mb, const char *tmp, int nfd)
 
 int mailbox_cleanup(struct mailbox *mb)
 {
+    return mailbox_cleanup_batch(mb, 0, 0, NULL, NULL);
+}
+
+/* A record cleanup may take: aborted, or expunged before `before` (0: any
+ * time). */
+static int mbx_cleanup_eligible(const struct mailbox_record *rec,
+                                int64_t before)
+{
+    if (rec->flags & MAILBOX_FLAG_ABORTED)
+        return 1;
+    if (!(rec->flags & MAILBOX_FLAG_EXPUNGED))
+        return 0;
+    return before == 0 || rec->last_updated <= before;
+}
+
+int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
+                          uint32_t max_files, uint32_t *removed_r,
+                          int *more_r)
+{
     struct mailbox_record *recs = NULL;
     struct mbx_slot ns;
     struct buf tmp = BUF_INITIALIZER;
-    uint32_t i, n, kept = 0, removable = 0;
+    uint32_t i, n, kept = 0, removable = 0, waiting = 0;
+    unsigned char *take = NULL;
     int pending = 0, nfd, r;
 
+    if (removed_r)
+        *removed_r = 0;
+    if (more_r)
+        *more_r = 0;
     if (!mb || mb->locktype != MAILBOX_LOCK_EXCLUSIVE)
         return STORE_INTERNAL;
     /* the expunges of this lock must be durable before their files go */
@@ -2260,20 +2284,41 @@ int mailbox_cleanup(struct mailbox *mb)
     r = mbx_read_all(mb, n, &recs);
     if (r)
         return r;
+    take = calloc(n ? n : 1, 1);
+    if (!take) {
+        free(recs);
+        return STORE_NOMEM;
+    }
     for (i = 0; i < n; i++) {
         if (i >= mb->slot.visible && (recs[i].flags & MAILBOX_FLAG_PENDING))
             pending = 1;
         if (i < mb->slot.visible &&
-            (recs[i].flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED))) {
+            mbx_cleanup_eligible(&recs[i], expunged_before)) {
+            if (max_files && removable >= max_files) {
+                waiting++;
+                continue;
+            }
             mbx_unlink_message(mb, recs[i].uid);
+            take[i] = 1;
             removable++;
         }
     }
-    if (pending || removable == 0 || mb->slot.visible != n)
+    if (removed_r)
+        *removed_r = removable;
+    if (removable == 0)
         goto out;
+    /* an append in progress: the records stay (their files are gone) and
+     * the compaction waits for a later batch */
+    if (pending || mb->slot.visible != n) {
+        if (more_r)
+            *more_r = 2;
+        goto out;
+    }
+    if (more_r)
+        *more_r = waiting > 0;
 
     for (i = 0; i < n; i++) {
-        if (recs[i].flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED))
+        if (take[i])
             continue;
         recs[i].flags &= ~MAILBOX_FLAG_PENDING;
         recs[kept++] = recs[i];
@@ -2285,17 +2330,22 @@ int mailbox_cleanup(struct mailbox *mb)
     ns.dirty &= ~MBX_DIRTY_RECORDS;   /* the new file is whole and synced */
     buf_printf(&tmp, "%s.NEW", mb->index_path);
     r = mbx_write_new_index(buf_cstring(&tmp), &ns, recs, kept, &nfd);
-    if (r)
+    if (r) {
+        if (more_r)
+            *more_r = 0;
         goto out;
+    }
     r = mbx_install_index(mb, buf_cstring(&tmp), nfd);
     mb->slot = ns;
     mb->cur_slot = 0;
     mb->records_changed = 0;
     mbx_publish(mb);
     log_info("mailbox: compacted index mailbox=<%s> records=<%u> "
-             "removed=<%u>", mb->name, kept, removable);
+             "removed=<%u> waiting=<%u>", mb->name, kept, removable,
+             waiting);
 
 out:
+    free(take);
     free(recs);
     buf_free(&tmp);
     return r;

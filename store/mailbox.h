@@ -223,6 +223,21 @@ const char *mailbox_user_flag_name(const struct mailbox *mb, int num);
  * STORE_INTERNAL (not exclusively locked). */
 int mailbox_cleanup(struct mailbox *mb);
 
+/* mailbox_cleanup() bounded, for scheduled upkeep (cyr_expire): takes
+ * aborted records and expunged records whose last change (the expunge)
+ * is not after expunged_before (seconds since the epoch; 0: any age), at
+ * most max_files of them (0: no bound), and compacts the index without
+ * exactly those.  Younger expunged records keep their files and records.
+ * *removed_r (may be NULL) gets the number taken, *more_r (may be NULL) 1
+ * when eligible records were left for another batch: the caller releases
+ * the lock (deliveries and IMAP get in), and calls again; 2 when an append
+ * in progress kept the index from being compacted: the batch's files are
+ * gone, its records stay, and a later call (after the append) compacts.
+ * Errors as mailbox_cleanup(), STORE_NOMEM. */
+int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
+                          uint32_t max_files, uint32_t *removed_r,
+                          int *more_r);
+
 /* ---- append (called by append.c; see the durability argument there) ---- */
 
 /* Phase 1.  Takes and releases the exclusive lock itself: allocates

@@ -51,7 +51,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <stdio.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cyrusdb/cyrusdb.h"
@@ -597,6 +599,115 @@ static int mboxlist_tree_collect(struct mboxlist *ml, const char *name,
     return STORE_OK;
 }
 
+/* ---- deleted mailboxes (delete_mode: delayed) --------------------------- */
+
+/* Length of the "DOMAIN!" prefix of an internal name (0 without one). */
+static size_t mboxlist_domain_len(const char *name)
+{
+    const char *bang = strchr(name, '!');
+
+    return bang ? (size_t)(bang - name) + 1 : 0;
+}
+
+int mboxlist_is_deleted(const char *name)
+{
+    const char *p = name + mboxlist_domain_len(name);
+
+    return strncmp(p, MBOXLIST_DELETED_PREFIX ".",
+                   sizeof(MBOXLIST_DELETED_PREFIX)) == 0;
+}
+
+int mboxlist_deleted_name(const char *name, time_t when, struct buf *out)
+{
+    size_t dl = mboxlist_domain_len(name);
+
+    buf_reset(out);
+    buf_append(out, name, dl);
+    buf_printf(out, "%s.%s.%08llX", MBOXLIST_DELETED_PREFIX, name + dl,
+               (unsigned long long)when);
+    return buf_cstring(out) ? STORE_OK : STORE_NOMEM;
+}
+
+int mboxlist_deleted_parse(const char *dname, struct buf *orig_r,
+                           time_t *when_r)
+{
+    size_t dl = mboxlist_domain_len(dname), pl;
+    const char *rest, *dot, *h;
+    unsigned long long t = 0;
+
+    if (!mboxlist_is_deleted(dname))
+        return STORE_BADNAME;
+    pl = sizeof(MBOXLIST_DELETED_PREFIX);           /* "DELETED." */
+    rest = dname + dl + pl;
+    dot = strrchr(rest, '.');
+    if (!dot || dot == rest || !dot[1] || strlen(dot + 1) > 16)
+        return STORE_BADNAME;
+    for (h = dot + 1; *h; h++) {
+        int v;
+
+        if (*h >= '0' && *h <= '9') v = *h - '0';
+        else if (*h >= 'A' && *h <= 'F') v = *h - 'A' + 10;
+        else return STORE_BADNAME;
+        t = t * 16 + (unsigned)v;
+    }
+    if (orig_r) {
+        buf_reset(orig_r);
+        buf_append(orig_r, dname, dl);
+        buf_append(orig_r, rest, (size_t)(dot - rest));
+        if (!buf_cstring(orig_r))
+            return STORE_NOMEM;
+    }
+    if (when_r)
+        *when_r = (time_t)t;
+    return STORE_OK;
+}
+
+static int mboxlist_count_cb(void *rock, const struct mboxlist_entry *e)
+{
+    (void)e;
+    (*(size_t *)rock)++;
+    return 1;   /* one is enough */
+}
+
+/* delete_mode: delayed: move name (and, recursive, its children) to
+ * DELETED.NAME.HEXTIME.  1 when it was not moved and the caller deletes
+ * for good (a mailbox deleted alone that has children: a rename would
+ * take them along), else a store code. */
+static int mboxlist_delete_delayed(struct mboxlist *ml, const char *name,
+                                   int flags)
+{
+    struct buf pat = BUF_INITIALIZER, dname = BUF_INITIALIZER;
+    size_t children = 0;
+    time_t now = time(NULL);
+    int r, tries;
+
+    if (!(flags & MBOXLIST_RECURSIVE)) {
+        buf_printf(&pat, "%s.*", name);
+        r = mboxlist_list(ml, buf_cstring(&pat), mboxlist_count_cb,
+                          &children);
+        buf_free(&pat);
+        if (r != STORE_OK && r != 1)
+            return r;
+        if (children) {
+            log_info("mboxlist: mailbox with children deleted at once "
+                     "mailbox=<%s> delete_mode=<delayed>", name);
+            return 1;
+        }
+    }
+    for (tries = 0; tries < 8; tries++) {
+        r = mboxlist_deleted_name(name, now + tries, &dname);
+        if (r == STORE_OK)
+            r = mboxlist_rename(ml, name, buf_cstring(&dname), NULL);
+        if (r != STORE_EXISTS)
+            break;
+    }
+    if (r == STORE_OK)
+        log_info("mboxlist: deleted mailbox=<%s> kept=<%s>", name,
+                 buf_cstring(&dname));
+    buf_free(&dname);
+    return r;
+}
+
 /* ---- delete ------------------------------------------------------------ */
 
 int mboxlist_delete(struct mboxlist *ml, const char *name, int flags)
@@ -611,6 +722,12 @@ int mboxlist_delete(struct mboxlist *ml, const char *name, int flags)
     tree.keep_corrupt = 1;   /* a damaged entry can still be deleted */
     if (mboxname_check(name, NULL) != STORE_OK)
         return STORE_BADNAME;
+    if (!(flags & MBOXLIST_IMMEDIATE) && !mboxlist_is_deleted(name) &&
+        imapconf_getenum(ml->conf, "delete_mode") == MBOXLIST_DELETE_DELAYED) {
+        r = mboxlist_delete_delayed(ml, name, flags);
+        if (r != 1)
+            return r;
+    }
     r = mboxlist_fetchlock(ml, name, &data, &datalen, &tid);
     if (r == CYRUSDB_NOTFOUND) {
         r = STORE_NOTFOUND;
@@ -1207,6 +1324,7 @@ out:
 
 struct mboxlist_list_rock {
     const char *pattern;
+    int show_deleted;   /* the pattern asks for DELETED. names */
     mboxlist_cb_fn *cb;
     void *rock;
     struct buf key;
@@ -1223,6 +1341,8 @@ static int mboxlist_list_filter(void *rock, const char *key, size_t keylen,
         return 0;
     if (buf_setmap(&lr->key, key, keylen) < 0)
         return 1;   /* let the callback report the shortage */
+    if (!lr->show_deleted && mboxlist_is_deleted(buf_cstring(&lr->key)))
+        return 0;
     return mboxname_match(lr->pattern, buf_cstring(&lr->key), '.');
 }
 
@@ -1261,6 +1381,7 @@ int mboxlist_list(struct mboxlist *ml, const char *pattern,
         return STORE_INTERNAL;
     prefixlen = strcspn(pattern, "*%");
     lr.pattern = pattern;
+    lr.show_deleted = mboxlist_is_deleted(pattern);
     lr.cb = cb;
     lr.rock = rock;
     memset(&lr.key, 0, sizeof(lr.key));

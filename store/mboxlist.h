@@ -36,6 +36,8 @@
 #ifndef STORE_MBOXLIST_H
 #define STORE_MBOXLIST_H
 
+#include <time.h>
+
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 
@@ -87,9 +89,36 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
                     struct buf *uniqueid_r);
 
 #define MBOXLIST_RECURSIVE 1   /* delete/rename children too */
+#define MBOXLIST_IMMEDIATE 2   /* delete: for good, whatever delete_mode */
+
+/* Deleted mailboxes (imapd.conf delete_mode: delayed), as in Cyrus: a
+ * deleted mailbox NAME is renamed (mboxlist_rename(), its spool, unique
+ * id, ACL and messages kept) to [DOMAIN!]DELETED.NAME.HEXTIME, HEXTIME
+ * the deletion time in seconds since the epoch as upper-case hex
+ * (at least 8 digits; +1 s while the name exists).  mboxlist_list() does
+ * not show such names unless its pattern starts with "DELETED." (after
+ * an optional "DOMAIN!"), so IMAP LIST never does.  cyr_expire -D DAYS
+ * removes them for good (MBOXLIST_IMMEDIATE); mbtool undelete renames
+ * one back. */
+#define MBOXLIST_DELETED_PREFIX "DELETED"
+#define MBOXLIST_DELETE_IMMEDIATE 0   /* delete_mode values */
+#define MBOXLIST_DELETE_DELAYED 1
+
+/* 1 when an internal name (or pattern) lies in the DELETED. hierarchy. */
+int mboxlist_is_deleted(const char *name);
+/* The deleted name of `name` deleted at `when`, into out. */
+int mboxlist_deleted_name(const char *name, time_t when, struct buf *out);
+/* The original name and deletion time of a deleted name: STORE_OK,
+ * STORE_BADNAME (not DELETED.NAME.HEX), STORE_NOMEM.  orig_r and when_r
+ * may be NULL. */
+int mboxlist_deleted_parse(const char *dname, struct buf *orig_r,
+                           time_t *when_r);
 
 /* Delete a mailbox (with MBOXLIST_RECURSIVE also every mailbox below it)
- * and its spool.  Without the flag, a mailbox with children is deleted
+ * and its spool.  With delete_mode: delayed and without
+ * MBOXLIST_IMMEDIATE, a mailbox that is not already in DELETED. is moved
+ * there instead (above); one deleted alone that has children is deleted
+ * for good (a move would take the children along).  Without the flag, a mailbox with children is deleted
  * alone (its children stay, as IMAP DELETE does; its directory stays while
  * it holds theirs).  Quota roots are not touched (quota.h).  An entry
  * whose value does not parse is deleted too (its spool, on an unknown

@@ -74,6 +74,11 @@ static void mbtool_usage(FILE *out)
 "  create NAME [PARTITION]       create a mailbox (owner ACL for user.*)\n"
 "  delete [-r] NAME              delete it (-r: with every mailbox below)\n"
 "  rename OLD NEW [PARTITION]    rename a mailbox and the ones below it\n"
+"  undelete NAME [NEWNAME]       restore a mailbox deleted with delete_mode:\n"
+"                                delayed (NAME: its DELETED.NAME.HEXTIME,\n"
+"                                or the old name: the latest deletion) as\n"
+"                                NEWNAME (default: its old name); list\n"
+"                                them with: list 'DELETED.*'\n"
 "  list [-d DOMAIN] [PATTERN]    list mailboxes (IMAP pattern, default *):\n"
 "                                name, partition, messages, uidnext;\n"
 "                                -d: only DOMAIN's (PATTERN within it)\n"
@@ -254,6 +259,75 @@ static int mbtool_delete(int argc, char **argv)
         return mbtool_fail("cannot delete", argv[1], r);
     printf("%s: deleted\n", argv[1]);
     return MBTOOL_EXIT_OK;
+}
+
+struct mbtool_undelete {
+    const char *orig;
+    struct buf best;
+    time_t best_when;
+};
+
+static int mbtool_undelete_cb(void *rock, const struct mboxlist_entry *e)
+{
+    struct mbtool_undelete *u = rock;
+    struct buf orig = BUF_INITIALIZER;
+    time_t when;
+
+    if (mboxlist_deleted_parse(e->name, &orig, &when) == STORE_OK &&
+        strcmp(buf_cstring(&orig), u->orig) == 0 &&
+        (!u->best.len || when >= u->best_when)) {
+        buf_setcstr(&u->best, e->name);
+        u->best_when = when;
+    }
+    buf_free(&orig);
+    return 0;
+}
+
+static int mbtool_undelete(int argc, char **argv)
+{
+    struct mbtool_undelete u;
+    struct buf orig = BUF_INITIALIZER, pat = BUF_INITIALIZER;
+    struct mboxlist *ml;
+    const char *from, *to;
+    int r;
+
+    if (argc < 2 || argc > 3)
+        return mbtool_usage_error("undelete NAME [NEWNAME]");
+    if (mbtool_name(&argv[1]) || (argc == 3 && mbtool_name(&argv[2])))
+        return MBTOOL_EXIT_FAIL;
+    if (mbtool_open_list(&ml))
+        return MBTOOL_EXIT_FAIL;
+    memset(&u, 0, sizeof(u));
+    if (mboxlist_deleted_parse(argv[1], &orig, NULL) == STORE_OK) {
+        from = argv[1];
+        r = STORE_OK;
+    } else {
+        /* the latest deletion of that name: DELETED.NAME.HEX */
+        u.orig = argv[1];
+        r = mboxlist_deleted_name(argv[1], 0, &pat);
+        if (r == STORE_OK) {
+            buf_truncate(&pat, pat.len - 8);        /* the hex time */
+            buf_putc(&pat, '%');
+            r = mboxlist_list(ml, buf_cstring(&pat), mbtool_undelete_cb,
+                              &u);
+        }
+        if (r == STORE_OK && !u.best.len)
+            r = STORE_NOTFOUND;
+        from = buf_cstring(&u.best);
+        buf_setcstr(&orig, argv[1]);
+    }
+    to = argc == 3 ? argv[2] : buf_cstring(&orig);
+    if (r == STORE_OK)
+        r = mboxlist_rename(ml, from, to, NULL);
+    mboxlist_close(&ml);
+    if (r == STORE_OK)
+        printf("%s: restored as %s\n", from, to);
+    else
+        mbtool_fail("cannot undelete", argv[1], r);
+    buf_free(&orig);
+    buf_free(&pat);
+    buf_free(&u.best);
+    return r ? MBTOOL_EXIT_FAIL : MBTOOL_EXIT_OK;
 }
 
 static int mbtool_rename(int argc, char **argv)
@@ -1228,6 +1302,8 @@ int main(int argc, char **argv)
         ret = mbtool_delete(argc, argv);
     else if (strcmp(cmd, "rename") == 0)
         ret = mbtool_rename(argc, argv);
+    else if (strcmp(cmd, "undelete") == 0)
+        ret = mbtool_undelete(argc, argv);
     else if (strcmp(cmd, "list") == 0)
         ret = mbtool_list(argc, argv);
     else if (strcmp(cmd, "info") == 0)

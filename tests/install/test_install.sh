@@ -71,7 +71,8 @@ fi
 layout_ok=yes
 for f in "$sbindir/master" "$sbindir/mbtool" "$sbindir/cyr_dbtool" \
          "$sbindir/cvt_cyrusdb" "$sbindir/ctl_cyrusdb" "$sbindir/cyr_info" \
-         "$sbindir/masterstatus" "$sbindir/cyr_backup" "$libexec/lmtpd" "$libexec/imapd" \
+         "$sbindir/masterstatus" "$sbindir/cyr_backup" "$sbindir/cyr_expire" \
+         "$libexec/lmtpd" "$libexec/imapd" "$libexec/metricsd" \
          "$bindir/mailbench" "$bindir/dbbench" "$bindir/appendbench" \
          "$bindir/disksync"; do
     if ! [ -f "$dest$f" ] || ! [ -x "$dest$f" ]; then
@@ -89,8 +90,8 @@ done
 # nothing more in bin and sbin than the above, no worker there
 nbin=$(ls "$dest$bindir" 2>/dev/null | wc -l)
 nsbin=$(ls "$dest$sbindir" 2>/dev/null | wc -l)
-if [ "$nbin" -ne 4 ] || [ "$nsbin" -ne 8 ]; then
-    bad "bin has $nbin files (4 expected), sbin $nsbin (8 expected): $(ls "$dest$bindir" "$dest$sbindir" 2>&1 | tr '\n' ' ')"
+if [ "$nbin" -ne 4 ] || [ "$nsbin" -ne 9 ]; then
+    bad "bin has $nbin files (4 expected), sbin $nsbin (9 expected): $(ls "$dest$bindir" "$dest$sbindir" 2>&1 | tr '\n' ' ')"
     layout_ok=no
 fi
 [ $layout_ok = yes ] && ok "layout: sbin, $libexec, bin, man8"

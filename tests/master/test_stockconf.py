@@ -280,8 +280,8 @@ def run_stock(name, cyrus_path, imapd_path):
         inst.mark_log()
         inst.proc.send_signal(signal.SIGHUP)
         ok = wait_until(lambda: "SERVICES entry=<sieve>" in inst.new_log()
-                        and "entry=<expungeprune-cleanup> added"
-                        in inst.new_log(), 30)
+                        and "EVENTS entry=<expungeprune> cmd=" in
+                        inst.new_log(), 30)
         check(ok, "no mapping after SIGHUP: %s" % inst.new_log()[-1500:])
         check("service=<imap> stopping" not in inst.new_log(),
               "the reload restarted imap: %s" % inst.new_log()[-1500:])
@@ -333,7 +333,8 @@ EVENTS {
   expunge cmd="/usr/sbin/cyrus expire -X 28" at=0402
   squat cmd="/usr/bin/nice -n 19 /usr/sbin/cyrus squatter -s" at=0403
   nicedel cmd="nice -n 19 /usr/sbin/cyrus expire -E 2" at=0404
-  nothing cmd="cyr_expire -D 28" at=0405
+  deleted cmd="cyr_expire -D 28" at=0405
+  nothing cmd="cyr_expire -v" at=0406
 }
 DAEMON {
   idled cmd="idled"
@@ -370,17 +371,18 @@ DAEMON {
               "(absolute path) was rewritten")
         runs("lmtp2", "SERVICES", ours % "lmtpd/lmtpd")
         runs("checkpoint", "EVENTS", ours % "tools/ctl_cyrusdb" + " -c")
-        runs("delprune", "EVENTS", ours % "tools/mbtool" + " prune 3")
-        runs("expire", "EVENTS", ours % "tools/mbtool" + " prune 2")
-        check(count(r"EVENTS entry=<expire-cleanup> added runs=<"
-                    + ours % "tools/mbtool" + " cleanup -a>", log) == 1,
-              "no cleanup entry added for cyr_expire -X")
-        runs("expunge", "EVENTS", ours % "tools/mbtool" + " cleanup -a")
+        runs("delprune", "EVENTS", ours % "tools/cyr_expire" + " -E 3")
+        runs("expire", "EVENTS", ours % "tools/cyr_expire"
+             + " -E 36h -X 2d")
+        check(not re.search(r"entry=<expire-cleanup>", log),
+              "a second entry was added for cyr_expire -X")
+        runs("expunge", "EVENTS", ours % "tools/cyr_expire" + " -X 28")
         skipped("squat", "EVENTS", "Cyrus's squatter has no equivalent")
-        runs("nicedel", "EVENTS", "nice -n 19 " + ours % "tools/mbtool"
-             + " prune 2")
-        skipped("nothing", "EVENTS", "cyr_expire without -E or -X asks for "
-                "nothing we do")
+        runs("nicedel", "EVENTS", "nice -n 19 " + ours % "tools/cyr_expire"
+             + " -E 2")
+        runs("deleted", "EVENTS", ours % "tools/cyr_expire" + " -D 28")
+        skipped("nothing", "EVENTS", "cyr_expire without -E, -X or -D asks "
+                "for nothing we do")
         skipped("idled", "DAEMON", "Cyrus's idled has no equivalent")
 
         # what runs: both recoveries, the services that are ours
@@ -403,7 +405,7 @@ DAEMON {
         with open(inst.statusfile) as f:
             events = set(re.findall(r"(?m)^event (\S+)", f.read()))
         check(events == {"checkpoint", "delprune", "expire",
-                         "expire-cleanup", "expunge", "nicedel"},
+                         "expunge", "nicedel", "deleted"},
               "events in the status file: %s" % sorted(events))
 
 

@@ -217,6 +217,8 @@ static const struct {
     { "stage_dirs", IMAPCONF_INT, "16" },
     { "spool_sync", IMAPCONF_ENUM, "group" },
     { "lmtp_bare_newlines", IMAPCONF_ENUM, "reject" },
+    { "expunge_mode", IMAPCONF_ENUM, "immediate" },
+    { "delete_mode", IMAPCONF_ENUM, "immediate" },
     { "maxheaderlines", IMAPCONF_INT, "1000" },
     { "lmtp_max_recipients", IMAPCONF_INT, "1000" },
     { "lmtp_timeout", IMAPCONF_INT, "300" },
