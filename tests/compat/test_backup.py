@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""test_backup.py - cyr_backup: a consistent copy of a running server.
+"""test_backup.py - cyr_hotbackup: a consistent copy of a running server.
 
 storm: a master with lmtpd and imapd; LMTP client threads deliver to
-four mailboxes without pause while cyr_backup runs, and a hook inside
+four mailboxes without pause while cyr_hotbackup runs, and a hook inside
 the backup (run for each mailbox between the mailbox list copy and the
 mailbox's own copy) delivers one more message, so deliveries overlap
 the backup whatever the machine's speed.  The backup is restored into a
@@ -37,7 +37,7 @@ from lmtphelp import header_value, read_index  # noqa: E402
 from testlib import (TMPDIR, TOP_BUILDDIR, Fail, chown_run_as,  # noqa: E402
                      drop_privileges, wait_until)
 
-CYR_BACKUP = os.path.join(TOP_BUILDDIR, "tools", "cyr_backup")
+CYR_HOTBACKUP = os.path.join(TOP_BUILDDIR, "tools", "cyr_hotbackup")
 CTL_CYRUSDB = os.path.join(TOP_BUILDDIR, "tools", "ctl_cyrusdb")
 USER, PW = "alice", "al1ce-pw"
 RCPTS = {"alice": "user.alice", "bob": "user.bob", "carol": "user.carol",
@@ -46,7 +46,7 @@ RCPTS = {"alice": "user.alice", "bob": "user.bob", "carol": "user.carol",
 HOOK = r'''
 import os, socket, sys
 sock, tag = sys.argv[1], sys.argv[2]
-box = os.environ["CYR_BACKUP_MAILBOX"]
+box = os.environ["CYR_HOTBACKUP_MAILBOX"]
 rcpt = box[5:] if box.startswith("user.") else "+" + box
 s = socket.socket(socket.AF_UNIX)
 s.settimeout(60)
@@ -167,7 +167,7 @@ def restore(backup_dir, name):
     started)."""
     inst = ImapInstance(name, conf={"admins": "admin"}, tls=True,
                         sasl=(USER, PW))
-    run([CYR_BACKUP, "-q", "-C", inst.imapd_conf, "--restore", backup_dir])
+    run([CYR_HOTBACKUP, "-q", "-C", inst.imapd_conf, "--restore", backup_dir])
     return inst
 
 
@@ -213,7 +213,7 @@ def test_storm():
                   "120 s" % len(storm.acks))
             check(not storm.errors, "storm: %s" % storm.errors[:3])
             t0 = time.monotonic()
-            _, out, _ = run([CYR_BACKUP, "-C", inst.imapd_conf,
+            _, out, _ = run([CYR_HOTBACKUP, "-C", inst.imapd_conf,
                              "--test-hook", hook_script(inst, "ok"),
                              backup_dir])
             t1 = time.monotonic()
@@ -222,7 +222,7 @@ def test_storm():
             wait_until(lambda: len(storm.acks) >= n_end + 10 or storm.errors,
                        60)
         check(not storm.errors, "storm: %s" % storm.errors[:3])
-        check("backup done" in out, "cyr_backup output: %s" % out[-400:])
+        check("backup done" in out, "cyr_hotbackup output: %s" % out[-400:])
         before = [(box, msg) for t, box, msg in storm.acks if t < t0]
         during = [1 for t, _, _ in storm.acks if t0 <= t <= t1]
         sys.stdout.write("# %d messages acknowledged before the backup, "
@@ -281,9 +281,9 @@ def test_wrong_order():
             acked.append(("user.alice", msg))
         good = os.path.join(new_dir("good"), "b")
         bad = os.path.join(new_dir("bad"), "b")
-        run([CYR_BACKUP, "-q", "-C", inst.imapd_conf, "--test-hook",
+        run([CYR_HOTBACKUP, "-q", "-C", inst.imapd_conf, "--test-hook",
              hook_script(inst, "good"), good])
-        run([CYR_BACKUP, "-q", "-C", inst.imapd_conf, "--test-order",
+        run([CYR_HOTBACKUP, "-q", "-C", inst.imapd_conf, "--test-order",
              "files-first", "--test-hook", hook_script(inst, "bad"), bad])
         check(inst.stop() == [], "master stop")
     with restore(good, "backup-good") as r:
@@ -318,11 +318,11 @@ def test_backends():
                 inst.lmtp_deliver(rcpt, msg)
                 acked.append((box, msg))
             b = os.path.join(new_dir(backend), "b")
-            run([CYR_BACKUP, "-q", "-C", inst.imapd_conf, b])
+            run([CYR_HOTBACKUP, "-q", "-C", inst.imapd_conf, b])
             check(inst.stop() == [], "master stop")
         r = ImapInstance("restored-" + backend, conf=conf)
         with r:
-            run([CYR_BACKUP, "-q", "-C", r.imapd_conf, "--restore", b])
+            run([CYR_HOTBACKUP, "-q", "-C", r.imapd_conf, "--restore", b])
             verify(r, acked)
             _, out, _ = r.mbtool("quota", "show", "user.alice")
             check("messages=1" in out, "%s: restored quota: %s"
@@ -330,9 +330,9 @@ def test_backends():
 
 
 def test_refusals():
-    rc, out, _ = run([CYR_BACKUP, "--help"])
+    rc, out, _ = run([CYR_HOTBACKUP, "--help"])
     check("--restore" in out and "DESTDIR" in out, "--help: %s" % out)
-    rc, _, err = run([CYR_BACKUP], check_rc=False)
+    rc, _, err = run([CYR_HOTBACKUP], check_rc=False)
     check(rc == 2, "no DESTDIR: exit %d" % rc)
     inst = ImapInstance("backup-refuse")
     with inst:
@@ -340,20 +340,20 @@ def test_refusals():
         full = new_dir("full")
         with open(os.path.join(full, "x"), "w") as f:
             f.write("x")
-        rc, _, err = run([CYR_BACKUP, "-C", inst.imapd_conf, full],
+        rc, _, err = run([CYR_HOTBACKUP, "-C", inst.imapd_conf, full],
                          check_rc=False)
         check(rc == 1 and "not empty" in err, "non-empty DESTDIR: %d %s"
               % (rc, err))
         b = os.path.join(new_dir("ok"), "b")
-        run([CYR_BACKUP, "-q", "-C", inst.imapd_conf, b])
-        rc, _, err = run([CYR_BACKUP, "-C", inst.imapd_conf, "--restore", b],
+        run([CYR_HOTBACKUP, "-q", "-C", inst.imapd_conf, b])
+        rc, _, err = run([CYR_HOTBACKUP, "-C", inst.imapd_conf, "--restore", b],
                          check_rc=False)
         check(rc == 1 and "fresh" in err, "restore over a mailbox list: "
               "%d %s" % (rc, err))
         os.unlink(os.path.join(b, "cyrusdeliver-backup"))
         other = ImapInstance("backup-refuse2")
         with other:
-            rc, _, err = run([CYR_BACKUP, "-C", other.imapd_conf,
+            rc, _, err = run([CYR_HOTBACKUP, "-C", other.imapd_conf,
                               "--restore", b], check_rc=False)
             check(rc == 1 and "not a complete backup" in err,
                   "restore of an incomplete backup: %d %s" % (rc, err))

@@ -71,7 +71,7 @@ fi
 layout_ok=yes
 for f in "$sbindir/master" "$sbindir/mbtool" "$sbindir/cyr_dbtool" \
          "$sbindir/cvt_cyrusdb" "$sbindir/ctl_cyrusdb" "$sbindir/cyr_info" \
-         "$sbindir/masterstatus" "$sbindir/cyr_backup" "$sbindir/cyr_expire" \
+         "$sbindir/masterstatus" "$sbindir/cyr_hotbackup" "$sbindir/cyr_expire" \
          "$libexec/lmtpd" "$libexec/imapd" "$libexec/metricsd" \
          "$bindir/mailbench" "$bindir/dbbench" "$bindir/appendbench" \
          "$bindir/disksync"; do

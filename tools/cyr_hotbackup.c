@@ -1,8 +1,8 @@
 /*
- * cyr_backup.c - a consistent copy of a running store, and its restore.
+ * cyr_hotbackup.c - a consistent copy of a running store, and its restore.
  *
- *   cyr_backup [-C imapd.conf] [-q] DESTDIR
- *   cyr_backup [-C imapd.conf] [-q] --restore SRCDIR
+ *   cyr_hotbackup [-C imapd.conf] [-q] DESTDIR
+ *   cyr_hotbackup [-C imapd.conf] [-q] --restore SRCDIR
  *
  * The backup is made while the server runs; nothing is stopped.  DESTDIR
  * (new or empty) receives
@@ -90,7 +90,7 @@
 #define BACKUP_CONFIG_SUBDIR "config"
 #define BACKUP_PARTITION_SUBDIR "partition"
 
-static const char *backup_progname = "cyr_backup";
+static const char *backup_progname = "cyr_hotbackup";
 static int backup_quiet;
 static int backup_files_first;        /* --test-order=files-first */
 static const char *backup_hook;       /* --test-hook */
@@ -115,7 +115,7 @@ static void backup_usage(FILE *out)
 "\n"
 "Backup order: mailbox list, duplicate database, then per mailbox under\n"
 "its lock the message files its index names followed by the index; then\n"
-"quota, seen and subscription databases.  See cyr_backup(8).\n",
+"quota, seen and subscription databases.  See cyr_hotbackup(8).\n",
             backup_progname, backup_progname, BACKUP_DEFAULT_CONFIG);
 }
 
@@ -508,7 +508,7 @@ static void backup_run_hook(const char *name)
 
     if (!backup_hook)
         return;
-    setenv("CYR_BACKUP_MAILBOX", name, 1);
+    setenv("CYR_HOTBACKUP_MAILBOX", name, 1);
     r = system(backup_hook);
     if (r != 0)
         fprintf(stderr, "%s: warning: test hook exited with status %d\n",
