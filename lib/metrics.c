@@ -237,6 +237,10 @@ static void metrics_fold(struct metrics_slot *to,
         for (j = 0; j < METRICS_NBACKENDS; j++)
             to->db_errors[i][j] += __atomic_load_n(&from->db_errors[i][j],
                                                    __ATOMIC_RELAXED);
+    metrics_fold_hist(&to->checkpoint, &from->checkpoint);
+    for (i = 0; i < METRICS_NDBS; i++)
+        to->checkpoint_failures[i] += __atomic_load_n(
+            &from->checkpoint_failures[i], __ATOMIC_RELAXED);
 }
 
 void metrics_reaped(pid_t pid)

@@ -27,6 +27,10 @@
  * a fold is never counted twice or not at all, and every counter only
  * grows while the master runs.
  *
+ * "ctl_cyrusdb -c" run by the master (START, EVENTS: its parent is
+ * CYRUSDELIVER_MASTER_PID) claims a slot like a worker, for the time of
+ * a checkpoint run and its failed files; run by hand it does not.
+ *
  * Library code: nothing here exits; without a file (metrics off, a tool
  * run by hand) every counting call is a no-op test of one pointer.
  */
@@ -41,7 +45,7 @@
 struct imapconf;
 
 #define METRICS_MAGIC 0x43444d31u       /* "CDM1" */
-#define METRICS_VERSION 1u
+#define METRICS_VERSION 2u
 #define METRICS_SLOTS 256
 #define METRICS_SERVICES 32
 #define METRICS_SERVICE_NAME 32
@@ -90,6 +94,8 @@ struct metrics_slot {
     struct metrics_hist delivery;       /* RCPT accepted -> 250 sent */
     struct metrics_hist imap[METRICS_NIMAPCMDS];
     uint64_t db_errors[METRICS_NDBS][METRICS_NBACKENDS];
+    struct metrics_hist checkpoint;     /* one "ctl_cyrusdb -c" run */
+    uint64_t checkpoint_failures[METRICS_NDBS];     /* failed files */
 };
 
 struct metrics_service {

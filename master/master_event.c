@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "master/master_event.h"
 #include "master/master_service.h"
 
@@ -35,6 +37,21 @@ struct event {
 
 static struct event *events;
 static int events_stopping;
+
+/* The environment of START, EVENTS and DAEMON children: the master's pid,
+ * so that a program (ctl_cyrusdb -c) knows the master reaps it and folds
+ * its metrics slot. */
+static char **event_env(void)
+{
+    static char pidenv[64];
+    static char *env[2];
+
+    snprintf(pidenv, sizeof(pidenv), "CYRUSDELIVER_MASTER_PID=%ld",
+             (long)getpid());
+    env[0] = pidenv;
+    env[1] = NULL;
+    return env;
+}
 
 int master_event_start(const struct master_conf *conf)
 {
@@ -56,7 +73,7 @@ int master_event_start(const struct master_conf *conf)
         }
         log_info("master: START running entry=<%s> cmd=<%s>", e->name,
                  e->cmd);
-        pid = master_service_forkexec(argv, -1, -1, -1, 0, NULL);
+        pid = master_service_forkexec(argv, -1, -1, -1, 0, event_env());
         master_conf_argv_free(argv);
         if (pid < 0) return -1;
         while (waitpid(pid, &st, 0) < 0) {
@@ -66,6 +83,7 @@ int master_event_start(const struct master_conf *conf)
                 return -1;
             }
         }
+        metrics_reaped(pid);
         if (WIFSIGNALED(st)) {
             log_error("master: START entry=<%s> failed signal=<%d> (%s) "
                       "cmd=<%s>", e->name, WTERMSIG(st),
@@ -214,7 +232,7 @@ void master_event_run(double now, double *deadline)
                     ev->pid = -1;
                 } else {
                     ev->pid = master_service_forkexec(argv, -1, -1, -1, 0,
-                                                      NULL);
+                                                      event_env());
                     ev->started = now;
                     if (ev->pid > 0)
                         log_info("event=<%s> started pid=<%d>", ev->name,

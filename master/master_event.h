@@ -10,8 +10,9 @@
  * started twice (logged).
  * DAEMON: the command is kept running: restarted 1 s after it exits,
  * doubling to 64 s while it keeps dying within 10 s of its start.
- * Children get fds 0-2 of the master, CYRUSDELIVER_CONF and
- * CYRUSDELIVER_CONF_WARNED, and nothing else.
+ * Children get fds 0-2 of the master, CYRUSDELIVER_CONF,
+ * CYRUSDELIVER_CONF_WARNED and CYRUSDELIVER_MASTER_PID, and nothing else;
+ * every one (START's too) is reaped through metrics_reaped().
  * On reload, entries are matched by name: removed ones are no longer run
  * (a running daemon gets SIGTERM), changed ones use the new command from
  * their next run.

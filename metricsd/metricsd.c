@@ -189,6 +189,16 @@ static int metricsd_render(struct buf *b)
             buf_printf(b, P "db_errors_total{database=\"%s\",backend=\"%s\"}"
                        " %llu\n", metrics_db_name[i], metrics_backend_name[j],
                        (unsigned long long)sum.db_errors[i][j]);
+    head(b, "db_checkpoint_duration_seconds", "histogram",
+         "Time of one database checkpoint run (ctl_cyrusdb -c started by "
+         "the master: every database of the store).");
+    hist(b, "db_checkpoint_duration_seconds", "", &sum.checkpoint);
+    head(b, "db_checkpoint_failures_total", "counter",
+         "Database files whose checkpoint failed, by database.");
+    for (i = 0; i < METRICS_NDBS; i++)
+        buf_printf(b, P "db_checkpoint_failures_total{database=\"%s\"} "
+                   "%llu\n", metrics_db_name[i],
+                   (unsigned long long)sum.checkpoint_failures[i]);
 
     head(b, "service_ready", "gauge",
          "Children of a service waiting for a connection.");

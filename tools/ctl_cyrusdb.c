@@ -29,6 +29,12 @@
  * status 1 and a message naming both; a missing file is written (a
  * store from before the file is layout 1).
  *
+ * With -c, started by the master (START or EVENTS: its parent is
+ * CYRUSDELIVER_MASTER_PID) and metrics on (metrics_listen), the run's
+ * duration and its failed files go to a slot of the metrics file
+ * (lib/metrics.h), which the master folds when it reaps this process.  Run
+ * by hand it claims no slot.
+ *
  * Started as root it becomes cyrus_user first (lib/privs.c); with -d and
  * no -C, the owner of DIR.
  *
@@ -54,6 +60,7 @@
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "lib/privs.h"
 #include "store/dbcheck.h"
 #include "store/layout.h"
@@ -158,8 +165,23 @@ static int ctl_open_in_order(const char *path, const char *backend,
     return cyrusdb_open(backend, path, first ^ CYRUSDB_MBOXSORT, db_r, err_r);
 }
 
-/* Recover or checkpoint one file of DIR. */
+static void ctl_one_file(const char *path, int checkpoint,
+                         struct ctl_counts *n);
+
+/* Recover or checkpoint one file of DIR; a failed checkpoint counted in
+ * the metrics by database. */
 static void ctl_one(const char *path, int checkpoint, struct ctl_counts *n)
+{
+    unsigned failed = n->failed;
+
+    ctl_one_file(path, checkpoint, n);
+    if (checkpoint && n->failed != failed && metrics_slot)
+        metrics_add64(
+            &metrics_slot->checkpoint_failures[metrics_db_index(path)], 1);
+}
+
+static void ctl_one_file(const char *path, int checkpoint,
+                         struct ctl_counts *n)
 {
     const struct cyrusdb_registry_entry *e;
     const char *format = NULL, *err = NULL;
@@ -336,6 +358,21 @@ static const char *ctl_cvt_path(void)
     return access(path, X_OK) == 0 ? path : NULL;
 }
 
+/* 1 when the master started this process (so it reaps it and folds a
+ * metrics slot): its parent is CYRUSDELIVER_MASTER_PID. */
+static int ctl_master_child(void)
+{
+    const char *v = getenv("CYRUSDELIVER_MASTER_PID");
+    char *end;
+    long pid;
+
+    if (!v || !*v)
+        return 0;
+    errno = 0;
+    pid = strtol(v, &end, 10);
+    return !errno && !*end && pid > 1 && (pid_t)pid == getppid();
+}
+
 static void ctl_mismatch(void *rock, const struct dbcheck_mismatch *m)
 {
     struct buf b = BUF_INITIALIZER;
@@ -461,6 +498,9 @@ int main(int argc, char **argv)
             return CTL_EXIT_ERROR;
         }
     }
+    /* the master folds the slot of a checkpoint it started */
+    if (mode == 'c' && ctl_master_child())
+        metrics_attach(conf);
     imapconf_free(&conf);
 
     /* the store's layout version: a newer one stops the start, none is
@@ -491,8 +531,16 @@ int main(int argc, char **argv)
         return CTL_EXIT_ERROR;
     }
 
-    ctl_dir(dir, mode == 'c', &n);
-    ctl_user_dirs(dir, mode == 'c', &n);
+    {
+        uint64_t t0 = metrics_now_us(), t1;
+
+        ctl_dir(dir, mode == 'c', &n);
+        ctl_user_dirs(dir, mode == 'c', &n);
+        t1 = metrics_now_us();
+        if (mode == 'c' && metrics_slot)
+            metrics_observe(&metrics_slot->checkpoint,
+                            t1 > t0 ? t1 - t0 : 0);
+    }
 
     if (!ctl_quiet || n.failed)
         printf("%s: %s dir=<%s>: %u databases done, %u files skipped, "
@@ -500,6 +548,7 @@ int main(int argc, char **argv)
                mode == 'r' ? "recovery" : "checkpoint", dir, n.done,
                n.skipped, n.failed);
     free(cdir);
+    metrics_detach();
     if (fflush(stdout) == EOF)
         return CTL_EXIT_ERROR;
     return n.failed ? CTL_EXIT_ERROR : CTL_EXIT_OK;

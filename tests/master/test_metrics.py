@@ -24,7 +24,10 @@ second.  Then:
   - workers stopped by SIGTERM (their slots folded by the master) take
     nothing away, and their successors count on;
   - a path other than /metrics is 404, and without metrics_listen no
-    metricsd runs and no metrics.shm exists.
+    metricsd runs and no metrics.shm exists;
+  - the database checkpoints the master ran (`ctl_cyrusdb -c` from START,
+    reaped before any worker, and from EVENTS, run at start) are in the
+    checkpoint duration histogram; one run by hand is not.
 The Prometheus part is skipped (with a note) when prometheus is not
 installed.  Every process is stopped by pid.  Environment: see
 ../imapd/imaphelp.py; METRICS_TESTS picks tests by name.
@@ -52,6 +55,7 @@ from testlib import (MASTER, TMPDIR, TOP_BUILDDIR, Fail,  # noqa: E402
 
 METRICSD = os.path.join(TOP_BUILDDIR, "metricsd", "metricsd")
 MAILBENCH = os.path.join(TOP_BUILDDIR, "tools", "mailbench")
+CTL_CYRUSDB = os.path.join(TOP_BUILDDIR, "tools", "ctl_cyrusdb")
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 USERS = 20
@@ -106,6 +110,13 @@ def inst():
             for k in range(1, USERS + 1):
                 i.create("user." + user(k))
             i.write_cyrus_conf(prefork=1, maxchild=20, imaps=False)
+            # database checkpoints run by the master: one in START, one
+            # from EVENTS (an entry with a period also runs at start)
+            with open(i.cyrus_conf, "a") as f:
+                f.write("START {\n  ckptstart cmd=\"%s -C %s -c\"\n}\n"
+                        "EVENTS {\n  checkpoint cmd=\"%s -C %s -c\" "
+                        "period=60\n}\n" % (CTL_CYRUSDB, i.imapd_conf,
+                                             CTL_CYRUSDB, i.imapd_conf))
             i.start()
             ok = wait_until(lambda: try_scrape(port), 60, step=0.1)
             check(ok, "metricsd does not answer on 127.0.0.1:%d (log: %s)"
@@ -443,6 +454,43 @@ def test_fold_keeps_counts():
           == ok0 + j["delivered_rcpts"], "histogram count after the fold")
 
 
+def test_checkpoint():
+    i = inst()
+    name = P + "db_checkpoint_duration_seconds"
+    check("entry=<ckptstart>" in i.log(), "START checkpoint not run: %s"
+          % i.log()[-600:])
+
+    def count():
+        return check_histogram(parse(scrape()), name)
+    # START's run is folded before any worker; EVENTS' once it is reaped
+    check(wait_until(lambda: count() >= 2, 60, step=0.2),
+          "checkpoint histogram count %r, expected >= 2 (log: %s)"
+          % (count(), i.log()[-800:]))
+    text = scrape()
+    samples = parse(text)
+    check(value(samples, name + "_sum") > 0, "checkpoint duration sum 0")
+    check(value(samples, P + "db_checkpoint_failures_total") == 0,
+          "checkpoint failures counted")
+    if os.access(PROMTOOL, os.X_OK):
+        r = subprocess.run([PROMTOOL, "check", "metrics"],
+                           input=text.encode(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+        check(r.returncode == 0, "promtool check metrics: %s"
+              % r.stdout.decode(errors="replace")[-1500:])
+    # a run by hand (even with the master's pid in its environment: its
+    # parent is not the master) claims no slot and counts nothing
+    n0 = value(samples, name + "_count")
+    env = dict(os.environ, CYRUSDELIVER_MASTER_PID=str(i.proc.pid))
+    r = subprocess.run([CTL_CYRUSDB, "-C", i.imapd_conf, "-c", "-q"],
+                       env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120)
+    check(r.returncode == 0, "ctl_cyrusdb -c: %s"
+          % r.stdout.decode(errors="replace")[-800:])
+    time.sleep(0.2)
+    check(value(parse(scrape()), name + "_count") == n0,
+          "a checkpoint run by hand was counted")
+
+
 def test_http_errors():
     i = inst()
     st, _ = http_get("http://127.0.0.1:%d/other" % i.metrics_port)
@@ -472,8 +520,9 @@ def test_metrics_off():
 
 if __name__ == "__main__":
     rc = run_tests([test_storm_and_prometheus, test_fold_keeps_counts,
-                    test_http_errors, test_metrics_off],
-                   "METRICS_TESTS", (MASTER, IMAPD, METRICSD, MAILBENCH))
+                    test_checkpoint, test_http_errors, test_metrics_off],
+                   "METRICS_TESTS", (MASTER, IMAPD, METRICSD, MAILBENCH,
+                                     CTL_CYRUSDB))
     try:
         finish()
     except Exception as e:  # noqa: BLE001
