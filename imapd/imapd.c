@@ -38,7 +38,7 @@
 #include "lib/tls.h"
 #include "imapd/session.h"
 
-#define IMAPD_DEFAULT_CONF "/etc/imapd.conf"
+#define IMAPD_DEFAULT_CONF IMAPCONF_DEFAULT_PATH
 
 struct imapd_state {
     const char *confpath;

@@ -32,6 +32,17 @@ enum imapconf_type {
     IMAPCONF_ENUM      /* one of a list of words */
 };
 
+/* The default imapd.conf and cyrus.conf of every program (-C, -M):
+ * SYSCONFDIR/cyrusdeliver/, compiled in from configure's sysconfdir
+ * (/etc/cyrusdeliver in the Debian package).  A directory of our own, so
+ * that the files sit beside a Cyrus installation's /etc/imapd.conf, and a
+ * tool run without -C never reads Cyrus's configuration. */
+#ifndef SYSCONFDIR
+#define SYSCONFDIR "/etc"
+#endif
+#define IMAPCONF_DEFAULT_PATH SYSCONFDIR "/cyrusdeliver/imapd.conf"
+#define IMAPCONF_DEFAULT_CYRUSCONF SYSCONFDIR "/cyrusdeliver/cyrus.conf"
+
 struct imapconf;   /* a loaded configuration: opaque */
 
 /*

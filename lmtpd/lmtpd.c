@@ -42,7 +42,7 @@
 #include "lib/tls.h"
 #include "lmtpd/lmtp.h"
 
-#define LMTPD_DEFAULT_CONF "/etc/imapd.conf"
+#define LMTPD_DEFAULT_CONF IMAPCONF_DEFAULT_PATH
 
 struct lmtpd_state {
     const char *confpath;

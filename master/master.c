@@ -86,8 +86,8 @@
 #define MASTER_LIBEXECDIR "(none)"
 #endif
 
-#define MASTER_DEFAULT_IMAPDCONF "/etc/imapd.conf"
-#define MASTER_DEFAULT_CYRUSCONF "/etc/cyrus.conf"
+#define MASTER_DEFAULT_IMAPDCONF IMAPCONF_DEFAULT_PATH
+#define MASTER_DEFAULT_CYRUSCONF IMAPCONF_DEFAULT_CYRUSCONF
 #define MASTER_DEFAULT_DRAIN 30
 
 static int sigpipe_fds[2] = { -1, -1 };

@@ -28,7 +28,7 @@
 #include "lib/metrics.h"
 #include "store/commit.h"
 
-#define METRICSD_DEFAULT_CONF "/etc/imapd.conf"
+#define METRICSD_DEFAULT_CONF IMAPCONF_DEFAULT_PATH
 #define P "cyrusdeliver_"
 
 static struct imapconf *metricsd_conf;

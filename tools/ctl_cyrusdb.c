@@ -69,7 +69,7 @@
 #define CTL_EXIT_ERROR 1
 #define CTL_EXIT_USAGE 2
 
-#define CTL_DEFAULT_CONFIG "/etc/imapd.conf"
+#define CTL_DEFAULT_CONFIG IMAPCONF_DEFAULT_PATH
 
 static const char *ctl_progname = "ctl_cyrusdb";
 

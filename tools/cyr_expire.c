@@ -49,7 +49,7 @@
 #include "store/mboxname.h"
 #include "store/store.h"
 
-#define EXPIRE_DEFAULT_CONFIG "/etc/imapd.conf"
+#define EXPIRE_DEFAULT_CONFIG IMAPCONF_DEFAULT_PATH
 #define EXPIRE_EXIT_OK 0
 #define EXPIRE_EXIT_FAIL 1
 #define EXPIRE_EXIT_USAGE 2

@@ -85,7 +85,7 @@
 #define BACKUP_EXIT_FAIL 1
 #define BACKUP_EXIT_USAGE 2
 
-#define BACKUP_DEFAULT_CONFIG "/etc/imapd.conf"
+#define BACKUP_DEFAULT_CONFIG IMAPCONF_DEFAULT_PATH
 #define BACKUP_MARKER "cyrusdeliver-backup"
 #define BACKUP_CONFIG_SUBDIR "config"
 #define BACKUP_PARTITION_SUBDIR "partition"

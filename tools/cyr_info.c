@@ -49,8 +49,8 @@
 #include "store/store.h"
 #include "store/userid.h"
 
-#define INFO_DEFAULT_IMAPDCONF "/etc/imapd.conf"
-#define INFO_DEFAULT_CYRUSCONF "/etc/cyrus.conf"
+#define INFO_DEFAULT_IMAPDCONF IMAPCONF_DEFAULT_PATH
+#define INFO_DEFAULT_CYRUSCONF IMAPCONF_DEFAULT_CYRUSCONF
 #define INFO_EXIT_OK 0
 #define INFO_EXIT_ERRORS 1
 #define INFO_EXIT_USAGE 2

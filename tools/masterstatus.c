@@ -34,7 +34,7 @@
 #include "lib/imapconf.h"
 #include "lib/log.h"
 
-#define MS_DEFAULT_CONFIG "/etc/imapd.conf"
+#define MS_DEFAULT_CONFIG IMAPCONF_DEFAULT_PATH
 #define MS_MAX_SIZE (4u << 20)
 #define MS_STALE_SECS 10
 
@@ -163,7 +163,7 @@ static long ms_find_master(const struct stat *conf, const char *configdir,
         return 0;
     while (!found && (de = readdir(proc)) != NULL) {
         char path[300], cwd[PATH_MAX], *args = NULL;
-        const char *copt = "/etc/imapd.conf", *sopt = NULL, *a0, *base;
+        const char *copt = IMAPCONF_DEFAULT_PATH, *sopt = NULL, *a0, *base;
         struct buf b = BUF_INITIALIZER, p = BUF_INITIALIZER;
         char chunk[4096];
         struct stat st;

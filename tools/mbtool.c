@@ -47,7 +47,7 @@
 #include "store/subs.h"
 #include "store/userid.h"
 
-#define MBTOOL_DEFAULT_CONFIG "/etc/imapd.conf"
+#define MBTOOL_DEFAULT_CONFIG IMAPCONF_DEFAULT_PATH
 #define MBTOOL_EXIT_OK 0
 #define MBTOOL_EXIT_FAIL 1
 #define MBTOOL_EXIT_USAGE 2

@@ -103,6 +103,17 @@ else
     bad "master -h does not name $libexec: $("$dest$sbindir/master" -h 2>&1)"
 fi
 
+# 2b. every program's default configuration is SYSCONFDIR/cyrusdeliver/,
+# never Cyrus's /etc/imapd.conf
+sysconfdir=$(makevar sysconfdir)
+for p in "$sbindir/master" "$sbindir/mbtool" "$sbindir/cyr_info" "$sbindir/ctl_cyrusdb"; do
+    if "$dest$p" -h 2>&1 | grep -qF "$sysconfdir/cyrusdeliver/imapd.conf"; then
+        ok "$(basename "$p") -h names $sysconfdir/cyrusdeliver/imapd.conf"
+    else
+        bad "$(basename "$p") -h does not name $sysconfdir/cyrusdeliver/imapd.conf: $("$dest$p" -h 2>&1 | head -5)"
+    fi
+done
+
 # 3. the installed master runs the installed lmtpd for a bare "lmtpd"
 mkdir -p "$tmp/lib" "$tmp/spool" "$tmp/run"
 sed -e "s|/var/lib/cyrusdeliver|$tmp/lib|g" -e "s|/var/spool/cyrusdeliver|$tmp/spool|g" \
