@@ -83,6 +83,7 @@
 #define R_QUOTA_TEMP "452 4.2.2 Over quota"
 #define R_QUOTA_PERM "552 5.2.2 Over quota"
 #define R_NUL "554 5.6.0 Message contains NUL"
+#define R_NEEDUTF8 "553 5.6.7 Non-ASCII address requires SMTPUTF8"
 #define R_BARE "554 5.6.0 Message contains bare CR or LF"
 #define R_LONGLINE "554 5.6.0 Message contains a line too long"
 #define R_HDRLINES "554 5.6.0 Message has too many header lines"
@@ -155,6 +156,7 @@ struct lmtp_session {
     int bdat;                   /* BDAT chunks were sent */
     struct buf sender;          /* reverse-path without <> */
     uint64_t size_param;        /* MAIL SIZE=, 0 = none */
+    int smtputf8;               /* MAIL SMTPUTF8 (RFC 6531) */
     struct lmtp_rcpt *rcpts;
     size_t nrcpts, arcpts;
     struct lmtp_msg msg;
@@ -458,6 +460,7 @@ static void lmtp_txn_reset(struct lmtp_session *s)
     s->nrcpts = s->arcpts = 0;
     buf_free(&s->sender);
     s->size_param = 0;
+    s->smtputf8 = 0;
     s->mail = 0;
     s->bdat = 0;
     lmtp_msg_discard(&s->msg);
@@ -787,8 +790,9 @@ static int lmtp_msg_begin(struct lmtp_session *s)
     lmtp_fold_word(&h, &col, "by");
     lmtp_fold_word(&h, &col, srv->servername);
     lmtp_fold_text(&h, &col, "(cyrusdeliver lmtpd) with");
-    snprintf(word, sizeof(word), "LMTP%s%s", prot_is_tls(s->p) ? "S" : "",
-             s->authuser ? "A" : "");
+    /* RFC 3848 and, for an SMTPUTF8 transaction, RFC 6531 4.3 */
+    snprintf(word, sizeof(word), "%sLMTP%s%s", s->smtputf8 ? "UTF8" : "",
+             prot_is_tls(s->p) ? "S" : "", s->authuser ? "A" : "");
     lmtp_fold_word(&h, &col, word);
     tlsinfo = prot_tls_info(s->p);
     if (tlsinfo) {
@@ -968,7 +972,7 @@ static void lmtp_cmd_lhlo(struct lmtp_session *s, const char *arg,
     s->lhlo = 1;
     prot_printf(s->p, "250-%s\r\n", s->srv->servername);
     prot_puts(s->p, "250-8BITMIME\r\n250-ENHANCEDSTATUSCODES\r\n"
-                    "250-PIPELINING\r\n250-CHUNKING\r\n");
+                    "250-PIPELINING\r\n250-CHUNKING\r\n250-SMTPUTF8\r\n");
     if (s->srv->maxsize)
         prot_printf(s->p, "250-SIZE %llu\r\n",
                     (unsigned long long)s->srv->maxsize);
@@ -981,6 +985,17 @@ static void lmtp_cmd_lhlo(struct lmtp_session *s, const char *arg,
         prot_printf(s->p, "250-AUTH %s\r\n", buf_cstring(&mechs));
     buf_free(&mechs);
     prot_puts(s->p, "250 HELP\r\n");
+}
+
+/* Does (p, len) hold a byte above 127? */
+static int lmtp_has_8bit(const char *p, size_t len)
+{
+    size_t i;
+
+    for (i = 0; i < len; i++)
+        if ((unsigned char)p[i] > 127)
+            return 1;
+    return 0;
 }
 
 /* The ESMTP parameters of MAIL. 0 or -1 (reply queued). */
@@ -1026,6 +1041,12 @@ static int lmtp_mail_params(struct lmtp_session *s, const char *p,
                 lmtp_reply(s, "501 5.5.4 Bad BODY parameter");
                 return -1;
             }
+        } else if (klen == 8 && strncasecmp(p + kstart, "SMTPUTF8", 8) == 0) {
+            if (v) {
+                lmtp_reply(s, "501 5.5.4 SMTPUTF8 takes no value");
+                return -1;
+            }
+            s->smtputf8 = 1;
         } else if (klen == 4 && strncasecmp(p + kstart, "AUTH", 4) == 0) {
             /* RFC 4954 5: accepted; the submitter is not used here */
             if (v && !(vlen == 2 && memcmp(v, "<>", 2) == 0) &&
@@ -1064,15 +1085,23 @@ static void lmtp_cmd_mail(struct lmtp_session *s, const char *arg,
     arg += 6;
     len -= 6;
     rcpt_path_init(&path);
-    if (rcpt_parse_path(arg, len, RCPT_ALLOW_NULL, &path, &used, &err) != 0) {
+    /* UTF-8 is parsed here and allowed below only when the parameters
+     * (which follow the path) include SMTPUTF8 */
+    if (rcpt_parse_path(arg, len, RCPT_ALLOW_NULL | RCPT_UTF8, &path, &used,
+                        &err) != 0) {
         prot_printf(s->p, "501 5.5.4 Bad sender address: %s\r\n", err);
         rcpt_path_free(&path);
         return;
     }
     s->size_param = 0;
+    s->smtputf8 = 0;
     if (used < len && arg[used] != ' ') {
         lmtp_reply(s, "501 5.5.4 Syntax: MAIL FROM:<address> [parameters]");
-    } else if (lmtp_mail_params(s, arg + used, len - used) == 0) {
+    } else if (lmtp_mail_params(s, arg + used, len - used) != 0) {
+        ;                       /* replied */
+    } else if (!s->smtputf8 && lmtp_has_8bit(path.addr.s, path.addr.len)) {
+        lmtp_reply(s, R_NEEDUTF8);
+    } else {
         buf_free(&s->sender);
         s->sender = path.addr;
         memset(&path.addr, 0, sizeof(path.addr));
@@ -1080,8 +1109,10 @@ static void lmtp_cmd_mail(struct lmtp_session *s, const char *arg,
         s->mail = 1;
         lmtp_reply(s, "250 2.1.0 Ok");
     }
-    if (!s->mail)
+    if (!s->mail) {
         s->size_param = 0;
+        s->smtputf8 = 0;
+    }
     rcpt_path_free(&path);
 }
 
@@ -1126,8 +1157,12 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
     arg += 4;
     len -= 4;
     rcpt_path_init(&path);
-    if (rcpt_parse_path(arg, len, 0, &path, &used, &err) != 0) {
+    if (rcpt_parse_path(arg, len, RCPT_UTF8, &path, &used, &err) != 0) {
         prot_printf(s->p, "501 5.5.4 Bad recipient address: %s\r\n", err);
+        goto out;
+    }
+    if (!s->smtputf8 && lmtp_has_8bit(path.addr.s, path.addr.len)) {
+        lmtp_reply(s, R_NEEDUTF8);
         goto out;
     }
     for (i = used; i < len && arg[i] == ' '; i++)

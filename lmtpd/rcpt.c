@@ -46,6 +46,40 @@ static int rcpt_is_atext(unsigned char c)
     return c != 0 && strchr("!#$%&'*+-/=?^_`{|}~", c) != NULL;
 }
 
+/* The length of a well-formed UTF-8 sequence of 2-4 bytes encoding a
+ * character above U+007F at s[i] before end (RFC 3629: no overlong
+ * forms, no surrogates, nothing above U+10FFFF), or 0. */
+static size_t rcpt_utf8_len(const char *s, size_t i, size_t end)
+{
+    const unsigned char *u = (const unsigned char *)s + i;
+    size_t n, k, avail = end - i;
+    unsigned long cp;
+
+    if (u[0] >= 0xc2 && u[0] <= 0xdf) {
+        n = 2;
+        cp = u[0] & 0x1f;
+    } else if (u[0] >= 0xe0 && u[0] <= 0xef) {
+        n = 3;
+        cp = u[0] & 0x0f;
+    } else if (u[0] >= 0xf0 && u[0] <= 0xf4) {
+        n = 4;
+        cp = u[0] & 0x07;
+    } else {
+        return 0;
+    }
+    if (avail < n)
+        return 0;
+    for (k = 1; k < n; k++) {
+        if ((u[k] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (u[k] & 0x3f);
+    }
+    if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+        return 0;
+    return n;
+}
+
 static int rcpt_is_ldh(unsigned char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
@@ -55,7 +89,8 @@ static int rcpt_is_ldh(unsigned char c)
 /* A domain at s[*i] up to end: sub-domains of letters, digits, '-' and
  * '_' separated by single dots, or an address literal "[...]" of
  * printable bytes other than '[', '\\', ']'.  Advances *i; 0 or -1. */
-static int rcpt_parse_domain(const char *s, size_t end, size_t *i)
+static int rcpt_parse_domain(const char *s, size_t end, size_t *i,
+                             int utf8)
 {
     size_t j = *i;
 
@@ -76,8 +111,16 @@ static int rcpt_parse_domain(const char *s, size_t end, size_t *i)
     for (;;) {
         size_t start = j;
 
-        while (j < end && rcpt_is_ldh((unsigned char)s[j]))
-            j++;
+        for (;;) {
+            size_t n;
+
+            if (j < end && rcpt_is_ldh((unsigned char)s[j]))
+                j++;
+            else if (utf8 && j < end && (n = rcpt_utf8_len(s, j, end)) > 0)
+                j += n;                     /* a U-label (RFC 6531 3.3) */
+            else
+                break;
+        }
         if (j == start)
             return -1;           /* empty label */
         if (j < end && s[j] == '.') {
@@ -95,6 +138,7 @@ int rcpt_parse_path(const char *s, size_t len, int flags, struct rcpt_path *p,
 {
     size_t i = 0, end, addr_start;
     const char *err = "syntax error in address";
+    int utf8 = (flags & RCPT_UTF8) != 0;
 
     buf_reset(&p->addr);
     buf_reset(&p->local);
@@ -149,7 +193,7 @@ int rcpt_parse_path(const char *s, size_t len, int flags, struct rcpt_path *p,
             if (i >= end || s[i] != '@')
                 goto fail;
             i++;
-            if (rcpt_parse_domain(s, end, &i) != 0)
+            if (rcpt_parse_domain(s, end, &i, utf8) != 0)
                 goto fail;
             if (i < end && s[i] == ',') {
                 i++;
@@ -184,8 +228,16 @@ int rcpt_parse_path(const char *s, size_t len, int flags, struct rcpt_path *p,
                     err = "control or 8-bit byte in address";
                     goto fail;
                 }
+            } else if (c > 127 && utf8 && rcpt_utf8_len(s, i, end) > 0) {
+                size_t n = rcpt_utf8_len(s, i, end);
+
+                if (buf_append(&p->local, s + i, n) != 0)
+                    goto nomem;
+                i += n;
+                continue;
             } else if (c < 32 || c > 126) {
-                err = "control or 8-bit byte in address";
+                err = utf8 && c > 127 ? "invalid UTF-8 in address"
+                                      : "control or 8-bit byte in address";
                 goto fail;
             }
             if (buf_putc(&p->local, c) != 0)
@@ -203,11 +255,22 @@ int rcpt_parse_path(const char *s, size_t len, int flags, struct rcpt_path *p,
         for (;;) {
             size_t atom = i;
 
-            while (i < end && rcpt_is_atext((unsigned char)s[i]))
-                i++;
+            for (;;) {
+                size_t n;
+
+                if (i < end && rcpt_is_atext((unsigned char)s[i]))
+                    i++;
+                else if (utf8 && i < end &&
+                         (n = rcpt_utf8_len(s, i, end)) > 0)
+                    i += n;                 /* RFC 6531 3.3 atext */
+                else
+                    break;
+            }
             if (i == atom) {
-                if (i < end && ((unsigned char)s[i] < 32 ||
-                                (unsigned char)s[i] > 126))
+                if (i < end && utf8 && (unsigned char)s[i] > 127)
+                    err = "invalid UTF-8 in address";
+                else if (i < end && ((unsigned char)s[i] < 32 ||
+                                     (unsigned char)s[i] > 126))
                     err = "control or 8-bit byte in address";
                 else if (i == start)
                     err = "empty local part";
@@ -228,7 +291,7 @@ int rcpt_parse_path(const char *s, size_t len, int flags, struct rcpt_path *p,
         if (s[i] != '@')
             goto fail;
         dstart = ++i;
-        if (rcpt_parse_domain(s, end, &i) != 0 || i != end) {
+        if (rcpt_parse_domain(s, end, &i, utf8) != 0 || i != end) {
             err = "bad domain in address";
             goto fail;
         }

@@ -10,9 +10,12 @@
  * local-part is a dot-string (atext runs separated by single dots) or a
  * quoted-string (qtext and backslash pairs of printable ASCII); domain is
  * a name of letters, digits, '-' and dots or an address literal "[...]".
- * The angle brackets are required.  8-bit bytes, control bytes and
- * spaces outside quotes are refused: SMTPUTF8 is not offered.  A path is
- * at most RCPT_PATH_MAX bytes.
+ * The angle brackets are required.  Control bytes and spaces outside
+ * quotes are refused; so are 8-bit bytes, except with RCPT_UTF8 (the
+ * transaction's MAIL carried SMTPUTF8, RFC 6531): then well-formed UTF-8
+ * characters above U+007F count as atext, qtext and domain-label
+ * characters (RFC 6531 3.3), and malformed UTF-8 is still refused.  A
+ * path is at most RCPT_PATH_MAX bytes.
  *
  * Mapping (rcpt_mailbox_names) of LOCAL@DOMAIN:
  *   user            -> "user.USER"                 (the INBOX)
@@ -66,6 +69,7 @@ void rcpt_path_init(struct rcpt_path *p);
 void rcpt_path_free(struct rcpt_path *p);
 
 #define RCPT_ALLOW_NULL 1    /* accept <> (the reverse-path of MAIL) */
+#define RCPT_UTF8 2          /* accept UTF-8 (SMTPUTF8, RFC 6531) */
 
 /* Parse a path at the start of (s, len): leading spaces are skipped, the
  * path runs to its closing '>'.  On success returns 0, fills *p (its

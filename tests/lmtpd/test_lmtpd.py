@@ -1014,6 +1014,75 @@ def swaks(*args, timeout=60):
     return r.returncode, r.stdout.decode(errors="replace")
 
 
+def test_smtputf8():
+    """SMTPUTF8 (RFC 6531): offered at LHLO; a UTF-8 sender is refused
+    with 553 5.6.7 unless MAIL carries SMTPUTF8; with it the message is
+    stored byte for byte and the Received field says UTF8LMTP; malformed
+    UTF-8 is a 501; an unknown UTF-8 recipient is a plain 550 5.1.1.
+    Python's smtplib sends SMTPUTF8 the way MTAs do."""
+    inst = main_instance()
+    sender = "j\u00f6rg@\u4f8b\u5b50.example"
+    before = inst.count("user.ivan")
+    with connect(inst, lhlo=None) as c:
+        r = c.cmd("LHLO client.example")
+        ext = [l.split()[0].upper() for l in r.lines[1:] if l.split()]
+        check("SMTPUTF8" in ext, "LHLO does not offer SMTPUTF8: %r" % r)
+        r = c.cmd(("MAIL FROM:<%s>" % sender).encode())
+        check(r.code == 553 and r.enh == "5.6.7",
+              "UTF-8 sender without SMTPUTF8: %r" % r)
+        r = c.cmd(b"MAIL FROM:<p@example.org> SMTPUTF8=yes")
+        check(r.code == 501, "SMTPUTF8 with a value: %r" % r)
+        r = c.cmd(b"MAIL FROM:<p@example.org>")
+        check(r.code == 250, "MAIL: %r" % r)
+        r = c.cmd("RCPT TO:<\u00fcser@example.org>".encode())
+        check(r.code == 553 and r.enh == "5.6.7",
+              "UTF-8 recipient without SMTPUTF8: %r" % r)
+        c.cmd("RSET")
+        r = c.cmd(b"MAIL FROM:<j\xf6rg@example.org> SMTPUTF8")
+        check(r.code == 501, "Latin-1 sender with SMTPUTF8: %r" % r)
+        r = c.cmd(b"MAIL FROM:<a\xc3@example.org> SMTPUTF8")
+        check(r.code == 501, "truncated UTF-8 with SMTPUTF8: %r" % r)
+        r = c.cmd(("MAIL FROM:<%s> SMTPUTF8 BODY=8BITMIME" % sender).encode())
+        check(r.code == 250, "UTF-8 sender with SMTPUTF8: %r" % r)
+        r = c.cmd("RCPT TO:<\u00fcnknown@example.org>".encode())
+        check(r.code == 550 and r.enh == "5.1.1",
+              "unknown UTF-8 recipient: %r" % r)
+        r = c.cmd(b"RCPT TO:<ivan@example.org>")
+        check(r.code == 250, "RCPT: %r" % r)
+        r = c.cmd(b"DATA")
+        check(r.code == 354, "DATA: %r" % r)
+        msgid = uniq("utf8")
+        body = ("Subject: Gr\u00fc\u00dfe \u4f60\u597d\r\n"
+                "From: <%s>\r\nMessage-ID: <%s>\r\n\r\n"
+                "\u00e9t\u00e9\r\n" % (sender, msgid)).encode()
+        c.send(dot_stuff(body))
+        r = c.reply()
+        check(r.code == 250, "UTF-8 message: %r" % r)
+        check(c.cmd("NOOP").code == 250, "session lost after SMTPUTF8")
+    data = find_by_header(inst, "user.ivan", "Message-ID", "<%s>" % msgid)
+    check(data is not None, "the SMTPUTF8 message was not stored")
+    rp, recv, rest = split_added_headers(data)
+    check(rp == ("Return-Path: <%s>" % sender).encode(),
+          "Return-Path: %r" % rp)
+    check(re.search(rb"\swith\s+UTF8LMTP\s", b" ".join(recv)),
+          "Received without UTF8LMTP: %r" % recv)
+    check(rest.endswith(body) or body in data, "bytes changed: %r" % data)
+    # smtplib: mail_options SMTPUTF8 as an MTA sends it
+    lm = smtplib.LMTP(inst.unix_socket)
+    try:
+        msgid2 = uniq("utf8lib")
+        body2 = ("From: <%s>\r\nMessage-ID: <%s>\r\n\r\n\u00e9\r\n"
+                 % (sender, msgid2)).encode()
+        refused = lm.sendmail(sender, ["ivan@example.org"], body2,
+                              mail_options=["SMTPUTF8", "BODY=8BITMIME"])
+        check(not refused, "smtplib SMTPUTF8 refused: %r" % refused)
+    finally:
+        lm.quit()
+    check(find_by_header(inst, "user.ivan", "Message-ID", "<%s>" % msgid2)
+          is not None, "smtplib's SMTPUTF8 message not stored")
+    check(inst.count("user.ivan") == before + 2, "message count")
+
+
 def find_by_header(inst, box, name, value):
     for data in inst.messages(box):
         if header_value(data, name) == value:
@@ -1572,6 +1641,7 @@ TESTS = [
     test_maxmessagesize,
     test_oversize_streams,
     test_mail_parameters,
+    test_smtputf8,
     test_mailbox_removed_before_data,
     test_store_failure_is_4xx,
     test_bdat_chunking,

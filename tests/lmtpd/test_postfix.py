@@ -478,7 +478,71 @@ def test_postfix_virtual_domains():
                   % (mid, sorted(found.get(mid, ())), sorted(where)))
 
 
-TESTS = [test_postfix_end_to_end, test_postfix_virtual_domains]
+def test_postfix_smtputf8():
+    """Postfix with smtputf8_enable = yes relays internationalized mail
+    (a UTF-8 sender address, UTF-8 header fields) only to an LMTP server
+    that offers SMTPUTF8 (RFC 6531), and bounces it otherwise: the
+    messages arrive byte for byte, the sender's address intact in
+    Return-Path, and nothing is bounced."""
+    need_postfix()
+    sender = "j\u00f6rg@\u4f8b\u5b50.example"
+    with Instance("pfutf8") as inst:
+        inst.create("user.uma")
+        inst.write_cyrus_conf(prefork=1, maxchild=5)
+        inst.start(ready=1)
+        pf = Postfix(inst.path("postfix"), inst.unix_socket,
+                     extra={"smtputf8_enable": "yes"})
+        mids = []
+        try:
+            pf.start()
+            s = smtplib.SMTP("127.0.0.1", pf.port, timeout=60)
+            s.ehlo("submit.example")
+            check(s.has_extn("smtputf8"), "Postfix does not offer SMTPUTF8")
+            for i in range(3):
+                mid = "pfu.%d.%d@submit.example" % (os.getpid(), i)
+                mids.append(mid)
+                msg = ("From: J\u00f6rg <%s>\r\nTo: <uma@%s>\r\n"
+                       "Subject: Gr\u00fc\u00dfe \u4f60\u597d %d\r\n"
+                       "Message-ID: <%s>\r\n\r\n\u00e9t\u00e9\r\n"
+                       % (sender, DOMAIN, i, mid)).encode()
+                refused = s.sendmail(sender, ["uma@%s" % DOMAIN], msg,
+                                     mail_options=["SMTPUTF8",
+                                                   "BODY=8BITMIME"])
+                check(not refused, "refused %r" % refused)
+            s.quit()
+
+            def done():
+                if "status=bounced" in pf.log():
+                    return True
+                if inst.count("user.uma") < len(mids) or \
+                        not pf.queue_empty():
+                    pf.flush()
+                    return False
+                return True
+            ok = wait_until(done, 300, 0.5)
+            log = pf.log()
+            check(ok, "%d of %d delivered after 300 s; queue:\n%s\nlog:\n%s"
+                  % (inst.count("user.uma"), len(mids),
+                     pf.queue_listing()[-1500:], log[-1500:]))
+        finally:
+            problems = pf.stop()
+        check(not problems, "; ".join(problems))
+        check("status=bounced" not in log, "bounced: %s" % log[-1500:])
+        got = {}
+        for data in inst.messages("user.uma"):
+            got[header_value(data, "Message-ID")] = data
+        for mid in mids:
+            data = got.get("<%s>" % mid)
+            check(data is not None, "%s not delivered" % mid)
+            check(data.startswith(("Return-Path: <%s>\r\n"
+                                   % sender).encode()),
+                  "Return-Path: %r" % data[:80])
+            check(("Subject: Gr\u00fc\u00dfe \u4f60\u597d".encode())
+                  in data, "the UTF-8 subject changed: %r" % data[:600])
+
+
+TESTS = [test_postfix_end_to_end, test_postfix_virtual_domains,
+         test_postfix_smtputf8]
 
 if __name__ == "__main__":
     sys.exit(run_lmtp_tests(TESTS))

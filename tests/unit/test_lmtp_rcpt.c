@@ -129,6 +129,31 @@ static void test_parse_route_null(void **state)
     parse_bad("<@:u@x>", 0);
 }
 
+/* SMTPUTF8 (RFC 6531 3.3): well-formed UTF-8 in local parts, quoted
+ * strings and domain labels; malformed UTF-8 still refused. */
+static void test_parse_utf8(void **state)
+{
+    (void)state;
+    parse_ok("<al\303\251@x>", RCPT_UTF8, "al\303\251@x", "al\303\251", "x",
+             8);
+    parse_ok("<\344\275\240\345\245\275@\344\276\213\345\255\220.example>",
+             RCPT_UTF8,
+             "\344\275\240\345\245\275@\344\276\213\345\255\220.example",
+             "\344\275\240\345\245\275",
+             "\344\276\213\345\255\220.example", 23);
+    parse_ok("<\"j\303\266rg m\"@x>", RCPT_UTF8, "\"j\303\266rg m\"@x",
+             "j\303\266rg m", "x", 13);
+    parse_ok("<u@\360\237\230\200.x>", RCPT_UTF8, "u@\360\237\230\200.x", "u",
+             "\360\237\230\200.x", 10);
+    parse_bad("<al\351@x>", RCPT_UTF8);          /* Latin-1, not UTF-8 */
+    parse_bad("<a\300\201@x>", RCPT_UTF8);       /* overlong */
+    parse_bad("<a\355\240\200@x>", RCPT_UTF8);   /* a surrogate */
+    parse_bad("<a\364\220\200\200@x>", RCPT_UTF8); /* above U+10FFFF */
+    parse_bad("<a\303@x>", RCPT_UTF8);           /* truncated */
+    parse_bad("<\"a\303\"@x>", RCPT_UTF8);      /* truncated, quoted */
+    parse_bad("<u@x\377y>", RCPT_UTF8);
+}
+
 static void test_parse_refused(void **state)
 {
     char big[RCPT_PATH_MAX + 16];
@@ -151,6 +176,7 @@ static void test_parse_refused(void **state)
     parse_bad("<alice@[]>", 0);
     parse_bad("<a@b@c>", 0);
     parse_bad("<al\303\251@x>", 0);           /* 8-bit */
+    parse_bad("<al\303\251@x>", RCPT_ALLOW_NULL);
     parse_bad("<al\001ce@x>", 0);
     parse_bad("<(comment)alice@x>", 0);
     /* a path over the limit */
@@ -628,6 +654,7 @@ int main(void)
     };
     const struct CMUnitTest plain[] = {
         cmocka_unit_test(test_parse_plain),
+        cmocka_unit_test(test_parse_utf8),
         cmocka_unit_test(test_parse_quoted),
         cmocka_unit_test(test_parse_route_null),
         cmocka_unit_test(test_parse_refused),
