@@ -1684,6 +1684,13 @@ static int lmtp_session_loop(struct lmtp_session *s, int nowait)
             lmtp_read_failed(s, r);
             break;
         }
+        if (eol == PROT_EOL_LF && !s->srv->bare_fix) {
+            /* RFC 5321 2.3.8: a command ends with CRLF.  One that does
+             * not is not run: a client and a server that split lines
+             * differently must not disagree about what was sent */
+            lmtp_reply(s, "500 5.5.2 Command line must end with CRLF");
+            continue;
+        }
         lmtp_command(s);
     }
     prot_flush(p);

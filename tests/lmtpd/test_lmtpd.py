@@ -713,6 +713,32 @@ def test_bare_lf_refused():
                   "bare CR")
 
 
+def test_bare_lf_command():
+    """A command line ending in a bare LF is not run (500 5.5.2): the
+    transaction is untouched and the session goes on."""
+    inst = main_instance()
+    before = inst.count("user.erin")
+    with connect(inst) as c:
+        c.send(b"MAIL FROM:<p@example.org>\n")
+        r = c.reply()
+        check(r.code == 500 and r.enh == "5.5.2",
+              "MAIL with a bare LF: %r" % r)
+        r = c.cmd("RCPT TO:<erin>")
+        check(r.code == 503, "the bare-LF MAIL was run: %r" % r)
+        check(c.cmd("MAIL FROM:<p@example.org>").code == 250, "MAIL")
+        c.send(b"RCPT TO:<erin>\nRCPT TO:<hank>\r\n")
+        r1, r2 = c.replies(2)
+        check(r1.code == 500 and r2.code == 250,
+              "RCPT, bare LF then CRLF: %r %r" % (r1, r2))
+        r = c.cmd("DATA")
+        check(r.code == 354, "DATA: %r" % r)
+        c.send(dot_stuff(make_message(uniq("barecmd"))))
+        rs = c.replies(1)
+        check(codes(rs) == [250], "one recipient only: %r" % rs)
+    check(inst.count("user.erin") == before,
+          "erin got a message from a bare-LF RCPT")
+
+
 # ---- SMTP smuggling: only <CRLF>.<CRLF> ends DATA ----------------------------
 
 # End-of-data look-alikes (RFC 5321 4.1.1.4 allows only <CRLF>.<CRLF>) and
@@ -1647,6 +1673,7 @@ TESTS = [
     test_bdat_chunking,
     test_long_command_line,
     test_bare_lf_refused,
+    test_bare_lf_command,
     test_smuggling_reject,
     test_smuggling_fix,
     test_nul_refused,
