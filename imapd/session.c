@@ -117,6 +117,7 @@
 #include "lib/strarray.h"
 #include "store/acl.h"
 #include "store/append.h"
+#include "store/idlenotify.h"
 #include "store/mailbox.h"
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
@@ -2970,12 +2971,17 @@ static void imap_cmd_id(struct imap_session *s)
     imap_tagged(s, "OK", "ID completed");
 }
 
-/* IDLE.  While a mailbox is selected, a SIGALRM timer ticks every
- * IMAP_IDLE_POLL_MS so that the wait for DONE asks imap_idle_check()
- * that often; it stats cyrus.index, and a change ends the wait for an
- * update (EXISTS / EXPUNGE / FETCH), after which the wait goes on.  The
+/* IDLE.  While a mailbox is selected the wait for DONE also watches a
+ * notification socket (store/idlenotify.h): whoever changes the mailbox
+ * sends it a datagram, which makes the wait ask imap_idle_check(); that
+ * stats cyrus.index, and a change ends the wait for an update (EXISTS /
+ * EXPUNGE / FETCH), after which the wait goes on.  Nothing wakes an idle
+ * session while nothing changes, except a SIGALRM every
+ * IMAP_IDLE_SAFETY_S (a safety net).  Without a notification slot the
+ * timer ticks every IMAP_IDLE_POLL_MS instead (polling, as before).  The
  * part of the DONE line read before an interruption is kept. */
 #define IMAP_IDLE_POLL_MS 250
+#define IMAP_IDLE_SAFETY_S 30
 
 static struct imap_session *imap_idle_session;
 
@@ -2984,25 +2990,31 @@ static void imap_idle_alarm(int sig)
     (void)sig;      /* only there to interrupt poll() */
 }
 
+static struct idlenotify_watch *imap_idle_watch;
+
 static int imap_idle_check(void)
 {
     struct imap_session *s = imap_idle_session;
 
     if (service_stopping())
         return 1;
+    if (imap_idle_watch)
+        idlenotify_drain(imap_idle_watch);
     return s && s->state == IMAP_SELECTED && s->sel &&
            imap_index_changed(s);
 }
 
-static void imap_idle_timer(int on)
+/* The periodic look at the index: every IMAP_IDLE_POLL_MS without push
+ * notification, every IMAP_IDLE_SAFETY_S with it (a safety net for a
+ * lost datagram), off when ms is 0. */
+static void imap_idle_timer(long ms)
 {
     struct itimerval it;
 
     memset(&it, 0, sizeof(it));
-    if (on) {
-        it.it_interval.tv_usec = IMAP_IDLE_POLL_MS * 1000;
-        it.it_value.tv_usec = IMAP_IDLE_POLL_MS * 1000;
-    }
+    it.it_interval.tv_sec = ms / 1000;
+    it.it_interval.tv_usec = (ms % 1000) * 1000;
+    it.it_value = it.it_interval;
     setitimer(ITIMER_REAL, &it, NULL);
 }
 
@@ -3011,10 +3023,21 @@ static void imap_cmd_idle(struct imap_session *s)
     struct sigaction sa, old;
     struct buf acc = BUF_INITIALIZER;
     int r, polling = s->state == IMAP_SELECTED && s->sel;
+    long period = IMAP_IDLE_POLL_MS;
 
+    /* the watch begins before the last look (imap_update), so no change
+     * falls between them */
+    if (polling &&
+        idlenotify_watch(s->srv->conf, mailbox_dir(s->sel),
+                         &imap_idle_watch) >= 0) {
+        prot_set_wakefd(s->p, idlenotify_fd(imap_idle_watch));
+        period = IMAP_IDLE_SAFETY_S * 1000L;
+    }
     imap_update(s);
     prot_puts(s->p, "+ idling\r\n");
     if (prot_flush(s->p) != PROT_OK) {
+        prot_set_wakefd(s->p, -1);
+        idlenotify_unwatch(&imap_idle_watch);
         s->quit = 1;
         return;
     }
@@ -3028,7 +3051,7 @@ static void imap_cmd_idle(struct imap_session *s)
     }
     for (;;) {
         if (polling)
-            imap_idle_timer(1);
+            imap_idle_timer(period);
         prot_set_interrupt(s->p, polling ? imap_idle_check
                                          : service_stopping);
         r = prot_getline(s->p, &s->line, IMAP_IDLE_LINE_MAX, NULL);
@@ -3057,6 +3080,8 @@ static void imap_cmd_idle(struct imap_session *s)
     if (polling) {
         sigaction(SIGALRM, &old, NULL);
         imap_idle_session = NULL;
+        prot_set_wakefd(s->p, -1);
+        idlenotify_unwatch(&imap_idle_watch);
     }
     buf_free(&acc);
     switch (r) {

@@ -32,6 +32,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +54,7 @@ struct prot {
     int timeout;                /* seconds, 0 = forever */
     int notsock;                /* fd is not a socket: read()/write() */
     int (*interrupt)(void);     /* prot_set_interrupt(), or NULL */
+    int wakefd;                 /* prot_set_wakefd(), or -1 */
     int mem;                    /* prot_new_mem(): no descriptor at all */
 
     unsigned char *in;          /* PROT_BUFSIZE bytes */
@@ -111,6 +113,7 @@ struct prot *prot_new(int fd)
         return NULL;
     }
     p->fd = fd;
+    p->wakefd = -1;
     snprintf(p->error, sizeof(p->error), "no error");
     return p;
 }
@@ -121,6 +124,7 @@ struct prot *prot_new_mem(const void *data, size_t len)
 
     if (!p)
         return NULL;
+    p->wakefd = -1;
     /* the whole input at once; read_eof makes prot_fill() stop there, so
      * the buffer is never compacted or refilled and may be of any size */
     p->in = malloc(len > 0 ? len : 1);
@@ -168,6 +172,12 @@ void prot_set_interrupt(struct prot *p, int (*check)(void))
         p->interrupt = check;
 }
 
+void prot_set_wakefd(struct prot *p, int fd)
+{
+    if (p)
+        p->wakefd = fd;
+}
+
 void prot_settimeout(struct prot *p, int seconds)
 {
     p->timeout = seconds > 0 ? seconds : 0;
@@ -185,48 +195,77 @@ static double prot_now(void)
 
 /* Wait until fd is ready for `events` (POLLIN / POLLOUT), at most the
  * timeout.  PROT_OK, PROT_TIMEOUT, PROT_IOERROR, PROT_INTERRUPTED (input
- * only, when the interrupt check says so; it is asked before each wait
- * and at least once a second, so a signal arriving just before poll()
- * is noticed too). */
+ * only, when the interrupt check says so).  The check is asked before
+ * each wait, after a signal and whenever the wake descriptor is readable.
+ * Signals are blocked from the check until the wait has begun (ppoll()
+ * with the caller's mask), so a signal that comes just after the check
+ * ends the wait at once instead of being noticed late: no periodic
+ * wake-up is needed, and an idle connection costs no CPU. */
 static int prot_wait(struct prot *p, short events)
 {
     double deadline = p->timeout ? prot_now() + p->timeout : 0;
     int (*check)(void) = (events & POLLIN) ? p->interrupt : NULL;
+    int wakefd = check ? p->wakefd : -1;
+    sigset_t all, orig;
+    int rc;
 
+    if (check) {
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &orig);
+    }
     for (;;) {
-        struct pollfd pfd = { .fd = p->fd, .events = events, .revents = 0 };
-        int ms = -1;
+        struct pollfd pfd[2] = {
+            { .fd = p->fd, .events = events, .revents = 0 },
+            { .fd = wakefd, .events = POLLIN, .revents = 0 },
+        };
+        struct timespec ts, *tsp = NULL;
         int r;
 
-        if (check && check())
-            return PROT_INTERRUPTED;
+        if (check && check()) {
+            rc = PROT_INTERRUPTED;
+            break;
+        }
         if (p->timeout) {
             double left = deadline - prot_now();
-            if (left <= 0)
-                return PROT_TIMEOUT;
-            ms = (int)(left * 1000.0) + 1;
+            if (left <= 0) {
+                rc = PROT_TIMEOUT;
+                break;
+            }
+            ts.tv_sec = (time_t)left;
+            ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+            tsp = &ts;
         }
-        if (check && (ms < 0 || ms > 1000))
-            ms = 1000;
-        r = poll(&pfd, 1, ms);
+        r = ppoll(pfd, wakefd >= 0 ? 2 : 1, tsp, check ? &orig : NULL);
+        if (r > 0 && pfd[0].revents == 0) {
+            if (pfd[1].revents & POLLNVAL)
+                wakefd = -1;    /* closed under us: wait without it */
+            continue;           /* the wake descriptor: ask the check */
+        }
         if (r > 0) {
-            if (pfd.revents & POLLNVAL) {
+            if (pfd[0].revents & POLLNVAL) {
                 prot_seterror(p, "poll: descriptor %d not open", p->fd);
-                return PROT_IOERROR;
+                rc = PROT_IOERROR;
+                break;
             }
             /* POLLHUP/POLLERR: let the read or write report it */
-            return PROT_OK;
+            rc = PROT_OK;
+            break;
         }
         if (r == 0) {
-            if (check && (!p->timeout || prot_now() < deadline))
-                continue;   /* a slice of the wait, not the timeout */
-            return PROT_TIMEOUT;
+            if (p->timeout && prot_now() < deadline)
+                continue;   /* woke a little early */
+            rc = PROT_TIMEOUT;
+            break;
         }
         if (errno != EINTR) {
             prot_seterror(p, "poll: %s", strerror(errno));
-            return PROT_IOERROR;
+            rc = PROT_IOERROR;
+            break;
         }
     }
+    if (check)
+        pthread_sigmask(SIG_SETMASK, &orig, NULL);
+    return rc;
 }
 
 /* One non-blocking read: >0 bytes, 0 EOF, -1 with errno (EAGAIN when

@@ -78,11 +78,20 @@ void prot_settimeout(struct prot *p, int seconds);
 
 /* While check is set, a read that has to wait for input returns
  * PROT_INTERRUPTED as soon as check() returns non-zero (asked before each
- * wait, after a signal interrupts it, and at least once a second): how an
+ * wait and after a signal interrupts it; every signal is blocked from the
+ * check until the wait has begun, so one that comes in between ends the
+ * wait at once, and nothing wakes the process periodically): how an
  * idle connection learns that the process is shutting down (lmtpd sets
  * service_stopping between commands, never inside a message).  Nothing
  * buffered is lost; the caller decides what to do.  NULL clears. */
 void prot_set_interrupt(struct prot *p, int (*check)(void));
+
+/* A descriptor (an inotify or event descriptor; -1 = none, the default)
+ * watched beside the connection while check (above) is set: when it
+ * becomes readable the check is asked again, so an event wakes the wait
+ * at once and no periodic wake-up is needed.  The check must consume
+ * what made it readable, or the wait spins. */
+void prot_set_wakefd(struct prot *p, int fd);
 
 /* One line of at most maxlen bytes (without its end) into line (reset
  * first; NUL-terminated by buf; the line may itself contain NUL bytes:

@@ -186,6 +186,7 @@
 #include "lib/crc32c.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "store/idlenotify.h"
 #include "store/mailbox.h"
 #include "store/mboxname.h"
 #include "store/quota.h"
@@ -829,6 +830,7 @@ struct mailbox {
     int records_changed;       /* rewrite_record under this lock */
     int dir_changed;           /* entries of dir changed under this lock */
     int counters_changed;      /* header counters moved under this lock */
+    int notify;                /* header written: wake IDLE sessions */
     struct mbx_pending *pending;  /* this process's reservations */
     size_t npending, pending_alloc;
 };
@@ -937,6 +939,11 @@ static void mbx_release(struct mailbox *mb)
     mb->records_changed = 0;
     mb->dir_changed = 0;
     mb->counters_changed = 0;
+    if (mb->notify) {
+        /* after the unlock, so a woken session does not wait for it */
+        mb->notify = 0;
+        idlenotify_changed(mb->conf, mb->dir);
+    }
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1002,6 +1009,7 @@ static int mbx_write_header(struct mailbox *mb)
         return mbx_errno(e);
     }
     mb->cur_slot = other;
+    mb->notify = 1;
     mbx_publish(mb);
     return STORE_OK;
 }

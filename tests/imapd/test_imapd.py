@@ -27,6 +27,7 @@ import base64
 import imaplib
 import os
 import re
+import signal
 import sys
 import threading
 
@@ -36,6 +37,7 @@ sys.path.insert(0, HERE)
 from imaphelp import (IMAP4, IMAP4_SSL, SERVERNAME,  # noqa: E402
                       ImapInstance, Raw, ConnectionClosed, check, crc32c, make_sasldb_extra,
                       parse_list, run_imap_tests, tls_context, wait_until)
+from testlib import Fail, alive  # noqa: E402
 
 ALICE, ALICE_PW = "alice", "s3cret-pw"
 BOB, BOB_PW = "bob", "b0b-pw"
@@ -1616,6 +1618,93 @@ def test_idle_sees_lmtp_delivery():
         check(r[-1] == b"i2 OK IDLE terminated", "%r" % r)
 
 
+def idle_slots(i):
+    """The live slots of CONFIGDIR/idle.shm: {pid: (hash, seq)}, and the
+    pids of all claimed slots (live or not)."""
+    import struct
+    with open(os.path.join(i.confdir, "idle.shm"), "rb") as f:
+        data = f.read()
+    magic, version, nslots, hwm = struct.unpack_from("<IIII", data, 0)
+    check(magic == 0x49444c45 and version == 1, "idle.shm header %r"
+          % data[:16])
+    claimed = {}
+    for k in range(hwm):
+        pid, h, seq, _ = struct.unpack_from("<iIII", data, 32 + 16 * k)
+        if pid:
+            claimed[pid] = (h, seq)
+    return claimed
+
+
+def proc_switches(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for ln in f:
+            if ln.startswith("voluntary_ctxt_switches:"):
+                return int(ln.split()[1])
+    raise Fail("no voluntary_ctxt_switches for %d" % pid)
+
+
+def test_idle_push():
+    """IDLE is woken by the writer, not by a timer: an idling session's
+    process sleeps (no wake-ups in 3 s while nothing changes), a delivery
+    reaches it as EXISTS, and a session killed while idling leaves a slot
+    that the next writer to its mailbox frees."""
+    import time
+    i = inst()
+    with Raw(i.addr()) as c:
+        raw_login(c, "bob", BOB_PW)
+        r = ok(c.cmd("p1", "SELECT INBOX"), "p1")
+        n = int([ln for ln in r if ln.endswith(b" EXISTS")][0].split()[1])
+        before = set(idle_slots(i)) if os.path.exists(
+            os.path.join(i.confdir, "idle.shm")) else set()
+        c.send("p2 IDLE\r\n")
+        check(c.line().startswith(b"+ "), "IDLE continuation")
+        new = [p for p in idle_slots(i) if p not in before and alive(p)]
+        check(len(new) == 1, "one new notification slot expected: %r"
+              % new)
+        pid = new[0]
+        # asleep: a polling session would wake 12 times in 3 s
+        sw0 = proc_switches(pid)
+        time.sleep(3)
+        sw1 = proc_switches(pid)
+        check(sw1 - sw0 <= 2, "the idling imapd woke %d times in 3 s "
+              "with nothing to report" % (sw1 - sw0))
+        t0 = time.monotonic()
+        i.lmtp_deliver("bob", MULTI.replace(b"<m1@", b"<push1@"))
+        c.sock.settimeout(60)
+        ln = c.line()
+        check(ln == b"* %d EXISTS" % (n + 1), "IDLE got %r" % ln)
+        print("note: EXISTS %.1f ms after the delivery began"
+              % ((time.monotonic() - t0) * 1000))
+        c.line()                                # * n RECENT
+        c.send("DONE\r\n")
+        r = c.until_tagged("p2")
+        check(r[-1] == b"p2 OK IDLE terminated", "%r" % r)
+        check(pid not in idle_slots(i), "the slot outlived the IDLE")
+    # a session killed while idling leaves its slot: made here by hand
+    # (killing a worker would count as a crash), with the pid of a process
+    # that has ended; the next writer to the mailbox finds no socket there
+    # and frees the slot
+    import struct
+    import subprocess
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    h = 2166136261
+    for b in os.path.join(i.dir, "spool", "user", "bob").encode():
+        h = ((h ^ b) * 16777619) & 0xffffffff
+    path = os.path.join(i.confdir, "idle.shm")
+    with open(path, "r+b") as f:
+        hwm = struct.unpack_from("<I", f.read(16), 12)[0]
+        f.seek(32 + 16 * hwm)
+        f.write(struct.pack("<iIII", dead.pid, h, 7, 0))
+        f.seek(12)
+        f.write(struct.pack("<I", hwm + 1))
+    check(dead.pid in idle_slots(i), "the hand-made slot is not there")
+    i.lmtp_deliver("bob", MULTI.replace(b"<m1@", b"<push2@"))
+    left = idle_slots(i)
+    check(dead.pid not in left, "a dead session's slot was not freed by "
+          "the next delivery (%r)" % left)
+
+
 # ---- client bytes in the log ------------------------------------------------
 
 # What a client tries to get into a log line: a line end and a forged line
@@ -1854,6 +1943,7 @@ if __name__ == "__main__":
         test_append,
         test_copy_move,
         test_idle_sees_lmtp_delivery,
+        test_idle_push,
         test_bad_input,
         test_sigterm_idle_client,
         test_log_lines_printable,
