@@ -103,8 +103,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "imapd/aclcmd.h"
+#include "imapd/admincmd.h"
+#include "imapd/imapcmd.h"
 #include "imapd/imapparse.h"
 #include "imapd/localdomain.h"
+#include "imapd/quotacmd.h"
 #include "imapd/search.h"
 #include "imapd/session.h"
 #include "lib/buf.h"
@@ -412,6 +416,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
     buf_reset(out);
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
                         "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN");
+    /* command families of their own files */
+    buf_appendcstr(out, " " ACLCMD_CAPABILITIES " " QUOTACMD_CAPABILITIES);
     if (s->state == IMAP_NOTAUTH) {
         if (s->srv->tls && !prot_is_tls(s->p))
             buf_appendcstr(out, " STARTTLS");
@@ -459,7 +465,7 @@ static int imap_same_domain(const char *a, const char *b)
 
 /* May the session use its admin rights on `name`?  A global admin
  * everywhere, a domain's admin in its domain only. */
-static int imap_admin_for(const struct imap_session *s, const char *name)
+int imap_admin_for(const struct imap_session *s, const char *name)
 {
     if (!s->admin)
         return 0;
@@ -468,7 +474,7 @@ static int imap_admin_for(const struct imap_session *s, const char *name)
 
 /* May the session reach `name` at all?  Its own domain; every domain for
  * a global admin.  Names of other domains are reported as nonexistent. */
-static int imap_reachable(const struct imap_session *s, const char *name)
+int imap_reachable(const struct imap_session *s, const char *name)
 {
     return s->global_admin || imap_in_domain(s, name);
 }
@@ -536,7 +542,7 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
 /* Internal name -> client name into out.  STORE_OK, or STORE_BADNAME (a
  * name the session cannot see: another domain's for all but a global
  * admin). */
-static int imap_to_external(struct imap_session *s, const char *name,
+int imap_to_external(struct imap_session *s, const char *name,
                             struct buf *out)
 {
     size_t il = s->inbox.len;
@@ -565,7 +571,7 @@ static int imap_to_external(struct imap_session *s, const char *name,
 
 /* The session's rights on mailbox `name` with ACL `acl`: `admins` count
  * only where the user administers (imap_admin_for). */
-static int imap_rights(struct imap_session *s, const char *name,
+int imap_rights(struct imap_session *s, const char *name,
                        const char *acl)
 {
     return acl_rights(acl, s->userid,
@@ -575,7 +581,7 @@ static int imap_rights(struct imap_session *s, const char *name,
 /* Look a mailbox up for an operation needing `need` rights.  STORE_OK
  * and *e_r; STORE_NOTFOUND also when the user lacks l; STORE_PERMISSION
  * when l is there and need is not. */
-static int imap_lookup(struct imap_session *s, const char *name, int need,
+int imap_lookup(struct imap_session *s, const char *name, int need,
                        struct mboxlist_entry **e_r)
 {
     struct mboxlist *ml = imap_ml(s->srv);
@@ -1208,7 +1214,7 @@ static void imap_cmd_lsub(struct imap_session *s)
 /* ---- mailbox management ---------------------------------------------- */
 
 /* Convert cmd.arg[i]; on failure answer NO and return -1. */
-static int imap_name_arg(struct imap_session *s, int i, struct buf *out)
+int imap_name_arg(struct imap_session *s, int i, struct buf *out)
 {
     struct buf tmp = BUF_INITIALIZER;
     const char *err = NULL;
@@ -1280,6 +1286,12 @@ static void imap_cmd_delete(struct imap_session *s)
     }
     r = imap_lookup(s, buf_cstring(&name), ACL_DELETEMBOX, &e);
     mboxlist_entry_free(&e);
+    if (r == STORE_OK && imap_admin_for(s, buf_cstring(&name)) &&
+        admincmd_is_user_inbox(buf_cstring(&name), NULL)) {
+        /* an admin deleting a user's INBOX deletes the user */
+        admincmd_delete_user(s, buf_cstring(&name));
+        goto out;
+    }
     if (r == STORE_OK)
         r = mboxlist_delete(s->srv->ml, buf_cstring(&name), 0);
     if (r != STORE_OK) {
@@ -3486,6 +3498,49 @@ out:
 
 /* ---- dispatch -------------------------------------------------------- */
 
+/* The selected mailbox's rights as its ACL says now (an ACL change by
+ * any session or process takes effect at the next command).  Without r
+ * the mailbox is closed ("* OK [CLOSED]") and a command of the selected
+ * state answers NO [NOPERM] (returns 1: answered).  A lookup that fails
+ * leaves the rights as they were. */
+static int imap_sel_rights_refresh(struct imap_session *s)
+{
+    struct mboxlist *ml = imap_ml(s->srv);
+    struct mboxlist_entry *e = NULL;
+    int rights, id = s->cmd.id;
+
+    if (!ml || !s->sel ||
+        mboxlist_lookup(ml, mailbox_name(s->sel), &e) != STORE_OK)
+        return 0;
+    if (mailbox_uniqueid(s->sel) && e->uniqueid &&
+        strcmp(mailbox_uniqueid(s->sel), e->uniqueid) != 0) {
+        mboxlist_entry_free(&e);
+        return 0;
+    }
+    rights = imap_rights(s, e->name, e->acl);
+    mboxlist_entry_free(&e);
+    if (rights & ACL_READ) {
+        s->sel_rights = rights;
+        return 0;
+    }
+    log_info("imap: read right revoked, mailbox closed mailbox=<%s> "
+             "user=<%s>", mailbox_name(s->sel), s->userid);
+    imap_unselect(s, 0);
+    s->state = IMAP_AUTH;
+    prot_puts(s->p, "* OK [CLOSED] Access to the selected mailbox was "
+                    "revoked\r\n");
+    if (id == IMAPPARSE_CMD_CHECK || id == IMAPPARSE_CMD_CLOSE ||
+        id == IMAPPARSE_CMD_UNSELECT || id == IMAPPARSE_CMD_EXPUNGE ||
+        id == IMAPPARSE_CMD_SEARCH || id == IMAPPARSE_CMD_FETCH ||
+        id == IMAPPARSE_CMD_STORE || id == IMAPPARSE_CMD_COPY ||
+        id == IMAPPARSE_CMD_MOVE) {
+        imap_tagged(s, "NO", "[NOPERM] Access to the selected mailbox was "
+                             "revoked");
+        return 1;
+    }
+    return 0;
+}
+
 static int imap_continue(void *rock, struct prot *p, size_t size, int append,
                          const char **error_r)
 {
@@ -3589,6 +3644,8 @@ static void imap_command(struct imap_session *s)
         }
     }
 
+    if (s->state == IMAP_SELECTED && imap_sel_rights_refresh(s))
+        return;
     switch (c->id) {
     case IMAPPARSE_CMD_STARTTLS:
     case IMAPPARSE_CMD_AUTHENTICATE:
@@ -3628,6 +3685,14 @@ static void imap_command(struct imap_session *s)
     case IMAPPARSE_CMD_STATUS:
         imap_cmd_status(s);
         break;
+    case IMAPPARSE_CMD_SETACL: aclcmd_setacl(s); break;
+    case IMAPPARSE_CMD_DELETEACL: aclcmd_deleteacl(s); break;
+    case IMAPPARSE_CMD_GETACL: aclcmd_getacl(s); break;
+    case IMAPPARSE_CMD_LISTRIGHTS: aclcmd_listrights(s); break;
+    case IMAPPARSE_CMD_MYRIGHTS: aclcmd_myrights(s); break;
+    case IMAPPARSE_CMD_GETQUOTA: quotacmd_getquota(s); break;
+    case IMAPPARSE_CMD_GETQUOTAROOT: quotacmd_getquotaroot(s); break;
+    case IMAPPARSE_CMD_SETQUOTA: quotacmd_setquota(s); break;
     case IMAPPARSE_CMD_APPEND:
         imap_cmd_append(s);
         break;
@@ -3812,4 +3877,74 @@ out:
     buf_free(&s.serverdomain);
     free(s.userid);
     saslserver_free(&s.sasl);
+}
+
+/* ---- for the command family files (imapcmd.h) ------------------------ */
+
+const struct imapparse_cmd *imap_cmd_args(const struct imap_session *s)
+{
+    return &s->cmd;
+}
+
+struct prot *imap_prot(const struct imap_session *s)
+{
+    return s->p;
+}
+
+const struct imapconf *imap_conf(const struct imap_session *s)
+{
+    return s->srv->conf;
+}
+
+const struct userid_policy *imap_policy(const struct imap_session *s)
+{
+    return &s->srv->policy;
+}
+
+const char *imap_userid(const struct imap_session *s)
+{
+    return s->userid ? s->userid : "";
+}
+
+const char *imap_user_domain(const struct imap_session *s)
+{
+    return s->domain;
+}
+
+struct mboxlist *imap_mboxlist(struct imap_session *s)
+{
+    return imap_ml(s->srv);
+}
+
+void imap_reply(struct imap_session *s, const char *status,
+                const char *fmt, ...)
+{
+    struct buf b = BUF_INITIALIZER;
+    va_list ap;
+
+    va_start(ap, fmt);
+    buf_vprintf(&b, fmt, ap);
+    va_end(ap);
+    imap_tagged(s, status, "%s", b.s ? buf_cstring(&b) : "");
+    buf_free(&b);
+}
+
+void imap_reply_store_error(struct imap_session *s, int r)
+{
+    imap_store_no(s, r);
+}
+
+void imap_put_quoted(struct prot *p, const char *str)
+{
+    imap_quoted(p, str);
+}
+
+const char *imap_admins(const struct imap_session *s)
+{
+    return s->srv->admins;
+}
+
+const char *imap_inbox(const struct imap_session *s)
+{
+    return s->inbox.len ? buf_cstring((struct buf *)&s->inbox) : "";
 }
