@@ -132,7 +132,10 @@ void quotacmd_getquotaroot(struct imap_session *s)
 
     if (imap_name_arg(s, 0, &name) != 0)
         goto out;
-    r = imap_lookup(s, buf_cstring(&name), ACL_READ, &e);
+    /* r, or an admin's l */
+    r = imap_lookup(s, buf_cstring(&name),
+                    imap_admin_for(s, buf_cstring(&name)) ? 0 : ACL_READ,
+                    &e);
     if (r != STORE_OK) {
         imap_reply_store_error(s, r);
         goto out;

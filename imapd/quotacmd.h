@@ -12,7 +12,7 @@
  * the root must be an existing mailbox.  SETQUOTA replaces every limit
  * of the root: a resource left out has no limit, and an empty list "()"
  * (cyradm "setquota MAILBOX none") removes the root.  GETQUOTAROOT needs
- * the r right on the mailbox; GETQUOTA an admin, the r right on the
+ * the r right on the mailbox (an admin: l); GETQUOTA an admin, the r right on the
  * root's mailbox, or a root at or below the user's own INBOX.
  */
 #ifndef IMAPD_QUOTACMD_H

@@ -290,6 +290,10 @@ def test_quota():
             q[0]), "SETQUOTA answer %r" % r)
         kib = int(re.search(rb"STORAGE (\d+)", q[0]).group(1))
         check(8 <= kib <= 12, "usage of 3 x 3 KB: %d KiB" % kib)
+        # an admin (l k x a, no r) reads any mailbox's quota root
+        r = ok(m.cmd("q1b", "GETQUOTAROOT user.bob"), "q1b")
+        check(untagged(r, b"QUOTAROOT") == [b'* QUOTAROOT "user.bob" '
+                                            b'"user.bob"'], "%r" % r)
         rc, out = quota_show(i, "user.bob")
         check(rc == 0 and "/512 KiB" in out and "messages=3/4" in out,
               "mbtool quota show: %r" % out)
