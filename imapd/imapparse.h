@@ -1,8 +1,9 @@
 /*
  * imapparse.h - the IMAP command parser: reads one command from a
  * struct prot (RFC 3501 section 9 grammar, with LITERAL+ (RFC 7888),
- * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE) and turns its
- * arguments into the structures below, ready for imapd to execute.
+ * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, ACL, QUOTA) and
+ * turns its arguments into the structures below, ready for imapd to
+ * execute.
  *
  * Use:
  *

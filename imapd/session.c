@@ -16,6 +16,8 @@
  *                  UNSUBSCRIBE, STATUS, SELECT, EXAMINE (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
  *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
+ *                  ACL (aclcmd.c), QUOTA (quotacmd.c), an admin's DELETE
+ *                  of a user's INBOX (admincmd.c), through imapcmd.h
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
  *                  read-write and the user has e), UNSELECT, FETCH, STORE,
  *                  EXPUNGE, COPY, MOVE, SEARCH and their UID forms;
