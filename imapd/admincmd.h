@@ -3,6 +3,7 @@
  * deleting a user's INBOX deletes the user (imapd.conf `admins`; a
  * domain's admin in its domain only).
  *
+ * Renaming a user's INBOX to another user's INBOX renames the user.
  * Creating a user is creating its INBOX ("user.bob", "user.bob@D" for a
  * global admin with virtual domains): plain CREATE, which gives the
  * owner the store's default rights (mboxlist_create).
@@ -25,5 +26,14 @@ int admincmd_is_user_inbox(const char *name, struct buf *userid);
  * root of the INBOX, the user's seen state and subscriptions.  Answers
  * the command. */
 void admincmd_delete_user(struct imap_session *s, const char *inbox);
+
+/* RENAME of the user INBOX `oldinbox` (looked up, the session an admin
+ * for it, `newinbox` free and creatable) to another user's INBOX: the
+ * tree (mboxlist_rename), the quota root of the INBOX (limits kept,
+ * usage recounted), the seen state and the subscriptions.  A new name
+ * that is not a user's INBOX is refused (NO [CANNOT]).  Answers the
+ * command. */
+void admincmd_rename_user(struct imap_session *s, const char *oldinbox,
+                          const char *newinbox);
 
 #endif

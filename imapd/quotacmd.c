@@ -196,9 +196,7 @@ static int quotacmd_collect(void *rock, const struct mboxlist_entry *e)
     return 0;
 }
 
-/* Bring the usage of `root` and every mailbox below it in line with
- * their index headers.  STORE_OK or the first error (logged). */
-static int quotacmd_recount(struct imap_session *s, const char *root)
+int quotacmd_recount(struct imap_session *s, const char *root)
 {
     struct quota_db *qdb = NULL;
     struct strarray names = STRARRAY_INITIALIZER;

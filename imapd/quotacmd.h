@@ -28,4 +28,10 @@ void quotacmd_getquota(struct imap_session *s);
 void quotacmd_getquotaroot(struct imap_session *s);
 void quotacmd_setquota(struct imap_session *s);
 
+/* Bring the usage recorded for quota root `root` (an internal name) and
+ * every mailbox below it in line with their index headers (each read
+ * under its shared lock).  Mailboxes deleted meanwhile are skipped.
+ * STORE_OK, or the first store error (logged). */
+int quotacmd_recount(struct imap_session *s, const char *root);
+
 #endif

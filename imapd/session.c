@@ -1345,6 +1345,12 @@ static void imap_cmd_rename(struct imap_session *s)
         goto out;
     }
     r = imap_may_create(s, buf_cstring(&newn), &acl);
+    if (r == STORE_OK && imap_admin_for(s, buf_cstring(&oldn)) &&
+        admincmd_is_user_inbox(buf_cstring(&oldn), NULL)) {
+        /* an admin renaming a user's INBOX renames the user */
+        admincmd_rename_user(s, buf_cstring(&oldn), buf_cstring(&newn));
+        goto out;
+    }
     if (r == STORE_OK)
         r = mboxlist_rename(s->srv->ml, buf_cstring(&oldn),
                             buf_cstring(&newn), NULL);
@@ -3531,8 +3537,12 @@ static int imap_sel_rights_refresh(struct imap_session *s)
     s->state = IMAP_AUTH;
     prot_puts(s->p, "* OK [CLOSED] Access to the selected mailbox was "
                     "revoked\r\n");
-    if (id == IMAPPARSE_CMD_CHECK || id == IMAPPARSE_CMD_CLOSE ||
-        id == IMAPPARSE_CMD_UNSELECT || id == IMAPPARSE_CMD_EXPUNGE ||
+    if (id == IMAPPARSE_CMD_CLOSE || id == IMAPPARSE_CMD_UNSELECT) {
+        imap_tagged(s, "OK", "%s completed (the mailbox was closed)",
+                    id == IMAPPARSE_CMD_CLOSE ? "CLOSE" : "UNSELECT");
+        return 1;
+    }
+    if (id == IMAPPARSE_CMD_CHECK || id == IMAPPARSE_CMD_EXPUNGE ||
         id == IMAPPARSE_CMD_SEARCH || id == IMAPPARSE_CMD_FETCH ||
         id == IMAPPARSE_CMD_STORE || id == IMAPPARSE_CMD_COPY ||
         id == IMAPPARSE_CMD_MOVE) {
@@ -3588,6 +3598,9 @@ static void imap_command(struct imap_session *s)
     struct imapparse_cmd *c = &s->cmd;
     struct buf caps = BUF_INITIALIZER;
 
+    /* ACL changes reach the selected mailbox before any command */
+    if (s->state == IMAP_SELECTED && imap_sel_rights_refresh(s))
+        return;
     /* any state */
     switch (c->id) {
     case IMAPPARSE_CMD_CAPABILITY:
@@ -3646,8 +3659,6 @@ static void imap_command(struct imap_session *s)
         }
     }
 
-    if (s->state == IMAP_SELECTED && imap_sel_rights_refresh(s))
-        return;
     switch (c->id) {
     case IMAPPARSE_CMD_STARTTLS:
     case IMAPPARSE_CMD_AUTHENTICATE:

@@ -254,8 +254,19 @@ def test_acl_change_seen_by_selected_session():
         ok(a.cmd("s5", "SETACL INBOX.Shared bob +w"), "s5")
         r = ok(b.cmd("s6", "STORE 1 +FLAGS (\\Flagged)"), "s6")
         check(b"\\Flagged" in r[0], "w granted while selected: %r" % r)
-        # alice takes r away: bob's next command finds the mailbox closed
+        # alice takes r away: even a NOOP finds the mailbox closed (no
+        # more news of a mailbox bob may not read)
         ok(a.cmd("s7", "SETACL INBOX.Shared bob -r"), "s7")
+        i.mbtool("deliver", "-M", "user.alice.Shared",
+                 input=make_message(msgid="acl-late@test"))
+        r = ok(b.cmd("s7b", "NOOP"), "s7b")
+        check(any(ln.startswith(b"* OK [CLOSED]") for ln in r) and
+              not untagged(r, b"3"), "NOOP after losing r: %r" % r)
+        bad(b.cmd("s7c", "FETCH 1 FLAGS"), "s7c")    # no mailbox selected
+        # again, now with a command of the selected state
+        ok(a.cmd("s7d", "SETACL INBOX.Shared bob +r"), "s7d")
+        ok(b.cmd("s7e", "SELECT user.alice.Shared"), "s7e")
+        ok(a.cmd("s7f", "SETACL INBOX.Shared bob -r"), "s7f")
         r = no(b.cmd("s8", "FETCH 1:* FLAGS"), "s8", "NOPERM")
         check(any(ln.startswith(b"* OK [CLOSED]") for ln in r),
               "no CLOSED: %r" % r)
@@ -374,6 +385,23 @@ def test_admin_user_lifecycle():
         rc, out = quota_show(i, "user.carol")
         check(rc != 0, "quota root left: %r" % out)
         no(m.cmd("u7", "DELETE user.carol"), "u7", "NONEXISTENT")
+        # renaming a user's INBOX renames the user, quota root included
+        ok(m.cmd("r1", "CREATE user.dan"), "r1")
+        ok(m.cmd("r2", "CREATE user.dan.Sub"), "r2")
+        i.mbtool("deliver", "-M", "user.dan",
+                 input=make_message(msgid="dan@test"))
+        ok(m.cmd("r3", "SETQUOTA user.dan (MESSAGE 50)"), "r3")
+        no(m.cmd("r4", "RENAME user.dan shared.dan"), "r4", "CANNOT")
+        ok(m.cmd("r5", "RENAME user.dan user.eve"), "r5")
+        names = mailbox_list(i)
+        check("user.eve" in names and "user.eve.Sub" in names and
+              not [n for n in names if n.startswith("user.dan")],
+              "user rename: %r" % names)
+        rc, out = quota_show(i, "user.eve")
+        check(rc == 0 and "messages=1/50" in out, "quota moved: %r" % out)
+        rc, out = quota_show(i, "user.dan")
+        check(rc != 0, "old root left: %r" % out)
+        ok(m.cmd("r6", "DELETE user.eve"), "r6")
         # a subfolder alone is deleted alone
         ok(m.cmd("u8", "CREATE user.bob.Keep"), "u8")
         ok(m.cmd("u9", "CREATE user.bob.Gone"), "u9")
