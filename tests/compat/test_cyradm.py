@@ -16,6 +16,8 @@ After each run the result is checked through mbtool and over IMAP:
   sq user.x none                the root removed
   renm user.x.Sub user.x.Sub2   renamed
   dm user.x                     the user and its whole tree deleted
+  version, info                 ID answered; METADATA not advertised
+                                (cyradm refuses info itself)
 
 Skips when cyradm is not installed.  Environment: top_builddir,
 TEST_TMPDIR, CYRADM_TESTS (names to run).
@@ -177,6 +179,27 @@ def test_rename_delete():
     check("user.y" in names(), "the session went on after the error")
 
 
+def test_version_info():
+    """version sends ID NIL (answered); info needs METADATA, which imapd
+    does not advertise: cyradm says so itself, and the session goes
+    on."""
+    if not CYRADM:
+        raise Skip("cyradm (cyrus-admin) not installed")
+    host, port = inst().addr()
+    p = subprocess.run([CYRADM, "--norc", "--notls", "--auth", "PLAIN",
+                        "--user", "admin", "--password", ADMIN_PW,
+                        "--server", host, "--port", str(port)],
+                       input=b"version\ninfo user.alice\nlm user.alice\n",
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       env=dict(os.environ, HOME=inst().dir), timeout=120)
+    out = p.stdout.decode(errors="replace")
+    err = p.stderr.decode(errors="replace")
+    check("name" in out and "cyrusdeliver" in out, "version: %r" % out)
+    check("does not support METADATA" in err, "info: %r / %r" % (out, err))
+    check("user.alice (\\HasNoChildren)" in out.split("> lm", 1)[-1],
+          "lm after the error: %r" % out)
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -186,7 +209,7 @@ def finish():
 
 if __name__ == "__main__":
     rc = run_tests([test_create_list, test_acl, test_quota,
-                    test_rename_delete], "CYRADM_TESTS",
+                    test_rename_delete, test_version_info], "CYRADM_TESTS",
                    (MASTER, IMAPD, MBTOOL))
     try:
         finish()
