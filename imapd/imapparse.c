@@ -1700,6 +1700,8 @@ static int parse_status(struct cur *c)
         { "UIDVALIDITY", IMAPPARSE_STATUS_UIDVALIDITY },
         { "UNSEEN", IMAPPARSE_STATUS_UNSEEN },
         { "HIGHESTMODSEQ", IMAPPARSE_STATUS_HIGHESTMODSEQ },
+        { "DELETED", IMAPPARSE_STATUS_DELETED },
+        { "DELETED-STORAGE", IMAPPARSE_STATUS_DELETED_STORAGE },
     };
     struct imapparse_status *st = &c->cmd->status;
     int r = get_mailbox(c, 0);

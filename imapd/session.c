@@ -1567,7 +1567,8 @@ static void imap_cmd_status(struct imap_session *s)
     struct mailbox *mb = NULL;
     struct mailbox_header h;
     struct seen_data sd = { 0, 0, 0, BUF_INITIALIZER };
-    uint32_t unseen = 0, recent = 0;
+    uint32_t unseen = 0, recent = 0, deleted = 0;
+    uint64_t deleted_bytes = 0;     /* DELETED-STORAGE (RFC 9208) */
     int r, locked = 0, useseen = 0;
 
     if (imap_name_arg(s, 0, &name) != 0)
@@ -1591,6 +1592,10 @@ static void imap_cmd_status(struct imap_session *s)
             if (r != STORE_OK ||
                 (rec.flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED)))
                 continue;
+            if (rec.flags & MAILBOX_FLAG_DELETED) {
+                deleted++;
+                deleted_bytes += rec.size;
+            }
             /* \Recent: not yet seen by a read-write SELECT of the user */
             if (useseen && rec.uid > sd.lastuid)
                 recent++;
@@ -1636,6 +1641,14 @@ static void imap_cmd_status(struct imap_session *s)
             prot_printf(s->p, "HIGHESTMODSEQ %llu",
                         (unsigned long long)(h.highestmodseq ?
                                              h.highestmodseq : 1));
+            break;
+        case IMAPPARSE_STATUS_DELETED:
+            prot_printf(s->p, "DELETED %u", (unsigned)deleted);
+            break;
+        case IMAPPARSE_STATUS_DELETED_STORAGE:
+            /* KiB, the unit of STORAGE */
+            prot_printf(s->p, "DELETED-STORAGE %llu",
+                        (unsigned long long)(deleted_bytes / 1024));
             break;
         }
     }

@@ -324,6 +324,20 @@ def test_quota():
         b.send("q5 APPEND INBOX {%d+}\r\n" % len(msg) + msg.decode()
                + "\r\n")
         no(b.until_tagged("q5"), "q5", "OVERQUOTA")
+        # STATUS DELETED and DELETED-STORAGE (RFC 9208 4.2, KiB)
+        ok(b.cmd("q5b", "SELECT INBOX"), "q5b")
+        r = ok(b.cmd("q5c", "STATUS INBOX (DELETED DELETED-STORAGE)"), "q5c")
+        check(untagged(r, b"STATUS") == [b'* STATUS "INBOX" (DELETED 0 '
+                                         b'DELETED-STORAGE 0)'], "%r" % r)
+        ok(b.cmd("q5d", "STORE 1:2 +FLAGS.SILENT (\\Deleted)"), "q5d")
+        r = ok(b.cmd("q5e", "STATUS INBOX (MESSAGES DELETED "
+                            "DELETED-STORAGE)"), "q5e")
+        m2 = re.match(rb'^\* STATUS "INBOX" \(MESSAGES 4 DELETED 2 '
+                      rb'DELETED-STORAGE (\d+)\)$',
+                      untagged(r, b"STATUS")[0])
+        check(m2 and 5 <= int(m2.group(1)) <= 7, "STATUS %r" % r)
+        ok(b.cmd("q5f", "STORE 1:2 -FLAGS.SILENT (\\Deleted)"), "q5f")
+        ok(b.cmd("q5g", "UNSELECT"), "q5g")
         # only a resource with a limit is listed
         r = ok(m.cmd("q6", "SETQUOTA user.bob (storage 100)"), "q6")
         check(re.match(rb'^\* QUOTA "user\.bob" \(STORAGE \d+ 100\)$',

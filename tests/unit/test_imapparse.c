@@ -713,7 +713,8 @@ static void test_acl_quota(void **state)
               "d LISTRIGHTS X anyone\r\ne MYRIGHTS X\r\n"
               "f GETQUOTA \"\"\r\ng GETQUOTAROOT inbox\r\n"
               "h SETQUOTA user.bob (STORAGE 512 message 10)\r\n"
-              "i SETQUOTA user.bob ()\r\nj SETACL X bob \"\"\r\n");
+              "i SETQUOTA user.bob ()\r\nj SETACL X bob \"\"\r\n"
+              "k STATUS X (deleted DELETED-STORAGE)\r\n");
     assert_int_equal(rd(fx), IMAPPARSE_OK);
     assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_SETACL);
     assert_string_equal(fx->cmd.arg[0], "INBOX.X");
@@ -752,6 +753,12 @@ static void test_acl_quota(void **state)
     assert_int_equal(rd(fx), IMAPPARSE_OK);
     assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_SETACL);
     assert_string_equal(fx->cmd.words.s[1], "");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_STATUS);
+    assert_int_equal(fx->cmd.status.n, 2);
+    assert_int_equal(fx->cmd.status.items[0], IMAPPARSE_STATUS_DELETED);
+    assert_int_equal(fx->cmd.status.items[1],
+                     IMAPPARSE_STATUS_DELETED_STORAGE);
 
     expect_bad(fx, "a SETACL X bob\r\n", IMAPPARSE_BAD, "a", "rights");
     expect_bad(fx, "a SETACL X bob lr x\r\n", IMAPPARSE_BAD, "a", "extra");
