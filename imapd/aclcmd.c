@@ -46,24 +46,30 @@ static void aclcmd_letters(int mask, struct buf *out)
         buf_putc(out, 'a');
 }
 
-/* An astring: an atom when every byte allows it, else a quoted string. */
+/* An astring: an atom when every byte allows it, a quoted string for
+ * other printable ASCII, a literal when 8-bit bytes are there (an
+ * identifier mbtool stored; acl_check() refuses control bytes). */
 static void aclcmd_astring(struct prot *p, const char *s)
 {
     static const char special[] = "(){ %*\"\\";
     const char *c;
+    int atom = *s && strcasecmp(s, "NIL") != 0;
 
-    if (!*s || strcasecmp(s, "NIL") == 0)
-        goto quoted;
     for (c = s; *c; c++) {
         unsigned char u = (unsigned char)*c;
 
-        if (u <= 0x20 || u >= 0x7f || strchr(special, u))
-            goto quoted;
+        if (u >= 0x80 || u < 0x20 || u == 0x7f) {
+            prot_printf(p, "{%zu}\r\n", strlen(s));
+            prot_puts(p, s);
+            return;
+        }
+        if (u == 0x20 || strchr(special, u))
+            atom = 0;
     }
-    prot_puts(p, s);
-    return;
-quoted:
-    imap_put_quoted(p, s);
+    if (atom)
+        prot_puts(p, s);
+    else
+        imap_put_quoted(p, s);
 }
 
 /* The rights text of SETACL: [+|-] letters.  0 with *mod_r ('+', '-' or

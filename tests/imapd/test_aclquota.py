@@ -232,6 +232,12 @@ def test_acl_permissions():
         ok(m.cmd("p22", "SETACL user.bob alice lr"), "p22")
         check(acl_of(i, "user.bob").get("alice") == "lr", "admin SETACL")
         ok(m.cmd("p23", "DELETEACL user.bob alice"), "p23")
+        # an 8-bit identifier mbtool stored comes back as a literal
+        i.mbtool("setacl", "user.bob", "j\u00f6rg", "lr")
+        r = m.lcmd("p24", "GETACL user.bob")
+        check(r[-1].startswith(b"p24 OK") and
+              b' {5}\r\nj\xc3\xb6rg lr' in r[0], "GETACL %r" % r)
+        i.mbtool("setacl", "user.bob", "j\u00f6rg", "none")
     finally:
         m.close()
 
