@@ -3039,6 +3039,8 @@ static void imap_idle_timer(int on)
     setitimer(ITIMER_REAL, &it, NULL);
 }
 
+static int imap_sel_rights_refresh(struct imap_session *s);
+
 static void imap_cmd_idle(struct imap_session *s)
 {
     struct sigaction sa, old;
@@ -3074,10 +3076,20 @@ static void imap_cmd_idle(struct imap_session *s)
                 r = PROT_TOOLONG;
                 break;
             }
-            imap_update(s);
+            /* news of a mailbox the user may still read only */
+            (void)imap_sel_rights_refresh(s);
+            if (s->state == IMAP_SELECTED)
+                imap_update(s);
             if (prot_flush(s->p) != PROT_OK) {
                 r = PROT_IOERROR;
                 break;
+            }
+            if (s->state != IMAP_SELECTED) {
+                /* closed: wait for DONE without polling */
+                imap_idle_timer(0);
+                sigaction(SIGALRM, &old, NULL);
+                imap_idle_session = NULL;
+                polling = 0;
             }
             continue;
         }

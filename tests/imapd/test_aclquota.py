@@ -280,7 +280,23 @@ def test_acl_change_seen_by_selected_session():
         bad(b.cmd("s9", "FETCH 1 FLAGS"), "s9")    # no mailbox selected
         ok(b.cmd("s10", "NOOP"), "s10")
         no(b.cmd("s11", "SELECT user.alice.Shared"), "s11")
-        ok(a.cmd("s12", "DELETEACL INBOX.Shared bob"), "s12")
+        # in IDLE: the next change of the mailbox finds the right gone and
+        # closes the mailbox instead of reporting the new message
+        ok(a.cmd("s12", "SETACL INBOX.Shared bob +r"), "s12")
+        ok(b.cmd("s13", "SELECT user.alice.Shared"), "s13")
+        b.send("s14 IDLE\r\n")
+        check(b.line().startswith(b"+ "), "IDLE continuation")
+        ok(a.cmd("s15", "SETACL INBOX.Shared bob -r"), "s15")
+        i.mbtool("deliver", "-M", "user.alice.Shared",
+                 input=make_message(msgid="acl-idle@test"))
+        first = b.line()
+        check(first.startswith(b"* OK [CLOSED]"), "IDLE after losing r: "
+              "%r" % first)
+        b.send("DONE\r\n")
+        r = ok(b.until_tagged("s14"), "s14")
+        check(not [ln for ln in r if b"EXISTS" in ln], "EXISTS leaked %r"
+              % r)
+        ok(a.cmd("s16", "DELETEACL INBOX.Shared bob"), "s16")
     finally:
         a.close()
         b.close()
