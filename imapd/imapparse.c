@@ -1700,6 +1700,8 @@ static int parse_status(struct cur *c)
         { "UIDVALIDITY", IMAPPARSE_STATUS_UIDVALIDITY },
         { "UNSEEN", IMAPPARSE_STATUS_UNSEEN },
         { "HIGHESTMODSEQ", IMAPPARSE_STATUS_HIGHESTMODSEQ },
+        { "DELETED", IMAPPARSE_STATUS_DELETED },
+        { "DELETED-STORAGE", IMAPPARSE_STATUS_DELETED_STORAGE },
     };
     struct imapparse_status *st = &c->cmd->status;
     int r = get_mailbox(c, 0);
@@ -1896,6 +1898,8 @@ enum argspec {
     A_LOGIN,        /* astring astring */
     A_LIST,         /* mailbox list-mailbox */
     A_SET_MAILBOX,  /* sequence-set mailbox (COPY, MOVE) */
+    A_MAILBOX_ID,   /* mailbox astring (DELETEACL, LISTRIGHTS) */
+    A_MAILBOX_ID2,  /* mailbox astring astring (SETACL) */
     A_CUSTOM
 };
 
@@ -1935,7 +1939,70 @@ static const struct {
     { "STORE", IMAPPARSE_CMD_STORE, A_CUSTOM, 1 },
     { "COPY", IMAPPARSE_CMD_COPY, A_SET_MAILBOX, 1 },
     { "MOVE", IMAPPARSE_CMD_MOVE, A_SET_MAILBOX, 1 },
+    { "SETACL", IMAPPARSE_CMD_SETACL, A_MAILBOX_ID2, 0 },
+    { "DELETEACL", IMAPPARSE_CMD_DELETEACL, A_MAILBOX_ID, 0 },
+    { "GETACL", IMAPPARSE_CMD_GETACL, A_MAILBOX, 0 },
+    { "LISTRIGHTS", IMAPPARSE_CMD_LISTRIGHTS, A_MAILBOX_ID, 0 },
+    { "MYRIGHTS", IMAPPARSE_CMD_MYRIGHTS, A_MAILBOX, 0 },
+    { "GETQUOTA", IMAPPARSE_CMD_GETQUOTA, A_MAILBOX, 0 },
+    { "GETQUOTAROOT", IMAPPARSE_CMD_GETQUOTAROOT, A_MAILBOX, 0 },
+    { "SETQUOTA", IMAPPARSE_CMD_SETQUOTA, A_CUSTOM, 0 },
 };
+
+/* mailbox astring [astring]: the astrings into cmd->words */
+static int parse_mailbox_ids(struct cur *c, int n)
+{
+    size_t alloc = 0;
+    int r = get_mailbox(c, 0);
+
+    for (int k = 0; k < n && r == IMAPPARSE_OK; k++) {
+        char *s;
+        size_t len;
+
+        r = get_astring(c, &s, &len, k == 0 ? "identifier" : "rights");
+        if (r == IMAPPARSE_OK)
+            r = list_push(c->cmd, &c->cmd->words, &alloc, s);
+    }
+    return r;
+}
+
+/* SETQUOTA quota-root "(" [setquota-resource *(SP setquota-resource)] ")"
+ * with setquota-resource = resource-name SP resource-limit (RFC 9208):
+ * names are atoms, limits digits; both into cmd->words. */
+static int parse_setquota(struct cur *c)
+{
+    size_t alloc = 0;
+    int r = get_mailbox(c, 0);
+
+    if (r == IMAPPARSE_OK)
+        r = expect_type(c, IMAPPARSE_TOK_LPAREN, "resource list");
+    while (r == IMAPPARSE_OK && !peek_type(c, IMAPPARSE_TOK_RPAREN)) {
+        char *s;
+        size_t len;
+
+        if (at_end(c))
+            return cmd_error(c->cmd, IMAPPARSE_BAD, "Missing ')'");
+        r = get_atom(c, &s, &len, "resource name");
+        if (r == IMAPPARSE_OK && !all_chars(s, len, is_atom_char))
+            r = cmd_error(c->cmd, IMAPPARSE_BAD, "Invalid resource name");
+        if (r == IMAPPARSE_OK)
+            r = list_push(c->cmd, &c->cmd->words, &alloc, s);
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (peek_type(c, IMAPPARSE_TOK_RPAREN) || at_end(c))
+            return cmd_error(c->cmd, IMAPPARSE_BAD, "Missing resource limit");
+        r = get_atom(c, &s, &len, "resource limit");
+        if (r == IMAPPARSE_OK && (len == 0 || len > 20 ||
+                                  strspn(s, "0123456789") != len))
+            r = cmd_error(c->cmd, IMAPPARSE_BAD, "Invalid resource limit");
+        if (r == IMAPPARSE_OK)
+            r = list_push(c->cmd, &c->cmd->words, &alloc, s);
+    }
+    if (r != IMAPPARSE_OK)
+        return r;
+    c->i++;
+    return expect_end(c);
+}
 
 static int parse_args(struct cur *c, enum argspec spec)
 {
@@ -1980,6 +2047,10 @@ static int parse_args(struct cur *c, enum argspec spec)
         if (r == IMAPPARSE_OK)
             r = get_mailbox(c, 0);
         break;
+    case A_MAILBOX_ID:
+    case A_MAILBOX_ID2:
+        r = parse_mailbox_ids(c, spec == A_MAILBOX_ID ? 1 : 2);
+        break;
     case A_CUSTOM:
         switch (cmd->id) {
         case IMAPPARSE_CMD_ID:
@@ -2008,6 +2079,8 @@ static int parse_args(struct cur *c, enum argspec spec)
             return parse_fetch(c);
         case IMAPPARSE_CMD_STORE:
             return parse_store(c);
+        case IMAPPARSE_CMD_SETQUOTA:
+            return parse_setquota(c);
         default:
             return cmd_error(cmd, IMAPPARSE_BAD, "Unrecognized command");
         }

@@ -1,8 +1,9 @@
 /*
  * imapparse.h - the IMAP command parser: reads one command from a
  * struct prot (RFC 3501 section 9 grammar, with LITERAL+ (RFC 7888),
- * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE) and turns its
- * arguments into the structures below, ready for imapd to execute.
+ * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, ACL, QUOTA) and
+ * turns its arguments into the structures below, ready for imapd to
+ * execute.
  *
  * Use:
  *
@@ -294,7 +295,9 @@ enum imapparse_status_item {
     IMAPPARSE_STATUS_UIDNEXT,
     IMAPPARSE_STATUS_UIDVALIDITY,
     IMAPPARSE_STATUS_UNSEEN,
-    IMAPPARSE_STATUS_HIGHESTMODSEQ
+    IMAPPARSE_STATUS_HIGHESTMODSEQ,
+    IMAPPARSE_STATUS_DELETED,           /* RFC 9051 / RFC 9208 */
+    IMAPPARSE_STATUS_DELETED_STORAGE    /* RFC 9208 */
 };
 
 struct imapparse_status {
@@ -361,7 +364,20 @@ enum imapparse_cmdid {
     IMAPPARSE_CMD_FETCH,            /* set, fetch */
     IMAPPARSE_CMD_STORE,            /* set, store */
     IMAPPARSE_CMD_COPY,             /* set, arg[0] mailbox */
-    IMAPPARSE_CMD_MOVE              /* set, arg[0] mailbox */
+    IMAPPARSE_CMD_MOVE,             /* set, arg[0] mailbox */
+    /* ACL (RFC 4314) and QUOTA (RFC 9208), authenticated; identifiers,
+     * rights and resource words are astrings/atoms kept as sent */
+    IMAPPARSE_CMD_SETACL,           /* arg[0] mailbox, words: identifier,
+                                       rights */
+    IMAPPARSE_CMD_DELETEACL,        /* arg[0] mailbox, words: identifier */
+    IMAPPARSE_CMD_GETACL,           /* arg[0] mailbox */
+    IMAPPARSE_CMD_LISTRIGHTS,       /* arg[0] mailbox, words: identifier */
+    IMAPPARSE_CMD_MYRIGHTS,         /* arg[0] mailbox */
+    IMAPPARSE_CMD_GETQUOTA,         /* arg[0] quota root */
+    IMAPPARSE_CMD_GETQUOTAROOT,     /* arg[0] mailbox */
+    IMAPPARSE_CMD_SETQUOTA          /* arg[0] quota root, words: resource
+                                       name and limit (digits), in pairs;
+                                       "()" gives none */
 };
 
 struct imapparse_cmd {
@@ -388,7 +404,7 @@ struct imapparse_cmd {
     struct imapparse_status status;
     struct imapparse_append append;
     struct imapparse_id idparams;
-    struct imapparse_strlist words;
+    struct imapparse_strlist words; /* ENABLE; ACL and QUOTA arguments */
 
     /* private */
     void *arena;

@@ -16,6 +16,8 @@
  *                  UNSUBSCRIBE, STATUS, SELECT, EXAMINE (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
  *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
+ *                  ACL (aclcmd.c), QUOTA (quotacmd.c), an admin's DELETE
+ *                  of a user's INBOX (admincmd.c), through imapcmd.h
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
  *                  read-write and the user has e), UNSELECT, FETCH, STORE,
  *                  EXPUNGE, COPY, MOVE, SEARCH and their UID forms;
@@ -103,8 +105,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "imapd/aclcmd.h"
+#include "imapd/admincmd.h"
+#include "imapd/imapcmd.h"
 #include "imapd/imapparse.h"
 #include "imapd/localdomain.h"
+#include "imapd/quotacmd.h"
 #include "imapd/search.h"
 #include "imapd/session.h"
 #include "lib/buf.h"
@@ -413,6 +419,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
     buf_reset(out);
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
                         "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN");
+    /* command families of their own files */
+    buf_appendcstr(out, " " ACLCMD_CAPABILITIES " " QUOTACMD_CAPABILITIES);
     if (s->state == IMAP_NOTAUTH) {
         if (s->srv->tls && !prot_is_tls(s->p))
             buf_appendcstr(out, " STARTTLS");
@@ -460,7 +468,7 @@ static int imap_same_domain(const char *a, const char *b)
 
 /* May the session use its admin rights on `name`?  A global admin
  * everywhere, a domain's admin in its domain only. */
-static int imap_admin_for(const struct imap_session *s, const char *name)
+int imap_admin_for(const struct imap_session *s, const char *name)
 {
     if (!s->admin)
         return 0;
@@ -469,7 +477,7 @@ static int imap_admin_for(const struct imap_session *s, const char *name)
 
 /* May the session reach `name` at all?  Its own domain; every domain for
  * a global admin.  Names of other domains are reported as nonexistent. */
-static int imap_reachable(const struct imap_session *s, const char *name)
+int imap_reachable(const struct imap_session *s, const char *name)
 {
     return s->global_admin || imap_in_domain(s, name);
 }
@@ -537,7 +545,7 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
 /* Internal name -> client name into out.  STORE_OK, or STORE_BADNAME (a
  * name the session cannot see: another domain's for all but a global
  * admin). */
-static int imap_to_external(struct imap_session *s, const char *name,
+int imap_to_external(struct imap_session *s, const char *name,
                             struct buf *out)
 {
     size_t il = s->inbox.len;
@@ -566,7 +574,7 @@ static int imap_to_external(struct imap_session *s, const char *name,
 
 /* The session's rights on mailbox `name` with ACL `acl`: `admins` count
  * only where the user administers (imap_admin_for). */
-static int imap_rights(struct imap_session *s, const char *name,
+int imap_rights(struct imap_session *s, const char *name,
                        const char *acl)
 {
     return acl_rights(acl, s->userid,
@@ -576,7 +584,7 @@ static int imap_rights(struct imap_session *s, const char *name,
 /* Look a mailbox up for an operation needing `need` rights.  STORE_OK
  * and *e_r; STORE_NOTFOUND also when the user lacks l; STORE_PERMISSION
  * when l is there and need is not. */
-static int imap_lookup(struct imap_session *s, const char *name, int need,
+int imap_lookup(struct imap_session *s, const char *name, int need,
                        struct mboxlist_entry **e_r)
 {
     struct mboxlist *ml = imap_ml(s->srv);
@@ -1209,7 +1217,7 @@ static void imap_cmd_lsub(struct imap_session *s)
 /* ---- mailbox management ---------------------------------------------- */
 
 /* Convert cmd.arg[i]; on failure answer NO and return -1. */
-static int imap_name_arg(struct imap_session *s, int i, struct buf *out)
+int imap_name_arg(struct imap_session *s, int i, struct buf *out)
 {
     struct buf tmp = BUF_INITIALIZER;
     const char *err = NULL;
@@ -1281,6 +1289,12 @@ static void imap_cmd_delete(struct imap_session *s)
     }
     r = imap_lookup(s, buf_cstring(&name), ACL_DELETEMBOX, &e);
     mboxlist_entry_free(&e);
+    if (r == STORE_OK && imap_admin_for(s, buf_cstring(&name)) &&
+        admincmd_is_user_inbox(buf_cstring(&name), NULL)) {
+        /* an admin deleting a user's INBOX deletes the user */
+        admincmd_delete_user(s, buf_cstring(&name));
+        goto out;
+    }
     if (r == STORE_OK)
         r = mboxlist_delete(s->srv->ml, buf_cstring(&name), 0);
     if (r != STORE_OK) {
@@ -1332,6 +1346,12 @@ static void imap_cmd_rename(struct imap_session *s)
         goto out;
     }
     r = imap_may_create(s, buf_cstring(&newn), &acl);
+    if (r == STORE_OK && imap_admin_for(s, buf_cstring(&oldn)) &&
+        admincmd_is_user_inbox(buf_cstring(&oldn), NULL)) {
+        /* an admin renaming a user's INBOX renames the user */
+        admincmd_rename_user(s, buf_cstring(&oldn), buf_cstring(&newn));
+        goto out;
+    }
     if (r == STORE_OK)
         r = mboxlist_rename(s->srv->ml, buf_cstring(&oldn),
                             buf_cstring(&newn), NULL);
@@ -1548,7 +1568,8 @@ static void imap_cmd_status(struct imap_session *s)
     struct mailbox *mb = NULL;
     struct mailbox_header h;
     struct seen_data sd = { 0, 0, 0, BUF_INITIALIZER };
-    uint32_t unseen = 0, recent = 0;
+    uint32_t unseen = 0, recent = 0, deleted = 0;
+    uint64_t deleted_bytes = 0;     /* DELETED-STORAGE (RFC 9208) */
     int r, locked = 0, useseen = 0;
 
     if (imap_name_arg(s, 0, &name) != 0)
@@ -1572,6 +1593,10 @@ static void imap_cmd_status(struct imap_session *s)
             if (r != STORE_OK ||
                 (rec.flags & (MAILBOX_FLAG_EXPUNGED | MAILBOX_FLAG_ABORTED)))
                 continue;
+            if (rec.flags & MAILBOX_FLAG_DELETED) {
+                deleted++;
+                deleted_bytes += rec.size;
+            }
             /* \Recent: not yet seen by a read-write SELECT of the user */
             if (useseen && rec.uid > sd.lastuid)
                 recent++;
@@ -1617,6 +1642,14 @@ static void imap_cmd_status(struct imap_session *s)
             prot_printf(s->p, "HIGHESTMODSEQ %llu",
                         (unsigned long long)(h.highestmodseq ?
                                              h.highestmodseq : 1));
+            break;
+        case IMAPPARSE_STATUS_DELETED:
+            prot_printf(s->p, "DELETED %u", (unsigned)deleted);
+            break;
+        case IMAPPARSE_STATUS_DELETED_STORAGE:
+            /* KiB, the unit of STORAGE */
+            prot_printf(s->p, "DELETED-STORAGE %llu",
+                        (unsigned long long)(deleted_bytes / 1024));
             break;
         }
     }
@@ -3018,6 +3051,8 @@ static void imap_idle_timer(long ms)
     setitimer(ITIMER_REAL, &it, NULL);
 }
 
+static int imap_sel_rights_refresh(struct imap_session *s);
+
 static void imap_cmd_idle(struct imap_session *s)
 {
     struct sigaction sa, old;
@@ -3064,10 +3099,20 @@ static void imap_cmd_idle(struct imap_session *s)
                 r = PROT_TOOLONG;
                 break;
             }
-            imap_update(s);
+            /* news of a mailbox the user may still read only */
+            (void)imap_sel_rights_refresh(s);
+            if (s->state == IMAP_SELECTED)
+                imap_update(s);
             if (prot_flush(s->p) != PROT_OK) {
                 r = PROT_IOERROR;
                 break;
+            }
+            if (s->state != IMAP_SELECTED) {
+                /* closed: wait for DONE without polling */
+                imap_idle_timer(0);
+                sigaction(SIGALRM, &old, NULL);
+                imap_idle_session = NULL;
+                polling = 0;
             }
             continue;
         }
@@ -3511,6 +3556,53 @@ out:
 
 /* ---- dispatch -------------------------------------------------------- */
 
+/* The selected mailbox's rights as its ACL says now (an ACL change by
+ * any session or process takes effect at the next command).  Without r
+ * the mailbox is closed ("* OK [CLOSED]") and a command of the selected
+ * state answers NO [NOPERM] (returns 1: answered).  A lookup that fails
+ * leaves the rights as they were. */
+static int imap_sel_rights_refresh(struct imap_session *s)
+{
+    struct mboxlist *ml = imap_ml(s->srv);
+    struct mboxlist_entry *e = NULL;
+    int rights, id = s->cmd.id;
+
+    if (!ml || !s->sel ||
+        mboxlist_lookup(ml, mailbox_name(s->sel), &e) != STORE_OK)
+        return 0;
+    if (mailbox_uniqueid(s->sel) && e->uniqueid &&
+        strcmp(mailbox_uniqueid(s->sel), e->uniqueid) != 0) {
+        mboxlist_entry_free(&e);
+        return 0;
+    }
+    rights = imap_rights(s, e->name, e->acl);
+    mboxlist_entry_free(&e);
+    if (rights & ACL_READ) {
+        s->sel_rights = rights;
+        return 0;
+    }
+    log_info("imap: read right revoked, mailbox closed mailbox=<%s> "
+             "user=<%s>", mailbox_name(s->sel), s->userid);
+    imap_unselect(s, 0);
+    s->state = IMAP_AUTH;
+    prot_puts(s->p, "* OK [CLOSED] Access to the selected mailbox was "
+                    "revoked\r\n");
+    if (id == IMAPPARSE_CMD_CLOSE || id == IMAPPARSE_CMD_UNSELECT) {
+        imap_tagged(s, "OK", "%s completed (the mailbox was closed)",
+                    id == IMAPPARSE_CMD_CLOSE ? "CLOSE" : "UNSELECT");
+        return 1;
+    }
+    if (id == IMAPPARSE_CMD_CHECK || id == IMAPPARSE_CMD_EXPUNGE ||
+        id == IMAPPARSE_CMD_SEARCH || id == IMAPPARSE_CMD_FETCH ||
+        id == IMAPPARSE_CMD_STORE || id == IMAPPARSE_CMD_COPY ||
+        id == IMAPPARSE_CMD_MOVE) {
+        imap_tagged(s, "NO", "[NOPERM] Access to the selected mailbox was "
+                             "revoked");
+        return 1;
+    }
+    return 0;
+}
+
 static int imap_continue(void *rock, struct prot *p, size_t size, int append,
                          const char **error_r)
 {
@@ -3556,6 +3648,9 @@ static void imap_command(struct imap_session *s)
     struct imapparse_cmd *c = &s->cmd;
     struct buf caps = BUF_INITIALIZER;
 
+    /* ACL changes reach the selected mailbox before any command */
+    if (s->state == IMAP_SELECTED && imap_sel_rights_refresh(s))
+        return;
     /* any state */
     switch (c->id) {
     case IMAPPARSE_CMD_CAPABILITY:
@@ -3653,6 +3748,14 @@ static void imap_command(struct imap_session *s)
     case IMAPPARSE_CMD_STATUS:
         imap_cmd_status(s);
         break;
+    case IMAPPARSE_CMD_SETACL: aclcmd_setacl(s); break;
+    case IMAPPARSE_CMD_DELETEACL: aclcmd_deleteacl(s); break;
+    case IMAPPARSE_CMD_GETACL: aclcmd_getacl(s); break;
+    case IMAPPARSE_CMD_LISTRIGHTS: aclcmd_listrights(s); break;
+    case IMAPPARSE_CMD_MYRIGHTS: aclcmd_myrights(s); break;
+    case IMAPPARSE_CMD_GETQUOTA: quotacmd_getquota(s); break;
+    case IMAPPARSE_CMD_GETQUOTAROOT: quotacmd_getquotaroot(s); break;
+    case IMAPPARSE_CMD_SETQUOTA: quotacmd_setquota(s); break;
     case IMAPPARSE_CMD_APPEND:
         imap_cmd_append(s);
         break;
@@ -3837,4 +3940,74 @@ out:
     buf_free(&s.serverdomain);
     free(s.userid);
     saslserver_free(&s.sasl);
+}
+
+/* ---- for the command family files (imapcmd.h) ------------------------ */
+
+const struct imapparse_cmd *imap_cmd_args(const struct imap_session *s)
+{
+    return &s->cmd;
+}
+
+struct prot *imap_prot(const struct imap_session *s)
+{
+    return s->p;
+}
+
+const struct imapconf *imap_conf(const struct imap_session *s)
+{
+    return s->srv->conf;
+}
+
+const struct userid_policy *imap_policy(const struct imap_session *s)
+{
+    return &s->srv->policy;
+}
+
+const char *imap_userid(const struct imap_session *s)
+{
+    return s->userid ? s->userid : "";
+}
+
+const char *imap_user_domain(const struct imap_session *s)
+{
+    return s->domain;
+}
+
+struct mboxlist *imap_mboxlist(struct imap_session *s)
+{
+    return imap_ml(s->srv);
+}
+
+void imap_reply(struct imap_session *s, const char *status,
+                const char *fmt, ...)
+{
+    struct buf b = BUF_INITIALIZER;
+    va_list ap;
+
+    va_start(ap, fmt);
+    buf_vprintf(&b, fmt, ap);
+    va_end(ap);
+    imap_tagged(s, status, "%s", b.s ? buf_cstring(&b) : "");
+    buf_free(&b);
+}
+
+void imap_reply_store_error(struct imap_session *s, int r)
+{
+    imap_store_no(s, r);
+}
+
+void imap_put_quoted(struct prot *p, const char *str)
+{
+    imap_quoted(p, str);
+}
+
+const char *imap_admins(const struct imap_session *s)
+{
+    return s->srv->admins;
+}
+
+const char *imap_inbox(const struct imap_session *s)
+{
+    return s->inbox.len ? buf_cstring((struct buf *)&s->inbox) : "";
 }

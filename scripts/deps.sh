@@ -53,13 +53,14 @@ packages=(
   sasl2-bin libsasl2-modules python3
 )
 # tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
-# imtest, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
+# imtest, cyradm, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
 # smtp-source/smtp-sink), openssl (certificates), strace, gnuplot,
 # prometheus (promtool and a private Prometheus scraping metricsd)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
   cyrus-common cyrus-clients
+  cyrus-admin
   clang isync swaks libnet-ssleay-perl postfix
   openssl strace gnuplot-nox prometheus
 )

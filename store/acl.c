@@ -141,6 +141,59 @@ int acl_check(const char *acl)
     return acl_walk(acl, acl_nop, NULL) == 0 ? 0 : -1;
 }
 
+struct acl_each_rock {
+    acl_each_fn *fn;
+    void *rock;
+};
+
+static int acl_each_entry(void *rock, const char *id, size_t idlen,
+                          const char *rights, size_t rightslen, int mask)
+{
+    struct acl_each_rock *er = rock;
+
+    (void)rights; (void)rightslen;
+    return er->fn(er->rock, id, idlen, mask);
+}
+
+int acl_each(const char *acl, acl_each_fn *fn, void *rock)
+{
+    struct acl_each_rock er;
+
+    er.fn = fn;
+    er.rock = rock;
+    return acl_walk(acl, acl_each_entry, &er);
+}
+
+struct acl_entry_rock {
+    const char *id;
+    size_t idlen;
+    int mask;
+};
+
+static int acl_entry_match(void *rock, const char *id, size_t idlen,
+                           int mask)
+{
+    struct acl_entry_rock *er = rock;
+
+    if (idlen == er->idlen && memcmp(id, er->id, idlen) == 0)
+        er->mask |= mask;
+    return 0;
+}
+
+int acl_entry_rights(const char *acl, const char *identifier)
+{
+    struct acl_entry_rock er;
+
+    if (!identifier)
+        return 0;
+    er.id = identifier;
+    er.idlen = strlen(identifier);
+    er.mask = 0;
+    if (acl_each(acl, acl_entry_match, &er) != 0)
+        return -1;
+    return er.mask;
+}
+
 struct acl_rights_rock {
     const char *userid;
     size_t userlen;

@@ -14,6 +14,8 @@
 #ifndef STORE_ACL_H
 #define STORE_ACL_H
 
+#include <stddef.h>
+
 #include "lib/buf.h"
 
 enum acl_right {
@@ -63,6 +65,19 @@ int acl_rights(const char *acl, const char *userid, const char *admins);
  * or holds a TAB/control byte, or mask has bits outside ACL_ALL. */
 int acl_set(const char *acl, const char *identifier, int mask,
             struct buf *out);
+
+/* Call fn(rock, id, idlen, mask) for every entry of acl in order (id
+ * points into acl, not NUL-terminated; a negative entry's id keeps its
+ * '-'; mask is the entry's rights, c and d expanded).  fn returning
+ * non-zero stops the walk with that value.  0, -1 when acl is malformed
+ * (entries before the bad one have been passed). */
+typedef int acl_each_fn(void *rock, const char *id, size_t idlen, int mask);
+int acl_each(const char *acl, acl_each_fn *fn, void *rock);
+
+/* The rights of the entries of exactly `identifier` (byte-exact, "-bob"
+ * is its own identifier; several entries are united): a mask, 0 when it
+ * has none, -1 when acl is malformed. */
+int acl_entry_rights(const char *acl, const char *identifier);
 
 /* 0 when acl is well formed (pairs of non-empty id and known letters, each
  * followed by TAB), -1 otherwise.  NULL and "" are well formed (empty);

@@ -3,7 +3,8 @@ responses against the formal syntax of RFC 3501 section 9, with the
 extensions imapd sends: UIDPLUS (RFC 4315) APPENDUID/COPYUID codes,
 CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
 and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
-(RFC 2342) and the RFC 5530 response codes (any atom code with optional
+(RFC 2342), ACL (RFC 4314: ACL, LISTRIGHTS, MYRIGHTS), QUOTA (RFC 9208:
+QUOTA, QUOTAROOT) and the RFC 5530 response codes (any atom code with optional
 text is grammatical).  As in RFC 9051 the human-readable text after a
 status or continuation may be empty.
 
@@ -360,10 +361,65 @@ class Parser:
             for k in range(3):
                 self.sp()
                 self.namespace()
+        elif w == b"ACL":
+            # RFC 4314: "ACL" SP mailbox *(SP identifier SP rights)
+            self.sp()
+            self.astring()
+            while self.opt(b" "):
+                self.astring()
+                self.sp()
+                self.rights()
+        elif w == b"LISTRIGHTS":
+            # mailbox SP identifier SP rights *(SP rights)
+            self.sp()
+            self.astring()
+            self.sp()
+            self.astring()
+            self.sp()
+            self.rights(allow_empty=True)
+            while self.opt(b" "):
+                self.rights()
+        elif w == b"MYRIGHTS":
+            self.sp()
+            self.astring()
+            self.sp()
+            self.rights()
+        elif w == b"QUOTA":
+            # RFC 9208: quota-root-name SP "(" quota-resource *(SP ...) ")"
+            self.sp()
+            self.astring()
+            self.sp()
+
+            def resource():
+                self.atom()
+                self.sp()
+                self.number(maximum=MAX63)
+                self.sp()
+                self.number(maximum=MAX63)
+            self.plist(resource, allow_empty=False)
+        elif w == b"QUOTAROOT":
+            self.sp()
+            self.astring()
+            while self.opt(b" "):
+                self.astring()
         else:
             self.i -= len(w)
             self.fail("unknown untagged response %r" % w)
         self.end()
+
+    def rights(self, allow_empty=False):
+        """RFC 4314 rights = astring of rights letters (a-z, 0-9); the
+        required-rights field of LISTRIGHTS may be empty ("")."""
+        start = self.i
+        r = self.astring()
+        if r is None:
+            r = self.d[start:self.i].strip(b'"')
+        if not r and not allow_empty:
+            self.i = start
+            self.fail("empty rights")
+        if any(not (0x61 <= c <= 0x7a or 0x30 <= c <= 0x39) for c in r):
+            self.i = start
+            self.fail("rights must be lower-case letters or digits")
 
     def namespace(self):
         if self.is_nil():
@@ -712,6 +768,16 @@ SELFTEST_GOOD = [
     b'("en" "de") "loc" 1 (2 "x")))',
     b'* 1 FETCH (BODY[HEADER.FIELDS (FROM SUBJECT)]<0> {5}\r\nab\r\n\r UID 1)',
     b'* 1 FETCH (BODY[1.2.MIME] NIL BODY[] "")',
+    b"* ACL INBOX Fred rwipslxetad -Fred wetd",
+    b'* ACL "a b"',
+    b'* LISTRIGHTS ~/Mail/saved smith la r swicdkxte',
+    b'* LISTRIGHTS INBOX anyone "" l r s',
+    b"* MYRIGHTS INBOX rwiptsldaex",
+    b'* QUOTA "" (STORAGE 10 512)',
+    b"* QUOTA user.a (STORAGE 0 100 MESSAGE 3 1000)",
+    b'* QUOTAROOT INBOX ""',
+    b"* QUOTAROOT comp.mail.mime",
+    b"a1 OK [CLOSED] Closed",
 ]
 SELFTEST_BAD = [
     b'* 12 FETCH (FLAGS (\\Seen) UID 7',
@@ -730,6 +796,12 @@ SELFTEST_BAD = [
     b"* 3 EXISTS extra",
     b'* LIST () "/" "a\rb"',
     b"",
+    b"* ACL INBOX Fred",
+    b"* ACL INBOX Fred RW",
+    b'* MYRIGHTS INBOX ""',
+    b"* QUOTA root ()",
+    b"* QUOTA root (STORAGE 10)",
+    b"* QUOTAROOT",
 ]
 
 

@@ -213,6 +213,45 @@ static void test_set(void **state)
     buf_free(&out);
 }
 
+static int each_collect(void *rock, const char *id, size_t idlen, int mask)
+{
+    struct buf *b = rock;
+    char letters[12];
+
+    buf_append(b, id, idlen);
+    buf_printf(b, "=%s;", acl_rights_string(mask, letters));
+    return 0;
+}
+
+static int each_stop(void *rock, const char *id, size_t idlen, int mask)
+{
+    (void)rock; (void)id; (void)idlen; (void)mask;
+    return 7;
+}
+
+static void test_each_entry(void **state)
+{
+    struct buf b = BUF_INITIALIZER;
+    const char *acl = "bob\tlr\t-bob\tr\tanyone\tcd\tbob\ti\t";
+
+    (void)state;
+    assert_int_equal(acl_each(acl, each_collect, &b), 0);
+    assert_string_equal(buf_cstring(&b),
+                        "bob=lr;-bob=r;anyone=kxte;bob=i;");
+    assert_int_equal(acl_each(acl, each_stop, NULL), 7);
+    assert_int_equal(acl_each(NULL, each_stop, NULL), 0);
+    buf_reset(&b);
+    assert_int_equal(acl_each("bob\tlr\tbad", each_collect, &b), -1);
+    assert_string_equal(buf_cstring(&b), "bob=lr;");
+    assert_int_equal(acl_entry_rights(acl, "bob"), ACL_LOOKUP | ACL_READ |
+                     ACL_INSERT);
+    assert_int_equal(acl_entry_rights(acl, "-bob"), ACL_READ);
+    assert_int_equal(acl_entry_rights(acl, "bo"), 0);
+    assert_int_equal(acl_entry_rights(acl, "carol"), 0);
+    assert_int_equal(acl_entry_rights("x\tz\t", "x"), -1);
+    buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -220,6 +259,7 @@ int main(void)
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_rights),
         cmocka_unit_test(test_set),
+        cmocka_unit_test(test_each_entry),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -704,6 +704,82 @@ static int cont_cb(void *rock, struct prot *p, size_t size, int append,
     return prot_flush(p) == PROT_OK ? 0 : -1;
 }
 
+static void test_acl_quota(void **state)
+{
+    struct fx *fx = *state;
+
+    csend(fx, "a SETACL inbox.X \"bob@example.com\" +lr\r\n"
+              "b DELETEACL Shared -bob\r\nc GETACL INBOX\r\n"
+              "d LISTRIGHTS X anyone\r\ne MYRIGHTS X\r\n"
+              "f GETQUOTA \"\"\r\ng GETQUOTAROOT inbox\r\n"
+              "h SETQUOTA user.bob (STORAGE 512 message 10)\r\n"
+              "i SETQUOTA user.bob ()\r\nj SETACL X bob \"\"\r\n"
+              "k STATUS X (deleted DELETED-STORAGE)\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_SETACL);
+    assert_string_equal(fx->cmd.arg[0], "INBOX.X");
+    assert_int_equal(fx->cmd.words.n, 2);
+    assert_string_equal(fx->cmd.words.s[0], "bob@example.com");
+    assert_string_equal(fx->cmd.words.s[1], "+lr");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_DELETEACL);
+    assert_int_equal(fx->cmd.words.n, 1);
+    assert_string_equal(fx->cmd.words.s[0], "-bob");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_GETACL);
+    assert_int_equal(fx->cmd.words.n, 0);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_LISTRIGHTS);
+    assert_string_equal(fx->cmd.words.s[0], "anyone");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_MYRIGHTS);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_GETQUOTA);
+    assert_string_equal(fx->cmd.arg[0], "");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_GETQUOTAROOT);
+    assert_string_equal(fx->cmd.arg[0], "INBOX");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_SETQUOTA);
+    assert_string_equal(fx->cmd.arg[0], "user.bob");
+    assert_int_equal(fx->cmd.words.n, 4);
+    assert_string_equal(fx->cmd.words.s[0], "STORAGE");
+    assert_string_equal(fx->cmd.words.s[1], "512");
+    assert_string_equal(fx->cmd.words.s[2], "message");
+    assert_string_equal(fx->cmd.words.s[3], "10");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_SETQUOTA);
+    assert_int_equal(fx->cmd.words.n, 0);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_SETACL);
+    assert_string_equal(fx->cmd.words.s[1], "");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_STATUS);
+    assert_int_equal(fx->cmd.status.n, 2);
+    assert_int_equal(fx->cmd.status.items[0], IMAPPARSE_STATUS_DELETED);
+    assert_int_equal(fx->cmd.status.items[1],
+                     IMAPPARSE_STATUS_DELETED_STORAGE);
+
+    expect_bad(fx, "a SETACL X bob\r\n", IMAPPARSE_BAD, "a", "rights");
+    expect_bad(fx, "a SETACL X bob lr x\r\n", IMAPPARSE_BAD, "a", "extra");
+    expect_bad(fx, "a DELETEACL X\r\n", IMAPPARSE_BAD, "a", "identifier");
+    expect_bad(fx, "a GETACL\r\n", IMAPPARSE_BAD, "a", "mailbox");
+    expect_bad(fx, "a LISTRIGHTS X (bob)\r\n", IMAPPARSE_BAD, "a", NULL);
+    expect_bad(fx, "a SETQUOTA r STORAGE 1\r\n", IMAPPARSE_BAD, "a",
+               "resource list");
+    expect_bad(fx, "a SETQUOTA r (STORAGE)\r\n", IMAPPARSE_BAD, "a",
+               "limit");
+    expect_bad(fx, "a SETQUOTA r (STORAGE -1)\r\n", IMAPPARSE_BAD, "a",
+               "limit");
+    expect_bad(fx, "a SETQUOTA r (STORAGE 1\r\n", IMAPPARSE_BAD, "a", ")");
+    expect_bad(fx, "a SETQUOTA r (STORAGE 1) x\r\n", IMAPPARSE_BAD, "a",
+               "extra");
+    expect_bad(fx, "a SETQUOTA r (\"STORAGE\" 1)\r\n", IMAPPARSE_BAD, "a",
+               "resource name");
+    expect_bad(fx, "a SETQUOTA r (STORAGE 123456789012345678901)\r\n",
+               IMAPPARSE_BAD, "a", "limit");
+}
+
 static void test_append(void **state)
 {
     struct fx *fx = *state;
@@ -1086,6 +1162,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_search, setup, teardown),
         cmocka_unit_test_setup_teardown(test_misc_commands, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_acl_quota, setup, teardown),
         cmocka_unit_test_setup_teardown(test_append, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits, setup, teardown),
