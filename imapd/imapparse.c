@@ -1896,6 +1896,7 @@ enum argspec {
     A_LOGIN,        /* astring astring */
     A_LIST,         /* mailbox list-mailbox */
     A_SET_MAILBOX,  /* sequence-set mailbox (COPY, MOVE) */
+    A_ATOM_UP,      /* one atom, upper-cased into arg[0] (COMPRESS) */
     A_CUSTOM
 };
 
@@ -1926,6 +1927,7 @@ static const struct {
     { "APPEND", IMAPPARSE_CMD_APPEND, A_CUSTOM, 0 },
     { "NAMESPACE", IMAPPARSE_CMD_NAMESPACE, A_NONE, 0 },
     { "IDLE", IMAPPARSE_CMD_IDLE, A_NONE, 0 },
+    { "COMPRESS", IMAPPARSE_CMD_COMPRESS, A_ATOM_UP, 0 },
     { "CHECK", IMAPPARSE_CMD_CHECK, A_NONE, 0 },
     { "CLOSE", IMAPPARSE_CMD_CLOSE, A_NONE, 0 },
     { "UNSELECT", IMAPPARSE_CMD_UNSELECT, A_NONE, 0 },
@@ -1979,6 +1981,14 @@ static int parse_args(struct cur *c, enum argspec spec)
         r = get_seqset(c, &cmd->set);
         if (r == IMAPPARSE_OK)
             r = get_mailbox(c, 0);
+        break;
+    case A_ATOM_UP:
+        r = get_atom(c, &s, &len, "argument");
+        if (r != IMAPPARSE_OK)
+            return r;
+        upcase(s, len);
+        cmd->arg[0] = s;
+        cmd->arg_len[0] = len;
         break;
     case A_CUSTOM:
         switch (cmd->id) {

@@ -354,6 +354,7 @@ enum imapparse_cmdid {
     IMAPPARSE_CMD_APPEND,           /* arg[0] mailbox; append */
     IMAPPARSE_CMD_NAMESPACE,
     IMAPPARSE_CMD_IDLE,
+    IMAPPARSE_CMD_COMPRESS,         /* arg[0] mechanism (upper-cased) */
     /* selected */
     IMAPPARSE_CMD_CHECK, IMAPPARSE_CMD_CLOSE, IMAPPARSE_CMD_UNSELECT,
     IMAPPARSE_CMD_EXPUNGE,          /* UID EXPUNGE: set */

@@ -12,6 +12,7 @@
  *                  through SASL PLAIN; refused with NO [PRIVACYREQUIRED]
  *                  without TLS unless allowplaintext: yes)
  *   authenticated  ENABLE (CONDSTORE), NAMESPACE, IDLE (waits for DONE),
+ *                  COMPRESS DEFLATE (RFC 4978, lib/prot.h),
  *                  LIST, LSUB, CREATE, DELETE, RENAME, SUBSCRIBE,
  *                  UNSUBSCRIBE, STATUS, SELECT, EXAMINE (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
@@ -425,6 +426,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
         }
         if (!prot_is_tls(s->p) && !s->srv->allowplaintext)
             buf_appendcstr(out, " LOGINDISABLED");
+    } else if (!prot_is_compressed(s->p)) {
+        buf_appendcstr(out, " COMPRESS=DEFLATE");
     }
     buf_free(&mechs);
 }
@@ -991,6 +994,29 @@ static void imap_cmd_starttls(struct imap_session *s)
                     (unsigned long)discarded);
     /* forget everything learnt before the handshake */
     imap_sasl_reset(s);
+}
+
+/* COMPRESS DEFLATE (RFC 4978): the OK goes out plain, everything after
+ * it is deflated both ways (lib/prot.h); under TLS, inside TLS. */
+static void imap_cmd_compress(struct imap_session *s)
+{
+    if (strcmp(s->cmd.arg[0], "DEFLATE") != 0) {
+        imap_tagged(s, "BAD", "Unknown compression mechanism");
+        return;
+    }
+    if (prot_is_compressed(s->p)) {
+        imap_tagged(s, "NO", "[COMPRESSIONACTIVE] DEFLATE active already");
+        return;
+    }
+    imap_tagged(s, "OK", "DEFLATE active");
+    if (prot_compress_start(s->p) != PROT_OK) {
+        log_error("imap: cannot start compression peer=<%s> error=<%s>",
+                  s->conn->peer, prot_error(s->p));
+        s->quit = 1;
+        return;
+    }
+    log_info("imap: compression user=<%s> peer=<%s> mech=<DEFLATE>",
+             s->userid ? s->userid : "", s->conn->peer);
 }
 
 /* ---- LIST / LSUB ----------------------------------------------------- */
@@ -3603,6 +3629,9 @@ static void imap_command(struct imap_session *s)
         break;
     case IMAPPARSE_CMD_IDLE:
         imap_cmd_idle(s);
+        break;
+    case IMAPPARSE_CMD_COMPRESS:
+        imap_cmd_compress(s);
         break;
     case IMAPPARSE_CMD_LIST:
         imap_cmd_list(s);
