@@ -918,6 +918,12 @@ static int get_seqset(struct cur *c, struct imapparse_seqset *set)
 
     if (r != IMAPPARSE_OK)
         return r;
+    if (len == 1 && s[0] == '$') {
+        set->n = 0;
+        set->r = NULL;
+        set->saved = 1;
+        return IMAPPARSE_OK;
+    }
     if (imapparse_seqset_parse(s, len, &tmp) < 0)
         return cmd_error(c->cmd, IMAPPARSE_BAD, "Invalid sequence set");
     set->r = arena_alloc(c->cmd, tmp.n, sizeof(*tmp.r));
@@ -934,6 +940,9 @@ static int get_seqset(struct cur *c, struct imapparse_seqset *set)
 static int is_seqset_text(const char *s, size_t len)
 {
     size_t i;
+
+    if (len == 1 && s[0] == '$')
+        return 1;
 
     for (i = 0; i < len; i++)
         if (!isdigit((unsigned char)s[i]) && !strchr("*:,", s[i]))
@@ -1387,7 +1396,8 @@ static int parse_store(struct cur *c)
 
 /* ---- SEARCH -------------------------------------------------------- */
 
-enum sarg { SA_NONE, SA_STRING, SA_DATE, SA_NUMBER, SA_KEYWORD };
+enum sarg { SA_NONE, SA_STRING, SA_DATE, SA_NUMBER, SA_NZNUMBER,
+            SA_KEYWORD };
 
 static const struct {
     const char *name;
@@ -1426,6 +1436,8 @@ static const struct {
     { "SENTSINCE", IMAPPARSE_S_SENTSINCE, SA_DATE, NULL },
     { "LARGER", IMAPPARSE_S_LARGER, SA_NUMBER, NULL },
     { "SMALLER", IMAPPARSE_S_SMALLER, SA_NUMBER, NULL },
+    { "OLDER", IMAPPARSE_S_OLDER, SA_NZNUMBER, NULL },
+    { "YOUNGER", IMAPPARSE_S_YOUNGER, SA_NZNUMBER, NULL },
 };
 
 static int parse_search_key(struct cur *c, struct imapparse_search **k_r);
@@ -1644,13 +1656,15 @@ static int parse_search_key(struct cur *c, struct imapparse_search **k_r)
             c->i++;
         break;
     }
-    case SA_NUMBER: {
+    case SA_NUMBER:
+    case SA_NZNUMBER: {
         char *v;
         size_t vlen;
 
         r = get_atom(c, &v, &vlen, "number");
         if (r == IMAPPARSE_OK
-            && parse_u64(v, vlen, UINT32_MAX, &k->number) < 0)
+            && (parse_u64(v, vlen, UINT32_MAX, &k->number) < 0
+                || (search_keys[i].arg == SA_NZNUMBER && k->number == 0)))
             r = cmd_error(cmd, IMAPPARSE_BAD, "Invalid number");
         break;
     }
@@ -1663,9 +1677,65 @@ done:
     return IMAPPARSE_OK;
 }
 
+/* search-return-opts (RFC 4731, RFC 5182): RETURN (opt ...), each of
+ * MIN MAX ALL COUNT SAVE at most once; "()" means ALL. */
+static int parse_search_return(struct cur *c)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } opts[] = {
+        { "MIN", IMAPPARSE_RET_MIN }, { "MAX", IMAPPARSE_RET_MAX },
+        { "ALL", IMAPPARSE_RET_ALL }, { "COUNT", IMAPPARSE_RET_COUNT },
+        { "SAVE", IMAPPARSE_RET_SAVE },
+    };
+    struct imapparse_cmd *cmd = c->cmd;
+    int r;
+
+    r = expect_type(c, IMAPPARSE_TOK_LPAREN, "'(' after RETURN");
+    if (r != IMAPPARSE_OK)
+        return r;
+    cmd->esearch = 1;
+    while (!peek_type(c, IMAPPARSE_TOK_RPAREN)) {
+        char *w;
+        size_t wlen, i;
+
+        if (at_end(c))
+            return cmd_error(cmd, IMAPPARSE_BAD, "Missing ')'");
+        r = get_atom(c, &w, &wlen, "return option");
+        if (r != IMAPPARSE_OK)
+            return r;
+        for (i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
+            if (ieq(w, wlen, opts[i].name))
+                break;
+        if (i == sizeof(opts) / sizeof(opts[0]))
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Unknown search return option %.40s", w);
+        if (cmd->search_ret & opts[i].bit)
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Repeated search return option %.40s", w);
+        cmd->search_ret |= opts[i].bit;
+    }
+    c->i++;
+    if (cmd->search_ret == 0)
+        cmd->search_ret = IMAPPARSE_RET_ALL;
+    return IMAPPARSE_OK;
+}
+
 static int parse_search(struct cur *c)
 {
     const struct imapparse_token *t = peek(c);
+
+    if (t && t->type == IMAPPARSE_TOK_ATOM
+        && ieq(tok_text(c, t), t->len, "RETURN")) {
+        int r;
+
+        c->i++;
+        r = parse_search_return(c);
+        if (r != IMAPPARSE_OK)
+            return r;
+        t = peek(c);
+    }
 
     if (t && t->type == IMAPPARSE_TOK_ATOM
         && ieq(tok_text(c, t), t->len, "CHARSET")) {

@@ -155,13 +155,17 @@ struct imapparse_token {
 /* ---- structured arguments ------------------------------------------ */
 
 /* A sequence set kept as written.  0 stands for "*" (the largest number
- * in use); lo may be larger than hi ("5:2" means 2:5). */
+ * in use); lo may be larger than hi ("5:2" means 2:5).  "$" (SEARCHRES,
+ * RFC 5182: the result the last SEARCH RETURN (SAVE) saved) is saved = 1
+ * with no ranges: the session substitutes it (imapparse_seqset_contains()
+ * never matches it). */
 struct imapparse_range {
     uint32_t lo, hi;
 };
 struct imapparse_seqset {
     size_t n;
     struct imapparse_range *r;
+    int saved;
 };
 
 /* 1 when num is in set, with "*" meaning max (RFC 3501 6.4.8: "*" is the
@@ -271,8 +275,18 @@ enum imapparse_skey {
     IMAPPARSE_S_LARGER, IMAPPARSE_S_SMALLER,
     /* CONDSTORE: number = mod-sequence; field = entry name or NULL,
      * str = entry type ("priv"/"shared"/"all") or NULL */
-    IMAPPARSE_S_MODSEQ
+    IMAPPARSE_S_MODSEQ,
+    /* WITHIN (RFC 5032): number = seconds (>= 1) back from now */
+    IMAPPARSE_S_OLDER, IMAPPARSE_S_YOUNGER
 };
+
+/* SEARCH RETURN options (ESEARCH, RFC 4731; SAVE: SEARCHRES, RFC 5182);
+ * "RETURN ()" is ALL. */
+#define IMAPPARSE_RET_MIN    0x01
+#define IMAPPARSE_RET_MAX    0x02
+#define IMAPPARSE_RET_ALL    0x04
+#define IMAPPARSE_RET_COUNT  0x08
+#define IMAPPARSE_RET_SAVE   0x10
 
 struct imapparse_search {
     enum imapparse_skey key;
@@ -358,7 +372,8 @@ enum imapparse_cmdid {
     /* selected */
     IMAPPARSE_CMD_CHECK, IMAPPARSE_CMD_CLOSE, IMAPPARSE_CMD_UNSELECT,
     IMAPPARSE_CMD_EXPUNGE,          /* UID EXPUNGE: set */
-    IMAPPARSE_CMD_SEARCH,           /* search, charset */
+    IMAPPARSE_CMD_SEARCH,           /* search, charset, esearch,
+                                       search_ret */
     IMAPPARSE_CMD_FETCH,            /* set, fetch */
     IMAPPARSE_CMD_STORE,            /* set, store */
     IMAPPARSE_CMD_COPY,             /* set, arg[0] mailbox */
@@ -386,6 +401,8 @@ struct imapparse_cmd {
     struct imapparse_store store;
     struct imapparse_search *search;
     int utf8;                       /* SEARCH CHARSET UTF-8 */
+    int esearch;                    /* SEARCH RETURN (...) was given */
+    unsigned search_ret;            /* its IMAPPARSE_RET_* options */
     struct imapparse_status status;
     struct imapparse_append append;
     struct imapparse_id idparams;

@@ -206,6 +206,9 @@ struct imap_session {
                                     \Recent at SELECT (not claimed) */
     int recent_new;              /* messages came into the view: claim
                                     them, then send RECENT */
+    uint32_t *saved;             /* "$" (SEARCHRES): UIDs, ascending */
+    size_t nsaved;
+    struct imapparse_range *saved_ranges;  /* "$" of the current command */
     struct imapparse_cmd cmd;
     struct imapparse_options opts;
     struct buf line;
@@ -412,7 +415,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
 
     buf_reset(out);
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
-                        "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN");
+                        "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN "
+                        "ESEARCH SEARCHRES WITHIN");
     if (s->state == IMAP_NOTAUTH) {
         if (s->srv->tls && !prot_is_tls(s->p))
             buf_appendcstr(out, " STARTTLS");
@@ -1697,6 +1701,9 @@ static int imap_unselect(struct imap_session *s, int expunge)
     mailbox_close(&s->sel);
     seen_data_free(&s->seen);
     s->sel_useseen = 0;
+    free(s->saved);
+    s->saved = NULL;
+    s->nsaved = 0;
     free(s->msgs);
     s->msgs = NULL;
     s->nmsgs = s->msgalloc = 0;
@@ -2885,10 +2892,83 @@ static int imap_expunge(struct imap_session *s,
     return r == STORE_OK ? ur : r;
 }
 
+/* SEARCH RETURN (SAVE): keep the result as "$" (RFC 5182), as UIDs;
+ * with MIN and/or MAX but neither ALL nor COUNT only those.  Out of
+ * memory leaves "$" empty. */
+static void imap_search_save(struct imap_session *s,
+                             const struct search_result *res)
+{
+    unsigned ret = s->cmd.search_ret;
+    int ends_only = (ret & (IMAPPARSE_RET_MIN | IMAPPARSE_RET_MAX)) &&
+                    !(ret & (IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT));
+    size_t n = 0;
+
+    free(s->saved);
+    s->saved = NULL;
+    s->nsaved = 0;
+    if (res->n == 0)
+        return;
+    s->saved = malloc(res->n * sizeof(*s->saved));
+    if (!s->saved)
+        return;
+    for (size_t i = 0; i < res->n; i++) {
+        uint32_t v = res->nums[i];
+
+        if (ends_only &&
+            !((i == 0 && (ret & IMAPPARSE_RET_MIN)) ||
+              (i == res->n - 1 && (ret & IMAPPARSE_RET_MAX))))
+            continue;
+        if (!s->cmd.uid) {
+            if (v == 0 || v > s->nmsgs)
+                continue;
+            v = s->msgs[v - 1].uid;
+        }
+        s->saved[n++] = v;
+    }
+    s->nsaved = n;
+}
+
+/* "$" as the command's set: the saved UIDs, or for a command on message
+ * numbers the numbers of those still in the view.  0, or -1 out of
+ * memory. */
+static int imap_saved_subst(struct imap_session *s)
+{
+    struct imapparse_seqset *set = &s->cmd.set;
+    size_t n = 0;
+
+    free(s->saved_ranges);
+    s->saved_ranges = NULL;
+    if (!set->saved)
+        return 0;
+    s->saved_ranges = malloc((s->nsaved ? s->nsaved : 1) *
+                             sizeof(*s->saved_ranges));
+    if (!s->saved_ranges)
+        return -1;
+    for (size_t i = 0; i < s->nsaved; i++) {
+        uint32_t v = s->saved[i];
+
+        if (!s->cmd.uid) {
+            const struct imap_msg *m = imap_msg_find(s, v);
+
+            if (!m)
+                continue;
+            v = (uint32_t)(m - s->msgs) + 1;
+        }
+        s->saved_ranges[n].lo = s->saved_ranges[n].hi = v;
+        n++;
+    }
+    set->r = s->saved_ranges;
+    set->n = n;
+    set->saved = 0;
+    return 0;
+}
+
 /* SEARCH / UID SEARCH (imapd/search.c does the matching): the view's
  * uids in sequence order go to the evaluator under the shared lock, the
  * answer is written after the unlock.  With a MODSEQ key the answer ends
- * in (MODSEQ n) and CONDSTORE is on from then (RFC 7162 3.1.5). */
+ * in (MODSEQ n) and CONDSTORE is on from then (RFC 7162 3.1.5).  With
+ * RETURN (...) the answer is one ESEARCH response (RFC 4731; none for
+ * RETURN (SAVE) alone) and SAVE keeps the result as "$" (RFC 5182). */
 static void imap_cmd_search(struct imap_session *s)
 {
     struct imapparse_cmd *c = &s->cmd;
@@ -2914,6 +2994,8 @@ static void imap_cmd_search(struct imap_session *s)
     sp.return_uids = c->uid;
     sp.rock = s;
     sp.recent = imap_search_recent;
+    sp.saved = s->saved;
+    sp.nsaved = s->nsaved;
     if (s->sel_useseen)
         sp.seen = imap_search_seen;
     r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
@@ -2924,18 +3006,38 @@ static void imap_cmd_search(struct imap_session *s)
     free(uids);
     if (r != STORE_OK) {
         search_result_free(&res);
+        if (c->search_ret & IMAPPARSE_RET_SAVE) {
+            free(s->saved);     /* a failed SAVE empties "$" */
+            s->saved = NULL;
+            s->nsaved = 0;
+        }
         imap_store_no(s, r);
         return;
     }
     if (res.has_modseq)
         s->condstore = 1;
-    prot_puts(s->p, "* SEARCH");
-    for (i = 0; i < res.n; i++)
-        prot_printf(s->p, " %lu", (unsigned long)res.nums[i]);
-    if (res.has_modseq && res.n)
-        prot_printf(s->p, " (MODSEQ %llu)",
-                    (unsigned long long)res.highest_modseq);
-    prot_puts(s->p, "\r\n");
+    if (c->search_ret & IMAPPARSE_RET_SAVE)
+        imap_search_save(s, &res);
+    if (c->esearch) {
+        unsigned ret = c->search_ret & ~(unsigned)IMAPPARSE_RET_SAVE;
+
+        if (ret) {
+            struct buf b = BUF_INITIALIZER;
+
+            search_esearch(&b, c->tag, c->uid, ret, res.nums, res.n, 0,
+                           res.has_modseq, res.highest_modseq);
+            prot_write(s->p, b.s, b.len);
+            buf_free(&b);
+        }
+    } else {
+        prot_puts(s->p, "* SEARCH");
+        for (i = 0; i < res.n; i++)
+            prot_printf(s->p, " %lu", (unsigned long)res.nums[i]);
+        if (res.has_modseq && res.n)
+            prot_printf(s->p, " (MODSEQ %llu)",
+                        (unsigned long long)res.highest_modseq);
+        prot_puts(s->p, "\r\n");
+    }
     search_result_free(&res);
     /* SEARCH: no expunges may be reported with its reply */
     s->no_expunge = !c->uid;
@@ -3677,6 +3779,8 @@ static void imap_command(struct imap_session *s)
     case IMAPPARSE_CMD_MOVE:
         if (s->state != IMAP_SELECTED) {
             imap_tagged(s, "BAD", "No mailbox selected");
+        } else if (imap_saved_subst(s) != 0) {
+            imap_store_no(s, STORE_NOMEM);
         } else if (c->id == IMAPPARSE_CMD_CHECK) {
             /* every change is durable when its command completes */
             imap_tagged(s, "OK", "CHECK completed");
@@ -3835,6 +3939,7 @@ out:
     imap_unselect(&s, 0);
     seen_close(&s.seendb);
     free(s.seenchg);
+    free(s.saved_ranges);
     imapparse_cmd_free(&s.cmd);
     buf_free(&s.line);
     buf_free(&s.inbox);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_imapext.py - imapd's protocol extensions end to end under the
 real master: COMPRESS=DEFLATE (RFC 4978), ESEARCH (RFC 4731), SEARCHRES
-(RFC 5182) and WITHIN (RFC 5032).
+(RFC 5182) and WITHIN (RFC 5032), with the RFCs' examples as cases.
 
 One instance (see imaphelp.py): an "imap" listener with STARTTLS and an
 "imaps" one, allowplaintext on (so that compression is also tried on a
@@ -320,6 +320,174 @@ def test_imaplib_unaffected():
             pass
 
 
+# ---- ESEARCH, SEARCHRES, WITHIN ------------------------------------------
+
+def esearch_box(i, name):
+    """11 messages; 2, 5, 10 and 11 flagged, 5 from Smith (the RFC 4731
+    section 3.1 examples' shape)."""
+    i.create("user.alice." + name)
+    deliver(i, ALICE, name,
+            [message(n, frm="smith@example.com" if n == 5
+                     else "ann@example.com") for n in range(1, 12)])
+
+
+def test_esearch_rfc4731():
+    """The RFC 4731 examples: MIN COUNT, RETURN () = ALL as a compact
+    set, no match (only the correlator), UID MIN MAX, COUNT alone; plain
+    SEARCH unchanged; bad RETURN options are BAD and the session goes
+    on."""
+    i = inst()
+    esearch_box(i, "ES")
+    with ZRaw(i.addr()) as c:
+        login(c)
+        ok(c.cmd("s1", "SELECT INBOX.ES"), "s1")
+        ok(c.cmd("s2", "STORE 2,5,10:11 +FLAGS (\\Flagged)"), "s2")
+        crit = 'FLAGGED SINCE 1-Feb-1994 NOT FROM "Smith"'
+        cases = [
+            ("A282", "SEARCH RETURN (MIN COUNT) " + crit,
+             b'* ESEARCH (TAG "A282") MIN 2 COUNT 3'),
+            ("A283", "SEARCH RETURN () " + crit,
+             b'* ESEARCH (TAG "A283") ALL 2,10:11'),
+            ("A284", "SEARCH RETURN (MIN) SUBJECT nothing-like-it",
+             b'* ESEARCH (TAG "A284")'),
+            ("A285", "UID SEARCH RETURN (MIN MAX) 1:5000",
+             b'* ESEARCH (TAG "A285") UID MIN 1 MAX 11'),
+            ("A286", "SEARCH RETURN (COUNT) UNDELETED",
+             b'* ESEARCH (TAG "A286") COUNT 11'),
+            ("A287", "SEARCH RETURN (COUNT) SUBJECT nothing-like-it",
+             b'* ESEARCH (TAG "A287") COUNT 0'),
+            ("A288", "SEARCH RETURN (ALL MIN MAX COUNT) FLAGGED",
+             b'* ESEARCH (TAG "A288") MIN 2 MAX 11 ALL 2,5,10:11 COUNT 4'),
+            ("A289", "SEARCH FLAGGED", b"* SEARCH 2 5 10 11"),
+            ("A290", "UID SEARCH RETURN (ALL) CHARSET UTF-8 FROM smith",
+             b'* ESEARCH (TAG "A290") UID ALL 5'),
+        ]
+        for tag, cmd, want in cases:
+            r = ok(c.cmd(tag, cmd), tag)
+            check(len(r) == 2 and r[0] == want, "%s: %r, want %r"
+                  % (cmd, r, want))
+        r = ok(c.cmd("m1", "SEARCH RETURN (MAX) MODSEQ 1"), "m1")
+        check(re.match(rb'\* ESEARCH \(TAG "m1"\) MAX 11 MODSEQ \d+$', r[0]),
+              "ESEARCH with MODSEQ %r" % r)
+        for n, bad in enumerate(["SEARCH RETURN (FOO) ALL",
+                                 "SEARCH RETURN MIN ALL",
+                                 "SEARCH RETURN (MIN MIN) ALL",
+                                 "SEARCH RETURN (MIN",
+                                 "SEARCH RETURN (MIN)"]):
+            tag = "b%d" % n
+            r = c.cmd(tag, bad)
+            check(r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
+                  % (bad, r))
+        ok(c.cmd("n1", "NOOP"), "n1")
+    m = IMAP4(*i.addr(), timeout=20)
+    try:
+        m.starttls(tls_context())
+        m.login(ALICE, ALICE_PW)
+        m.select("INBOX.ES", readonly=True)
+        typ, data = m.search(None, "FLAGGED")
+        check(typ == "OK" and data == [b"2 5 10 11"], "imaplib %r" % data)
+        m.logout()
+    finally:
+        try:
+            m.shutdown()
+        except OSError:
+            pass
+
+
+def test_searchres_rfc5182():
+    """SAVE and "$": RETURN (SAVE) alone answers no ESEARCH; FETCH $,
+    STORE $, UID FETCH $, SEARCH $ (intersection with a new search),
+    UID SEARCH UID $; with MIN/MAX only those are saved; an expunged
+    message leaves "$"; SELECT empties it; "$" mixed into a set is
+    BAD."""
+    i = inst()
+    esearch_box(i, "SR")
+    with ZRaw(i.addr()) as c:
+        login(c)
+        ok(c.cmd("s1", "SELECT INBOX.SR"), "s1")
+        ok(c.cmd("s2", "STORE 2,5,10:11 +FLAGS.SILENT (\\Flagged)"), "s2")
+        r = ok(c.cmd("A282", 'SEARCH RETURN (SAVE) FLAGGED SINCE '
+                     '1-Feb-1994 NOT FROM "Smith"'), "A282")
+        check(len(r) == 1, "RETURN (SAVE) answered %r" % r)
+        r = ok(c.cmd("A283", "FETCH $ (UID)"), "A283")
+        check(r[:-1] == [b"* 2 FETCH (UID 2)", b"* 10 FETCH (UID 10)",
+                         b"* 11 FETCH (UID 11)"], "FETCH $ %r" % r)
+        r = ok(c.cmd("A284", "UID FETCH $ (FLAGS)"), "A284")
+        check(len(r) == 4, "UID FETCH $ %r" % r)
+        r = ok(c.cmd("A285", "SEARCH $ NOT UID 10"), "A285")
+        check(r[0] == b"* SEARCH 2 11", "SEARCH $ %r" % r)
+        r = ok(c.cmd("A286", "UID SEARCH UID $"), "A286")
+        check(r[0] == b"* SEARCH 2 10 11", "UID SEARCH UID $ %r" % r)
+        # SAVE combined with ALL: answered and saved
+        r = ok(c.cmd("A287", "SEARCH RETURN (SAVE ALL) $ SMALLER 100000"),
+               "A287")
+        check(r[0] == b'* ESEARCH (TAG "A287") ALL 2,10:11', "%r" % r)
+        # SAVE with MIN MAX only: the two ends are saved
+        r = ok(c.cmd("A288", "SEARCH RETURN (SAVE MIN MAX) FLAGGED"),
+               "A288")
+        check(r[0] == b'* ESEARCH (TAG "A288") MIN 2 MAX 11', "%r" % r)
+        r = ok(c.cmd("A289", "SEARCH $"), "A289")
+        check(r[0] == b"* SEARCH 2 11", "SAVE MIN MAX %r" % r)
+        ok(c.cmd("A290", "STORE $ +FLAGS (\\Deleted)"), "A290")
+        r = ok(c.cmd("A291", "SEARCH DELETED"), "A291")
+        check(r[0] == b"* SEARCH 2 11", "STORE $ %r" % r)
+        # expunge 2 and 11: "$" becomes empty; numbers moved on
+        ok(c.cmd("A292", "EXPUNGE"), "A292")
+        r = ok(c.cmd("A293", "SEARCH $"), "A293")
+        check(r[0] == b"* SEARCH", "$ after EXPUNGE %r" % r)
+        r = ok(c.cmd("A294", "FETCH $ (UID)"), "A294")
+        check(len(r) == 1, "FETCH of empty $ %r" % r)
+        ok(c.cmd("A295", "UID SEARCH RETURN (SAVE) UID 5:10"), "A295")
+        r = ok(c.cmd("A296", "FETCH $ (UID)"), "A296")
+        check([x.split(b" FETCH")[0] for x in r[:-1]] ==
+              [b"* 4", b"* 5", b"* 6", b"* 7", b"* 8", b"* 9"],
+              "FETCH $ after UID SAVE %r" % r)
+        for n, bad in enumerate(["FETCH $,1 (UID)", "FETCH $:3 (UID)"]):
+            tag = "b%d" % n
+            r = c.cmd(tag, bad)
+            check(r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
+                  % (bad, r))
+        ok(c.cmd("s3", "SELECT INBOX.SR"), "s3")
+        r = ok(c.cmd("A297", "SEARCH $"), "A297")
+        check(r[0] == b"* SEARCH", "$ after SELECT %r" % r)
+
+
+def test_within_rfc5032():
+    """OLDER / YOUNGER on the internal date: one message appended with a
+    date in 2020, one now."""
+    i = inst()
+    i.create("user.alice.W")
+    with ZRaw(i.addr()) as c:
+        login(c)
+        old = message(1)
+        c.send(b'a1 APPEND INBOX.W "01-Jan-2020 00:00:00 +0000" {%d+}\r\n'
+               % len(old) + old + b"\r\n")
+        ok(c.until_tagged("a1"), "a1")
+        new = message(2)
+        c.send(b"a2 APPEND INBOX.W {%d+}\r\n" % len(new) + new + b"\r\n")
+        ok(c.until_tagged("a2"), "a2")
+        ok(c.cmd("s1", "SELECT INBOX.W"), "s1")
+        cases = [("SEARCH YOUNGER 259200", b"* SEARCH 2"),
+                 ("SEARCH OLDER 259200", b"* SEARCH 1"),
+                 ("SEARCH OLDER 1 YOUNGER 1000000000", b"* SEARCH 1"),
+                 ("UID SEARCH RETURN (COUNT) YOUNGER 3600",
+                  b'* ESEARCH (TAG "t3") UID COUNT 1'),
+                 ("SEARCH NOT OLDER 3600", b"* SEARCH 2")]
+        for n, (cmd, want) in enumerate(cases):
+            tag = "t%d" % n
+            r = ok(c.cmd(tag, cmd), tag)
+            check(r[0] == want, "%s: %r, want %r" % (cmd, r, want))
+        for n, bad in enumerate(["SEARCH OLDER 0", "SEARCH YOUNGER",
+                                 "SEARCH OLDER -5"]):
+            tag = "b%d" % n
+            r = c.cmd(tag, bad)
+            check(r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
+                  % (bad, r))
+        r = ok(c.cmd("c1", "CAPABILITY"), "c1")
+        for cap in (b"ESEARCH", b"SEARCHRES", b"WITHIN"):
+            check(cap in caps_of(r), "%s not offered: %r" % (cap, r))
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -337,6 +505,9 @@ if __name__ == "__main__":
         test_compress_bomb_and_garbage,
         test_compress_idle,
         test_imaplib_unaffected,
+        test_esearch_rfc4731,
+        test_searchres_rfc5182,
+        test_within_rfc5032,
     ])
     try:
         finish()
