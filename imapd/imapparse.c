@@ -1677,6 +1677,24 @@ done:
     return IMAPPARSE_OK;
 }
 
+/* A charset name: UTF-8 (utf8 = 1) or US-ASCII; another is
+ * IMAPPARSE_BADCHARSET. */
+static int parse_charset(struct cur *c)
+{
+    char *cs;
+    size_t cslen;
+    int r = get_astring(c, &cs, &cslen, "charset");
+
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (ieq(cs, cslen, "UTF-8"))
+        c->cmd->utf8 = 1;
+    else if (!ieq(cs, cslen, "US-ASCII"))
+        return cmd_errorf(c->cmd, IMAPPARSE_BADCHARSET,
+                          "Unsupported charset %.40s", cs);
+    return IMAPPARSE_OK;
+}
+
 /* search-return-opts (RFC 4731, RFC 5182): RETURN (opt ...), each of
  * MIN MAX ALL COUNT SAVE at most once; "()" means ALL. */
 static int parse_search_return(struct cur *c)
@@ -1739,21 +1757,102 @@ static int parse_search(struct cur *c)
 
     if (t && t->type == IMAPPARSE_TOK_ATOM
         && ieq(tok_text(c, t), t->len, "CHARSET")) {
-        char *cs;
-        size_t cslen;
         int r;
 
         c->i++;
-        r = get_astring(c, &cs, &cslen, "charset");
+        r = parse_charset(c);
         if (r != IMAPPARSE_OK)
             return r;
-        if (ieq(cs, cslen, "UTF-8"))
-            c->cmd->utf8 = 1;
-        else if (!ieq(cs, cslen, "US-ASCII"))
-            return cmd_errorf(c->cmd, IMAPPARSE_BADCHARSET,
-                              "Unsupported charset %.40s", cs);
     }
     return parse_search_list(c, &c->cmd->search, 0);
+}
+
+/* SORT [RETURN (...)] (criteria) charset search-keys (RFC 5256, 5267) */
+static int parse_sort(struct cur *c)
+{
+    static const struct {
+        const char *name;
+        enum imapparse_sortkey key;
+    } keys[] = {
+        { "ARRIVAL", IMAPPARSE_SORT_ARRIVAL }, { "CC", IMAPPARSE_SORT_CC },
+        { "DATE", IMAPPARSE_SORT_DATE }, { "FROM", IMAPPARSE_SORT_FROM },
+        { "SIZE", IMAPPARSE_SORT_SIZE }, { "SUBJECT", IMAPPARSE_SORT_SUBJECT },
+        { "TO", IMAPPARSE_SORT_TO },
+        { "DISPLAYFROM", IMAPPARSE_SORT_DISPLAYFROM },
+        { "DISPLAYTO", IMAPPARSE_SORT_DISPLAYTO },
+    };
+    struct imapparse_cmd *cmd = c->cmd;
+    const struct imapparse_token *t = peek(c);
+    int r, reverse = 0;
+
+    if (t && t->type == IMAPPARSE_TOK_ATOM
+        && ieq(tok_text(c, t), t->len, "RETURN")) {
+        c->i++;
+        r = parse_search_return(c);
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (cmd->search_ret & IMAPPARSE_RET_SAVE)
+            return cmd_error(cmd, IMAPPARSE_BAD,
+                             "SAVE is not a SORT return option");
+    }
+    r = expect_type(c, IMAPPARSE_TOK_LPAREN, "sort criteria");
+    if (r != IMAPPARSE_OK)
+        return r;
+    for (;;) {
+        char *w;
+        size_t wlen, i;
+
+        if (peek_type(c, IMAPPARSE_TOK_RPAREN) && !reverse
+            && cmd->nsort > 0)
+            break;
+        r = get_atom(c, &w, &wlen, "sort criterion");
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (!reverse && ieq(w, wlen, "REVERSE")) {
+            reverse = 1;
+            continue;
+        }
+        for (i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            if (ieq(w, wlen, keys[i].name))
+                break;
+        if (i == sizeof(keys) / sizeof(keys[0]))
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Unknown sort criterion %.40s", w);
+        if (cmd->nsort == IMAPPARSE_MAX_SORT)
+            return cmd_error(cmd, IMAPPARSE_TOOBIG, "Too many sort criteria");
+        cmd->sort[cmd->nsort].key = keys[i].key;
+        cmd->sort[cmd->nsort].reverse = reverse;
+        cmd->nsort++;
+        reverse = 0;
+    }
+    c->i++;
+    r = parse_charset(c);
+    if (r != IMAPPARSE_OK)
+        return r;
+    return parse_search_list(c, &cmd->search, 0);
+}
+
+/* THREAD algorithm charset search-keys (RFC 5256) */
+static int parse_thread(struct cur *c)
+{
+    struct imapparse_cmd *cmd = c->cmd;
+    char *w;
+    size_t wlen;
+    int r = get_atom(c, &w, &wlen, "thread algorithm");
+
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (ieq(w, wlen, "ORDEREDSUBJECT"))
+        cmd->thread_alg = IMAPPARSE_THREAD_ORDEREDSUBJECT;
+    else if (ieq(w, wlen, "REFERENCES"))
+        cmd->thread_alg = IMAPPARSE_THREAD_REFERENCES;
+    else
+        return cmd_errorf(cmd, IMAPPARSE_BAD,
+                          "Unknown thread algorithm %.40s", w);
+    r = parse_charset(c);
+    if (r != IMAPPARSE_OK)
+        return r;
+    return parse_search_list(c, &cmd->search, 0);
 }
 
 /* ---- STATUS, SELECT, APPEND, ID, ENABLE ------------------------------ */
@@ -2003,6 +2102,8 @@ static const struct {
     { "UNSELECT", IMAPPARSE_CMD_UNSELECT, A_NONE, 0 },
     { "EXPUNGE", IMAPPARSE_CMD_EXPUNGE, A_CUSTOM, 1 },
     { "SEARCH", IMAPPARSE_CMD_SEARCH, A_CUSTOM, 1 },
+    { "SORT", IMAPPARSE_CMD_SORT, A_CUSTOM, 1 },
+    { "THREAD", IMAPPARSE_CMD_THREAD, A_CUSTOM, 1 },
     { "FETCH", IMAPPARSE_CMD_FETCH, A_CUSTOM, 1 },
     { "STORE", IMAPPARSE_CMD_STORE, A_CUSTOM, 1 },
     { "COPY", IMAPPARSE_CMD_COPY, A_SET_MAILBOX, 1 },
@@ -2084,6 +2185,10 @@ static int parse_args(struct cur *c, enum argspec spec)
             break;
         case IMAPPARSE_CMD_SEARCH:
             return parse_search(c);
+        case IMAPPARSE_CMD_SORT:
+            return parse_sort(c);
+        case IMAPPARSE_CMD_THREAD:
+            return parse_thread(c);
         case IMAPPARSE_CMD_FETCH:
             return parse_fetch(c);
         case IMAPPARSE_CMD_STORE:

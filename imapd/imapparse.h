@@ -301,6 +301,26 @@ struct imapparse_search {
     uint64_t number;
 };
 
+/* SORT criteria (RFC 5256, DISPLAYFROM/DISPLAYTO of RFC 5957). */
+enum imapparse_sortkey {
+    IMAPPARSE_SORT_ARRIVAL = 1, IMAPPARSE_SORT_CC, IMAPPARSE_SORT_DATE,
+    IMAPPARSE_SORT_FROM, IMAPPARSE_SORT_SIZE, IMAPPARSE_SORT_SUBJECT,
+    IMAPPARSE_SORT_TO, IMAPPARSE_SORT_DISPLAYFROM, IMAPPARSE_SORT_DISPLAYTO
+};
+
+struct imapparse_sortcrit {
+    enum imapparse_sortkey key;
+    int reverse;
+};
+
+#define IMAPPARSE_MAX_SORT 16       /* criteria of one SORT */
+
+/* THREAD algorithms (RFC 5256). */
+enum imapparse_thread_alg {
+    IMAPPARSE_THREAD_ORDEREDSUBJECT = 1,
+    IMAPPARSE_THREAD_REFERENCES
+};
+
 /* STATUS items, in the order asked. */
 enum imapparse_status_item {
     IMAPPARSE_STATUS_MESSAGES = 1,
@@ -374,6 +394,10 @@ enum imapparse_cmdid {
     IMAPPARSE_CMD_EXPUNGE,          /* UID EXPUNGE: set */
     IMAPPARSE_CMD_SEARCH,           /* search, charset, esearch,
                                        search_ret */
+    IMAPPARSE_CMD_SORT,             /* esearch, search_ret, sort, nsort,
+                                       charset (required), search */
+    IMAPPARSE_CMD_THREAD,           /* thread_alg, charset (required),
+                                       search */
     IMAPPARSE_CMD_FETCH,            /* set, fetch */
     IMAPPARSE_CMD_STORE,            /* set, store */
     IMAPPARSE_CMD_COPY,             /* set, arg[0] mailbox */
@@ -401,8 +425,12 @@ struct imapparse_cmd {
     struct imapparse_store store;
     struct imapparse_search *search;
     int utf8;                       /* SEARCH CHARSET UTF-8 */
-    int esearch;                    /* SEARCH RETURN (...) was given */
-    unsigned search_ret;            /* its IMAPPARSE_RET_* options */
+    int esearch;                    /* SEARCH/SORT RETURN (...) given */
+    unsigned search_ret;            /* its IMAPPARSE_RET_* options (no
+                                       SAVE for SORT) */
+    size_t nsort;                   /* SORT criteria */
+    struct imapparse_sortcrit sort[IMAPPARSE_MAX_SORT];
+    enum imapparse_thread_alg thread_alg;
     struct imapparse_status status;
     struct imapparse_append append;
     struct imapparse_id idparams;

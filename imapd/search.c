@@ -1655,30 +1655,20 @@ void search_set_text(struct buf *out, const uint32_t *nums, size_t n)
 }
 
 void search_esearch(struct buf *out, const char *tag, int uid, unsigned ret,
-                    const uint32_t *nums, size_t n, int sorted,
-                    int has_modseq, uint64_t modseq)
+                    const uint32_t *nums, size_t n, int has_modseq,
+                    uint64_t modseq)
 {
     buf_appendcstr(out, "* ESEARCH");
     if (tag)
         buf_printf(out, " (TAG \"%s\")", tag);
     if (uid)
         buf_appendcstr(out, " UID");
-    if (n > 0 && (ret & IMAPPARSE_RET_MIN)) {
-        uint32_t min = nums[0];
-
-        for (size_t i = 1; sorted && i < n; i++)
-            if (nums[i] < min)
-                min = nums[i];
-        buf_printf(out, " MIN %u", (unsigned)min);
-    }
-    if (n > 0 && (ret & IMAPPARSE_RET_MAX)) {
-        uint32_t max = nums[n - 1];
-
-        for (size_t i = 0; sorted && i < n; i++)
-            if (nums[i] > max)
-                max = nums[i];
-        buf_printf(out, " MAX %u", (unsigned)max);
-    }
+    /* the first and the last of the result: in a SORT result those of
+     * the sort order (ESORT) */
+    if (n > 0 && (ret & IMAPPARSE_RET_MIN))
+        buf_printf(out, " MIN %u", (unsigned)nums[0]);
+    if (n > 0 && (ret & IMAPPARSE_RET_MAX))
+        buf_printf(out, " MAX %u", (unsigned)nums[n - 1]);
     if (n > 0 && (ret & IMAPPARSE_RET_ALL)) {
         buf_appendcstr(out, " ALL ");
         search_set_text(out, nums, n);

@@ -158,12 +158,13 @@ void search_set_text(struct buf *out, const uint32_t *nums, size_t n);
 /* An ESEARCH response line (RFC 4731 section 3.1; with CRLF) appended to
  * out: "* ESEARCH (TAG "tag") UID MIN a MAX b ALL set COUNT n MODSEQ m"
  * with what ret (IMAPPARSE_RET_*) asks for.  nums: the result, ascending
- * unless sorted (ESORT: in sort order; MIN and MAX are then looked for).
- * MIN, MAX, ALL and MODSEQ are left out when nothing matched (COUNT 0
- * stays); tag NULL: no correlator; MODSEQ only with has_modseq. */
+ * for SEARCH, in sort order for SORT (ESORT, RFC 5267: MIN and MAX are
+ * then the first and the last in that order, ALL keeps the order).  MIN,
+ * MAX, ALL and MODSEQ are left out when nothing matched (COUNT 0 stays);
+ * tag NULL: no correlator; MODSEQ only with has_modseq. */
 void search_esearch(struct buf *out, const char *tag, int uid, unsigned ret,
-                    const uint32_t *nums, size_t n, int sorted,
-                    int has_modseq, uint64_t modseq);
+                    const uint32_t *nums, size_t n, int has_modseq,
+                    uint64_t modseq);
 
 /* Exposed for tests and for other string matching in imapd: */
 

@@ -19,7 +19,9 @@
  *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
  *                  read-write and the user has e), UNSELECT, FETCH, STORE,
- *                  EXPUNGE, COPY, MOVE, SEARCH and their UID forms;
+ *                  EXPUNGE, COPY, MOVE, SEARCH (ESEARCH, SEARCHRES,
+ *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
+ *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
  * Outside the selected state the selected-state commands answer "BAD No
  * mailbox selected".
@@ -108,6 +110,7 @@
 #include "imapd/localdomain.h"
 #include "imapd/search.h"
 #include "imapd/session.h"
+#include "imapd/sort.h"
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
@@ -416,7 +419,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
     buf_reset(out);
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
                         "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN "
-                        "ESEARCH SEARCHRES WITHIN");
+                        "ESEARCH SEARCHRES WITHIN SORT SORT=DISPLAY ESORT "
+                        "THREAD=ORDEREDSUBJECT THREAD=REFERENCES");
     if (s->state == IMAP_NOTAUTH) {
         if (s->srv->tls && !prot_is_tls(s->p))
             buf_appendcstr(out, " STARTTLS");
@@ -3024,7 +3028,7 @@ static void imap_cmd_search(struct imap_session *s)
         if (ret) {
             struct buf b = BUF_INITIALIZER;
 
-            search_esearch(&b, c->tag, c->uid, ret, res.nums, res.n, 0,
+            search_esearch(&b, c->tag, c->uid, ret, res.nums, res.n,
                            res.has_modseq, res.highest_modseq);
             prot_write(s->p, b.s, b.len);
             buf_free(&b);
@@ -3042,6 +3046,111 @@ static void imap_cmd_search(struct imap_session *s)
     /* SEARCH: no expunges may be reported with its reply */
     s->no_expunge = !c->uid;
     imap_tagged(s, "OK", "%s completed", c->uid ? "UID SEARCH" : "SEARCH");
+    s->no_expunge = 0;
+}
+
+/* The view and callbacks of SEARCH for SORT and THREAD: *uids_r is
+ * malloc'd (free it).  0, or -1 out of memory (answered). */
+static int imap_sort_params(struct imap_session *s, struct search_params *sp,
+                            uint32_t **uids_r)
+{
+    uint32_t *uids = malloc((s->nmsgs ? s->nmsgs : 1) * sizeof(*uids));
+
+    if (!uids) {
+        imap_store_no(s, STORE_NOMEM);
+        return -1;
+    }
+    for (size_t i = 0; i < s->nmsgs; i++)
+        uids[i] = s->msgs[i].uid;
+    memset(sp, 0, sizeof(*sp));
+    sp->mb = s->sel;
+    sp->uids = uids;
+    sp->nmsgs = (uint32_t)s->nmsgs;
+    sp->utf8 = s->cmd.utf8;
+    sp->return_uids = s->cmd.uid;
+    sp->rock = s;
+    sp->recent = imap_search_recent;
+    sp->saved = s->saved;
+    sp->nsaved = s->nsaved;
+    if (s->sel_useseen)
+        sp->seen = imap_search_seen;
+    *uids_r = uids;
+    return 0;
+}
+
+/* SORT / UID SORT (imapd/sort.c): "* SORT n ..." in sort order, or with
+ * RETURN (...) one ESEARCH response (ESORT, RFC 5267). */
+static void imap_cmd_sort(struct imap_session *s)
+{
+    struct imapparse_cmd *c = &s->cmd;
+    struct search_params sp;
+    struct sort_result res;
+    struct buf b = BUF_INITIALIZER;
+    uint32_t *uids;
+    int r;
+
+    memset(&res, 0, sizeof(res));
+    if (imap_sort_params(s, &sp, &uids) < 0)
+        return;
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        r = sort_run(&sp, c->search, c->sort, c->nsort, &res);
+        mailbox_unlock(s->sel);
+    }
+    free(uids);
+    if (r != STORE_OK) {
+        sort_result_free(&res);
+        imap_store_no(s, r);
+        return;
+    }
+    if (res.has_modseq)
+        s->condstore = 1;
+    if (c->esearch) {
+        search_esearch(&b, c->tag, c->uid, c->search_ret, res.nums, res.n,
+                       res.has_modseq, res.highest_modseq);
+    } else {
+        buf_appendcstr(&b, "* SORT");
+        for (size_t i = 0; i < res.n; i++)
+            buf_printf(&b, " %lu", (unsigned long)res.nums[i]);
+        if (res.has_modseq && res.n)
+            buf_printf(&b, " (MODSEQ %llu)",
+                       (unsigned long long)res.highest_modseq);
+        buf_appendcstr(&b, "\r\n");
+    }
+    prot_write(s->p, b.s, b.len);
+    buf_free(&b);
+    sort_result_free(&res);
+    s->no_expunge = !c->uid;
+    imap_tagged(s, "OK", "%s completed", c->uid ? "UID SORT" : "SORT");
+    s->no_expunge = 0;
+}
+
+/* THREAD / UID THREAD (imapd/sort.c). */
+static void imap_cmd_thread(struct imap_session *s)
+{
+    struct imapparse_cmd *c = &s->cmd;
+    struct search_params sp;
+    struct buf b = BUF_INITIALIZER;
+    uint32_t *uids;
+    int r;
+
+    if (imap_sort_params(s, &sp, &uids) < 0)
+        return;
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        r = sort_thread(&sp, c->search, c->thread_alg, &b);
+        mailbox_unlock(s->sel);
+    }
+    free(uids);
+    if (r != STORE_OK) {
+        buf_free(&b);
+        imap_store_no(s, r);
+        return;
+    }
+    prot_write(s->p, b.s, b.len);
+    buf_free(&b);
+    s->no_expunge = !c->uid;
+    imap_tagged(s, "OK", "%s completed", c->uid ? "UID THREAD" : "THREAD");
     s->no_expunge = 0;
 }
 
@@ -3773,6 +3882,8 @@ static void imap_command(struct imap_session *s)
     case IMAPPARSE_CMD_UNSELECT:
     case IMAPPARSE_CMD_EXPUNGE:
     case IMAPPARSE_CMD_SEARCH:
+    case IMAPPARSE_CMD_SORT:
+    case IMAPPARSE_CMD_THREAD:
     case IMAPPARSE_CMD_FETCH:
     case IMAPPARSE_CMD_STORE:
     case IMAPPARSE_CMD_COPY:
@@ -3804,6 +3915,10 @@ static void imap_command(struct imap_session *s)
             imap_cmd_copy(s, 0);
         } else if (c->id == IMAPPARSE_CMD_MOVE) {
             imap_cmd_copy(s, 1);
+        } else if (c->id == IMAPPARSE_CMD_SORT) {
+            imap_cmd_sort(s);
+        } else if (c->id == IMAPPARSE_CMD_THREAD) {
+            imap_cmd_thread(s);
         } else {
             imap_cmd_search(s);
         }

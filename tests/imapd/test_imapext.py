@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """test_imapext.py - imapd's protocol extensions end to end under the
 real master: COMPRESS=DEFLATE (RFC 4978), ESEARCH (RFC 4731), SEARCHRES
-(RFC 5182) and WITHIN (RFC 5032), with the RFCs' examples as cases.
+(RFC 5182), WITHIN (RFC 5032), SORT and THREAD (RFC 5256) with
+SORT=DISPLAY (RFC 5957) and ESORT (RFC 5267), with the RFCs' examples
+as cases.
 
 One instance (see imaphelp.py): an "imap" listener with STARTTLS and an
 "imaps" one, allowplaintext on (so that compression is also tried on a
@@ -488,6 +490,158 @@ def test_within_rfc5032():
             check(cap in caps_of(r), "%s not offered: %r" % (cap, r))
 
 
+# ---- SORT, ESORT, THREAD ---------------------------------------------------
+
+SORT_MSGS = [
+    # (subject, from, date or None, message-id, extra headers)
+    ("=?UTF-8?Q?Re=3A_lunch_plans?=", "Zed <zed@x.example>",
+     "Tue, 5 Nov 2024 10:00:00 +0000", "<a2@x>", ["In-Reply-To: <a1@x>"]),
+    ("lunch plans", "amy@x.example", "Mon, 4 Nov 2024 10:00:00 +0000",
+     "<a1@x>", []),
+    ("[list] Report", "Bob Builder <bob@x.example>",
+     "Wed, 6 Nov 2024 09:00:00 +0100", "<b1@x>", ["Cc: zz@x.example"]),
+    ("Fwd: lunch plans (fwd)", "carl@x.example",
+     "Wed, 6 Nov 2024 08:30:00 +0000", "<c1@x>", []),
+    ("Re: [list] report", "=?UTF-8?Q?=C3=84nne?= <anne@x.example>",
+     "Thu, 7 Nov 2024 10:00:00 +0000", "<b2@x>",
+     ["References: <b1@x>", "Cc: aa@x.example"]),
+    ("re: re: Report", "Dave <dave@x.example>",
+     "3 Nov 2024 10:00 GMT", "<b3@x>", ["References: <b1@x>\r\n <b2@x>"]),
+    ("unrelated", "eve@x.example", None, "<d1@x>",
+     ["References: <m1@x> <m2@x>"]),
+    ("another", "Fay <fay@x.example>", "Fri, 1 Nov 2024 10:00:00 +0000",
+     "<e1@x>", ["References: <m1@x>"]),
+]
+
+
+def sort_box(i, name):
+    """The messages above as 1..8, UIDs 2..9 (a first message is
+    expunged, so that numbers and UIDs differ)."""
+    i.create("user.alice." + name)
+    deliver(i, ALICE, name, [message(0)])
+    for subj, frm, date, mid, extra in SORT_MSGS:
+        hdr = ["From: %s" % frm, "To: bob@example.org",
+               "Subject: %s" % subj, "Message-ID: %s" % mid] + extra
+        if date:
+            hdr.append("Date: %s" % date)
+        deliver(i, ALICE, name,
+                [("\r\n".join(hdr) + "\r\n\r\nbody\r\n").encode()])
+
+
+def test_sort_rfc5256():
+    """SORT on every criterion (DATE with time zones and a message
+    without Date:, SUBJECT with encoded words and Re:/Fwd:/[blob]/(fwd),
+    FROM/CC local parts, DISPLAYFROM with a decoded display name,
+    REVERSE, several keys), UID SORT, a search key and "$" with SORT,
+    ESORT's RETURN (MIN MAX ALL COUNT) in sort order; bad SORT commands
+    are BAD (or NO [BADCHARSET]) and the session goes on."""
+    i = inst()
+    sort_box(i, "Sort")
+    with ZRaw(i.addr()) as c:
+        login(c)
+        ok(c.cmd("s0", "SELECT INBOX.Sort"), "s0")
+        ok(c.cmd("s1", "STORE 1 +FLAGS.SILENT (\\Deleted)"), "s1")
+        ok(c.cmd("s2", "EXPUNGE"), "s2")
+        cases = [
+            ("SORT (DATE) UTF-8 ALL", b"* SORT 8 6 2 1 3 4 5 7"),
+            ("SORT (REVERSE DATE) UTF-8 ALL", b"* SORT 7 5 4 3 1 2 6 8"),
+            ("SORT (SUBJECT) UTF-8 ALL", b"* SORT 8 1 2 4 3 5 6 7"),
+            ("SORT (SUBJECT REVERSE DATE) US-ASCII ALL",
+             b"* SORT 8 4 1 2 5 3 6 7"),
+            ("SORT (FROM) UTF-8 ALL", b"* SORT 2 5 3 4 6 7 8 1"),
+            ("SORT (DISPLAYFROM) UTF-8 ALL", b"* SORT 2 3 4 6 7 8 1 5"),
+            ("SORT (CC) UTF-8 ALL", b"* SORT 1 2 4 6 7 8 5 3"),
+            ("SORT (ARRIVAL) UTF-8 ALL", b"* SORT 1 2 3 4 5 6 7 8"),
+            ("SORT (TO DATE) UTF-8 ALL", b"* SORT 8 6 2 1 3 4 5 7"),
+            ("UID SORT (DATE) UTF-8 ALL", b"* SORT 9 7 3 2 4 5 6 8"),
+            ("SORT (DATE) UTF-8 SUBJECT lunch", b"* SORT 2 1 4"),
+            ("SORT (DATE) UTF-8 SUBJECT nothing-like-it", b"* SORT"),
+        ]
+        for n, (cmd, want) in enumerate(cases):
+            tag = "t%d" % n
+            r = ok(c.cmd(tag, cmd), tag)
+            check(len(r) == 2 and r[0] == want, "%s: %r, want %r"
+                  % (cmd, r, want))
+        ok(c.cmd("v1", "SEARCH RETURN (SAVE) FROM carl"), "v1")
+        r = ok(c.cmd("v2", "SORT (DATE) UTF-8 OR $ SUBJECT report"), "v2")
+        check(r[0] == b"* SORT 6 3 4 5", "SORT with $ %r" % r)
+        r = ok(c.cmd("e1", "SORT RETURN (MIN MAX COUNT ALL) (DATE) UTF-8 "
+                     "ALL"), "e1")
+        check(r[0] == b'* ESEARCH (TAG "e1") MIN 8 MAX 7 ALL 8,6,2,1,3:5,7'
+              b" COUNT 8", "ESORT %r" % r)
+        r = ok(c.cmd("e2", "UID SORT RETURN () (REVERSE DATE) UTF-8 "
+                     "ALL"), "e2")
+        check(r[0] == b'* ESEARCH (TAG "e2") UID ALL 8,6,5,4,2:3,7,9',
+              "ESORT UID %r" % r)
+        r = ok(c.cmd("e3", "SORT RETURN (COUNT) (DATE) UTF-8 SUBJECT "
+                     "nothing-like-it"), "e3")
+        check(r[0] == b'* ESEARCH (TAG "e3") COUNT 0', "ESORT none %r" % r)
+        for n, bad in enumerate(["SORT (FOO) UTF-8 ALL", "SORT () UTF-8 ALL",
+                                 "SORT DATE UTF-8 ALL",
+                                 "SORT (REVERSE) UTF-8 ALL",
+                                 "SORT (REVERSE REVERSE DATE) UTF-8 ALL",
+                                 "SORT RETURN (SAVE) (DATE) UTF-8 ALL",
+                                 "SORT (DATE) UTF-8",
+                                 "SORT (DATE"]):
+            tag = "b%d" % n
+            r = c.cmd(tag, bad)
+            check(r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
+                  % (bad, r))
+        r = c.cmd("b9", "SORT (DATE) KOI8-R ALL")
+        check(r[-1].startswith(b"b9 NO [BADCHARSET"), "charset %r" % r)
+        ok(c.cmd("n1", "NOOP"), "n1")
+        r = ok(c.cmd("c1", "CAPABILITY"), "c1")
+        for cap in (b"SORT", b"SORT=DISPLAY", b"ESORT",
+                    b"THREAD=ORDEREDSUBJECT", b"THREAD=REFERENCES"):
+            check(cap in caps_of(r), "%s not offered: %r" % (cap, r))
+
+
+def test_thread_rfc5256():
+    """THREAD REFERENCES (In-Reply-To and References, dummy parents
+    pruned or kept at the root, a forward merged by base subject under
+    its original, siblings by sent date) and ORDEREDSUBJECT, as numbers
+    and as UIDs, with a search key; a bad algorithm is BAD."""
+    i = inst()
+    sort_box(i, "Thread")
+    with ZRaw(i.addr()) as c:
+        login(c)
+        ok(c.cmd("s0", "SELECT INBOX.Thread"), "s0")
+        ok(c.cmd("s1", "STORE 1 +FLAGS.SILENT (\\Deleted)"), "s1")
+        ok(c.cmd("s2", "EXPUNGE"), "s2")
+        cases = [
+            ("THREAD REFERENCES UTF-8 ALL",
+             b"* THREAD ((8)(7))(2 (1)(4))(3 5 6)"),
+            ("UID THREAD REFERENCES UTF-8 ALL",
+             b"* THREAD ((9)(8))(3 (2)(5))(4 6 7)"),
+            ("THREAD ORDEREDSUBJECT UTF-8 ALL",
+             b"* THREAD (8)(6 (3)(5))(2 (1)(4))(7)"),
+            ("UID THREAD ORDEREDSUBJECT US-ASCII ALL",
+             b"* THREAD (9)(7 (4)(6))(3 (2)(5))(8)"),
+            ("THREAD REFERENCES UTF-8 SUBJECT report", b"* THREAD (3 5 6)"),
+            ("THREAD REFERENCES UTF-8 NOT SUBJECT lunch NOT FROM fay",
+             b"* THREAD (3 5 6)(7)"),
+            ("THREAD ORDEREDSUBJECT UTF-8 SUBJECT lunch NOT UID 5",
+             b"* THREAD (2 1)"),
+            ("THREAD REFERENCES UTF-8 SUBJECT nothing-like-it",
+             b"* THREAD"),
+        ]
+        for n, (cmd, want) in enumerate(cases):
+            tag = "t%d" % n
+            r = ok(c.cmd(tag, cmd), tag)
+            check(len(r) == 2 and r[0] == want, "%s: %r, want %r"
+                  % (cmd, r, want))
+        for n, bad in enumerate(["THREAD FOO UTF-8 ALL",
+                                 "THREAD REFERENCES UTF-8",
+                                 "THREAD"]):
+            tag = "b%d" % n
+            r = c.cmd(tag, bad)
+            check(r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
+                  % (bad, r))
+        r = c.cmd("b9", "THREAD REFERENCES ISO-2022-JP ALL")
+        check(r[-1].startswith(b"b9 NO [BADCHARSET"), "charset %r" % r)
+        ok(c.cmd("n1", "NOOP"), "n1")
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -508,6 +662,8 @@ if __name__ == "__main__":
         test_esearch_rfc4731,
         test_searchres_rfc5182,
         test_within_rfc5032,
+        test_sort_rfc5256,
+        test_thread_rfc5256,
     ])
     try:
         finish()
