@@ -1151,23 +1151,29 @@ static int thread_group(struct threader *t, int first)
                    || (t->c[c].msg->is_reply && !t->c[old].msg->is_reply)) {
             link_child(t, old, c);
         } else {
-            /* a new dummy in old's place, with old and c below it */
-            int d = cont_new(t), *pp;
+            /* a new dummy in old's place, with old and c below it; old
+             * is in the output list already (it came first: a later one
+             * would have replaced c in the table only as a better,
+             * non-reply match, handled above) */
+            int d, *pp;
 
+            for (pp = &head; *pp >= 0 && *pp != old; pp = &t->c[*pp].next)
+                ;
+            if (*pp != old) {
+                *tail = c;              /* not expected: keep c a root */
+                tail = &t->c[c].next;
+                continue;
+            }
+            d = cont_new(t);
             if (d < 0) {
                 free(keys);
                 free(vals);
                 return -2;
             }
-            /* old is already in the output list: replace it there */
-            for (pp = &head; *pp >= 0 && *pp != old; pp = &t->c[*pp].next)
-                ;
-            if (*pp == old) {
-                t->c[d].next = t->c[old].next;
-                *pp = d;
-                if (tail == &t->c[old].next)
-                    tail = &t->c[d].next;
-            }
+            t->c[d].next = t->c[old].next;
+            *pp = d;
+            if (tail == &t->c[old].next)
+                tail = &t->c[d].next;
             t->c[old].next = -1;
             t->c[old].parent = -1;
             link_child(t, d, old);

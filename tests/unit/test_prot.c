@@ -169,6 +169,9 @@ static void test_compress(void **state)
     assert_int_equal(prot_compress_start(p), PROT_OK);
     assert_int_equal(prot_is_compressed(p), 1);
     assert_int_equal(prot_compress_start(p), PROT_IOERROR);
+    /* TLS cannot start inside the compressed stream */
+    assert_int_equal(prot_starttls(p, NULL, NULL), PROT_IOERROR);
+    assert_non_null(strstr(prot_error(p), "compression"));
     assert_int_equal(read(sv[1], raw, 6), 6);       /* plain OK */
     assert_memory_equal(raw, "a OK\r\n", 6);
     EXPECT(p, 100, PROT_OK, "b NOOP", PROT_EOL_CRLF);
