@@ -5,8 +5,8 @@ CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
 and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
 (RFC 2342), ESEARCH (RFC 4731, also as ESORT's answer, RFC 5267), SORT
 and THREAD (RFC 5256) and the RFC 5530 response codes (any atom code
-with optional text is grammatical).  As in RFC 9051 the human-readable text after a
-status or continuation may be empty.
+with optional text is grammatical).  As in RFC 9051 the human-readable
+text after a status or continuation may be empty.
 
 validate(data) takes the raw bytes of one complete response (without its
 final CRLF; literals inlined as {n} CRLF and n bytes) and returns None if

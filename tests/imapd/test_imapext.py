@@ -20,6 +20,8 @@ Environment: see imaphelp.py.
 """
 import imaplib
 import re
+import shutil
+import subprocess
 import sys
 import os
 import time
@@ -30,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from imaphelp import (IMAP4, ImapInstance, Raw, ConnectionClosed,  # noqa: E402
                       check, make_sasldb_extra, run_imap_tests, tls_context)
+from testlib import Skip  # noqa: E402
 
 ALICE, ALICE_PW = "alice", "s3cret-pw"
 BOB, BOB_PW = "bob", "b0b-pw"
@@ -81,7 +84,8 @@ class ZRaw(Raw):
         if isinstance(data, str):
             data = data.encode()
         if self.zout is not None:
-            data = self.zout.compress(data) + self.zout.flush(zlib.Z_SYNC_FLUSH)
+            data = (self.zout.compress(data)
+                    + self.zout.flush(zlib.Z_SYNC_FLUSH))
         self.sock.sendall(data)
 
     def compress(self, tag="z", pipeline=None):
@@ -642,6 +646,31 @@ def test_thread_rfc5256():
         ok(c.cmd("n1", "NOOP"), "n1")
 
 
+def test_curl_sort_esearch():
+    """curl (which never compresses) over STARTTLS: a custom SORT and an
+    ESEARCH in a selected mailbox come back as sent by imapd."""
+    curl = shutil.which("curl")
+    if not curl:
+        raise Skip("curl not installed")
+    i = inst()
+    i.create("user.alice.Curl")
+    deliver(i, ALICE, "Curl", [message(n, subject="s%d" % (3 - n))
+                               for n in range(3)])
+    url = "imap://127.0.0.1:%d/INBOX.Curl" % i.tcp_port
+    for req, want in (("SORT (SUBJECT) UTF-8 ALL", "* SORT 3 2 1"),
+                      ("SEARCH RETURN (MIN COUNT) ALL",
+                       '* ESEARCH (TAG "')):
+        r = subprocess.run([curl, "-s", "-S", "--ssl-reqd", "-k",
+                            "--max-time", "60", "-u",
+                            "%s:%s" % (ALICE, ALICE_PW), "-X", req, url],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=120)
+        out = r.stdout.decode(errors="replace")
+        check(r.returncode == 0 and want in out, "curl %s: exit %d: %s"
+              % (req, r.returncode, out))
+    check("MIN 1 COUNT 3" in out, "curl ESEARCH: %s" % out)
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -664,6 +693,7 @@ if __name__ == "__main__":
         test_within_rfc5032,
         test_sort_rfc5256,
         test_thread_rfc5256,
+        test_curl_sort_esearch,
     ])
     try:
         finish()
