@@ -2932,6 +2932,18 @@ static void imap_search_save(struct imap_session *s,
     s->nsaved = n;
 }
 
+/* A SEARCH RETURN (SAVE) the parser refused (BAD, BADCHARSET) empties
+ * "$" as a failed one does (RFC 5182 2.1). */
+static void imap_search_refused(struct imap_session *s)
+{
+    if (s->cmd.id == IMAPPARSE_CMD_SEARCH &&
+        (s->cmd.search_ret & IMAPPARSE_RET_SAVE)) {
+        free(s->saved);
+        s->saved = NULL;
+        s->nsaved = 0;
+    }
+}
+
 /* "$" as the command's set: the saved UIDs, or for a command on message
  * numbers the numbers of those still in the view.  0, or -1 out of
  * memory. */
@@ -4012,6 +4024,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         case IMAPPARSE_BAD:
         case IMAPPARSE_TOOBIG:
             s.ncommands++;
+            imap_search_refused(&s);
             imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_REFUSED:
@@ -4023,6 +4036,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
             break;
         case IMAPPARSE_BADCHARSET:
             s.ncommands++;
+            imap_search_refused(&s);
             imap_tagged(&s, "NO", "[BADCHARSET (US-ASCII UTF-8)] %s",
                         s.cmd.error);
             break;

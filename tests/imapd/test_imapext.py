@@ -453,6 +453,18 @@ def test_searchres_rfc5182():
             r = c.cmd(tag, bad)
             check(r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
                   % (bad, r))
+        # a SAVE refused by the parser empties "$" too
+        for n, bad in enumerate(["SEARCH RETURN (SAVE) CHARSET KOI8-R ALL",
+                                 "SEARCH RETURN (SAVE) NOSUCHKEY"]):
+            ok(c.cmd("r%d" % n, "SEARCH RETURN (SAVE) ALL"), "r%d" % n)
+            tag = "f%d" % n
+            r = c.cmd(tag, bad)
+            check(r[-1].startswith(tag.encode() + b" NO") or
+                  r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
+                  % (bad, r))
+            r = ok(c.cmd("g%d" % n, "SEARCH $"), "g%d" % n)
+            check(r[0] == b"* SEARCH", "$ after %s: %r" % (bad, r))
+        ok(c.cmd("r9", "SEARCH RETURN (SAVE) ALL"), "r9")
         ok(c.cmd("s3", "SELECT INBOX.SR"), "s3")
         r = ok(c.cmd("A297", "SEARCH $"), "A297")
         check(r[0] == b"* SEARCH", "$ after SELECT %r" % r)
