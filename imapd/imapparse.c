@@ -918,6 +918,12 @@ static int get_seqset(struct cur *c, struct imapparse_seqset *set)
 
     if (r != IMAPPARSE_OK)
         return r;
+    if (len == 1 && s[0] == '$') {
+        set->n = 0;
+        set->r = NULL;
+        set->saved = 1;
+        return IMAPPARSE_OK;
+    }
     if (imapparse_seqset_parse(s, len, &tmp) < 0)
         return cmd_error(c->cmd, IMAPPARSE_BAD, "Invalid sequence set");
     set->r = arena_alloc(c->cmd, tmp.n, sizeof(*tmp.r));
@@ -934,6 +940,9 @@ static int get_seqset(struct cur *c, struct imapparse_seqset *set)
 static int is_seqset_text(const char *s, size_t len)
 {
     size_t i;
+
+    if (len == 1 && s[0] == '$')
+        return 1;
 
     for (i = 0; i < len; i++)
         if (!isdigit((unsigned char)s[i]) && !strchr("*:,", s[i]))
@@ -1387,7 +1396,8 @@ static int parse_store(struct cur *c)
 
 /* ---- SEARCH -------------------------------------------------------- */
 
-enum sarg { SA_NONE, SA_STRING, SA_DATE, SA_NUMBER, SA_KEYWORD };
+enum sarg { SA_NONE, SA_STRING, SA_DATE, SA_NUMBER, SA_NZNUMBER,
+            SA_KEYWORD };
 
 static const struct {
     const char *name;
@@ -1426,6 +1436,8 @@ static const struct {
     { "SENTSINCE", IMAPPARSE_S_SENTSINCE, SA_DATE, NULL },
     { "LARGER", IMAPPARSE_S_LARGER, SA_NUMBER, NULL },
     { "SMALLER", IMAPPARSE_S_SMALLER, SA_NUMBER, NULL },
+    { "OLDER", IMAPPARSE_S_OLDER, SA_NZNUMBER, NULL },
+    { "YOUNGER", IMAPPARSE_S_YOUNGER, SA_NZNUMBER, NULL },
 };
 
 static int parse_search_key(struct cur *c, struct imapparse_search **k_r);
@@ -1644,13 +1656,15 @@ static int parse_search_key(struct cur *c, struct imapparse_search **k_r)
             c->i++;
         break;
     }
-    case SA_NUMBER: {
+    case SA_NUMBER:
+    case SA_NZNUMBER: {
         char *v;
         size_t vlen;
 
         r = get_atom(c, &v, &vlen, "number");
         if (r == IMAPPARSE_OK
-            && parse_u64(v, vlen, UINT32_MAX, &k->number) < 0)
+            && (parse_u64(v, vlen, UINT32_MAX, &k->number) < 0
+                || (search_keys[i].arg == SA_NZNUMBER && k->number == 0)))
             r = cmd_error(cmd, IMAPPARSE_BAD, "Invalid number");
         break;
     }
@@ -1663,27 +1677,182 @@ done:
     return IMAPPARSE_OK;
 }
 
+/* A charset name: UTF-8 (utf8 = 1) or US-ASCII; another is
+ * IMAPPARSE_BADCHARSET. */
+static int parse_charset(struct cur *c)
+{
+    char *cs;
+    size_t cslen;
+    int r = get_astring(c, &cs, &cslen, "charset");
+
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (ieq(cs, cslen, "UTF-8"))
+        c->cmd->utf8 = 1;
+    else if (!ieq(cs, cslen, "US-ASCII"))
+        return cmd_errorf(c->cmd, IMAPPARSE_BADCHARSET,
+                          "Unsupported charset %.40s", cs);
+    return IMAPPARSE_OK;
+}
+
+/* search-return-opts (RFC 4731, RFC 5182): RETURN (opt ...), each of
+ * MIN MAX ALL COUNT SAVE at most once; "()" means ALL. */
+static int parse_search_return(struct cur *c)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } opts[] = {
+        { "MIN", IMAPPARSE_RET_MIN }, { "MAX", IMAPPARSE_RET_MAX },
+        { "ALL", IMAPPARSE_RET_ALL }, { "COUNT", IMAPPARSE_RET_COUNT },
+        { "SAVE", IMAPPARSE_RET_SAVE },
+    };
+    struct imapparse_cmd *cmd = c->cmd;
+    int r;
+
+    r = expect_type(c, IMAPPARSE_TOK_LPAREN, "'(' after RETURN");
+    if (r != IMAPPARSE_OK)
+        return r;
+    cmd->esearch = 1;
+    while (!peek_type(c, IMAPPARSE_TOK_RPAREN)) {
+        char *w;
+        size_t wlen, i;
+
+        if (at_end(c))
+            return cmd_error(cmd, IMAPPARSE_BAD, "Missing ')'");
+        r = get_atom(c, &w, &wlen, "return option");
+        if (r != IMAPPARSE_OK)
+            return r;
+        for (i = 0; i < sizeof(opts) / sizeof(opts[0]); i++)
+            if (ieq(w, wlen, opts[i].name))
+                break;
+        if (i == sizeof(opts) / sizeof(opts[0]))
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Unknown search return option %.40s", w);
+        if (cmd->search_ret & opts[i].bit)
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Repeated search return option %.40s", w);
+        cmd->search_ret |= opts[i].bit;
+    }
+    c->i++;
+    if (cmd->search_ret == 0)
+        cmd->search_ret = IMAPPARSE_RET_ALL;
+    return IMAPPARSE_OK;
+}
+
 static int parse_search(struct cur *c)
 {
     const struct imapparse_token *t = peek(c);
 
     if (t && t->type == IMAPPARSE_TOK_ATOM
-        && ieq(tok_text(c, t), t->len, "CHARSET")) {
-        char *cs;
-        size_t cslen;
+        && ieq(tok_text(c, t), t->len, "RETURN")) {
         int r;
 
         c->i++;
-        r = get_astring(c, &cs, &cslen, "charset");
+        r = parse_search_return(c);
         if (r != IMAPPARSE_OK)
             return r;
-        if (ieq(cs, cslen, "UTF-8"))
-            c->cmd->utf8 = 1;
-        else if (!ieq(cs, cslen, "US-ASCII"))
-            return cmd_errorf(c->cmd, IMAPPARSE_BADCHARSET,
-                              "Unsupported charset %.40s", cs);
+        t = peek(c);
+    }
+
+    if (t && t->type == IMAPPARSE_TOK_ATOM
+        && ieq(tok_text(c, t), t->len, "CHARSET")) {
+        int r;
+
+        c->i++;
+        r = parse_charset(c);
+        if (r != IMAPPARSE_OK)
+            return r;
     }
     return parse_search_list(c, &c->cmd->search, 0);
+}
+
+/* SORT [RETURN (...)] (criteria) charset search-keys (RFC 5256, 5267) */
+static int parse_sort(struct cur *c)
+{
+    static const struct {
+        const char *name;
+        enum imapparse_sortkey key;
+    } keys[] = {
+        { "ARRIVAL", IMAPPARSE_SORT_ARRIVAL }, { "CC", IMAPPARSE_SORT_CC },
+        { "DATE", IMAPPARSE_SORT_DATE }, { "FROM", IMAPPARSE_SORT_FROM },
+        { "SIZE", IMAPPARSE_SORT_SIZE }, { "SUBJECT", IMAPPARSE_SORT_SUBJECT },
+        { "TO", IMAPPARSE_SORT_TO },
+        { "DISPLAYFROM", IMAPPARSE_SORT_DISPLAYFROM },
+        { "DISPLAYTO", IMAPPARSE_SORT_DISPLAYTO },
+    };
+    struct imapparse_cmd *cmd = c->cmd;
+    const struct imapparse_token *t = peek(c);
+    int r, reverse = 0;
+
+    if (t && t->type == IMAPPARSE_TOK_ATOM
+        && ieq(tok_text(c, t), t->len, "RETURN")) {
+        c->i++;
+        r = parse_search_return(c);
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (cmd->search_ret & IMAPPARSE_RET_SAVE)
+            return cmd_error(cmd, IMAPPARSE_BAD,
+                             "SAVE is not a SORT return option");
+    }
+    r = expect_type(c, IMAPPARSE_TOK_LPAREN, "sort criteria");
+    if (r != IMAPPARSE_OK)
+        return r;
+    for (;;) {
+        char *w;
+        size_t wlen, i;
+
+        if (peek_type(c, IMAPPARSE_TOK_RPAREN) && !reverse
+            && cmd->nsort > 0)
+            break;
+        r = get_atom(c, &w, &wlen, "sort criterion");
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (!reverse && ieq(w, wlen, "REVERSE")) {
+            reverse = 1;
+            continue;
+        }
+        for (i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+            if (ieq(w, wlen, keys[i].name))
+                break;
+        if (i == sizeof(keys) / sizeof(keys[0]))
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Unknown sort criterion %.40s", w);
+        if (cmd->nsort == IMAPPARSE_MAX_SORT)
+            return cmd_error(cmd, IMAPPARSE_TOOBIG, "Too many sort criteria");
+        cmd->sort[cmd->nsort].key = keys[i].key;
+        cmd->sort[cmd->nsort].reverse = reverse;
+        cmd->nsort++;
+        reverse = 0;
+    }
+    c->i++;
+    r = parse_charset(c);
+    if (r != IMAPPARSE_OK)
+        return r;
+    return parse_search_list(c, &cmd->search, 0);
+}
+
+/* THREAD algorithm charset search-keys (RFC 5256) */
+static int parse_thread(struct cur *c)
+{
+    struct imapparse_cmd *cmd = c->cmd;
+    char *w;
+    size_t wlen;
+    int r = get_atom(c, &w, &wlen, "thread algorithm");
+
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (ieq(w, wlen, "ORDEREDSUBJECT"))
+        cmd->thread_alg = IMAPPARSE_THREAD_ORDEREDSUBJECT;
+    else if (ieq(w, wlen, "REFERENCES"))
+        cmd->thread_alg = IMAPPARSE_THREAD_REFERENCES;
+    else
+        return cmd_errorf(cmd, IMAPPARSE_BAD,
+                          "Unknown thread algorithm %.40s", w);
+    r = parse_charset(c);
+    if (r != IMAPPARSE_OK)
+        return r;
+    return parse_search_list(c, &cmd->search, 0);
 }
 
 /* ---- STATUS, SELECT, APPEND, ID, ENABLE ------------------------------ */
@@ -1900,6 +2069,7 @@ enum argspec {
     A_SET_MAILBOX,  /* sequence-set mailbox (COPY, MOVE) */
     A_MAILBOX_ID,   /* mailbox astring (DELETEACL, LISTRIGHTS) */
     A_MAILBOX_ID2,  /* mailbox astring astring (SETACL) */
+    A_ATOM_UP,      /* one atom, upper-cased into arg[0] (COMPRESS) */
     A_CUSTOM
 };
 
@@ -1930,11 +2100,14 @@ static const struct {
     { "APPEND", IMAPPARSE_CMD_APPEND, A_CUSTOM, 0 },
     { "NAMESPACE", IMAPPARSE_CMD_NAMESPACE, A_NONE, 0 },
     { "IDLE", IMAPPARSE_CMD_IDLE, A_NONE, 0 },
+    { "COMPRESS", IMAPPARSE_CMD_COMPRESS, A_ATOM_UP, 0 },
     { "CHECK", IMAPPARSE_CMD_CHECK, A_NONE, 0 },
     { "CLOSE", IMAPPARSE_CMD_CLOSE, A_NONE, 0 },
     { "UNSELECT", IMAPPARSE_CMD_UNSELECT, A_NONE, 0 },
     { "EXPUNGE", IMAPPARSE_CMD_EXPUNGE, A_CUSTOM, 1 },
     { "SEARCH", IMAPPARSE_CMD_SEARCH, A_CUSTOM, 1 },
+    { "SORT", IMAPPARSE_CMD_SORT, A_CUSTOM, 1 },
+    { "THREAD", IMAPPARSE_CMD_THREAD, A_CUSTOM, 1 },
     { "FETCH", IMAPPARSE_CMD_FETCH, A_CUSTOM, 1 },
     { "STORE", IMAPPARSE_CMD_STORE, A_CUSTOM, 1 },
     { "COPY", IMAPPARSE_CMD_COPY, A_SET_MAILBOX, 1 },
@@ -1948,6 +2121,16 @@ static const struct {
     { "GETQUOTAROOT", IMAPPARSE_CMD_GETQUOTAROOT, A_MAILBOX, 0 },
     { "SETQUOTA", IMAPPARSE_CMD_SETQUOTA, A_CUSTOM, 0 },
 };
+
+const char *imapparse_cmd_name(int id)
+{
+    size_t i;
+
+    for (i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if ((int)commands[i].id == id)
+            return commands[i].name;
+    return NULL;
+}
 
 /* mailbox astring [astring]: the astrings into cmd->words */
 static int parse_mailbox_ids(struct cur *c, int n)
@@ -2051,6 +2234,14 @@ static int parse_args(struct cur *c, enum argspec spec)
     case A_MAILBOX_ID2:
         r = parse_mailbox_ids(c, spec == A_MAILBOX_ID ? 1 : 2);
         break;
+    case A_ATOM_UP:
+        r = get_atom(c, &s, &len, "argument");
+        if (r != IMAPPARSE_OK)
+            return r;
+        upcase(s, len);
+        cmd->arg[0] = s;
+        cmd->arg_len[0] = len;
+        break;
     case A_CUSTOM:
         switch (cmd->id) {
         case IMAPPARSE_CMD_ID:
@@ -2075,6 +2266,10 @@ static int parse_args(struct cur *c, enum argspec spec)
             break;
         case IMAPPARSE_CMD_SEARCH:
             return parse_search(c);
+        case IMAPPARSE_CMD_SORT:
+            return parse_sort(c);
+        case IMAPPARSE_CMD_THREAD:
+            return parse_thread(c);
         case IMAPPARSE_CMD_FETCH:
             return parse_fetch(c);
         case IMAPPARSE_CMD_STORE:

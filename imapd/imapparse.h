@@ -156,13 +156,17 @@ struct imapparse_token {
 /* ---- structured arguments ------------------------------------------ */
 
 /* A sequence set kept as written.  0 stands for "*" (the largest number
- * in use); lo may be larger than hi ("5:2" means 2:5). */
+ * in use); lo may be larger than hi ("5:2" means 2:5).  "$" (SEARCHRES,
+ * RFC 5182: the result the last SEARCH RETURN (SAVE) saved) is saved = 1
+ * with no ranges: the session substitutes it (imapparse_seqset_contains()
+ * never matches it). */
 struct imapparse_range {
     uint32_t lo, hi;
 };
 struct imapparse_seqset {
     size_t n;
     struct imapparse_range *r;
+    int saved;
 };
 
 /* 1 when num is in set, with "*" meaning max (RFC 3501 6.4.8: "*" is the
@@ -272,8 +276,18 @@ enum imapparse_skey {
     IMAPPARSE_S_LARGER, IMAPPARSE_S_SMALLER,
     /* CONDSTORE: number = mod-sequence; field = entry name or NULL,
      * str = entry type ("priv"/"shared"/"all") or NULL */
-    IMAPPARSE_S_MODSEQ
+    IMAPPARSE_S_MODSEQ,
+    /* WITHIN (RFC 5032): number = seconds (>= 1) back from now */
+    IMAPPARSE_S_OLDER, IMAPPARSE_S_YOUNGER
 };
+
+/* SEARCH RETURN options (ESEARCH, RFC 4731; SAVE: SEARCHRES, RFC 5182);
+ * "RETURN ()" is ALL. */
+#define IMAPPARSE_RET_MIN    0x01
+#define IMAPPARSE_RET_MAX    0x02
+#define IMAPPARSE_RET_ALL    0x04
+#define IMAPPARSE_RET_COUNT  0x08
+#define IMAPPARSE_RET_SAVE   0x10
 
 struct imapparse_search {
     enum imapparse_skey key;
@@ -286,6 +300,26 @@ struct imapparse_search {
     size_t str_len;
     struct imapparse_date date;
     uint64_t number;
+};
+
+/* SORT criteria (RFC 5256, DISPLAYFROM/DISPLAYTO of RFC 5957). */
+enum imapparse_sortkey {
+    IMAPPARSE_SORT_ARRIVAL = 1, IMAPPARSE_SORT_CC, IMAPPARSE_SORT_DATE,
+    IMAPPARSE_SORT_FROM, IMAPPARSE_SORT_SIZE, IMAPPARSE_SORT_SUBJECT,
+    IMAPPARSE_SORT_TO, IMAPPARSE_SORT_DISPLAYFROM, IMAPPARSE_SORT_DISPLAYTO
+};
+
+struct imapparse_sortcrit {
+    enum imapparse_sortkey key;
+    int reverse;
+};
+
+#define IMAPPARSE_MAX_SORT 16       /* criteria of one SORT */
+
+/* THREAD algorithms (RFC 5256). */
+enum imapparse_thread_alg {
+    IMAPPARSE_THREAD_ORDEREDSUBJECT = 1,
+    IMAPPARSE_THREAD_REFERENCES
 };
 
 /* STATUS items, in the order asked. */
@@ -357,10 +391,16 @@ enum imapparse_cmdid {
     IMAPPARSE_CMD_APPEND,           /* arg[0] mailbox; append */
     IMAPPARSE_CMD_NAMESPACE,
     IMAPPARSE_CMD_IDLE,
+    IMAPPARSE_CMD_COMPRESS,         /* arg[0] mechanism (upper-cased) */
     /* selected */
     IMAPPARSE_CMD_CHECK, IMAPPARSE_CMD_CLOSE, IMAPPARSE_CMD_UNSELECT,
     IMAPPARSE_CMD_EXPUNGE,          /* UID EXPUNGE: set */
-    IMAPPARSE_CMD_SEARCH,           /* search, charset */
+    IMAPPARSE_CMD_SEARCH,           /* search, charset, esearch,
+                                       search_ret */
+    IMAPPARSE_CMD_SORT,             /* esearch, search_ret, sort, nsort,
+                                       charset (required), search */
+    IMAPPARSE_CMD_THREAD,           /* thread_alg, charset (required),
+                                       search */
     IMAPPARSE_CMD_FETCH,            /* set, fetch */
     IMAPPARSE_CMD_STORE,            /* set, store */
     IMAPPARSE_CMD_COPY,             /* set, arg[0] mailbox */
@@ -379,6 +419,10 @@ enum imapparse_cmdid {
                                        name and limit (digits), in pairs;
                                        "()" gives none */
 };
+
+/* The name of command id (as the parser's table spells it), or NULL for
+ * IMAPPARSE_CMD_NONE and ids past the last. */
+const char *imapparse_cmd_name(int id);
 
 struct imapparse_cmd {
     /* the raw command */
@@ -401,6 +445,12 @@ struct imapparse_cmd {
     struct imapparse_store store;
     struct imapparse_search *search;
     int utf8;                       /* SEARCH CHARSET UTF-8 */
+    int esearch;                    /* SEARCH/SORT RETURN (...) given */
+    unsigned search_ret;            /* its IMAPPARSE_RET_* options (no
+                                       SAVE for SORT) */
+    size_t nsort;                   /* SORT criteria */
+    struct imapparse_sortcrit sort[IMAPPARSE_MAX_SORT];
+    enum imapparse_thread_alg thread_alg;
     struct imapparse_status status;
     struct imapparse_append append;
     struct imapparse_id idparams;

@@ -651,6 +651,7 @@ struct ctx {
     const struct search_params *sp;
     uint32_t max_seq, max_uid;
     int has_modseq;
+    time_t now;             /* for OLDER / YOUNGER */
 };
 
 static void node_free(struct node *nd)
@@ -752,6 +753,8 @@ static int compile(struct ctx *c, const struct imapparse_search *k,
     case IMAPPARSE_S_RECENT:
     case IMAPPARSE_S_LARGER:
     case IMAPPARSE_S_SMALLER:
+    case IMAPPARSE_S_OLDER:
+    case IMAPPARSE_S_YOUNGER:
         return STORE_OK;
     case IMAPPARSE_S_MODSEQ:
         c->has_modseq = 1;
@@ -1318,6 +1321,24 @@ static const char *string_field(enum imapparse_skey key)
     }
 }
 
+/* Is uid in the saved result ("$", ascending)? */
+static int saved_contains(const struct search_params *sp, uint32_t uid)
+{
+    size_t lo = 0, hi = sp->nsaved;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (sp->saved[mid] == uid)
+            return 1;
+        if (sp->saved[mid] < uid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return 0;
+}
+
 /* R_FALSE, R_TRUE, R_UNKNOWN (file keys when !file), or -STORE_x. */
 static int eval(struct ctx *c, struct msg *m, const struct node *nd, int file)
 {
@@ -1359,9 +1380,20 @@ static int eval(struct ctx *c, struct msg *m, const struct node *nd, int file)
     case IMAPPARSE_S_ALL:
         return R_TRUE;
     case IMAPPARSE_S_SEQSET:
+        if (k->set.saved)
+            return saved_contains(c->sp, m->uid);
         return imapparse_seqset_contains(&k->set, m->seq, c->max_seq);
     case IMAPPARSE_S_UID:
+        if (k->set.saved)
+            return saved_contains(c->sp, m->uid);
         return imapparse_seqset_contains(&k->set, m->uid, c->max_uid);
+    case IMAPPARSE_S_OLDER:
+        /* at least that many seconds old; YOUNGER is its complement */
+        return (int64_t)m->rec.internaldate
+               <= (int64_t)c->now - (int64_t)k->number;
+    case IMAPPARSE_S_YOUNGER:
+        return (int64_t)m->rec.internaldate
+               > (int64_t)c->now - (int64_t)k->number;
     case IMAPPARSE_S_FLAG:
         return has_flag(c, m, nd);
     case IMAPPARSE_S_UNFLAG:
@@ -1502,6 +1534,7 @@ int search_run(const struct search_params *sp,
     memset(&m, 0, sizeof(m));
     memset(&root, 0, sizeof(root));
     c.sp = sp;
+    c.now = sp->now ? sp->now : time(NULL);
 
     /* the view */
     if (sp->uids) {
@@ -1600,4 +1633,49 @@ void search_result_free(struct search_result *res)
 int search_seen_set(void *rock, uint32_t uid)
 {
     return rock ? seen_set_contains((const char *)rock, uid) : 0;
+}
+
+void search_set_text(struct buf *out, const uint32_t *nums, size_t n)
+{
+    size_t i = 0;
+
+    while (i < n) {
+        size_t j = i;
+
+        while (j + 1 < n && nums[j + 1] == nums[j] + 1)
+            j++;
+        if (i > 0)
+            buf_putc(out, ',');
+        if (j > i)
+            buf_printf(out, "%u:%u", (unsigned)nums[i], (unsigned)nums[j]);
+        else
+            buf_printf(out, "%u", (unsigned)nums[i]);
+        i = j + 1;
+    }
+}
+
+void search_esearch(struct buf *out, const char *tag, int uid, unsigned ret,
+                    const uint32_t *nums, size_t n, int has_modseq,
+                    uint64_t modseq)
+{
+    buf_appendcstr(out, "* ESEARCH");
+    if (tag)
+        buf_printf(out, " (TAG \"%s\")", tag);
+    if (uid)
+        buf_appendcstr(out, " UID");
+    /* the first and the last of the result: in a SORT result those of
+     * the sort order (ESORT) */
+    if (n > 0 && (ret & IMAPPARSE_RET_MIN))
+        buf_printf(out, " MIN %u", (unsigned)nums[0]);
+    if (n > 0 && (ret & IMAPPARSE_RET_MAX))
+        buf_printf(out, " MAX %u", (unsigned)nums[n - 1]);
+    if (n > 0 && (ret & IMAPPARSE_RET_ALL)) {
+        buf_appendcstr(out, " ALL ");
+        search_set_text(out, nums, n);
+    }
+    if (ret & IMAPPARSE_RET_COUNT)
+        buf_printf(out, " COUNT %lu", (unsigned long)n);
+    if (has_modseq && n > 0)
+        buf_printf(out, " MODSEQ %llu", (unsigned long long)modseq);
+    buf_appendcstr(out, "\r\n");
 }

@@ -1,6 +1,7 @@
 /*
  * search.h - the IMAP SEARCH evaluator (RFC 3501 section 6.4.4, with the
- * MODSEQ key of CONDSTORE, RFC 7162): runs a parsed key tree
+ * MODSEQ key of CONDSTORE, RFC 7162, OLDER/YOUNGER of WITHIN, RFC 5032,
+ * and "$" of SEARCHRES, RFC 5182): runs a parsed key tree
  * (imapparse.h, struct imapparse_search) over the messages of a session's
  * view of an open mailbox and returns the matching message numbers or
  * UIDs in ascending order.
@@ -51,6 +52,10 @@
  *    3501 says); a missing or unparseable Date: header matches none of
  *    them (also not under NOT: NOT SENTON d matches it).
  *  - LARGER/SMALLER: RFC822.SIZE strictly greater / smaller.
+ *  - OLDER n / YOUNGER n (WITHIN, RFC 5032): the internal date is at
+ *    least n seconds before params.now / less than n seconds before it.
+ *  - "$" as a sequence set or after UID (SEARCHRES, RFC 5182): the
+ *    message's UID is in params.saved (whether numbers or UIDs).
  *  - MODSEQ n: the record's modseq >= n (the entry name and type are
  *    accepted and ignored: per-flag modseqs are not kept).
  *  - String keys match a case-insensitive substring.  Both sides are
@@ -96,6 +101,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
+
+#include "lib/buf.h"
 
 #include "imapd/imapparse.h"
 #include "store/mailbox.h"
@@ -113,6 +121,9 @@ struct search_params {
     void *rock;                 /* passed to the callbacks */
     int utf8;                   /* SEARCH CHARSET UTF-8 was given */
     int return_uids;            /* UID SEARCH: nums are UIDs */
+    const uint32_t *saved;      /* "$" (SEARCHRES): UIDs, ascending */
+    size_t nsaved;
+    time_t now;                 /* OLDER/YOUNGER's "now"; 0: time() */
 };
 
 struct search_result {
@@ -138,6 +149,22 @@ void search_result_free(struct search_result *res);
 /* A seen callback over a sequence-set text (struct seen_data's
  * seenuids); rock is the const char * set.  Returns seen_set_contains(). */
 int search_seen_set(void *rock, uint32_t uid);
+
+/* A sequence-set text of nums appended to out: runs of consecutive
+ * ascending numbers become "lo:hi", the rest is kept in the given order
+ * ("1:3,7,5"); nothing for n = 0. */
+void search_set_text(struct buf *out, const uint32_t *nums, size_t n);
+
+/* An ESEARCH response line (RFC 4731 section 3.1; with CRLF) appended to
+ * out: "* ESEARCH (TAG "tag") UID MIN a MAX b ALL set COUNT n MODSEQ m"
+ * with what ret (IMAPPARSE_RET_*) asks for.  nums: the result, ascending
+ * for SEARCH, in sort order for SORT (ESORT, RFC 5267: MIN and MAX are
+ * then the first and the last in that order, ALL keeps the order).  MIN,
+ * MAX, ALL and MODSEQ are left out when nothing matched (COUNT 0 stays);
+ * tag NULL: no correlator; MODSEQ only with has_modseq. */
+void search_esearch(struct buf *out, const char *tag, int uid, unsigned ret,
+                    const uint32_t *nums, size_t n, int has_modseq,
+                    uint64_t modseq);
 
 /* Exposed for tests and for other string matching in imapd: */
 

@@ -12,6 +12,7 @@
  *                  through SASL PLAIN; refused with NO [PRIVACYREQUIRED]
  *                  without TLS unless allowplaintext: yes)
  *   authenticated  ENABLE (CONDSTORE), NAMESPACE, IDLE (waits for DONE),
+ *                  COMPRESS DEFLATE (RFC 4978, lib/prot.h),
  *                  LIST, LSUB, CREATE, DELETE, RENAME, SUBSCRIBE,
  *                  UNSUBSCRIBE, STATUS, SELECT, EXAMINE (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
@@ -20,7 +21,9 @@
  *                  of a user's INBOX (admincmd.c), through imapcmd.h
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
  *                  read-write and the user has e), UNSELECT, FETCH, STORE,
- *                  EXPUNGE, COPY, MOVE, SEARCH and their UID forms;
+ *                  EXPUNGE, COPY, MOVE, SEARCH (ESEARCH, SEARCHRES,
+ *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
+ *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
  * Outside the selected state the selected-state commands answer "BAD No
  * mailbox selected".
@@ -113,6 +116,7 @@
 #include "imapd/quotacmd.h"
 #include "imapd/search.h"
 #include "imapd/session.h"
+#include "imapd/sort.h"
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
@@ -212,6 +216,9 @@ struct imap_session {
                                     \Recent at SELECT (not claimed) */
     int recent_new;              /* messages came into the view: claim
                                     them, then send RECENT */
+    uint32_t *saved;             /* "$" (SEARCHRES): UIDs, ascending */
+    size_t nsaved;
+    struct imapparse_range *saved_ranges;  /* "$" of the current command */
     struct imapparse_cmd cmd;
     struct imapparse_options opts;
     struct buf line;
@@ -418,7 +425,9 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
 
     buf_reset(out);
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
-                        "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN");
+                        "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN "
+                        "ESEARCH SEARCHRES WITHIN SORT SORT=DISPLAY ESORT "
+                        "THREAD=ORDEREDSUBJECT THREAD=REFERENCES");
     /* command families of their own files */
     buf_appendcstr(out, " " ACLCMD_CAPABILITIES " " QUOTACMD_CAPABILITIES);
     if (s->state == IMAP_NOTAUTH) {
@@ -434,6 +443,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
         }
         if (!prot_is_tls(s->p) && !s->srv->allowplaintext)
             buf_appendcstr(out, " LOGINDISABLED");
+    } else if (!prot_is_compressed(s->p)) {
+        buf_appendcstr(out, " COMPRESS=DEFLATE");
     }
     buf_free(&mechs);
 }
@@ -1000,6 +1011,29 @@ static void imap_cmd_starttls(struct imap_session *s)
                     (unsigned long)discarded);
     /* forget everything learnt before the handshake */
     imap_sasl_reset(s);
+}
+
+/* COMPRESS DEFLATE (RFC 4978): the OK goes out plain, everything after
+ * it is deflated both ways (lib/prot.h); under TLS, inside TLS. */
+static void imap_cmd_compress(struct imap_session *s)
+{
+    if (strcmp(s->cmd.arg[0], "DEFLATE") != 0) {
+        imap_tagged(s, "BAD", "Unknown compression mechanism");
+        return;
+    }
+    if (prot_is_compressed(s->p)) {
+        imap_tagged(s, "NO", "[COMPRESSIONACTIVE] DEFLATE active already");
+        return;
+    }
+    imap_tagged(s, "OK", "DEFLATE active");
+    if (prot_compress_start(s->p) != PROT_OK) {
+        log_error("imap: cannot start compression peer=<%s> error=<%s>",
+                  s->conn->peer, prot_error(s->p));
+        s->quit = 1;
+        return;
+    }
+    log_info("imap: compression user=<%s> peer=<%s> mech=<DEFLATE>",
+             s->userid ? s->userid : "", s->conn->peer);
 }
 
 /* ---- LIST / LSUB ----------------------------------------------------- */
@@ -1705,6 +1739,9 @@ static int imap_unselect(struct imap_session *s, int expunge)
     mailbox_close(&s->sel);
     seen_data_free(&s->seen);
     s->sel_useseen = 0;
+    free(s->saved);
+    s->saved = NULL;
+    s->nsaved = 0;
     free(s->msgs);
     s->msgs = NULL;
     s->nmsgs = s->msgalloc = 0;
@@ -2893,10 +2930,95 @@ static int imap_expunge(struct imap_session *s,
     return r == STORE_OK ? ur : r;
 }
 
+/* SEARCH RETURN (SAVE): keep the result as "$" (RFC 5182), as UIDs;
+ * with MIN and/or MAX but neither ALL nor COUNT only those.  Out of
+ * memory leaves "$" empty. */
+static void imap_search_save(struct imap_session *s,
+                             const struct search_result *res)
+{
+    unsigned ret = s->cmd.search_ret;
+    int ends_only = (ret & (IMAPPARSE_RET_MIN | IMAPPARSE_RET_MAX)) &&
+                    !(ret & (IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT));
+    size_t n = 0;
+
+    free(s->saved);
+    s->saved = NULL;
+    s->nsaved = 0;
+    if (res->n == 0)
+        return;
+    s->saved = malloc(res->n * sizeof(*s->saved));
+    if (!s->saved)
+        return;
+    for (size_t i = 0; i < res->n; i++) {
+        uint32_t v = res->nums[i];
+
+        if (ends_only &&
+            !((i == 0 && (ret & IMAPPARSE_RET_MIN)) ||
+              (i == res->n - 1 && (ret & IMAPPARSE_RET_MAX))))
+            continue;
+        if (!s->cmd.uid) {
+            if (v == 0 || v > s->nmsgs)
+                continue;
+            v = s->msgs[v - 1].uid;
+        }
+        s->saved[n++] = v;
+    }
+    s->nsaved = n;
+}
+
+/* A SEARCH RETURN (SAVE) the parser refused (BAD, BADCHARSET) empties
+ * "$" as a failed one does (RFC 5182 2.1). */
+static void imap_search_refused(struct imap_session *s)
+{
+    if (s->cmd.id == IMAPPARSE_CMD_SEARCH &&
+        (s->cmd.search_ret & IMAPPARSE_RET_SAVE)) {
+        free(s->saved);
+        s->saved = NULL;
+        s->nsaved = 0;
+    }
+}
+
+/* "$" as the command's set: the saved UIDs, or for a command on message
+ * numbers the numbers of those still in the view.  0, or -1 out of
+ * memory. */
+static int imap_saved_subst(struct imap_session *s)
+{
+    struct imapparse_seqset *set = &s->cmd.set;
+    size_t n = 0;
+
+    free(s->saved_ranges);
+    s->saved_ranges = NULL;
+    if (!set->saved)
+        return 0;
+    s->saved_ranges = malloc((s->nsaved ? s->nsaved : 1) *
+                             sizeof(*s->saved_ranges));
+    if (!s->saved_ranges)
+        return -1;
+    for (size_t i = 0; i < s->nsaved; i++) {
+        uint32_t v = s->saved[i];
+
+        if (!s->cmd.uid) {
+            const struct imap_msg *m = imap_msg_find(s, v);
+
+            if (!m)
+                continue;
+            v = (uint32_t)(m - s->msgs) + 1;
+        }
+        s->saved_ranges[n].lo = s->saved_ranges[n].hi = v;
+        n++;
+    }
+    set->r = s->saved_ranges;
+    set->n = n;
+    set->saved = 0;
+    return 0;
+}
+
 /* SEARCH / UID SEARCH (imapd/search.c does the matching): the view's
  * uids in sequence order go to the evaluator under the shared lock, the
  * answer is written after the unlock.  With a MODSEQ key the answer ends
- * in (MODSEQ n) and CONDSTORE is on from then (RFC 7162 3.1.5). */
+ * in (MODSEQ n) and CONDSTORE is on from then (RFC 7162 3.1.5).  With
+ * RETURN (...) the answer is one ESEARCH response (RFC 4731; none for
+ * RETURN (SAVE) alone) and SAVE keeps the result as "$" (RFC 5182). */
 static void imap_cmd_search(struct imap_session *s)
 {
     struct imapparse_cmd *c = &s->cmd;
@@ -2922,6 +3044,8 @@ static void imap_cmd_search(struct imap_session *s)
     sp.return_uids = c->uid;
     sp.rock = s;
     sp.recent = imap_search_recent;
+    sp.saved = s->saved;
+    sp.nsaved = s->nsaved;
     if (s->sel_useseen)
         sp.seen = imap_search_seen;
     r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
@@ -2932,22 +3056,147 @@ static void imap_cmd_search(struct imap_session *s)
     free(uids);
     if (r != STORE_OK) {
         search_result_free(&res);
+        if (c->search_ret & IMAPPARSE_RET_SAVE) {
+            free(s->saved);     /* a failed SAVE empties "$" */
+            s->saved = NULL;
+            s->nsaved = 0;
+        }
         imap_store_no(s, r);
         return;
     }
     if (res.has_modseq)
         s->condstore = 1;
-    prot_puts(s->p, "* SEARCH");
-    for (i = 0; i < res.n; i++)
-        prot_printf(s->p, " %lu", (unsigned long)res.nums[i]);
-    if (res.has_modseq && res.n)
-        prot_printf(s->p, " (MODSEQ %llu)",
-                    (unsigned long long)res.highest_modseq);
-    prot_puts(s->p, "\r\n");
+    if (c->search_ret & IMAPPARSE_RET_SAVE)
+        imap_search_save(s, &res);
+    if (c->esearch) {
+        unsigned ret = c->search_ret & ~(unsigned)IMAPPARSE_RET_SAVE;
+
+        if (ret) {
+            struct buf b = BUF_INITIALIZER;
+
+            search_esearch(&b, c->tag, c->uid, ret, res.nums, res.n,
+                           res.has_modseq, res.highest_modseq);
+            prot_write(s->p, b.s, b.len);
+            buf_free(&b);
+        }
+    } else {
+        prot_puts(s->p, "* SEARCH");
+        for (i = 0; i < res.n; i++)
+            prot_printf(s->p, " %lu", (unsigned long)res.nums[i]);
+        if (res.has_modseq && res.n)
+            prot_printf(s->p, " (MODSEQ %llu)",
+                        (unsigned long long)res.highest_modseq);
+        prot_puts(s->p, "\r\n");
+    }
     search_result_free(&res);
     /* SEARCH: no expunges may be reported with its reply */
     s->no_expunge = !c->uid;
     imap_tagged(s, "OK", "%s completed", c->uid ? "UID SEARCH" : "SEARCH");
+    s->no_expunge = 0;
+}
+
+/* The view and callbacks of SEARCH for SORT and THREAD: *uids_r is
+ * malloc'd (free it).  0, or -1 out of memory (answered). */
+static int imap_sort_params(struct imap_session *s, struct search_params *sp,
+                            uint32_t **uids_r)
+{
+    uint32_t *uids = malloc((s->nmsgs ? s->nmsgs : 1) * sizeof(*uids));
+
+    if (!uids) {
+        imap_store_no(s, STORE_NOMEM);
+        return -1;
+    }
+    for (size_t i = 0; i < s->nmsgs; i++)
+        uids[i] = s->msgs[i].uid;
+    memset(sp, 0, sizeof(*sp));
+    sp->mb = s->sel;
+    sp->uids = uids;
+    sp->nmsgs = (uint32_t)s->nmsgs;
+    sp->utf8 = s->cmd.utf8;
+    sp->return_uids = s->cmd.uid;
+    sp->rock = s;
+    sp->recent = imap_search_recent;
+    sp->saved = s->saved;
+    sp->nsaved = s->nsaved;
+    if (s->sel_useseen)
+        sp->seen = imap_search_seen;
+    *uids_r = uids;
+    return 0;
+}
+
+/* SORT / UID SORT (imapd/sort.c): "* SORT n ..." in sort order, or with
+ * RETURN (...) one ESEARCH response (ESORT, RFC 5267). */
+static void imap_cmd_sort(struct imap_session *s)
+{
+    struct imapparse_cmd *c = &s->cmd;
+    struct search_params sp;
+    struct sort_result res;
+    struct buf b = BUF_INITIALIZER;
+    uint32_t *uids;
+    int r;
+
+    memset(&res, 0, sizeof(res));
+    if (imap_sort_params(s, &sp, &uids) < 0)
+        return;
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        r = sort_run(&sp, c->search, c->sort, c->nsort, &res);
+        mailbox_unlock(s->sel);
+    }
+    free(uids);
+    if (r != STORE_OK) {
+        sort_result_free(&res);
+        imap_store_no(s, r);
+        return;
+    }
+    if (res.has_modseq)
+        s->condstore = 1;
+    if (c->esearch) {
+        search_esearch(&b, c->tag, c->uid, c->search_ret, res.nums, res.n,
+                       res.has_modseq, res.highest_modseq);
+    } else {
+        buf_appendcstr(&b, "* SORT");
+        for (size_t i = 0; i < res.n; i++)
+            buf_printf(&b, " %lu", (unsigned long)res.nums[i]);
+        if (res.has_modseq && res.n)
+            buf_printf(&b, " (MODSEQ %llu)",
+                       (unsigned long long)res.highest_modseq);
+        buf_appendcstr(&b, "\r\n");
+    }
+    prot_write(s->p, b.s, b.len);
+    buf_free(&b);
+    sort_result_free(&res);
+    s->no_expunge = !c->uid;
+    imap_tagged(s, "OK", "%s completed", c->uid ? "UID SORT" : "SORT");
+    s->no_expunge = 0;
+}
+
+/* THREAD / UID THREAD (imapd/sort.c). */
+static void imap_cmd_thread(struct imap_session *s)
+{
+    struct imapparse_cmd *c = &s->cmd;
+    struct search_params sp;
+    struct buf b = BUF_INITIALIZER;
+    uint32_t *uids;
+    int r;
+
+    if (imap_sort_params(s, &sp, &uids) < 0)
+        return;
+    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        r = sort_thread(&sp, c->search, c->thread_alg, &b);
+        mailbox_unlock(s->sel);
+    }
+    free(uids);
+    if (r != STORE_OK) {
+        buf_free(&b);
+        imap_store_no(s, r);
+        return;
+    }
+    prot_write(s->p, b.s, b.len);
+    buf_free(&b);
+    s->no_expunge = !c->uid;
+    imap_tagged(s, "OK", "%s completed", c->uid ? "UID THREAD" : "THREAD");
     s->no_expunge = 0;
 }
 
@@ -3724,6 +3973,9 @@ static void imap_command(struct imap_session *s)
     case IMAPPARSE_CMD_IDLE:
         imap_cmd_idle(s);
         break;
+    case IMAPPARSE_CMD_COMPRESS:
+        imap_cmd_compress(s);
+        break;
     case IMAPPARSE_CMD_LIST:
         imap_cmd_list(s);
         break;
@@ -3770,12 +4022,16 @@ static void imap_command(struct imap_session *s)
     case IMAPPARSE_CMD_UNSELECT:
     case IMAPPARSE_CMD_EXPUNGE:
     case IMAPPARSE_CMD_SEARCH:
+    case IMAPPARSE_CMD_SORT:
+    case IMAPPARSE_CMD_THREAD:
     case IMAPPARSE_CMD_FETCH:
     case IMAPPARSE_CMD_STORE:
     case IMAPPARSE_CMD_COPY:
     case IMAPPARSE_CMD_MOVE:
         if (s->state != IMAP_SELECTED) {
             imap_tagged(s, "BAD", "No mailbox selected");
+        } else if (imap_saved_subst(s) != 0) {
+            imap_store_no(s, STORE_NOMEM);
         } else if (c->id == IMAPPARSE_CMD_CHECK) {
             /* every change is durable when its command completes */
             imap_tagged(s, "OK", "CHECK completed");
@@ -3799,6 +4055,10 @@ static void imap_command(struct imap_session *s)
             imap_cmd_copy(s, 0);
         } else if (c->id == IMAPPARSE_CMD_MOVE) {
             imap_cmd_copy(s, 1);
+        } else if (c->id == IMAPPARSE_CMD_SORT) {
+            imap_cmd_sort(s);
+        } else if (c->id == IMAPPARSE_CMD_THREAD) {
+            imap_cmd_thread(s);
         } else {
             imap_cmd_search(s);
         }
@@ -3892,6 +4152,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         case IMAPPARSE_BAD:
         case IMAPPARSE_TOOBIG:
             s.ncommands++;
+            imap_search_refused(&s);
             imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_REFUSED:
@@ -3903,6 +4164,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
             break;
         case IMAPPARSE_BADCHARSET:
             s.ncommands++;
+            imap_search_refused(&s);
             imap_tagged(&s, "NO", "[BADCHARSET (US-ASCII UTF-8)] %s",
                         s.cmd.error);
             break;
@@ -3934,6 +4196,7 @@ out:
     imap_unselect(&s, 0);
     seen_close(&s.seendb);
     free(s.seenchg);
+    free(s.saved_ranges);
     imapparse_cmd_free(&s.cmd);
     buf_free(&s.line);
     buf_free(&s.inbox);

@@ -34,13 +34,18 @@ const uint64_t metrics_bucket_us[METRICS_NBUCKETS] = {
     1000000, 2500000, 5000000, 10000000
 };
 
-/* enum imapparse_cmdid order */
+/* enum imapparse_cmdid order (tests/unit/test_imapparse checks it) */
 const char *const metrics_imap_cmd[METRICS_NIMAPCMDS] = {
     "other", "CAPABILITY", "NOOP", "LOGOUT", "ID", "ENABLE", "STARTTLS",
     "AUTHENTICATE", "LOGIN", "SELECT", "EXAMINE", "CREATE", "DELETE",
     "RENAME", "SUBSCRIBE", "UNSUBSCRIBE", "LIST", "LSUB", "STATUS", "APPEND",
-    "NAMESPACE", "IDLE", "CHECK", "CLOSE", "UNSELECT", "EXPUNGE", "SEARCH",
-    "FETCH", "STORE", "COPY", "MOVE", "other", "other", "other"
+    "NAMESPACE", "IDLE", "COMPRESS", "CHECK", "CLOSE", "UNSELECT",
+    "EXPUNGE", "SEARCH", "SORT", "THREAD", "FETCH", "STORE", "COPY", "MOVE",
+    "SETACL", "DELETEACL", "GETACL", "LISTRIGHTS", "MYRIGHTS", "GETQUOTA",
+    "GETQUOTAROOT", "SETQUOTA", "other", "other", "other", "other",
+    "other", "other", "other", "other", "other", "other", "other", "other",
+    "other", "other", "other", "other", "other", "other", "other", "other",
+    "other", "other"
 };
 
 const char *const metrics_db_name[METRICS_NDBS] = {

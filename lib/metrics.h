@@ -71,7 +71,7 @@ extern const char *const metrics_reply_enhanced[METRICS_NREPLIES];
 extern const uint64_t metrics_bucket_us[METRICS_NBUCKETS];
 
 /* IMAP commands: the index is enum imapparse_cmdid (0 = unparsed) */
-#define METRICS_NIMAPCMDS 34
+#define METRICS_NIMAPCMDS 64
 extern const char *const metrics_imap_cmd[METRICS_NIMAPCMDS];
 
 /* databases (by file name) and backends (registry names) of db errors */

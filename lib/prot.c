@@ -25,6 +25,13 @@
  *   to the caller; the connection is expected to be closed then.
  * - prot_starttls() empties the input buffer before the handshake: what
  *   the client sent after its STARTTLS line never reaches the protocol.
+ * - Layers, top down: the buffers, then deflate (after
+ *   prot_compress_start(): zin/zout), then TLS, then the socket.
+ *   prot_raw_read()/prot_raw_write() are the TLS-or-socket level;
+ *   prot_inflate_read() and prot_deflate_write() sit on them.  The
+ *   input buffer always holds inflated bytes; zin_buf the compressed
+ *   ones not yet inflated.  Inflate output per call is bounded by the
+ *   buffer's free room.
  */
 #include "config.h"
 
@@ -45,6 +52,7 @@
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <zlib.h>
 
 #include "lib/prot.h"
 #include "lib/tls.h"
@@ -69,6 +77,14 @@ struct prot {
     SSL *ssl;
     char *tls_info;
     int tls_ssf;
+
+    /* COMPRESS=DEFLATE (prot_compress_start()), NULL without */
+    z_stream *zin, *zout;
+    unsigned char *zin_buf;     /* compressed input: zin->next_in points
+                                   into it (PROT_BUFSIZE bytes) */
+    unsigned char *zout_buf;    /* compressed output on its way out */
+    int zout_dirty;             /* bytes went into deflate since the last
+                                   sync flush */
 
     unsigned long long bytes_in, bytes_out;
     char error[256];
@@ -145,6 +161,23 @@ struct prot *prot_new_mem(const void *data, size_t len)
     return p;
 }
 
+static void prot_compress_free(struct prot *p)
+{
+    if (p->zin) {
+        inflateEnd(p->zin);
+        free(p->zin);
+        p->zin = NULL;
+    }
+    if (p->zout) {
+        deflateEnd(p->zout);
+        free(p->zout);
+        p->zout = NULL;
+    }
+    free(p->zin_buf);
+    free(p->zout_buf);
+    p->zin_buf = p->zout_buf = NULL;
+}
+
 void prot_free(struct prot **pp)
 {
     struct prot *p;
@@ -159,6 +192,7 @@ void prot_free(struct prot **pp)
         ERR_clear_error();
         SSL_free(p->ssl);
     }
+    prot_compress_free(p);
     free(p->tls_info);
     free(p->in);
     free(p->out);
@@ -437,48 +471,40 @@ static int prot_ssl_wait(struct prot *p, int ret, const char *what)
 
 /* ---- reading ------------------------------------------------------- */
 
-/* Read more input into the buffer (at least one byte).  PROT_OK, PROT_EOF,
- * PROT_TIMEOUT, PROT_IOERROR. */
-static int prot_fill(struct prot *p)
+/* One read from the connection (through TLS when active) into
+ * dst[0 .. room), room >= 1.  With wait, waits as the timeout allows
+ * and gives at least one byte; without, *n_r is 0 when nothing is there
+ * yet.  PROT_OK (*n_r bytes), PROT_EOF, PROT_TIMEOUT, PROT_IOERROR,
+ * PROT_INTERRUPTED; EOF and errors are made sticky here. */
+static int prot_raw_read(struct prot *p, unsigned char *dst, size_t room,
+                         int wait, size_t *n_r)
 {
-    size_t room;
-
-    if (p->read_error)
-        return PROT_IOERROR;
-    if (p->read_eof)
-        return PROT_EOF;
-    if (p->in_start == p->in_end) {
-        p->in_start = p->in_end = 0;
-    } else if (p->in_start > 0 && PROT_BUFSIZE - p->in_end < PROT_BUFSIZE / 4) {
-        memmove(p->in, p->in + p->in_start, p->in_end - p->in_start);
-        p->in_end -= p->in_start;
-        p->in_start = 0;
-    }
-    room = PROT_BUFSIZE - p->in_end;
-    if (room == 0)
-        return PROT_OK;      /* full already: nothing to do */
-
+    *n_r = 0;
     for (;;) {
         int r;
 
         if (p->ssl) {
             size_t n = 0;
-            int ret;
+            int ret, err;
 
             errno = 0;
-            ret = SSL_read_ex(p->ssl, p->in + p->in_end, room, &n);
+            ret = SSL_read_ex(p->ssl, dst, room, &n);
             if (ret > 0) {
-                p->in_end += n;
                 p->bytes_in += n;
+                *n_r = n;
                 return PROT_OK;
             }
+            err = SSL_get_error(p->ssl, ret);
+            if (!wait && (err == SSL_ERROR_WANT_READ
+                          || err == SSL_ERROR_WANT_WRITE))
+                return PROT_OK;
             r = prot_ssl_wait(p, ret, "TLS read");
         } else {
-            ssize_t n = prot_sys_read(p, p->in + p->in_end, room);
+            ssize_t n = prot_sys_read(p, dst, room);
 
             if (n > 0) {
-                p->in_end += (size_t)n;
                 p->bytes_in += (unsigned long long)n;
+                *n_r = (size_t)n;
                 return PROT_OK;
             }
             if (n == 0 || errno == ECONNRESET) {
@@ -487,6 +513,8 @@ static int prot_fill(struct prot *p)
             } else if (errno == EINTR) {
                 continue;
             } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (!wait)
+                    return PROT_OK;
                 r = prot_wait(p, POLLIN);
             } else {
                 prot_seterror(p, "read: %s", strerror(errno));
@@ -505,6 +533,92 @@ static int prot_fill(struct prot *p)
         }
         return r;
     }
+}
+
+/* prot_raw_read() through the deflate layer: inflate into
+ * dst[0 .. room) what is buffered compressed, reading more compressed
+ * bytes from the connection only when nothing comes out.  However much
+ * the compressed bytes expand, at most room bytes come out per call (the
+ * rest waits in zlib), so the line and literal limits of the callers
+ * apply to the inflated bytes: a small "decompression bomb" costs no
+ * more memory than the same bytes sent plainly. */
+static int prot_inflate_read(struct prot *p, unsigned char *dst,
+                             size_t room, int wait, size_t *n_r)
+{
+    z_stream *z = p->zin;
+
+    *n_r = 0;
+    for (;;) {
+        size_t got, used, n;
+        int zr, r;
+
+        z->next_out = dst;
+        z->avail_out = (uInt)room;
+        zr = inflate(z, Z_SYNC_FLUSH);
+        got = room - z->avail_out;
+        if (zr != Z_OK && zr != Z_BUF_ERROR && zr != Z_STREAM_END) {
+            prot_seterror(p, "inflate: %s",
+                          z->msg ? z->msg : "invalid compressed data");
+            p->read_error = 1;
+            return PROT_IOERROR;
+        }
+        if (got > 0) {
+            *n_r = got;
+            return PROT_OK;
+        }
+        if (zr == Z_STREAM_END) {
+            /* RFC 4978 has no end of compression: nothing may follow */
+            prot_seterror(p, "inflate: the peer ended its compressed "
+                          "stream");
+            p->read_error = 1;
+            return PROT_IOERROR;
+        }
+        /* all input went in: fetch more compressed bytes */
+        used = z->avail_in;
+        if (used > 0 && z->next_in != p->zin_buf)
+            memmove(p->zin_buf, z->next_in, used);
+        if (used == PROT_BUFSIZE) {
+            prot_seterror(p, "inflate: no progress");
+            p->read_error = 1;
+            return PROT_IOERROR;
+        }
+        r = prot_raw_read(p, p->zin_buf + used, PROT_BUFSIZE - used, wait,
+                          &n);
+        z->next_in = p->zin_buf;
+        z->avail_in = (uInt)(used + n);
+        if (r != PROT_OK || n == 0)
+            return r;
+    }
+}
+
+/* Read more input into the buffer (at least one byte).  PROT_OK, PROT_EOF,
+ * PROT_TIMEOUT, PROT_IOERROR. */
+static int prot_fill(struct prot *p)
+{
+    size_t room, n = 0;
+    int r;
+
+    if (p->read_error)
+        return PROT_IOERROR;
+    if (p->read_eof)
+        return PROT_EOF;
+    if (p->in_start == p->in_end) {
+        p->in_start = p->in_end = 0;
+    } else if (p->in_start > 0 && PROT_BUFSIZE - p->in_end < PROT_BUFSIZE / 4) {
+        memmove(p->in, p->in + p->in_start, p->in_end - p->in_start);
+        p->in_end -= p->in_start;
+        p->in_start = 0;
+    }
+    room = PROT_BUFSIZE - p->in_end;
+    if (room == 0)
+        return PROT_OK;      /* full already: nothing to do */
+    if (p->zin)
+        r = prot_inflate_read(p, p->in + p->in_end, room, 1, &n);
+    else
+        r = prot_raw_read(p, p->in + p->in_end, room, 1, &n);
+    if (r == PROT_OK)
+        p->in_end += n;
+    return r;
 }
 
 int prot_getline(struct prot *p, struct buf *line, size_t maxlen,
@@ -615,7 +729,8 @@ int prot_read_some(struct prot *p, struct buf *out, size_t max, size_t *n_r)
  * there yet (or no room), -1 EOF or an error (made sticky). */
 static int prot_fill_nowait(struct prot *p)
 {
-    size_t room;
+    size_t room, n = 0;
+    int r;
 
     if (p->read_error || p->read_eof)
         return -1;
@@ -629,52 +744,14 @@ static int prot_fill_nowait(struct prot *p)
     room = PROT_BUFSIZE - p->in_end;
     if (room == 0)
         return 0;
-    for (;;) {
-        if (p->ssl) {
-            size_t n = 0;
-            int ret, err;
-
-            errno = 0;
-            ret = SSL_read_ex(p->ssl, p->in + p->in_end, room, &n);
-            if (ret > 0) {
-                p->in_end += n;
-                p->bytes_in += n;
-                return 1;
-            }
-            err = SSL_get_error(p->ssl, ret);
-            if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE)
-                return 0;
-            /* the waiting read reports it properly (EOF or the error) */
-            ret = prot_ssl_wait(p, ret, "TLS read");
-            if (ret == PROT_EOF) {
-                p->read_eof = 1;
-                prot_seterror(p, "read: connection closed by peer");
-            } else {
-                p->read_error = 1;
-            }
-            return -1;
-        } else {
-            ssize_t n = prot_sys_read(p, p->in + p->in_end, room);
-
-            if (n > 0) {
-                p->in_end += (size_t)n;
-                p->bytes_in += (unsigned long long)n;
-                return 1;
-            }
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return 0;
-            if (n == 0 || errno == ECONNRESET) {
-                p->read_eof = 1;
-                prot_seterror(p, "read: connection closed by peer");
-            } else {
-                prot_seterror(p, "read: %s", strerror(errno));
-                p->read_error = 1;
-            }
-            return -1;
-        }
-    }
+    if (p->zin)
+        r = prot_inflate_read(p, p->in + p->in_end, room, 0, &n);
+    else
+        r = prot_raw_read(p, p->in + p->in_end, room, 0, &n);
+    if (r != PROT_OK)
+        return -1;
+    p->in_end += n;
+    return n > 0;
 }
 
 int prot_line_ready(struct prot *p)
@@ -699,6 +776,9 @@ int prot_pending(const struct prot *p)
 {
     if (p->in_end > p->in_start)
         return 1;
+    /* compressed bytes not inflated yet do not count: they may be only
+     * part of a block, and a caller that flushes its output on 0 must
+     * not wait for a command that cannot be inflated yet */
     if (p->ssl && SSL_has_pending(p->ssl))
         return 1;
     return 0;
@@ -706,21 +786,14 @@ int prot_pending(const struct prot *p)
 
 /* ---- writing ------------------------------------------------------- */
 
-/* Send out[0 .. out_len).  Sets the sticky error on failure. */
-static int prot_send_buffered(struct prot *p)
+/* Send data[0 .. len) on the connection (through TLS when active).
+ * Sets the sticky error on failure. */
+static int prot_raw_write(struct prot *p, const unsigned char *data,
+                          size_t len)
 {
     size_t done = 0;
 
-    if (p->write_error) {
-        p->out_len = 0;
-        return p->write_error;
-    }
-    if (p->mem) {               /* prot_new_mem(): output goes nowhere */
-        p->bytes_out += p->out_len;
-        p->out_len = 0;
-        return PROT_OK;
-    }
-    while (done < p->out_len) {
+    while (done < len) {
         int r;
 
         if (p->ssl) {
@@ -729,7 +802,7 @@ static int prot_send_buffered(struct prot *p)
 
             /* a retried SSL_write gets the same buffer and length */
             errno = 0;
-            ret = SSL_write_ex(p->ssl, p->out + done, p->out_len - done, &n);
+            ret = SSL_write_ex(p->ssl, data + done, len - done, &n);
             if (ret > 0) {
                 done += n;
                 p->bytes_out += n;
@@ -741,7 +814,7 @@ static int prot_send_buffered(struct prot *p)
                 r = PROT_IOERROR;
             }
         } else {
-            ssize_t n = prot_sys_write(p, p->out + done, p->out_len - done);
+            ssize_t n = prot_sys_write(p, data + done, len - done);
 
             if (n >= 0) {
                 done += (size_t)n;
@@ -762,11 +835,70 @@ static int prot_send_buffered(struct prot *p)
         if (r == PROT_TIMEOUT)
             prot_seterror(p, "write: timeout after %d seconds", p->timeout);
         p->write_error = r;
-        p->out_len = 0;
         return r;
     }
-    p->out_len = 0;
     return PROT_OK;
+}
+
+/* out[0 .. out_len) through deflate to the connection; with sync, a
+ * Z_SYNC_FLUSH ends it (RFC 4978: the peer can inflate everything sent
+ * so far). */
+static int prot_deflate_write(struct prot *p, int sync)
+{
+    z_stream *z = p->zout;
+
+    if (p->out_len == 0 && (!sync || !p->zout_dirty))
+        return PROT_OK;
+    z->next_in = p->out;
+    z->avail_in = (uInt)p->out_len;
+    p->zout_dirty = 1;
+    for (;;) {
+        size_t n;
+        int zr, r;
+
+        z->next_out = p->zout_buf;
+        z->avail_out = PROT_BUFSIZE;
+        zr = deflate(z, sync ? Z_SYNC_FLUSH : Z_NO_FLUSH);
+        if (zr != Z_OK && zr != Z_BUF_ERROR) {
+            prot_seterror(p, "deflate: %s", z->msg ? z->msg : "failed");
+            p->write_error = PROT_IOERROR;
+            return PROT_IOERROR;
+        }
+        n = PROT_BUFSIZE - z->avail_out;
+        if (n > 0) {
+            r = prot_raw_write(p, p->zout_buf, n);
+            if (r != PROT_OK)
+                return r;
+        }
+        if (z->avail_in == 0 && z->avail_out > 0)
+            break;
+    }
+    if (sync)
+        p->zout_dirty = 0;
+    return PROT_OK;
+}
+
+/* Send out[0 .. out_len) (sync: the deflate layer flushes too).  Sets
+ * the sticky error on failure. */
+static int prot_send_buffered(struct prot *p, int sync)
+{
+    int r;
+
+    if (p->write_error) {
+        p->out_len = 0;
+        return p->write_error;
+    }
+    if (p->mem) {               /* prot_new_mem(): output goes nowhere */
+        p->bytes_out += p->out_len;
+        p->out_len = 0;
+        return PROT_OK;
+    }
+    if (p->zout)
+        r = prot_deflate_write(p, sync);
+    else
+        r = prot_raw_write(p, p->out, p->out_len);
+    p->out_len = 0;
+    return r;
 }
 
 void prot_write(struct prot *p, const void *data, size_t len)
@@ -782,7 +914,7 @@ void prot_write(struct prot *p, const void *data, size_t len)
         d += n;
         len -= n;
         if (p->out_len == PROT_BUFSIZE)
-            (void)prot_send_buffered(p);
+            (void)prot_send_buffered(p, 0);
     }
 }
 
@@ -808,7 +940,7 @@ void prot_printf(struct prot *p, const char *fmt, ...)
     if ((size_t)n < room) {
         p->out_len += (size_t)n;
         if (p->out_len == PROT_BUFSIZE)
-            (void)prot_send_buffered(p);
+            (void)prot_send_buffered(p, 0);
         return;
     }
     {
@@ -827,7 +959,69 @@ void prot_printf(struct prot *p, const char *fmt, ...)
 
 int prot_flush(struct prot *p)
 {
-    return prot_send_buffered(p);
+    return prot_send_buffered(p, 1);
+}
+
+/* ---- COMPRESS=DEFLATE -------------------------------------------------- */
+
+int prot_compress_start(struct prot *p)
+{
+    size_t pending;
+    int r;
+
+    if (p->zin) {
+        prot_seterror(p, "compress: compression is already active");
+        return PROT_IOERROR;
+    }
+    if (p->mem) {
+        prot_seterror(p, "compress: a memory stream has no connection");
+        return PROT_IOERROR;
+    }
+    /* the reply that accepted COMPRESS goes out uncompressed */
+    r = prot_flush(p);
+    if (r != PROT_OK)
+        return r;
+    p->zin = calloc(1, sizeof(*p->zin));
+    p->zout = calloc(1, sizeof(*p->zout));
+    p->zin_buf = malloc(PROT_BUFSIZE);
+    p->zout_buf = malloc(PROT_BUFSIZE);
+    if (!p->zin || !p->zout || !p->zin_buf || !p->zout_buf) {
+        free(p->zin);
+        free(p->zout);
+        p->zin = p->zout = NULL;
+        prot_compress_free(p);
+        prot_seterror(p, "compress: out of memory");
+        return PROT_NOMEM;
+    }
+    /* raw deflate (no zlib header), 32 KiB window, both directions */
+    if (inflateInit2(p->zin, -15) != Z_OK) {
+        free(p->zin);
+        p->zin = NULL;
+        prot_compress_free(p);
+        prot_seterror(p, "compress: inflateInit2 failed");
+        return PROT_NOMEM;
+    }
+    if (deflateInit2(p->zout, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -15, 8,
+                     Z_DEFAULT_STRATEGY) != Z_OK) {
+        free(p->zout);
+        p->zout = NULL;
+        prot_compress_free(p);
+        prot_seterror(p, "compress: deflateInit2 failed");
+        return PROT_NOMEM;
+    }
+    /* what the client sent after its command line is compressed already */
+    pending = p->in_end - p->in_start;
+    if (pending)
+        memcpy(p->zin_buf, p->in + p->in_start, pending);
+    p->in_start = p->in_end = 0;
+    p->zin->next_in = p->zin_buf;
+    p->zin->avail_in = (uInt)pending;
+    return PROT_OK;
+}
+
+int prot_is_compressed(const struct prot *p)
+{
+    return p->zin != NULL;
 }
 
 /* ---- TLS ----------------------------------------------------------- */
@@ -850,6 +1044,11 @@ int prot_starttls(struct prot *p, struct tls_server *tls,
     }
     if (p->ssl) {
         prot_seterror(p, "starttls: TLS is already active");
+        return PROT_IOERROR;
+    }
+    if (p->zin) {
+        /* TLS would go inside the compressed stream: not allowed */
+        prot_seterror(p, "starttls: compression is active");
         return PROT_IOERROR;
     }
     if (!ctx || !meth) {

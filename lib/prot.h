@@ -29,6 +29,18 @@
  * buffer is emptied before the handshake, and prot_starttls() reports
  * how many bytes it threw away in *discarded_r.
  *
+ * Compression: prot_compress_start() turns on COMPRESS=DEFLATE (RFC
+ * 4978) in both directions: raw deflate (no zlib header, 32 KiB window),
+ * every prot_flush() ending in a Z_SYNC_FLUSH so the peer can inflate
+ * all that was sent.  Under TLS the TLS records carry the compressed
+ * stream; TLS cannot start once compression is on.  Inflating is
+ * bounded: one read never produces more than the free space of the
+ * input buffer, so the line limit of prot_getline() and the byte counts
+ * of prot_read() hold for the inflated bytes as they do without
+ * compression.  Compressed data the peer sent before compression
+ * started on this side (pipelined after its command) is kept and
+ * inflated.  prot_bytes_in()/prot_bytes_out() count the compressed bytes.
+ *
  * Errors are returned as enum prot_result; a human-readable reason of the
  * last error is in prot_error() (for logs; never sent to the client).
  */
@@ -113,7 +125,8 @@ int prot_read(struct prot *p, struct buf *out, size_t len);
  * PROT_TIMEOUT, PROT_IOERROR, PROT_NOMEM.  For streaming large data. */
 int prot_read_some(struct prot *p, struct buf *out, size_t max, size_t *n_r);
 /* 1 when input is already buffered (the client pipelined more), else 0.
- * Does not read from the socket. */
+ * Does not read from the socket.  Compressed input not yet inflated
+ * does not count. */
 int prot_pending(const struct prot *p);
 
 /* Read what has arrived, without waiting, and say whether prot_getline()
@@ -150,10 +163,20 @@ const char *prot_tls_info(const struct prot *p);
 /* Bits of the negotiated cipher (SASL's SSF), 0 without TLS. */
 int prot_tls_ssf(const struct prot *p);
 
+/* Start COMPRESS=DEFLATE in both directions (see above): output
+ * buffered so far (the OK of the COMPRESS command) is flushed
+ * uncompressed first; input still buffered is taken as compressed.
+ * PROT_OK; PROT_IOERROR (already active, or a memory stream), PROT_NOMEM,
+ * or the flush's error. */
+int prot_compress_start(struct prot *p);
+/* 1 after a successful prot_compress_start(). */
+int prot_is_compressed(const struct prot *p);
+
 /* Why the last call failed, for logs.  Owned by p. */
 const char *prot_error(const struct prot *p);
 
-/* Bytes read from / written to the connection so far (plain side). */
+/* Bytes read from / written to the connection so far (plain side of
+ * TLS; compressed when compression is on). */
 unsigned long long prot_bytes_in(const struct prot *p);
 unsigned long long prot_bytes_out(const struct prot *p);
 

@@ -50,6 +50,7 @@ bench_cache=${BENCH_CACHE:-/var/cache/mailbench}
 packages=(
   build-essential autoconf automake libtool pkg-config
   libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev libmicrohttpd-dev libsystemd-dev
+  zlib1g-dev
   sasl2-bin libsasl2-modules python3
 )
 # tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and

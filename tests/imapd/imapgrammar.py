@@ -4,9 +4,10 @@ extensions imapd sends: UIDPLUS (RFC 4315) APPENDUID/COPYUID codes,
 CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
 and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
 (RFC 2342), ACL (RFC 4314: ACL, LISTRIGHTS, MYRIGHTS), QUOTA (RFC 9208:
-QUOTA, QUOTAROOT) and the RFC 5530 response codes (any atom code with optional
-text is grammatical).  As in RFC 9051 the human-readable text after a
-status or continuation may be empty.
+QUOTA, QUOTAROOT), ESEARCH (RFC 4731, also as ESORT's answer, RFC 5267),
+SORT and THREAD (RFC 5256) and the RFC 5530 response codes (any atom code
+with optional text is grammatical).  As in RFC 9051 the human-readable
+text after a status or continuation may be empty.
 
 validate(data) takes the raw bytes of one complete response (without its
 final CRLF; literals inlined as {n} CRLF and n bytes) and returns None if
@@ -341,6 +342,21 @@ class Parser:
                     self.lit(b")")
                     break
                 self.number(nz=True)
+        elif w == b"ESEARCH":
+            self.esearch()
+        elif w == b"SORT":
+            while self.opt(b" "):
+                if self.opt(b"("):
+                    self.lit(b"MODSEQ ")
+                    self.number(maximum=MAX63)
+                    self.lit(b")")
+                    break
+                self.number(nz=True)
+        elif w == b"THREAD":
+            if self.opt(b" "):
+                self.thread_list()
+                while self.peek() == b"(":
+                    self.thread_list()
         elif w == b"FLAGS":
             self.sp()
             self.plist(self.flag)
@@ -420,6 +436,61 @@ class Parser:
         if any(not (0x61 <= c <= 0x7a or 0x30 <= c <= 0x39) for c in r):
             self.i = start
             self.fail("rights must be lower-case letters or digits")
+
+    def esearch(self):
+        # [SP "(" "TAG" SP tag-string ")"] [SP "UID"] *(SP return-data)
+        if self.peek(2) == b" (":
+            self.i += 2
+            self.lit(b"TAG ")
+            self.string()
+            self.lit(b")")
+        if self.d[self.i:self.i + 4].upper() == b" UID" and \
+                (self.i + 4 == len(self.d) or self.d[self.i + 4] == 0x20):
+            self.i += 4
+        seen = set()
+        while self.opt(b" "):
+            w = self.atom().upper()
+            if w in seen:
+                self.fail("repeated ESEARCH item %r" % w)
+            seen.add(w)
+            self.sp()
+            if w in (b"MIN", b"MAX"):
+                self.number(nz=True)
+            elif w == b"ALL":
+                self.seq_set(False)
+            elif w == b"COUNT":
+                self.number()
+            elif w == b"MODSEQ":
+                self.number(nz=True, maximum=MAX63)
+            else:
+                self.i -= len(w) + 1
+                self.fail("unknown ESEARCH item %r" % w)
+
+    def thread_list(self):
+        # "(" (thread-members / thread-nested) ")"; thread-members =
+        # nz-number *(SP nz-number) [SP thread-nested]; thread-nested =
+        # 2*thread-list
+        self.lit(b"(")
+        if self.peek() == b"(":
+            n = 0
+            while self.peek() == b"(":
+                self.thread_list()
+                n += 1
+            if n < 2:
+                self.fail("thread-nested needs two thread-lists")
+        else:
+            self.number(nz=True)
+            while self.opt(b" "):
+                if self.peek() == b"(":
+                    n = 0
+                    while self.peek() == b"(":
+                        self.thread_list()
+                        n += 1
+                    if n < 2:
+                        self.fail("thread-nested needs two thread-lists")
+                    break
+                self.number(nz=True)
+        self.lit(b")")
 
     def namespace(self):
         if self.is_nil():
@@ -748,6 +819,18 @@ SELFTEST_GOOD = [
     b"* STATUS blurdybloop (MESSAGES 231 UIDNEXT 44292)",
     b"* SEARCH 2 84 882 (MODSEQ 917162500)",
     b"* SEARCH",
+    b'* ESEARCH (TAG "A282") MIN 2 COUNT 3',
+    b'* ESEARCH (TAG "A283") ALL 2,10:11',
+    b'* ESEARCH (TAG "A285") UID MIN 7 MAX 3800',
+    b'* ESEARCH (TAG "A286") COUNT 15',
+    b'* ESEARCH (TAG "a") UID ALL 1:3 MODSEQ 917162500',
+    b'* ESEARCH (TAG "A284")',
+    b"* ESEARCH COUNT 0",
+    b"* SORT 2 84 882",
+    b"* SORT",
+    b"* THREAD (2)(3 6 (4 23)(44 7 96))",
+    b"* THREAD ((3)(5))",
+    b"* THREAD",
     b"* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft $Forwarded)",
     b"* 23 EXISTS",
     b"* 0 RECENT",
@@ -788,6 +871,13 @@ SELFTEST_BAD = [
     b"* CAPABILITY STARTTLS",
     b'* LIST (\\Noselect) "//" foo',
     b"* SEARCH 0",
+    b'* ESEARCH (TAG "a") MIN 0',
+    b'* ESEARCH (TAG "a") COUNT 1 COUNT 2',
+    b'* ESEARCH (TAG "a") FOO 1',
+    b"* SORT 0",
+    b"* THREAD (2)(3 (4))",
+    b"* THREAD ((3))",
+    b"* THREAD ()",
     b"* OK [UIDNEXT abc] x",
     b"* OK [PERMANENTFLAGS (\\Seen )] Ok",
     b"* OK [UIDVALIDITY 0] x",

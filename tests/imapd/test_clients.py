@@ -12,7 +12,9 @@ user, allowplaintext off.  Two clients, each run as a program:
   over STARTTLS, checking the server's certificate against the test's
   self-signed one: messages delivered with mbtool come down, flags set
   and a folder made locally go up (checked with imaplib), and one more
-  sync changes nothing on either side.
+  sync changes nothing on either side.  Another sync shows (mbsync's
+  network debug output, the server's log) that mbsync compresses with
+  COMPRESS=DEFLATE when imapd offers it, and not with DisableExtensions.
 
 A test is skipped (SKIP) only when its program is not installed.
 
@@ -340,6 +342,61 @@ def test_mbsync_round_trip():
     check(not i.worker_trouble(), "worker trouble: %s" % i.worker_trouble())
 
 
+def test_mbsync_compress():
+    """mbsync uses COMPRESS=DEFLATE when offered (under STARTTLS): its
+    network debug output shows the command and its OK, the server logs
+    the compression, and the messages arrive intact.  With
+    DisableExtensions COMPRESS=DEFLATE the same sync runs uncompressed (the
+    server logs no compression for it), so the first run's log line is
+    mbsync's doing."""
+    if not os.access(MBSYNC, os.X_OK):
+        raise Skip("mbsync not installed (package isync)")
+    i = inst()
+    i.create("user.%s.Zipped" % USER)
+    mids = []
+    for n in range(4):
+        mid = "zipped-%d@example.com" % n
+        mids.append("<%s>" % mid)
+        i.mbtool("deliver", "-m", "Zipped", USER, input=make_message(
+            msgid=mid, subject="compressed %d" % n,
+            body=b"deflate me, deflate me\r\n" * 2000))
+    for disable in (False, True):
+        i.mark_log()
+        home = tempfile.mkdtemp(prefix="mbsyncz.", dir=i.dir)
+        maildir = os.path.join(home, "Mail")
+        os.mkdir(maildir)
+        conf = os.path.join(home, "mbsyncrc")
+        text = MBSYNC_CONF.format(port=i.tcp_port, user=USER,
+                                  password=PASSWORD, cert=i.cert,
+                                  maildir=maildir)
+        text = text.replace("Patterns *", "Patterns Zipped")
+        if disable:
+            text = text.replace("Timeout 20\n", "Timeout 20\n"
+                                "DisableExtensions COMPRESS=DEFLATE\n")
+        with open(conf, "w") as f:
+            f.write(text)
+        rc, out = run([MBSYNC, "-Dn", "-c", conf, "-a"],
+                      env=dict(os.environ, HOME=home), timeout=120)
+        check(rc == 0, "mbsync exit %d:\n%s" % (rc, out[-3000:]))
+        folder = os.path.join(maildir, "Zipped")
+        check(os.path.isdir(folder) and message_ids(folder) == sorted(mids),
+              "local Zipped: %r" % (os.listdir(maildir),))
+        sent = re.search(r"(?m)^>>> \d+ COMPRESS DEFLATE", out)
+        answered = re.search(r"(?m)^\d+ OK DEFLATE active", out)
+        logged = re.search(r"imap: compression user=<%s> " % USER,
+                           i.new_log())
+        if disable:
+            check(not sent and not logged, "compression with "
+                  "DisableExtensions COMPRESS=DEFLATE:\n%s" % out[-2000:])
+        else:
+            check(sent and answered, "mbsync did not use COMPRESS:\n%s"
+                  % out[-3000:])
+            check(logged, "no compression line in the server log: %s"
+                  % i.new_log()[-800:])
+        shutil.rmtree(home, ignore_errors=True)
+    check(not i.worker_trouble(), "worker trouble: %s" % i.worker_trouble())
+
+
 def _read_all(folder):
     out = []
     for sub in ("new", "cur"):
@@ -360,6 +417,7 @@ if __name__ == "__main__":
     rc = run_imap_tests([
         test_imtest_starttls_plain,
         test_mbsync_round_trip,
+        test_mbsync_compress,
     ])
     try:
         finish()

@@ -28,6 +28,7 @@
 
 #include "imapd/imapparse.h"
 #include "lib/buf.h"
+#include "lib/metrics.h"
 #include "lib/prot.h"
 #include "tests/testhelp.h"
 
@@ -1150,6 +1151,29 @@ static void test_mem_stream_mutations(void **state)
     }
 }
 
+/* The metrics label of every command id is the command's name: the table
+ * in lib/metrics.c follows enum imapparse_cmdid, and a command added to
+ * the enum without it would be counted under another command's name. */
+static void test_metrics_names(void **state)
+{
+    int id, n = 0;
+
+    (void)state;
+    assert_string_equal(metrics_imap_cmd[0], "other");
+    for (id = 1; id < METRICS_NIMAPCMDS; id++) {
+        const char *name = imapparse_cmd_name(id);
+
+        if (!name) {
+            assert_string_equal(metrics_imap_cmd[id], "other");
+            continue;
+        }
+        n++;
+        assert_string_equal(metrics_imap_cmd[id], name);
+    }
+    assert_null(imapparse_cmd_name(METRICS_NIMAPCMDS));
+    assert_true(n > 30);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1172,6 +1196,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_one_byte_at_a_time, setup,
                                         teardown),
         cmocka_unit_test(test_mem_stream_mutations),
+        cmocka_unit_test(test_metrics_names),
     };
 
     signal(SIGPIPE, SIG_IGN);

@@ -7,7 +7,10 @@
  * not read; a real TLS handshake against a self-signed certificate made
  * by the openssl command, data both ways, the STARTTLS command injection
  * discard, handshake failures and timeouts; certificate/key loading
- * errors; SASL PLAIN and LOGIN against a sasldb made by saslpasswd2.
+ * errors; SASL PLAIN and LOGIN against a sasldb made by saslpasswd2;
+ * COMPRESS=DEFLATE against zlib driven by the test itself (pipelined
+ * compressed input, a line that inflates to megabytes, sync-flushed
+ * output, corrupt input).
  */
 #include "config.h"
 
@@ -30,6 +33,7 @@
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <zlib.h>
 
 #include "lib/buf.h"
 #include "lib/imapconf.h"
@@ -115,6 +119,115 @@ static void expect_line(struct prot *p, size_t maxlen, int want_r,
 
 #define EXPECT(p, max, r, lit, eol) \
     expect_line((p), (max), (r), (lit), sizeof(lit) - 1, (eol))
+
+
+/* ---- COMPRESS=DEFLATE ----------------------------------------------- */
+
+/* Deflate len bytes with a sync flush, append to out. */
+static void z_send(z_stream *z, const void *data, size_t len,
+                   struct buf *out)
+{
+    unsigned char chunk[16384];
+
+    z->next_in = (unsigned char *)data;
+    z->avail_in = (uInt)len;
+    do {
+        z->next_out = chunk;
+        z->avail_out = sizeof(chunk);
+        assert_true(deflate(z, Z_SYNC_FLUSH) != Z_STREAM_ERROR);
+        buf_append(out, chunk, sizeof(chunk) - z->avail_out);
+    } while (z->avail_out == 0 || z->avail_in > 0);
+}
+
+static void test_compress(void **state)
+{
+    int sv[2];
+    struct prot *p;
+    z_stream zc, zd;
+    struct buf wire = BUF_INITIALIZER, line = BUF_INITIALIZER;
+    struct buf got = BUF_INITIALIZER;
+    char *big;
+    unsigned char raw[65536], plain[65536];
+    size_t bomb = 4u << 20, total = 0;
+    (void)state;
+
+    memset(&zc, 0, sizeof(zc));
+    memset(&zd, 0, sizeof(zd));
+    assert_int_equal(deflateInit2(&zc, 6, Z_DEFLATED, -15, 8,
+                                  Z_DEFAULT_STRATEGY), Z_OK);
+    assert_int_equal(inflateInit2(&zd, -15), Z_OK);
+    make_pair(sv);
+    p = prot_new(sv[0]);
+    prot_settimeout(p, 10);
+
+    /* the command, and a compressed one pipelined right behind it */
+    buf_appendcstr(&wire, "a COMPRESS DEFLATE\r\n");
+    z_send(&zc, "b NOOP\r\n", 8, &wire);
+    assert_int_equal(write_all(sv[1], wire.s, wire.len), 0);
+    EXPECT(p, 100, PROT_OK, "a COMPRESS DEFLATE", PROT_EOL_CRLF);
+    prot_puts(p, "a OK\r\n");
+    assert_int_equal(prot_compress_start(p), PROT_OK);
+    assert_int_equal(prot_is_compressed(p), 1);
+    assert_int_equal(prot_compress_start(p), PROT_IOERROR);
+    /* TLS cannot start inside the compressed stream */
+    assert_int_equal(prot_starttls(p, NULL, NULL), PROT_IOERROR);
+    assert_non_null(strstr(prot_error(p), "compression"));
+    assert_int_equal(read(sv[1], raw, 6), 6);       /* plain OK */
+    assert_memory_equal(raw, "a OK\r\n", 6);
+    EXPECT(p, 100, PROT_OK, "b NOOP", PROT_EOL_CRLF);
+
+    /* a line inflating to 4 MiB (a few KiB on the wire): too long, the
+     * rest skipped, the next line fine */
+    big = malloc(bomb);
+    assert_non_null(big);
+    memset(big, 'A', bomb);
+    buf_reset(&wire);
+    z_send(&zc, big, bomb, &wire);
+    z_send(&zc, "\r\nc NOOP\r\n", 10, &wire);
+    assert_true(wire.len < 64 * 1024);
+    assert_int_equal(write_all(sv[1], wire.s, wire.len), 0);
+    expect_line(p, 1000, PROT_TOOLONG, big, 1000, PROT_EOL_CRLF);
+    EXPECT(p, 100, PROT_OK, "c NOOP", PROT_EOL_CRLF);
+
+    /* output: everything written before a flush can be inflated */
+    memset(big, 'y', 200000);
+    big[199998] = '\r';
+    big[199999] = '\n';
+    prot_write(p, big, 200000);
+    assert_int_equal(prot_flush(p), PROT_OK);
+    while (total < 200000) {
+        ssize_t n = read(sv[1], raw, sizeof(raw));
+
+        assert_true(n > 0);
+        zd.next_in = raw;
+        zd.avail_in = (uInt)n;
+        do {
+            zd.next_out = plain;
+            zd.avail_out = sizeof(plain);
+            assert_true(inflate(&zd, Z_SYNC_FLUSH) != Z_DATA_ERROR);
+            buf_append(&got, plain, sizeof(plain) - zd.avail_out);
+            total += sizeof(plain) - zd.avail_out;
+        } while (zd.avail_out == 0);
+    }
+    assert_int_equal(got.len, 200000);
+    assert_memory_equal(got.s, big, 200000);
+    assert_true(prot_bytes_out(p) < 200000 / 10);
+
+    /* corrupt compressed input: an I/O error, not a crash */
+    assert_int_equal(write_all(sv[1], "\xff\xff\xff\xff garbage\r\n", 14), 0);
+    assert_int_equal(prot_getline(p, &line, 100, NULL), PROT_IOERROR);
+    assert_non_null(strstr(prot_error(p), "inflate"));
+
+    free(big);
+    buf_free(&wire);
+    buf_free(&line);
+    buf_free(&got);
+    deflateEnd(&zc);
+    inflateEnd(&zd);
+    prot_free(&p);
+    close(sv[0]);
+    close(sv[1]);
+}
 
 /* ---- line reading -------------------------------------------------- */
 
@@ -1394,6 +1507,7 @@ int main(void)
         cmocka_unit_test(test_tls_old_version),
         cmocka_unit_test(test_tls_files),
         cmocka_unit_test(test_sasl),
+        cmocka_unit_test(test_compress),
     };
 
     /* a closed peer must give EPIPE, not kill the test */

@@ -7,7 +7,9 @@
  * index, then SEARCH commands parsed by imapparse.c exactly as a client
  * sends them and run with search_run().  Every key is checked for a
  * message it must match and one it must not.  Backend independent: the
- * store configuration uses the flat backend.
+ * store configuration uses the flat backend.  Also the pieces of SORT and
+ * THREAD (imapd/sort.c) that stand alone: the RFC 5256 base subject, the
+ * sent-date parser, the ESEARCH response and sequence-set text.
  */
 #include "config.h"
 
@@ -26,6 +28,7 @@
 
 #include "imapd/imapparse.h"
 #include "imapd/search.h"
+#include "imapd/sort.h"
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
@@ -829,6 +832,75 @@ static void test_expunged(void **state)
     expect_opts("SEARCH BODY undated", &o, "");
 }
 
+
+static void expect_base(const char *raw, const char *want, int want_reply)
+{
+    struct buf out = BUF_INITIALIZER;
+    int reply = -1;
+
+    assert_int_equal(sort_base_subject(raw, strlen(raw), &out, &reply), 0);
+    if (strcmp(out.s ? buf_cstring(&out) : "", want) != 0 ||
+        reply != want_reply)
+        fail_msg("base subject of \"%s\": \"%s\" reply %d, want \"%s\" %d",
+                 raw, out.s ? buf_cstring(&out) : "", reply, want,
+                 want_reply);
+    buf_free(&out);
+}
+
+static void test_sort_helpers(void **state)
+{
+    struct buf b = BUF_INITIALIZER;
+    static const uint32_t nums[] = { 8, 6, 2, 1, 3, 4, 5, 7 };
+    int64_t t;
+    (void)state;
+
+    /* RFC 5256 section 2.1 */
+    expect_base("lunch", "lunch", 0);
+    expect_base("Re: lunch", "lunch", 1);
+    expect_base("RE:  Re: re:lunch", "lunch", 1);
+    expect_base("Fwd: lunch (fwd)", "lunch", 1);
+    expect_base("lunch (fwd) (FWD)  ", "lunch", 1);
+    expect_base("Fw: [list] Re[2]: lunch", "lunch", 1);
+    expect_base("[list] lunch", "lunch", 0);
+    expect_base("[list]", "[list]", 0);          /* would leave nothing */
+    expect_base("[Fwd: Re: lunch]", "lunch", 1);
+    expect_base("[fwd: [fwd: lunch]]", "lunch", 1);
+    expect_base("  lunch\r\n\t plans  ", "lunch plans", 0);
+    expect_base("=?UTF-8?Q?Re=3A_Gr=C3=BC=C3=9Fe?=", "Gr\xc3\xbc\xc3\x9f" "e",
+                1);
+    expect_base("Re:", "", 1);
+    expect_base("", "", 0);
+    expect_base("Ref: lunch", "Ref: lunch", 0);  /* not a reply prefix */
+
+    /* sent dates: zones applied, two-digit years, comments, bad ones */
+    assert_int_equal(sort_parse_datetime("Wed, 6 Nov 2024 09:00:00 +0100",
+                                         31, &t), 0);
+    assert_int_equal(t, 1730880000);            /* 08:00 UTC */
+    assert_int_equal(sort_parse_datetime("6 Nov 2024 03:00 EST", 20, &t), 0);
+    assert_int_equal(t, 1730880000);
+    assert_int_equal(sort_parse_datetime("06 nov 24 08:00:00 (UTC) GMT",
+                                         28, &t), 0);
+    assert_int_equal(t, 1730880000);
+    assert_int_equal(sort_parse_datetime("yesterday", 9, &t), -1);
+    assert_int_equal(sort_parse_datetime("6 Nov 2024", 10, &t), -1);
+    assert_int_equal(sort_parse_datetime("32 Nov 2024 10:00 +0000", 23, &t),
+                     -1);
+
+    /* ESEARCH text: ranges only where numbers ascend by one */
+    search_set_text(&b, nums, 8);
+    assert_string_equal(buf_cstring(&b), "8,6,2,1,3:5,7");
+    buf_reset(&b);
+    search_esearch(&b, "A1", 1, IMAPPARSE_RET_MIN | IMAPPARSE_RET_MAX |
+                   IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT, nums, 8, 0, 0);
+    assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A1\") UID MIN 8 "
+                        "MAX 7 ALL 8,6,2,1,3:5,7 COUNT 8\r\n");
+    buf_reset(&b);
+    search_esearch(&b, "A2", 0, IMAPPARSE_RET_MIN | IMAPPARSE_RET_COUNT,
+                   NULL, 0, 1, 5);
+    assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A2\") COUNT 0\r\n");
+    buf_free(&b);
+}
+
 static void test_helpers(void **state)
 {
     struct buf b = BUF_INITIALIZER;
@@ -911,6 +983,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_helpers),
+        cmocka_unit_test(test_sort_helpers),
         cmocka_unit_test(test_flags),
         cmocka_unit_test(test_sequences),
         cmocka_unit_test(test_sizes_dates),
