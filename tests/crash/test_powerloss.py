@@ -1,0 +1,472 @@
+#!/usr/bin/env python3
+"""test_powerloss.py - simulated power loss during an LMTP delivery storm,
+once per spool_sync mode.
+
+For each mode (POWERLOSS_MODES, default "file group off"; a mode the
+server's imapd.conf does not know is skipped with a message):
+
+ 1. A private master with lmtpd, its configuration directory (every
+    database) and its spool under ROOT, mailboxes made with mbtool; then
+    sync(1) and a snapshot of ROOT (powerloss.take_snapshot).
+ 2. The master started again under tests/crash/lossyfs.so (LD_PRELOAD,
+    inherited by ctl_cyrusdb -r of START and every lmtpd), which logs
+    every change below ROOT and every sync.  CLIENTS client threads
+    deliver messages with unique Message-IDs over LMTP, some to two or
+    three mailboxes; each 250 is recorded per (message, mailbox) with the
+    log's size when the client read it.  Once MESSAGES messages are
+    acknowledged (the storm in full flow, whatever the speed), the
+    master and every process it started are SIGSTOPped (none runs on
+    while the others die) and SIGKILLed, by PID.
+ 3. Power cuts: the end of the log and CUTS-1 earlier points, spread over
+    the acknowledgements (the history up to a point is the records before
+    it; a 250 counts at a cut when the client had it before that point).
+    For each cut and each policy of dropping the unsynced operations
+    (none kept, a random subset with torn writes, a random prefix; see
+    powerloss.py, seed printed), the image is built into ROOT (emptied)
+    and a fresh master WITHOUT the preload starts on it (START runs
+    ctl_cyrusdb -r).  One probe message is delivered to every mailbox
+    (the exclusive lock runs the mailbox recovery; it must succeed), then:
+    every message acknowledged before the cut is in every mailbox it was
+    acknowledged for, byte for byte (after the Return-Path and Received
+    lines lmtpd adds); every visible message is whole (size and SHA-1 of
+    its record, and exactly a message that was sent); `mbtool check -a`
+    passes; no worker crashed.
+    At the end of the log one more image keeps every unsynced operation
+    (the kernel's state): nothing may be lost there in any mode, a check
+    of the simulator itself.
+ 4. file and group must show no loss and no damage.  off must show
+    losses (the test of the test: a simulator that finds nothing for a
+    mode that syncs nothing is broken), and is reported as such.
+
+Environment: see ../lmtpd/lmtphelp.py; POWERLOSS_MODES, POWERLOSS_SEED
+(default: random, printed), POWERLOSS_MESSAGES (150), POWERLOSS_CUTS (4),
+POWERLOSS_CLIENTS (4), POWERLOSS_KEEP=1 (keep the logs and snapshot).
+"""
+import hashlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True     # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "lmtpd"),
+                os.path.dirname(HERE)]
+from testlib import (RUN_AS, TOP_BUILDDIR, Fail, Skip, alive,  # noqa: E402
+                     check, kill_all, run_tests, tagged_processes,
+                     wait_until)
+from lmtphelp import (LMTPD, MASTER, MBTOOL, Conn, ConnectionClosed,  # noqa
+                      Instance, make_message, split_added_headers,
+                      header_value)
+import powerloss  # noqa: E402
+
+SHIM = os.path.join(TOP_BUILDDIR, "tests", "crash", "lossyfs.so")
+CTL_CYRUSDB = os.path.join(TOP_BUILDDIR, "tools", "ctl_cyrusdb")
+MODES = (os.environ.get("POWERLOSS_MODES") or "file group off").split()
+SEED = os.environ.get("POWERLOSS_SEED") or str(random.randrange(10 ** 9))
+MESSAGES = int(os.environ.get("POWERLOSS_MESSAGES") or "150")
+CUTS = int(os.environ.get("POWERLOSS_CUTS") or "4")
+CLIENTS = int(os.environ.get("POWERLOSS_CLIENTS") or "4")
+KEEP = os.environ.get("POWERLOSS_KEEP") == "1"
+DROP_POLICIES = ("none", "subset", "prefix")
+NBOX = 6
+BOXES = ["p%d" % k for k in range(NBOX)]
+# not recorded, not in the image: commit.shm (group commit's shared
+# state, written through MAP_SHARED, rebuilt after a reboot: boot id),
+# its replacement commit.shm.PID.new, metrics.shm (counters, MAP_SHARED),
+# LMDB's lock files FILE-lock (reader table, MAP_SHARED, rebuilt by the
+# first opener)
+EXCLUDE = ("commit.shm", "metrics.shm", "-lock")
+DEADLINE = 300
+
+
+def rcpts_of(i):
+    r = [BOXES[i % NBOX]]
+    if i % 3 == 0:
+        r.append(BOXES[(i + 1) % NBOX])
+    if i % 5 == 0:
+        r.append(BOXES[(i + 3) % NBOX])
+    return list(dict.fromkeys(r))
+
+
+_messages = {}
+
+
+def message_of(tag, i):
+    """Message i of a run: 300..20,000 bytes, unique Message-ID."""
+    key = (tag, i)
+    if key not in _messages:
+        rnd = random.Random("%s/%d" % (tag, i))
+        n = rnd.randint(300, 20000)
+        line = b"%d " % i
+        body = b"".join(line + b"%064x\r\n" % rnd.getrandbits(256)
+                        for _ in range(max(1, n // 72)))
+        _messages[key] = make_message("pl.%s.%d@test.example" % (tag, i),
+                                      subject="powerloss %d" % i, body=body)
+    return _messages[key]
+
+
+class PlInstance(Instance):
+    """An lmtp Instance whose configuration directory and spool lie in
+    ROOT, and whose master may run with extra environment."""
+
+    def __init__(self, name, mode):
+        super().__init__(name)
+        self.root = self.path("root")
+        os.mkdir(self.root)
+        shutil.rmtree(self.confdir)
+        shutil.rmtree(self.partition)
+        self.confdir = os.path.join(self.root, "conf")
+        self.partition = os.path.join(self.root, "spool")
+        self.extra_env = {}
+        self.mode = mode
+        self.write_imapd_conf({"spool_sync": mode})
+        self.make_dirs()
+
+    def make_dirs(self):
+        for d in (self.root, self.confdir, self.partition):
+            os.makedirs(d, exist_ok=True)
+            self.chown(d)
+
+    @staticmethod
+    def chown(path):
+        if RUN_AS is not None:
+            os.chown(path, RUN_AS.pw_uid, RUN_AS.pw_gid)
+
+    def chown_tree(self, top):
+        if RUN_AS is None:
+            return
+        for dirpath, dirs, files in os.walk(top):
+            self.chown(dirpath)
+            for f in files:
+                os.lchown(os.path.join(dirpath, f), RUN_AS.pw_uid,
+                          RUN_AS.pw_gid)
+
+    def write_conf(self):
+        self.write_cyrus_conf(prefork=2, maxchild=CLIENTS + 4)
+        with open(self.cyrus_conf) as f:
+            text = f.read()
+        with open(self.cyrus_conf, "w") as f:
+            f.write('START {\n  recover cmd="%s -C %s -r"\n}\n'
+                    % (CTL_CYRUSDB, self.imapd_conf)
+                    + text)
+
+    def spawn(self, cmd):
+        saved = dict(os.environ)
+        os.environ.update(self.extra_env)
+        try:
+            super().spawn(cmd)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def everything(self):
+        return set([self.pid] + tagged_processes(self.TAG_VAR, self.dir))
+
+    def power_cut(self):
+        """SIGSTOP the master, then every process it started (until no
+        new one shows up), then SIGKILL them all."""
+        stopped = set()
+        for _ in range(50):
+            new = [p for p in self.everything() if p not in stopped]
+            if not new:
+                break
+            for p in new:
+                try:
+                    os.kill(p, signal.SIGSTOP)
+                except OSError:
+                    pass
+                stopped.add(p)
+        kill_all(stopped)
+        self.proc.wait(30)
+        wait_until(lambda: not [p for p in stopped if alive(p)] or None, 30)
+        self.proc = None
+
+
+def mode_known(inst):
+    r = subprocess.run([MBTOOL, "-C", inst.imapd_conf, "list"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=60)
+    err = r.stderr.decode(errors="replace")
+    return not ("spool_sync" in err and "not one of" in err), err.strip()
+
+
+# ---- the storm --------------------------------------------------------------
+
+class Storm:
+    def __init__(self, inst, tag, logpath):
+        self.inst, self.tag, self.logpath = inst, tag, logpath
+        self.lock = threading.Lock()
+        self.acked = {}            # (i, box) -> log size when the 250 came
+        self.stop = threading.Event()
+        self.errors = []
+        self.next = 0
+
+    def take(self):
+        with self.lock:
+            i = self.next
+            self.next += 1
+            return i
+
+    def client(self):
+        conn = None
+        try:
+            while not self.stop.is_set():
+                if conn is None:
+                    conn = Conn(self.inst.unix_socket, timeout=60)
+                    check(conn.reply().code == 220, "greeting")
+                    check(conn.cmd("LHLO storm").code == 250, "LHLO")
+                i = self.take()
+                rcpts = rcpts_of(i)
+                out = b"MAIL FROM:<storm@example.org>\r\n"
+                out += b"".join(b"RCPT TO:<%s>\r\n" % r.encode()
+                                for r in rcpts)
+                out += b"DATA\r\n"
+                conn.send(out)
+                mr = conn.reply()
+                rr = [conn.reply() for _ in rcpts]
+                dr = conn.reply()
+                check(mr.code == 250 and all(r.code == 250 for r in rr)
+                      and dr.code == 354, "MAIL/RCPT/DATA: %r %r %r"
+                      % (mr, rr, dr))
+                from lmtphelp import dot_stuff
+                conn.send(dot_stuff(message_of(self.tag, i)))
+                reps = [conn.reply() for _ in rcpts]
+                size = os.stat(self.logpath).st_size
+                with self.lock:
+                    for r, rep in zip(rcpts, reps):
+                        if rep.code == 250:
+                            self.acked[(i, r)] = size
+                        else:
+                            self.errors.append("%d %s: %r" % (i, r, rep))
+        except (ConnectionClosed, OSError):
+            if not self.stop.is_set():
+                self.errors.append("connection lost before the cut")
+        except Fail as e:
+            if not self.stop.is_set():
+                self.errors.append(str(e))
+        finally:
+            if conn:
+                conn.close()
+
+    def messages_acked(self):
+        with self.lock:
+            return len(set(i for i, _ in self.acked))
+
+
+# ---- one image --------------------------------------------------------------
+
+def verify_image(inst, tag, acked):
+    """Start a master on ROOT (as built), probe, check.  Returns
+    (lost, bad): lists of descriptions."""
+    lost, bad = [], []
+    inst.extra_env = {}
+    inst.mark_log()
+    try:
+        inst.start(ready=1, timeout=60)
+    except Fail as e:
+        return lost, ["the master did not start on the image: %s" % e]
+    try:
+        with Conn(inst.unix_socket, timeout=60) as c:
+            c.reply()
+            c.cmd("LHLO probe")
+            for b in BOXES:
+                msg = make_message("probe.%s.%s@test.example" % (tag, b),
+                                   subject="probe")
+                from lmtphelp import transaction
+                _, rr, _, per = transaction(c, "probe@example.org", [b], msg)
+                if not (per and per[0].code == 250):
+                    bad.append("probe delivery to %s after recovery: %r %r"
+                               % (b, rr, per))
+        present = {}
+        for b in BOXES:
+            try:
+                files = inst.message_files("user." + b)
+            except Fail as e:
+                bad.append("user.%s: %s" % (b, e))
+                continue
+            for uid, p in files:
+                with open(p, "rb") as f:
+                    data = f.read()
+                try:
+                    _, _, rest = split_added_headers(data)
+                except Fail as e:
+                    bad.append("user.%s uid %d: %s" % (b, uid, e))
+                    continue
+                mid = header_value(rest, "Message-ID") or ""
+                if mid.startswith("<probe."):
+                    continue
+                try:
+                    i = int(mid.strip("<>").split(".")[2].split("@")[0])
+                except (IndexError, ValueError):
+                    bad.append("user.%s uid %d: unknown message %r"
+                               % (b, uid, data[:200]))
+                    continue
+                if rest != message_of(tag, i):
+                    bad.append("user.%s uid %d: message %d differs from "
+                               "what was sent (%d bytes stored, %d sent)"
+                               % (b, uid, i, len(rest),
+                                  len(message_of(tag, i))))
+                    continue
+                present.setdefault((i, b), uid)
+        for (i, b) in sorted(acked):
+            if (i, b) not in present:
+                lost.append("message %d acknowledged for %s" % (i, b))
+        rc, out, err = inst.mbtool("check", "-a", check_rc=False)
+        if rc != 0:
+            bad.append("mbtool check -a: exit %d: %s%s"
+                       % (rc, out[-300:], err[-300:]))
+    finally:
+        problems = inst.stop()
+        trouble = inst.worker_trouble()
+        if problems:
+            bad.append("stop: %s" % "; ".join(problems))
+        if trouble:
+            bad.append("worker trouble: %s" % " | ".join(trouble[:3]))
+    return lost, bad
+
+
+# ---- one mode ---------------------------------------------------------------
+
+def run_mode(mode):
+    """Returns (number of images, images with a loss, losses, damage
+    list, self-check problems)."""
+    tag = "%s%s" % (mode, SEED)
+    inst = PlInstance("powerloss-%s" % mode, mode)
+    try:
+        known, err = mode_known(inst)
+        if not known:
+            raise Skip("spool_sync=%s is not a mode of this server (%s)"
+                       % (mode, err))
+        for b in BOXES:
+            inst.create("user." + b)
+        inst.write_conf()
+        # once without the preload: START's recovery writes the version
+        # file, workers their shared files; then the snapshot
+        inst.start(ready=1)
+        check(inst.stop() == [], "first start and stop")
+        subprocess.run(["sync"], check=True, timeout=120)
+        snapdir = inst.path("snapshot")
+        manifest = powerloss.take_snapshot(inst.root, snapdir, EXCLUDE)
+        logpath = inst.path("ops.log")
+        inst.extra_env = {"LD_PRELOAD": SHIM, "LOSSYFS_ROOT": inst.root,
+                          "LOSSYFS_LOG": logpath,
+                          "LOSSYFS_EXCLUDE": ":".join(EXCLUDE)}
+        inst.ignore_sigkill = True
+        inst.start(ready=2)
+        storm = Storm(inst, tag, logpath)
+        threads = [threading.Thread(target=storm.client)
+                   for _ in range(CLIENTS)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        ok = wait_until(lambda: storm.messages_acked() >= MESSAGES
+                        or storm.errors, DEADLINE, 0.005)
+        storm.stop.set()      # connections die from here on: no error
+        inst.power_cut()
+        for t in threads:
+            t.join(60)
+        took = time.monotonic() - t0
+        check(not storm.errors, "storm: %s" % storm.errors[:3])
+        check(ok, "only %d messages acknowledged in %d s"
+              % (storm.messages_acked(), DEADLINE))
+        recs = powerloss.read_log(logpath)
+        end = recs[-1].end
+        offs = sorted(storm.acked.values())
+        print("# %s: %d messages, %d deliveries acknowledged in %.1f s; "
+              "log %d records, %.1f MB" % (mode, storm.messages_acked(),
+                                           len(storm.acked), took, len(recs),
+                                           end / 1e6))
+        rng = random.Random("%s/cuts" % tag)
+        ends = [r.end for r in recs if r.end >= offs[0]]
+        cuts = []
+        for k in range(CUTS - 1):
+            # between the (k/CUTS) and ((k+1)/CUTS) quantiles of the acks
+            lo = offs[len(offs) * k // CUTS]
+            hi = offs[min(len(offs) - 1, len(offs) * (k + 1) // CUTS)]
+            cand = [e for e in ends if lo <= e <= hi] or [hi]
+            cuts.append(rng.choice(cand))
+        cuts.append(end)
+        images = lossy = nlost = 0
+        damage, selfcheck = [], []
+        for cut in cuts:
+            acked = [k for k, s in storm.acked.items() if s <= cut]
+            pols = DROP_POLICIES + (("all",) if cut == end else ())
+            hist = powerloss.history_at(inst.root, snapdir, manifest, recs,
+                                        cut)
+            for w in hist.warnings[:3]:
+                print("#   replay warning: %s" % w)
+            nd, nu = hist.counts()
+            for k, pol in enumerate(pols):
+                rng2 = random.Random("%s/%d/%s" % (tag, cut, pol))
+                shutil.rmtree(inst.root)
+                summary = powerloss.build_image(hist, pol, rng2, inst.root)
+                inst.chown_tree(inst.root)
+                lost, bad = verify_image(inst, tag, acked)
+                images += 1
+                print("#   cut at %d/%d (%d acked, %d durable ops, %d "
+                      "unsynced) %s: kept %d torn %d -> %d lost%s"
+                      % (cut, end, len(acked), nd, nu, pol, summary["kept"],
+                         summary["torn"], len(lost),
+                         (", damage: %s" % bad[0]) if bad else ""))
+                for x in lost[:3]:
+                    print("#     lost: %s" % x)
+                if lost:
+                    lossy += 1
+                    nlost += len(lost)
+                if pol == "all" and (lost or bad):
+                    selfcheck.append("cut %d, every unsynced operation "
+                                     "kept: %d lost, %s" % (cut, len(lost),
+                                                            bad[:2]))
+                damage += ["cut %d %s: %s" % (cut, pol, x) for x in bad]
+        return images, lossy, nlost, damage, selfcheck
+    finally:
+        try:
+            if inst.proc is not None:
+                inst.power_cut()
+        finally:
+            left = tagged_processes(inst.TAG_VAR, inst.dir)
+            kill_all(left)
+            if not KEEP:
+                inst.cleanup()
+            else:
+                print("# kept %s" % inst.dir)
+
+
+def make_mode_test(mode):
+    def t():
+        images, lossy, nlost, damage, selfcheck = run_mode(mode)
+        check(not selfcheck, "the simulator itself is wrong (seed %s): %s"
+              % (SEED, selfcheck[:2]))
+        if mode == "off":
+            # the check of the check: syncing nothing must lose mail
+            check(nlost > 0, "spool_sync=off lost nothing in %d images: "
+                  "the simulator cannot see a loss (seed %s)"
+                  % (images, SEED))
+            print("# off: %d of %d images lost %d acknowledged deliveries "
+                  "(expected: off syncs nothing)" % (lossy, images, nlost))
+            return
+        check(nlost == 0 and not damage, "spool_sync=%s (seed %s): %d "
+              "acknowledged deliveries lost in %d of %d images; damage: %s"
+              % (mode, SEED, nlost, lossy, images, damage[:3]))
+    t.__name__ = "test_%s" % mode
+    return t
+
+
+def main():
+    print("# seed %s (POWERLOSS_SEED=%s reruns it)" % (SEED, SEED))
+    if not os.path.exists(SHIM):
+        print("FAIL: setup (missing %s: run make check)" % SHIM)
+        print("0 passed, 1 failed")
+        return 1
+    tests = [make_mode_test(m) for m in MODES]
+    return run_tests(tests, "POWERLOSS_TESTS", (MASTER, LMTPD, MBTOOL,
+                                                CTL_CYRUSDB))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
