@@ -17,11 +17,11 @@ The disk model (what the simulator assumes; nothing more):
   - "Later" is the log order of the sync's BEGIN record (lossyfs.c: a
     sync covers what was logged before it started).
   - Every other operation (unsynced) may or may not have reached the
-    disk, independently of the others: the image applies the durable ones
-    and a chosen subset of the unsynced ones, in log order, to the
-    snapshot.  A kept unsynced write may also be torn: only some of its
-    512-byte sectors (absolute file offsets) reach the disk.  A write of
-    at most 512 bytes inside one sector is whole or absent.
+    disk: the image applies the durable ones and a chosen subset of the
+    unsynced ones, in log order, to the snapshot.  Data reaches the disk
+    in 512-byte sectors (absolute file offsets), each sector holding the
+    page cache's content of some moment: a write may be torn at a sector
+    boundary, a write inside one sector is whole or absent.
   - Inodes: a name points to an inode; an inode's bytes are what its
     kept writes made them, whatever happened to the name it was written
     through (a staging file's unsynced name may be lost while the
@@ -33,8 +33,20 @@ Policies (unsynced operations):
   none    every one dropped (the state right after the last syncs)
   all     every one kept, whole (the state the kernel had: a check of the
           harness itself, since nothing may be lost then in any mode)
-  subset  each kept with probability 1/2; a kept write torn with
-          probability 1/2 (each of its sectors kept with probability 1/2)
+  subset  each unsynced name, truncate or fallocate operation kept with
+          probability 1/2; for the bytes, each 512-byte sector of each
+          file independently holds a random prefix of the unsynced
+          writes that touched it (in log order): the content the page
+          cache had at some moment, written back sector by sector in any
+          order, so a write may be torn at any sector boundary and a
+          later write may survive where an earlier one (in another
+          sector) did not, but a sector never holds a later write
+          without the earlier ones to the same sector
+  anysubset  (not used by the test; for exploring) each unsynced
+          operation kept with probability 1/2 and each kept write torn
+          with probability 1/2, sector by sector: stricter than any disk,
+          since a sector may then hold a later write without an earlier
+          one
   prefix  those before a random point kept (the last one kept torn with
           probability 1/2), those after it dropped
 
@@ -57,7 +69,7 @@ OPEN, WRITE, TRUNCATE, FALLOCATE, LINK, RENAME, UNLINK, MKDIR, RMDIR, \
     SYNC_BEGIN, SYNC_END, INFO = range(1, 13)
 K_FSYNC, K_FDATASYNC, K_SYNCFS, K_SYNC = 1, 2, 3, 4
 SECTOR = 512
-POLICIES = ("none", "all", "subset", "prefix")
+POLICIES = ("none", "all", "subset", "anysubset", "prefix")
 
 
 class LogError(Exception):
@@ -330,9 +342,35 @@ def build_image(hist, policy, rng, outdir):
     summary dict (ops kept/dropped/torn)."""
     unsynced = [o for o in hist.ops if not o.sync]
     keep, torn = set(), set()
+    sectors = None          # subset: the (write, sector offset) pieces kept
     if policy == "all":
         keep = set(id(o) for o in unsynced)
     elif policy == "subset":
+        for o in unsynced:
+            if o.what != "write" and rng.random() < 0.5:
+                keep.add(id(o))
+        seq = {}
+        for o in hist.ops:
+            if o.what == "write":
+                for off, _ in _pieces(o.a, o.data):
+                    seq.setdefault((o.lid, off // SECTOR), []).append(
+                        (o, off))
+        sectors = set()
+        for lst in seq.values():
+            last = max([j for j, (o, _) in enumerate(lst) if o.sync],
+                       default=-1)
+            n = last + 1 + rng.randint(0, len(lst) - last - 1)
+            for o, off in lst[:n]:
+                sectors.add((id(o), off))
+        for o in unsynced:
+            if o.what == "write":
+                got = sum(1 for off, _ in _pieces(o.a, o.data)
+                          if (id(o), off) in sectors)
+                if got:
+                    keep.add(id(o))
+                    if got < len(_pieces(o.a, o.data)):
+                        torn.add(id(o))
+    elif policy == "anysubset":
         for o in unsynced:
             if rng.random() < 0.5:
                 keep.add(id(o))
@@ -368,9 +406,13 @@ def build_image(hist, policy, rng, outdir):
             buf = content(o.lid)
             if o.what == "write":
                 parts = [(o.a, o.data)]
-                if id(o) in torn:
+                if sectors is not None:
+                    parts = [p for p in _pieces(o.a, o.data)
+                             if (id(o), p[0]) in sectors]
+                elif id(o) in torn:
                     parts = [p for p in _pieces(o.a, o.data)
                              if rng.random() < 0.5]
+                if id(o) in torn:
                     ntorn += 1
                 for off, b in parts:
                     if len(buf) < off:
@@ -428,15 +470,3 @@ def build_image(hist, policy, rng, outdir):
             nfiles += 1
     return {"kept": len(keep), "dropped": len(unsynced) - len(keep),
             "torn": ntorn, "files": nfiles}
-
-
-def build_images(root, snapdir, manifest, recs, cut, policies, seed,
-                 outdir_of):
-    """One image per policy at cut; outdir_of(policy) names its directory.
-    Returns ({policy: summary}, history)."""
-    hist = history_at(root, snapdir, manifest, recs, cut)
-    out = {}
-    for k, pol in enumerate(policies):
-        rng = random.Random("%s/%d/%d" % (seed, cut, k))
-        out[pol] = build_image(hist, pol, rng, outdir_of(pol))
-    return out, hist
