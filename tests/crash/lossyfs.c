@@ -17,20 +17,22 @@
  * Every intercepted call is forwarded to libc's own (dlsym RTLD_NEXT)
  * and, when it succeeded on something below the root, one record is
  * appended to the log with ONE write(2) of the whole record on an
- * O_APPEND descriptor: records of concurrent processes never interleave
- * (a regular file's write holds the inode lock), and their order in the
- * file is a total order consistent with real time: a record is appended
- * after its operation returned, so everything an operation could depend
- * on (an earlier operation of the same process, or of another process
- * that it synchronized with afterwards) lies before it in the log.
+ * O_APPEND descriptor (records of concurrent processes never interleave:
+ * a regular file's write holds the inode lock).  A POSIX lock on byte 0
+ * of the log (plus a mutex for the threads of one process) is held from
+ * before the call until its record is written, so a call and its record
+ * are one step for everybody else: the order of the records is an order
+ * of the operations that every process agrees with (no process can see
+ * a file another one created before that creation is logged), and any
+ * prefix of the log is a state the machine was in.
  *
  * A sync gets two records: SYNC_BEGIN before the call and SYNC_END after
- * it (with its result).  The simulator takes a sync to cover exactly the
- * records before its BEGIN, and only when its END says it succeeded: a
- * record appended late (its process was preempted between the operation
- * and the append) can only look uncovered, never covered, so the
- * simulator may drop a write that was in fact durable, never keep one
- * that was not.
+ * it (with its result); the lock is not held while it runs.  The
+ * simulator takes a sync to cover exactly the operations logged before
+ * its BEGIN, and only when its END says it succeeded (a process killed
+ * inside a sync: not counted).  An operation whose record follows the
+ * BEGIN may in fact have been covered: the simulator may drop a write
+ * that was durable, never keep one that was not.
  *
  * Recorded: open/openat/creat with O_CREAT or O_TRUNC (the path, the
  * inode, whether it was created), write/pwrite/writev/pwritev (offset and
@@ -52,6 +54,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -338,20 +341,39 @@ static int lfs_fd_watched(int fd, struct stat *st, char *path, size_t size)
  * the process: a child does not inherit them, a killed holder loses
  * them. */
 
+static pthread_mutex_t lfs_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+/* fork() in one thread while another holds the mutex: the child would
+ * inherit it locked */
+static void lfs_atfork_prepare(void) { pthread_mutex_lock(&lfs_mutex); }
+static void lfs_atfork_release(void) { pthread_mutex_unlock(&lfs_mutex); }
+
+__attribute__((constructor)) static void lfs_constructor(void)
+{
+    pthread_atfork(lfs_atfork_prepare, lfs_atfork_release,
+                   lfs_atfork_release);
+}
+
 static void lfs_lock(int how)
 {
     struct flock fl;
-    int fd = lfs_logfd_get(), saved = errno;
+    int fd, saved = errno;
 
-    if (fd < 0)
-        return;
-    memset(&fl, 0, sizeof(fl));
-    fl.l_type = (short)how;
-    fl.l_whence = SEEK_SET;
-    fl.l_start = 0;
-    fl.l_len = 1;
-    while (fcntl(fd, F_SETLKW, &fl) < 0 && errno == EINTR)
-        ;
+    /* threads of one process share POSIX locks: a mutex orders them */
+    if (how != F_UNLCK)
+        pthread_mutex_lock(&lfs_mutex);
+    fd = lfs_logfd_get();
+    if (fd >= 0) {
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type = (short)how;
+        fl.l_whence = SEEK_SET;
+        fl.l_start = 0;
+        fl.l_len = 1;
+        while (fcntl(fd, F_SETLKW, &fl) < 0 && errno == EINTR)
+            ;
+    }
+    if (how == F_UNLCK)
+        pthread_mutex_unlock(&lfs_mutex);
     errno = saved;
 }
 
@@ -814,6 +836,7 @@ static uint64_t lfs_sync_begin(int fd, uint32_t kind)
 {
     struct stat st;
     char path[PATH_MAX];
+    uint64_t id;
 
     lfs_init();
     if (lfs_on <= 0)
@@ -832,10 +855,10 @@ static uint64_t lfs_sync_begin(int fd, uint32_t kind)
         memset(&st, 0, sizeof(st));
         path[0] = '\0';
     }
-    lfs_syncid++;
-    lfs_log(LFS_SYNC_BEGIN, &st, (int64_t)lfs_syncid, 0, kind,
+    id = __atomic_add_fetch(&lfs_syncid, 1, __ATOMIC_SEQ_CST);
+    lfs_log(LFS_SYNC_BEGIN, &st, (int64_t)id, 0, kind,
             path[0] ? path : NULL, NULL, NULL, 0, 0);
-    return lfs_syncid;
+    return id;
 }
 
 static void lfs_sync_end(uint64_t id, int rc)

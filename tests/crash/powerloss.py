@@ -51,9 +51,9 @@ Policies (unsynced operations):
           probability 1/2), those after it dropped
 
 A cut at log offset C is the history of the first records that end at
-or before C: an operation appended later "had not happened yet", which is
-a legal history because every process appends its record right after the
-call returns and before doing anything else.  Everything happens in one
+or before C: lossyfs.c makes each call and its record one step for every
+other process (a lock held across both), so every prefix of the log is a
+state the machine was in.  Everything happens in one
 file system (the root's).
 """
 import os
