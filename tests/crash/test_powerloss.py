@@ -428,6 +428,9 @@ def run_mode(mode):
         check(not storm.errors, "storm: %s" % storm.errors[:3])
         check(ok, "only %d messages acknowledged in %d s"
               % (storm.messages_acked(), DEADLINE))
+        trouble = inst.worker_trouble(inst.log())
+        check(not trouble, "worker trouble under lossyfs.so: %s"
+              % " | ".join(trouble[:3]))
         recs = powerloss.read_log(logpath)
         end = recs[-1].end
         offs = sorted(storm.acked.values())
