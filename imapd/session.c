@@ -118,6 +118,7 @@
 #include "lib/strarray.h"
 #include "store/acl.h"
 #include "store/append.h"
+#include "store/autocreate.h"
 #include "store/mailbox.h"
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
@@ -774,6 +775,12 @@ static int imap_login_done(struct imap_session *s, const char *user,
     s->global_admin = s->admin && !s->domain;
     s->state = IMAP_AUTH;
     metrics_count(METRICS_IMAP_LOGINS_OK, 1);
+    /* autocreate_quota: the INBOX at the first login, not for admins,
+     * as in Cyrus (a failure is logged; the session goes on without an
+     * INBOX, as before) */
+    if (s->inbox.len && !s->admin && imap_ml(s->srv))
+        (void)autocreate_inbox(s->srv->conf, s->srv->ml, s->userid,
+                               buf_cstring(&s->inbox), NULL);
     prot_settimeout(s->p, s->srv->timeout);    /* the autologout from now */
     log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s>%s",
              s->userid, mech, s->conn->peer,

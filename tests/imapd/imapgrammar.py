@@ -3,8 +3,10 @@ responses against the formal syntax of RFC 3501 section 9, with the
 extensions imapd sends: UIDPLUS (RFC 4315) APPENDUID/COPYUID codes,
 CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
 and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
-(RFC 2342) and the RFC 5530 response codes (any atom code with optional
-text is grammatical).  As in RFC 9051 the human-readable text after a
+(RFC 2342), LIST-EXTENDED (RFC 5258: mbox-list-extended items such as
+CHILDINFO after the name), LIST-STATUS (RFC 5819, STATUS lines) and
+STATUS=SIZE (RFC 8438, a 63-bit number), and the RFC 5530 response codes
+(any atom code with optional text is grammatical).  As in RFC 9051 the human-readable text after a
 status or continuation may be empty.
 
 validate(data) takes the raw bytes of one complete response (without its
@@ -322,6 +324,9 @@ class Parser:
                 self.lit(b'"')
             self.sp()
             self.astring()
+            if self.opt(b" "):
+                # RFC 5258: mbox-list-extended
+                self.plist(self.list_ext_item, allow_empty=True)
         elif w == b"STATUS":
             self.sp()
             self.astring()
@@ -364,6 +369,26 @@ class Parser:
             self.i -= len(w)
             self.fail("unknown untagged response %r" % w)
         self.end()
+
+    def list_ext_item(self):
+        """mbox-list-extended-item = tag SP tagged-ext-val (RFC 5258)."""
+        self.astring()
+        self.sp()
+        if self.peek() == b"(":
+            self.tagged_ext_comp_list()
+        elif self.peek().isdigit():
+            self.number(maximum=MAX63)
+        else:
+            self.astring()
+
+    def tagged_ext_comp_list(self):
+        """"(" [tagged-ext-comp] ")": astrings and nested lists."""
+        def comp():
+            if self.peek() == b"(":
+                self.tagged_ext_comp_list()
+            else:
+                self.astring()
+        self.plist(comp, allow_empty=True)
 
     def namespace(self):
         if self.is_nil():
@@ -690,6 +715,11 @@ SELFTEST_GOOD = [
     b'* LIST () NIL "a \\"b\\""',
     b'* LSUB () "." {3}\r\nfoo',
     b"* STATUS blurdybloop (MESSAGES 231 UIDNEXT 44292)",
+    b"* STATUS INBOX (MESSAGES 3 SIZE 9007199254740993)",
+    b'* LIST (\\Subscribed \\NonExistent) "/" "Fruit/Peach"',
+    b'* LIST () "/" "Foo" ("CHILDINFO" ("SUBSCRIBED"))',
+    b'* LIST (\\Sent \\HasNoChildren) "." "INBOX.Sent"',
+    b'* LIST () "/" "x" ("OLDNAME" ("y") "X-EXT" (a (b c)))',
     b"* SEARCH 2 84 882 (MODSEQ 917162500)",
     b"* SEARCH",
     b"* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft $Forwarded)",
@@ -729,6 +759,10 @@ SELFTEST_BAD = [
     b"a1 OK [READ-WRITE]trailing",
     b"* 3 EXISTS extra",
     b'* LIST () "/" "a\rb"',
+    b'* LIST () "/" "Foo" ("CHILDINFO")',
+    b'* LIST () "/" "Foo" ("CHILDINFO" ("SUBSCRIBED")',
+    b'* LIST () "/" "Foo" CHILDINFO',
+    b"* STATUS x (SIZE)",
     b"",
 ]
 
