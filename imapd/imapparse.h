@@ -1,7 +1,9 @@
 /*
  * imapparse.h - the IMAP command parser: reads one command from a
  * struct prot (RFC 3501 section 9 grammar, with LITERAL+ (RFC 7888),
- * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE) and turns its
+ * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, LIST-EXTENDED
+ * (RFC 5258), LIST-STATUS (RFC 5819), CREATE-SPECIAL-USE (RFC 6154),
+ * STATUS=SIZE (RFC 8438)) and turns its
  * arguments into the structures below, ready for imapd to execute.
  *
  * Use:

@@ -12,8 +12,11 @@
  *                  through SASL PLAIN; refused with NO [PRIVACYREQUIRED]
  *                  without TLS unless allowplaintext: yes)
  *   authenticated  ENABLE (CONDSTORE), NAMESPACE, IDLE (waits for DONE),
- *                  LIST, LSUB, CREATE, DELETE, RENAME, SUBSCRIBE,
- *                  UNSUBSCRIBE, STATUS, SELECT, EXAMINE (FLAGS, EXISTS,
+ *                  LIST, LSUB (list.c: LIST-EXTENDED, LIST-STATUS,
+ *                  SPECIAL-USE), CREATE (CREATE-SPECIAL-USE), DELETE,
+ *                  RENAME, SUBSCRIBE,
+ *                  UNSUBSCRIBE, STATUS (STATUS=SIZE), SELECT, EXAMINE
+ *                  (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
  *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
