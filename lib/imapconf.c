@@ -245,6 +245,9 @@ static const struct imapconf_option imapconf_options[] = {
       .min = -1, .max = 2147483647L,
       .desc = "create a user's missing INBOX at login: -1 = never; 0 = "
               "create it; N > 0 = create it as a quota root of N KiB" },
+    { .name = "autocreate_post", .type = IMAPCONF_SWITCH, .def = "yes",
+      .desc = "with autocreate_quota >= 0, lmtpd also creates a missing "
+              "INBOX for a delivery to it" },
     { .name = "autocreate_users", .type = IMAPCONF_STRING,
       .def = "anyone",
       .desc = "whose INBOX autocreate_quota creates: anyone, or user ids "

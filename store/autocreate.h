@@ -5,6 +5,8 @@
  *   autocreate_quota          -1 = off (default); 0 = create, no quota
  *                             root; N > 0 = create and make the INBOX a
  *                             quota root of N KiB
+ *   autocreate_post           yes (default): lmtpd creates a missing INBOX
+ *                             it delivers to (imapd: at the login)
  *   autocreate_users          who: "anyone" (default) or user ids
  *                             separated by spaces or commas
  *   autocreate_inbox_folders  folders made below the INBOX, separated by

@@ -25,15 +25,16 @@ import sys
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from imaphelp import (IMAP4, ImapInstance, Raw, check,  # noqa: E402
-                      make_message, make_sasldb_extra, run_imap_tests,
-                      tls_context)
+from imaphelp import (IMAP4, Conn, ImapInstance, Raw,  # noqa: E402
+                      check, make_message, make_sasldb_extra,
+                      run_imap_tests, tls_context, transaction)
 from testlib import Skip  # noqa: E402
 
 ALICE, ALICE_PW = "alice", "al1ce-pw"
 BOB, BOB_PW = "bob", "b0b-pw"
 CAROL, CAROL_PW = "carol", "c4rol-pw"
 DAVE, DAVE_PW = "dave", "d4ve-pw"
+ERIN, ERIN_PW = "erin", "er1n-pw"
 CURL = shutil.which("curl") or "/usr/bin/curl"
 
 _inst = None
@@ -45,14 +46,15 @@ def inst():
         i = ImapInstance("imaplist", conf={
             "unixhierarchysep": "yes",
             "autocreate_quota": "0",
-            "autocreate_users": "carol dave",
+            "autocreate_users": "carol dave erin",
             "autocreate_inbox_folders": "Sent|Drafts|Trash|Junk|Archive",
             "xlist-sent": "Sent", "xlist-drafts": "Drafts",
             "xlist-trash": "Trash", "xlist-junk": "Junk",
             "xlist-archive": "Archive"},
             tls=True, sasl=(ALICE, ALICE_PW))
         try:
-            for u, pw in ((BOB, BOB_PW), (CAROL, CAROL_PW), (DAVE, DAVE_PW)):
+            for u, pw in ((BOB, BOB_PW), (CAROL, CAROL_PW), (DAVE, DAVE_PW),
+                          (ERIN, ERIN_PW)):
                 make_sasldb_extra(i, u, pw)
             for n in ("", ".Fruit", ".Fruit.Apple", ".Fruit.Banana",
                       ".Tofu", ".Vegetable", ".Vegetable.Broccoli",
@@ -409,6 +411,33 @@ def test_autocreate_inbox():
         b.close()
 
 
+def test_autocreate_on_delivery():
+    """erin has no INBOX: an LMTP delivery makes it (autocreate_post), with
+    the folders; a user outside autocreate_users stays unknown."""
+    i = inst()
+    msg = make_message(subject="first mail")
+    i.lmtp_deliver(ERIN, msg)
+    check("autocreate: created mailbox=<user.erin> user=<erin> "
+          "folders=<5>" in i.log(), "autocreate log line (lmtpd)")
+    c = raw_login(ERIN, ERIN_PW)
+    try:
+        r = ok(c.cmd("s1", "STATUS INBOX (MESSAGES)"), "s1")
+        check(r[0] == b'* STATUS "INBOX" (MESSAGES 1)', "delivered %r" % r)
+        r = ok(c.cmd("l1", 'LIST (SUBSCRIBED) "" "INBOX/Sent"'), "l1")
+        expect(r, {"INBOX/Sent": ({"\\HasNoChildren", "\\Sent",
+                                   "\\Subscribed"}, None)})
+    finally:
+        c.close()
+    with Conn(i.unix_socket) as lc:
+        lc.reply()
+        _, rr, _, _ = transaction(lc, "sender@example.com", ["frank"], msg,
+                                  lhlo="test.example.com")
+        check(rr[0].code == 550, "frank not in autocreate_users: %r" % rr)
+        lc.cmd("QUIT")
+    r = i.mbtool("list", check_rc=False)
+    check("user.frank" not in str(r), "frank's INBOX made: %r" % (r,))
+
+
 def test_imaplib():
     m = IMAP4(*inst().addr(), timeout=20)
     try:
@@ -490,6 +519,7 @@ if __name__ == "__main__":
         test_create_special_use,
         test_list_status_and_size,
         test_autocreate_inbox,
+        test_autocreate_on_delivery,
         test_imaplib,
         test_curl,
         test_no_worker_trouble,

@@ -229,6 +229,7 @@ static const struct {
     { "syslog_prefix", IMAPCONF_STRING, "" },
     { "log_file", IMAPCONF_STRING, "" },
     { "autocreate_quota", IMAPCONF_INT, "-1" },
+    { "autocreate_post", IMAPCONF_SWITCH, "yes" },
     { "autocreate_users", IMAPCONF_STRING, "anyone" },
     { "autocreate_inbox_folders", IMAPCONF_STRING, "" },
     { "xlist-sent", IMAPCONF_STRING, "" },
