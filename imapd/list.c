@@ -24,8 +24,10 @@
  *      listed mailbox that exists, its STATUS line when RETURN (STATUS)
  *      was given (a mailbox whose STATUS fails, e.g. without the r right,
  *      gets none).
- * Lookups are linear over the collected names: LIST costs O(n^2) string
- * comparisons for n visible mailboxes (a few million for a thousand).
+ * Lookups go through sorted indexes of hierarchy keys (the client name
+ * with the separator as 0x01, which sorts before every byte a name may
+ * hold, so a name's descendants follow it at once): LIST costs
+ * O(n log n) for n visible mailboxes and subscriptions.
  */
 #include "config.h"
 
@@ -83,8 +85,16 @@ int imaplist_specialuse_list(const struct imapparse_strlist *use,
 
 struct imaplist_item {
     char *ext;          /* client name */
+    char *key;          /* its hierarchy key (imaplist_key()) */
     int childinfo;      /* RECURSIVEMATCH: a selected descendant that no
                            pattern matched */
+};
+
+/* A sorted index over a strarray of client names. */
+struct imaplist_index {
+    char **keys;        /* hierarchy keys, sorted */
+    size_t *pos;        /* the index of each in the strarray */
+    size_t n;
 };
 
 struct imaplist_rock {
@@ -96,7 +106,9 @@ struct imaplist_rock {
     struct strarray subs;        /* subscribed names, client form */
     struct strarray subs_int;    /* the same, internal */
     struct strarray pats;        /* reference + pattern, each */
-    struct imaplist_item *items; /* listed */
+    struct imaplist_index vidx;  /* over ext */
+    struct imaplist_index sidx;  /* over subs */
+    struct imaplist_item *items; /* listed (duplicates until sorted) */
     size_t nitems, itemalloc;
     int error;                   /* STORE_NOMEM met while collecting */
 };
@@ -153,6 +165,116 @@ static int imaplist_subs(struct imaplist_rock *lr)
     return r;
 }
 
+/* ---- hierarchy keys and indexes ------------------------------------- */
+
+#define IMAPLIST_KEYSEP '\001'
+
+/* The client name with the separator as 0x01 (names hold no control
+ * bytes), a new string, or NULL out of memory. */
+static char *imaplist_key(const char *ext, char sep)
+{
+    char *k = strdup(ext);
+
+    if (k)
+        for (char *p = k; *p; p++)
+            if (*p == sep)
+                *p = IMAPLIST_KEYSEP;
+    return k;
+}
+
+static char **imaplist_sort_keys;   /* qsort has no context argument */
+
+static int imaplist_pos_cmp(const void *a, const void *b)
+{
+    return strcmp(imaplist_sort_keys[*(const size_t *)a],
+                  imaplist_sort_keys[*(const size_t *)b]);
+}
+
+static void imaplist_index_free(struct imaplist_index *ix)
+{
+    for (size_t i = 0; i < ix->n; i++)
+        free(ix->keys[i]);
+    free(ix->keys);
+    free(ix->pos);
+    memset(ix, 0, sizeof(*ix));
+}
+
+/* Index names: STORE_OK or STORE_NOMEM. */
+static int imaplist_index_build(struct imaplist_index *ix,
+                                const struct strarray *names, char sep)
+{
+    char **keys;
+    size_t n = names->count;
+
+    memset(ix, 0, sizeof(*ix));
+    if (!n)
+        return STORE_OK;
+    keys = calloc(n, sizeof(*keys));
+    ix->pos = calloc(n, sizeof(*ix->pos));
+    ix->keys = calloc(n, sizeof(*ix->keys));
+    if (!keys || !ix->pos || !ix->keys) {
+        free(keys);
+        imaplist_index_free(ix);
+        return STORE_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = imaplist_key(names->data[i], sep);
+        ix->pos[i] = i;
+        if (!keys[i]) {
+            for (size_t j = 0; j < i; j++)
+                free(keys[j]);
+            free(keys);
+            imaplist_index_free(ix);
+            return STORE_NOMEM;
+        }
+    }
+    imaplist_sort_keys = keys;
+    qsort(ix->pos, n, sizeof(*ix->pos), imaplist_pos_cmp);
+    imaplist_sort_keys = NULL;
+    for (size_t i = 0; i < n; i++)
+        ix->keys[i] = keys[ix->pos[i]];
+    ix->n = n;
+    free(keys);
+    return STORE_OK;
+}
+
+/* The first slot whose key is >= key. */
+static size_t imaplist_lower(const struct imaplist_index *ix,
+                             const char *key)
+{
+    size_t lo = 0, hi = ix->n;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (strcmp(ix->keys[mid], key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The strarray index of the name with hierarchy key `key`, or -1. */
+static long imaplist_find(const struct imaplist_index *ix, const char *key)
+{
+    size_t i = imaplist_lower(ix, key);
+
+    return i < ix->n && strcmp(ix->keys[i], key) == 0 ? (long)ix->pos[i]
+                                                       : -1;
+}
+
+/* Is a name below `key` indexed?  Descendants sort right after key. */
+static int imaplist_below(const struct imaplist_index *ix, const char *key)
+{
+    size_t n = strlen(key), i = imaplist_lower(ix, key);
+
+    if (i < ix->n && strcmp(ix->keys[i], key) == 0)
+        i++;
+    return i < ix->n && strncmp(ix->keys[i], key, n) == 0 &&
+           ix->keys[i][n] == IMAPLIST_KEYSEP;
+}
+
 static void imaplist_rock_fini(struct imaplist_rock *lr)
 {
     strarray_fini(&lr->names);
@@ -161,9 +283,13 @@ static void imaplist_rock_fini(struct imaplist_rock *lr)
     strarray_fini(&lr->subs);
     strarray_fini(&lr->subs_int);
     strarray_fini(&lr->pats);
-    for (size_t i = 0; i < lr->nitems; i++)
+    for (size_t i = 0; i < lr->nitems; i++) {
         free(lr->items[i].ext);
+        free(lr->items[i].key);
+    }
     free(lr->items);
+    imaplist_index_free(&lr->vidx);
+    imaplist_index_free(&lr->sidx);
 }
 
 /* reference + pattern, with a leading INBOX upper-cased, into out */
@@ -193,14 +319,12 @@ static int imaplist_match(const struct imaplist_rock *lr, const char *ext,
     return 0;
 }
 
+/* Add a name to the listed ones (duplicates are merged after sorting). */
 static struct imaplist_item *imaplist_add(struct imaplist_rock *lr,
                                           const char *ext)
 {
     struct imaplist_item *it;
 
-    for (size_t i = 0; i < lr->nitems; i++)
-        if (strcmp(lr->items[i].ext, ext) == 0)
-            return &lr->items[i];
     if (lr->nitems == lr->itemalloc) {
         size_t na = lr->itemalloc ? lr->itemalloc * 2 : 16;
         struct imaplist_item *ni = realloc(lr->items, na * sizeof(*ni));
@@ -214,8 +338,11 @@ static struct imaplist_item *imaplist_add(struct imaplist_rock *lr,
     }
     it = &lr->items[lr->nitems];
     it->ext = strdup(ext);
+    it->key = imaplist_key(ext, lr->ls->sep);
     it->childinfo = 0;
-    if (!it->ext) {
+    if (!it->ext || !it->key) {
+        free(it->ext);
+        free(it->key);
         lr->error = STORE_NOMEM;
         return NULL;
     }
@@ -223,41 +350,40 @@ static struct imaplist_item *imaplist_add(struct imaplist_rock *lr,
     return it;
 }
 
-/* Has a visible mailbox below ext? */
-static int imaplist_has_children(const struct imaplist_rock *lr,
-                                 const char *ext)
+static int imaplist_item_cmp(const void *a, const void *b)
 {
-    size_t n = strlen(ext);
-
-    for (size_t i = 0; i < lr->ext.count; i++) {
-        const char *v = lr->ext.data[i];
-
-        if (strncmp(v, ext, n) == 0 && v[n] == lr->ls->sep)
-            return 1;
-    }
-    return 0;
+    return strcmp(((const struct imaplist_item *)a)->key,
+                  ((const struct imaplist_item *)b)->key);
 }
 
-/* Hierarchy order: the separator sorts before every other byte, so that
- * "a.b" follows "a" and precedes "a-b". */
-static char imaplist_sortsep;
-
-static int imaplist_cmp(const void *a, const void *b)
+/* Sort the listed names into hierarchy order, merging duplicates. */
+static void imaplist_items_sort(struct imaplist_rock *lr)
 {
-    const unsigned char *x =
-        (const unsigned char *)((const struct imaplist_item *)a)->ext;
-    const unsigned char *y =
-        (const unsigned char *)((const struct imaplist_item *)b)->ext;
-    unsigned char sep = (unsigned char)imaplist_sortsep;
+    size_t out = 0;
 
-    for (;; x++, y++) {
-        unsigned cx = *x == sep ? 1 : *x, cy = *y == sep ? 1 : *y;
-
-        if (cx != cy)
-            return cx < cy ? -1 : 1;
-        if (!cx)
-            return 0;
+    if (lr->nitems > 1)
+        qsort(lr->items, lr->nitems, sizeof(*lr->items), imaplist_item_cmp);
+    for (size_t i = 0; i < lr->nitems; i++) {
+        if (out && strcmp(lr->items[out - 1].key, lr->items[i].key) == 0) {
+            lr->items[out - 1].childinfo |= lr->items[i].childinfo;
+            free(lr->items[i].ext);
+            free(lr->items[i].key);
+            continue;
+        }
+        lr->items[out++] = lr->items[i];
     }
+    lr->nitems = out;
+}
+
+/* The strarray index of a client name in an index, or -1. */
+static long imaplist_lookup(const struct imaplist_rock *lr,
+                            const struct imaplist_index *ix, const char *ext)
+{
+    char *key = imaplist_key(ext, lr->ls->sep);
+    long r = key ? imaplist_find(ix, key) : -1;
+
+    free(key);
+    return r;
 }
 
 static void imaplist_quoted(struct prot *p, const char *str)
@@ -336,6 +462,10 @@ void imaplist_cmd_list(const struct imaplist_session *ls,
         r = imaplist_subs(&lr);
     if (r == STORE_OK)
         r = lr.error;
+    if (r == STORE_OK)
+        r = imaplist_index_build(&lr.vidx, &lr.ext, sep);
+    if (r == STORE_OK)
+        r = imaplist_index_build(&lr.sidx, &lr.subs, sep);
     if (r != STORE_OK) {
         ls->store_no(ls->rock, r);
         goto out;
@@ -347,7 +477,7 @@ void imaplist_cmd_list(const struct imaplist_session *ls,
         const char *c = cand->data[i];
 
         if (opt->select & IMAPPARSE_LSEL_SPECIALUSE) {
-            long v = strarray_find(&lr.ext, c);
+            long v = imaplist_lookup(&lr, &lr.vidx, c);
 
             if (v < 0 || !*lr.uses.data[v])
                 continue;
@@ -378,8 +508,8 @@ void imaplist_cmd_list(const struct imaplist_session *ls,
 
             for (const char *d = strchr(c, sep); d; d = strchr(d + 1, sep)) {
                 buf_setmap(&anc, c, (size_t)(d - c));
-                if (strarray_find(&lr.ext, buf_cstring(&anc)) < 0 &&
-                    imaplist_match(&lr, buf_cstring(&anc), 1))
+                if (imaplist_match(&lr, buf_cstring(&anc), 1) &&
+                    imaplist_lookup(&lr, &lr.vidx, buf_cstring(&anc)) < 0)
                     imaplist_add(&lr, buf_cstring(&anc));
             }
         }
@@ -390,13 +520,11 @@ void imaplist_cmd_list(const struct imaplist_session *ls,
     }
 
     /* 3. answer */
-    imaplist_sortsep = sep;
-    if (lr.nitems > 1)
-        qsort(lr.items, lr.nitems, sizeof(*lr.items), imaplist_cmp);
+    imaplist_items_sort(&lr);
     for (size_t i = 0; i < lr.nitems; i++) {
         const struct imaplist_item *it = &lr.items[i];
-        long v = strarray_find(&lr.ext, it->ext);
-        int children = imaplist_has_children(&lr, it->ext);
+        long v = imaplist_find(&lr.vidx, it->key);
+        int children = imaplist_below(&lr.vidx, it->key);
 
         buf_reset(&flags);
         if (v < 0)
@@ -405,7 +533,7 @@ void imaplist_cmd_list(const struct imaplist_session *ls,
         if (v >= 0 || children)
             imaplist_addflag(&flags, children ? "\\HasChildren"
                                               : "\\HasNoChildren");
-        if (want_subs && strarray_find(&lr.subs, it->ext) >= 0)
+        if (want_subs && imaplist_find(&lr.sidx, it->key) >= 0)
             imaplist_addflag(&flags, "\\Subscribed");
         if (v >= 0)
             imaplist_addflag(&flags, lr.uses.data[v]);
