@@ -1833,6 +1833,8 @@ static int parse_list(struct cur *c)
             l->ret |= IMAPPARSE_LRET_CHILDREN;
         } else if (ieq(s, len, "SPECIAL-USE")) {
             l->ret |= IMAPPARSE_LRET_SPECIALUSE;
+        } else if (ieq(s, len, "MYRIGHTS")) {
+            l->ret |= IMAPPARSE_LRET_MYRIGHTS;
         } else if (ieq(s, len, "STATUS")) {
             if (l->ret & IMAPPARSE_LRET_STATUS)
                 return cmd_error(cmd, IMAPPARSE_BAD,

@@ -315,6 +315,7 @@ struct imapparse_status {
 #define IMAPPARSE_LRET_CHILDREN        0x02
 #define IMAPPARSE_LRET_SPECIALUSE      0x04
 #define IMAPPARSE_LRET_STATUS          0x08
+#define IMAPPARSE_LRET_MYRIGHTS        0x10   /* RFC 8440 */
 
 struct imapparse_list {
     int extended;               /* selection options, several patterns or

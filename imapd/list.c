@@ -23,7 +23,7 @@
  *      clients without LIST-EXTENDED read them so), and after each
  *      listed mailbox that exists, its STATUS line when RETURN (STATUS)
  *      was given (a mailbox whose STATUS fails, e.g. without the r right,
- *      gets none).
+ *      gets none), then with RETURN (MYRIGHTS) its MYRIGHTS line.
  * Lookups go through sorted indexes of hierarchy keys (the client name
  * with the separator as 0x01, which sorts before every byte a name may
  * hold, so a name's descendants follow it at once): LIST costs
@@ -100,6 +100,7 @@ struct imaplist_index {
 struct imaplist_rock {
     const struct imaplist_session *ls;
     struct strarray names;       /* visible mailboxes, internal */
+    struct strarray acls;        /* their ACLs */
     struct strarray ext;         /* the same, client form */
     struct strarray uses;        /* their special use ("" for none or
                                     not the user's own) */
@@ -129,6 +130,7 @@ static int imaplist_collect(void *rock, const struct mboxlist_entry *e)
     if (ls->to_external(ls->rock, e->name, &ext) == STORE_OK) {
         if (strarray_append(&lr->names, e->name) != 0 ||
             strarray_append(&lr->ext, buf_cstring(&ext)) != 0 ||
+            strarray_append(&lr->acls, e->acl) != 0 ||
             strarray_append(&lr->uses, imaplist_own(ls, e->name) ?
                                        e->specialuse : "") != 0)
             lr->error = STORE_NOMEM;
@@ -278,6 +280,7 @@ static int imaplist_below(const struct imaplist_index *ix, const char *key)
 static void imaplist_rock_fini(struct imaplist_rock *lr)
 {
     strarray_fini(&lr->names);
+    strarray_fini(&lr->acls);
     strarray_fini(&lr->ext);
     strarray_fini(&lr->uses);
     strarray_fini(&lr->subs);
@@ -543,6 +546,9 @@ void imaplist_cmd_list(const struct imaplist_session *ls,
         if (v >= 0 && (opt->ret & IMAPPARSE_LRET_STATUS))
             (void)ls->status(ls->rock, it->ext, lr.names.data[v],
                              &opt->status);
+        if (v >= 0 && (opt->ret & IMAPPARSE_LRET_MYRIGHTS) && ls->myrights)
+            ls->myrights(ls->rock, it->ext, lr.names.data[v],
+                         lr.acls.data[v]);
     }
     ls->tagged(ls->rock, "OK", "LIST completed");
 out:

@@ -40,6 +40,10 @@ struct imaplist_session {
      * the mailbox is gone...) */
     int (*status)(void *rock, const char *ext, const char *name,
                   const struct imapparse_status *items);
+    /* write "* MYRIGHTS ext rights" (RFC 8440) for internal name `name`
+     * with ACL `acl` */
+    void (*myrights)(void *rock, const char *ext, const char *name,
+                     const char *acl);
     /* the tagged reply ("OK", "NO", "BAD"), and the NO for a store code */
     void (*tagged)(void *rock, const char *status, const char *text);
     void (*store_no)(void *rock, int r);
@@ -47,7 +51,10 @@ struct imaplist_session {
 
 /* LIST (every form of imapparse.h's IMAPPARSE_CMD_LIST) and LSUB, answered
  * completely (untagged responses and the tagged reply).  ml is the open
- * mailbox list (NULL: the list could not be opened, answered NO). */
+ * mailbox list (NULL: the list could not be opened, answered NO).  After
+ * the LIST line of each existing mailbox come its STATUS line (RETURN
+ * (STATUS)) and its MYRIGHTS line (RETURN (MYRIGHTS)); the session
+ * refuses MYRIGHTS before calling when it does not offer ACL. */
 void imaplist_cmd_list(const struct imaplist_session *ls,
                        struct mboxlist *ml, const struct imapparse_cmd *cmd);
 void imaplist_cmd_lsub(const struct imaplist_session *ls,

@@ -410,6 +410,11 @@ static void imap_store_no(struct imap_session *s, int r)
     imap_tagged(s, "NO", "%s%s", code, store_strerror(r));
 }
 
+/* RFC 8440's LIST-MYRIGHTS needs the ACL extension (RFC 4314): it is
+ * offered, and LIST RETURN (MYRIGHTS) accepted, when this build answers
+ * the ACL commands.  Not yet: RETURN (MYRIGHTS) answers BAD. */
+#define IMAP_HAVE_ACL 0
+
 static void imap_capabilities(struct imap_session *s, struct buf *out)
 {
     struct buf mechs = BUF_INITIALIZER;
@@ -419,6 +424,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
                         "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN "
                         "LIST-EXTENDED LIST-STATUS SPECIAL-USE "
                         "CREATE-SPECIAL-USE STATUS=SIZE");
+    if (IMAP_HAVE_ACL)
+        buf_appendcstr(out, " LIST-MYRIGHTS");
     if (s->state == IMAP_NOTAUTH) {
         if (s->srv->tls && !prot_is_tls(s->p))
             buf_appendcstr(out, " STARTTLS");
@@ -1031,6 +1038,19 @@ static int imap_cb_status(void *rock, const char *ext, const char *name,
     return imap_status_send(rock, ext, name, items);
 }
 
+/* "* MYRIGHTS name rights": the session's rights, as acl.h writes them */
+static void imap_cb_myrights(void *rock, const char *ext, const char *name,
+                             const char *acl)
+{
+    struct imap_session *s = rock;
+    char letters[12];
+
+    prot_puts(s->p, "* MYRIGHTS ");
+    imap_quoted(s->p, ext);
+    prot_printf(s->p, " \"%s\"\r\n",
+                acl_rights_string(imap_rights(s, name, acl), letters));
+}
+
 static void imap_cb_tagged(void *rock, const char *status, const char *text)
 {
     imap_tagged(rock, status, "%s", text);
@@ -1054,6 +1074,7 @@ static void imap_list_session(struct imap_session *s,
     ls->to_external = imap_cb_to_external;
     ls->visible = imap_cb_visible;
     ls->status = imap_cb_status;
+    ls->myrights = imap_cb_myrights;
     ls->tagged = imap_cb_tagged;
     ls->store_no = imap_cb_store_no;
 }
@@ -1062,6 +1083,12 @@ static void imap_cmd_list(struct imap_session *s, int lsub)
 {
     struct imaplist_session ls;
 
+    if (!lsub && (s->cmd.list.ret & IMAPPARSE_LRET_MYRIGHTS) &&
+        !IMAP_HAVE_ACL) {
+        imap_tagged(s, "BAD", "RETURN (MYRIGHTS) needs the ACL extension, "
+                              "not offered");
+        return;
+    }
     imap_list_session(s, &ls);
     if (lsub)
         imaplist_cmd_lsub(&ls, imap_ml(s->srv), &s->cmd);

@@ -337,6 +337,12 @@ class Parser:
                 self.sp()
                 self.number(maximum=MAX63)
             self.plist(att)
+        elif w == b"MYRIGHTS":
+            # RFC 4314: "MYRIGHTS" SP mailbox SP rights
+            self.sp()
+            self.astring()
+            self.sp()
+            self.astring()
         elif w == b"SEARCH":
             while self.opt(b" "):
                 if self.opt(b"("):
@@ -720,6 +726,7 @@ SELFTEST_GOOD = [
     b'* LIST () "/" "Foo" ("CHILDINFO" ("SUBSCRIBED"))',
     b'* LIST (\\Sent \\HasNoChildren) "." "INBOX.Sent"',
     b'* LIST () "/" "x" ("OLDNAME" ("y") "X-EXT" (a (b c)))',
+    b'* MYRIGHTS "INBOX/Sent" "lrswipkxtea"',
     b"* SEARCH 2 84 882 (MODSEQ 917162500)",
     b"* SEARCH",
     b"* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft $Forwarded)",

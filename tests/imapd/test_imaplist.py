@@ -131,7 +131,9 @@ def test_capabilities():
         for cap in (b"LIST-EXTENDED", b"LIST-STATUS", b"SPECIAL-USE",
                     b"CREATE-SPECIAL-USE", b"STATUS=SIZE", b"CHILDREN"):
             check(cap in caps, "%r not advertised: %r" % (cap, caps))
-        check(b"LIST-MYRIGHTS" not in caps, "LIST-MYRIGHTS advertised")
+        # LIST-MYRIGHTS (RFC 8440) needs ACL (RFC 4314): both or neither
+        check((b"LIST-MYRIGHTS" in caps) == (b"ACL" in caps),
+              "LIST-MYRIGHTS without ACL or the reverse: %r" % caps)
     finally:
         c.close()
 
@@ -252,7 +254,6 @@ def test_bad_list_forms():
                 ("b2", 'LIST (SPECIAL-USE RECURSIVEMATCH) "" "*"'),
                 ("b3", 'LIST (BOGUS) "" "*"'),
                 ("b4", 'LIST "" "*" RETURN (BOGUS)'),
-                ("b5", 'LIST "" "*" RETURN (MYRIGHTS)'),
                 ("b6", 'LIST "" ()'),
                 ("b7", 'LIST "" "*" RETURN (STATUS (FOO))'),
                 ("b8", 'CREATE INBOX/x (USE (Sent))'),
@@ -367,6 +368,26 @@ def test_list_status_and_size():
               "STATUS without r %r" % r)
     finally:
         b.close()
+
+
+def test_list_myrights():
+    """RETURN (MYRIGHTS): a MYRIGHTS line after each mailbox's LIST line
+    when ACL is offered, else an explicit BAD."""
+    i = inst()
+    i.mbtool("setacl", "user.alice.Fruit", "bob", "lr")
+    c = raw_login(BOB, BOB_PW)
+    try:
+        caps = ok(c.cmd("a1", "CAPABILITY"), "a1")[0].split()
+        r = c.cmd("m1", 'LIST "" "user/alice/Fruit" RETURN (MYRIGHTS)')
+        if b"LIST-MYRIGHTS" not in caps:
+            check(r[-1].startswith(b"m1 BAD") and b"ACL" in r[-1],
+                  "MYRIGHTS without ACL %r" % r)
+            return
+        ok(r, "m1")
+        check(len(r) == 3 and r[0].startswith(b"* LIST ") and
+              r[1] == b'* MYRIGHTS "user/alice/Fruit" "lr"', "%r" % r)
+    finally:
+        c.close()
 
 
 def test_autocreate_inbox():
@@ -518,6 +539,7 @@ if __name__ == "__main__":
         test_bad_list_forms,
         test_create_special_use,
         test_list_status_and_size,
+        test_list_myrights,
         test_autocreate_inbox,
         test_autocreate_on_delivery,
         test_imaplib,

@@ -206,6 +206,7 @@ static void test_list_extended(void **state)
               "c LIST () \"\" * RETURN (STATUS (MESSAGES SIZE) "
               "SPECIAL-USE)\r\n"
               "d LIST (SPECIAL-USE) \"\" * RETURN ()\r\n"
+              "d2 LIST \"\" * RETURN (MYRIGHTS)\r\n"
               "e CREATE Sent (USE (\\Sent \\drafts))\r\n"
               "f CREATE x (USE ())\r\n"
               "g STATUS x (SIZE MESSAGES)\r\n");
@@ -234,6 +235,8 @@ static void test_list_extended(void **state)
     assert_int_equal(l->select, IMAPPARSE_LSEL_SPECIALUSE);
     assert_int_equal(l->ret, 0);
     assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(l->ret, IMAPPARSE_LRET_MYRIGHTS);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
     assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_CREATE);
     assert_string_equal(fx->cmd.arg[0], "Sent");
     assert_int_equal(fx->cmd.use_set, 1);
@@ -253,8 +256,6 @@ static void test_list_extended(void **state)
                "Unknown selection option");
     expect_bad(fx, "a LIST \"\" * RETURN (BOGUS)\r\n", IMAPPARSE_BAD, "a",
                "Unknown return option");
-    expect_bad(fx, "a LIST \"\" * RETURN (MYRIGHTS)\r\n", IMAPPARSE_BAD,
-               "a", "Unknown return option");
     expect_bad(fx, "a LIST \"\" * RETURN\r\n", IMAPPARSE_BAD, "a",
                "return option list");
     expect_bad(fx, "a LIST \"\" * FOO ()\r\n", IMAPPARSE_BAD, "a",
