@@ -1857,7 +1857,8 @@ static int parse_thread(struct cur *c)
 
 /* ---- STATUS, SELECT, APPEND, ID, ENABLE ------------------------------ */
 
-static int parse_status(struct cur *c)
+/* "(" status-att *(SP status-att) ")" into st */
+static int parse_status_items(struct cur *c, struct imapparse_status *st)
 {
     static const struct {
         const char *name;
@@ -1871,12 +1872,10 @@ static int parse_status(struct cur *c)
         { "HIGHESTMODSEQ", IMAPPARSE_STATUS_HIGHESTMODSEQ },
         { "DELETED", IMAPPARSE_STATUS_DELETED },
         { "DELETED-STORAGE", IMAPPARSE_STATUS_DELETED_STORAGE },
+        { "SIZE", IMAPPARSE_STATUS_SIZE },
     };
-    struct imapparse_status *st = &c->cmd->status;
-    int r = get_mailbox(c, 0);
+    int r = expect_type(c, IMAPPARSE_TOK_LPAREN, "status item list");
 
-    if (r == IMAPPARSE_OK)
-        r = expect_type(c, IMAPPARSE_TOK_LPAREN, "status item list");
     if (r != IMAPPARSE_OK)
         return r;
     do {
@@ -1898,6 +1897,178 @@ static int parse_status(struct cur *c)
                                  "Repeated status item");
         st->items[st->n++] = items[i].item;
     } while (!peek_type(c, IMAPPARSE_TOK_RPAREN));
+    c->i++;
+    return IMAPPARSE_OK;
+}
+
+static int parse_status(struct cur *c)
+{
+    int r = get_mailbox(c, 0);
+
+    if (r == IMAPPARSE_OK)
+        r = parse_status_items(c, &c->cmd->status);
+    if (r != IMAPPARSE_OK)
+        return r;
+    return expect_end(c);
+}
+
+/* A word of an option list: an atom. */
+static int option_word(struct cur *c, const char *what, char **s_r,
+                       size_t *len_r)
+{
+    return get_atom(c, s_r, len_r, what);
+}
+
+/* LIST [SP "(" [sel-opt *(SP sel-opt)] ")"] SP mailbox SP
+ *      (list-mailbox / "(" list-mailbox *(SP list-mailbox) ")")
+ *      [SP "RETURN" SP "(" [ret-opt *(SP ret-opt)] ")"]   (RFC 5258) */
+static int parse_list(struct cur *c)
+{
+    struct imapparse_cmd *cmd = c->cmd;
+    struct imapparse_list *l = &cmd->list;
+    size_t alloc = 0;
+    char *s;
+    size_t len;
+    int r;
+
+    if (peek_type(c, IMAPPARSE_TOK_LPAREN)) {
+        l->extended = 1;
+        c->i++;
+        while (!peek_type(c, IMAPPARSE_TOK_RPAREN)) {
+            r = option_word(c, "selection option", &s, &len);
+            if (r != IMAPPARSE_OK)
+                return r;
+            if (ieq(s, len, "SUBSCRIBED"))
+                l->select |= IMAPPARSE_LSEL_SUBSCRIBED;
+            else if (ieq(s, len, "REMOTE"))
+                l->select |= IMAPPARSE_LSEL_REMOTE;
+            else if (ieq(s, len, "RECURSIVEMATCH"))
+                l->select |= IMAPPARSE_LSEL_RECURSIVEMATCH;
+            else if (ieq(s, len, "SPECIAL-USE"))
+                l->select |= IMAPPARSE_LSEL_SPECIALUSE;
+            else
+                return cmd_errorf(cmd, IMAPPARSE_BAD,
+                                  "Unknown selection option %.40s", s);
+        }
+        c->i++;
+        /* RFC 5258 3: RECURSIVEMATCH only with an option it modifies;
+         * of ours only SUBSCRIBED (RFC 6154 6: not SPECIAL-USE) */
+        if ((l->select & IMAPPARSE_LSEL_RECURSIVEMATCH) &&
+            !(l->select & IMAPPARSE_LSEL_SUBSCRIBED))
+            return cmd_error(cmd, IMAPPARSE_BAD,
+                             "RECURSIVEMATCH needs SUBSCRIBED");
+    }
+    r = get_astring(c, &s, &len, "reference name");
+    if (r != IMAPPARSE_OK)
+        return r;
+    cmd->arg[0] = s;
+    cmd->arg_len[0] = len;
+    if (peek_type(c, IMAPPARSE_TOK_LPAREN)) {
+        l->extended = 1;
+        c->i++;
+        do {
+            r = get_list_mailbox(c, 1);
+            if (r == IMAPPARSE_OK)
+                r = list_push(cmd, &l->patterns, &alloc, cmd->arg[1]);
+            if (r != IMAPPARSE_OK)
+                return r;
+        } while (!peek_type(c, IMAPPARSE_TOK_RPAREN));
+        c->i++;
+        cmd->arg[1] = l->patterns.s[0];
+        cmd->arg_len[1] = strlen(cmd->arg[1]);
+    } else {
+        r = get_list_mailbox(c, 1);
+        if (r == IMAPPARSE_OK)
+            r = list_push(cmd, &l->patterns, &alloc, cmd->arg[1]);
+        if (r != IMAPPARSE_OK)
+            return r;
+    }
+    if (at_end(c))
+        return IMAPPARSE_OK;
+    r = option_word(c, "RETURN", &s, &len);
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (!ieq(s, len, "RETURN"))
+        return cmd_error(cmd, IMAPPARSE_BAD, "Unexpected extra arguments");
+    l->extended = 1;
+    r = expect_type(c, IMAPPARSE_TOK_LPAREN, "return option list");
+    if (r != IMAPPARSE_OK)
+        return r;
+    while (!peek_type(c, IMAPPARSE_TOK_RPAREN)) {
+        r = option_word(c, "return option", &s, &len);
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (ieq(s, len, "SUBSCRIBED")) {
+            l->ret |= IMAPPARSE_LRET_SUBSCRIBED;
+        } else if (ieq(s, len, "CHILDREN")) {
+            l->ret |= IMAPPARSE_LRET_CHILDREN;
+        } else if (ieq(s, len, "SPECIAL-USE")) {
+            l->ret |= IMAPPARSE_LRET_SPECIALUSE;
+        } else if (ieq(s, len, "MYRIGHTS")) {
+            l->ret |= IMAPPARSE_LRET_MYRIGHTS;
+        } else if (ieq(s, len, "STATUS")) {
+            if (l->ret & IMAPPARSE_LRET_STATUS)
+                return cmd_error(cmd, IMAPPARSE_BAD,
+                                 "Repeated STATUS return option");
+            l->ret |= IMAPPARSE_LRET_STATUS;
+            r = parse_status_items(c, &l->status);
+            if (r != IMAPPARSE_OK)
+                return r;
+        } else {
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Unknown return option %.40s", s);
+        }
+    }
+    c->i++;
+    return expect_end(c);
+}
+
+/* CREATE mailbox [SP "(" "USE" SP "(" [use-attr *(SP use-attr)] ")" ")"]
+ * (RFC 6154 CREATE-SPECIAL-USE) */
+static int parse_create(struct cur *c)
+{
+    struct imapparse_cmd *cmd = c->cmd;
+    size_t alloc = 0;
+    int r = get_mailbox(c, 0);
+
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (!peek_type(c, IMAPPARSE_TOK_LPAREN))
+        return expect_end(c);
+    c->i++;
+    while (!peek_type(c, IMAPPARSE_TOK_RPAREN)) {
+        char *s;
+        size_t len;
+
+        r = option_word(c, "create parameter", &s, &len);
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (!ieq(s, len, "USE"))
+            return cmd_errorf(cmd, IMAPPARSE_BAD,
+                              "Unknown create parameter %.40s", s);
+        if (cmd->use_set)
+            return cmd_error(cmd, IMAPPARSE_BAD, "Repeated USE");
+        cmd->use_set = 1;
+        r = expect_type(c, IMAPPARSE_TOK_LPAREN, "use attribute list");
+        if (r != IMAPPARSE_OK)
+            return r;
+        while (!peek_type(c, IMAPPARSE_TOK_RPAREN)) {
+            const struct imapparse_token *t = peek(c);
+
+            if (!t)
+                return cmd_error(cmd, IMAPPARSE_BAD, "Missing ')'");
+            if (t->type != IMAPPARSE_TOK_ATOM || t->len < 2 ||
+                tok_text(c, t)[0] != '\\' ||
+                !valid_flag(tok_text(c, t), t->len))
+                return cmd_error(cmd, IMAPPARSE_BAD,
+                                 "Invalid use attribute");
+            r = list_push(cmd, &cmd->use, &alloc, tok_text(c, t));
+            if (r != IMAPPARSE_OK)
+                return r;
+            c->i++;
+        }
+        c->i++;
+    }
     c->i++;
     return expect_end(c);
 }
@@ -2089,12 +2260,12 @@ static const struct {
     { "LOGIN", IMAPPARSE_CMD_LOGIN, A_LOGIN, 0 },
     { "SELECT", IMAPPARSE_CMD_SELECT, A_CUSTOM, 0 },
     { "EXAMINE", IMAPPARSE_CMD_EXAMINE, A_CUSTOM, 0 },
-    { "CREATE", IMAPPARSE_CMD_CREATE, A_MAILBOX, 0 },
+    { "CREATE", IMAPPARSE_CMD_CREATE, A_CUSTOM, 0 },
     { "DELETE", IMAPPARSE_CMD_DELETE, A_MAILBOX, 0 },
     { "RENAME", IMAPPARSE_CMD_RENAME, A_MAILBOX2, 0 },
     { "SUBSCRIBE", IMAPPARSE_CMD_SUBSCRIBE, A_MAILBOX, 0 },
     { "UNSUBSCRIBE", IMAPPARSE_CMD_UNSUBSCRIBE, A_MAILBOX, 0 },
-    { "LIST", IMAPPARSE_CMD_LIST, A_LIST, 0 },
+    { "LIST", IMAPPARSE_CMD_LIST, A_CUSTOM, 0 },
     { "LSUB", IMAPPARSE_CMD_LSUB, A_LIST, 0 },
     { "STATUS", IMAPPARSE_CMD_STATUS, A_CUSTOM, 0 },
     { "APPEND", IMAPPARSE_CMD_APPEND, A_CUSTOM, 0 },
@@ -2255,6 +2426,10 @@ static int parse_args(struct cur *c, enum argspec spec)
             return parse_select(c);
         case IMAPPARSE_CMD_STATUS:
             return parse_status(c);
+        case IMAPPARSE_CMD_LIST:
+            return parse_list(c);
+        case IMAPPARSE_CMD_CREATE:
+            return parse_create(c);
         case IMAPPARSE_CMD_APPEND:
             return parse_append(c);
         case IMAPPARSE_CMD_EXPUNGE:

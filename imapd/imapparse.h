@@ -1,9 +1,10 @@
 /*
  * imapparse.h - the IMAP command parser: reads one command from a
  * struct prot (RFC 3501 section 9 grammar, with LITERAL+ (RFC 7888),
- * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, ACL, QUOTA) and
- * turns its arguments into the structures below, ready for imapd to
- * execute.
+ * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, ACL, QUOTA,
+ * LIST-EXTENDED (RFC 5258), LIST-STATUS (RFC 5819), CREATE-SPECIAL-USE
+ * (RFC 6154), STATUS=SIZE (RFC 8438)) and turns its arguments into the
+ * structures below, ready for imapd to execute.
  *
  * Use:
  *
@@ -331,12 +332,35 @@ enum imapparse_status_item {
     IMAPPARSE_STATUS_UNSEEN,
     IMAPPARSE_STATUS_HIGHESTMODSEQ,
     IMAPPARSE_STATUS_DELETED,           /* RFC 9051 / RFC 9208 */
-    IMAPPARSE_STATUS_DELETED_STORAGE    /* RFC 9208 */
+    IMAPPARSE_STATUS_DELETED_STORAGE,   /* RFC 9208 */
+    IMAPPARSE_STATUS_SIZE               /* RFC 8438 */
 };
 
 struct imapparse_status {
     size_t n;
     enum imapparse_status_item items[16];   /* a repeated item is BAD */
+};
+
+/* LIST-EXTENDED (RFC 5258) selection and return options, and RFC 6154's
+ * SPECIAL-USE ones; RFC 5819's STATUS return option with its items. */
+#define IMAPPARSE_LSEL_SUBSCRIBED      0x01
+#define IMAPPARSE_LSEL_REMOTE          0x02
+#define IMAPPARSE_LSEL_RECURSIVEMATCH  0x04
+#define IMAPPARSE_LSEL_SPECIALUSE      0x08
+#define IMAPPARSE_LRET_SUBSCRIBED      0x01
+#define IMAPPARSE_LRET_CHILDREN        0x02
+#define IMAPPARSE_LRET_SPECIALUSE      0x04
+#define IMAPPARSE_LRET_STATUS          0x08
+#define IMAPPARSE_LRET_MYRIGHTS        0x10   /* RFC 8440 */
+
+struct imapparse_list {
+    int extended;               /* selection options, several patterns or
+                                   return options were written (even
+                                   empty "()") */
+    unsigned select;            /* IMAPPARSE_LSEL_* */
+    unsigned ret;               /* IMAPPARSE_LRET_* */
+    struct imapparse_strlist patterns;  /* at least one; [0] = arg[1] */
+    struct imapparse_status status;     /* RETURN (STATUS (...)) items */
 };
 
 struct imapparse_append {
@@ -380,12 +404,16 @@ enum imapparse_cmdid {
     /* authenticated */
     IMAPPARSE_CMD_SELECT,           /* arg[0] mailbox; condstore */
     IMAPPARSE_CMD_EXAMINE,          /* arg[0] mailbox; condstore */
-    IMAPPARSE_CMD_CREATE,           /* arg[0] mailbox */
+    IMAPPARSE_CMD_CREATE,           /* arg[0] mailbox; use, use_set
+                                       (RFC 6154 "(USE (\Sent))") */
     IMAPPARSE_CMD_DELETE,           /* arg[0] mailbox */
     IMAPPARSE_CMD_RENAME,           /* arg[0] old, arg[1] new */
     IMAPPARSE_CMD_SUBSCRIBE,        /* arg[0] mailbox */
     IMAPPARSE_CMD_UNSUBSCRIBE,      /* arg[0] mailbox */
-    IMAPPARSE_CMD_LIST,             /* arg[0] reference, arg[1] pattern */
+    IMAPPARSE_CMD_LIST,             /* arg[0] reference, arg[1] the
+                                       first pattern; list (RFC 5258
+                                       selection and return options,
+                                       every pattern) */
     IMAPPARSE_CMD_LSUB,             /* arg[0] reference, arg[1] pattern */
     IMAPPARSE_CMD_STATUS,           /* arg[0] mailbox; status */
     IMAPPARSE_CMD_APPEND,           /* arg[0] mailbox; append */
@@ -452,6 +480,9 @@ struct imapparse_cmd {
     struct imapparse_sortcrit sort[IMAPPARSE_MAX_SORT];
     enum imapparse_thread_alg thread_alg;
     struct imapparse_status status;
+    struct imapparse_list list;
+    struct imapparse_strlist use;   /* CREATE (USE (...)), as sent */
+    int use_set;                    /* USE was given (maybe empty) */
     struct imapparse_append append;
     struct imapparse_id idparams;
     struct imapparse_strlist words; /* ENABLE; ACL and QUOTA arguments */

@@ -13,8 +13,11 @@
  *                  without TLS unless allowplaintext: yes)
  *   authenticated  ENABLE (CONDSTORE), NAMESPACE, IDLE (waits for DONE),
  *                  COMPRESS DEFLATE (RFC 4978, lib/prot.h),
- *                  LIST, LSUB, CREATE, DELETE, RENAME, SUBSCRIBE,
- *                  UNSUBSCRIBE, STATUS, SELECT, EXAMINE (FLAGS, EXISTS,
+ *                  LIST, LSUB (list.c: LIST-EXTENDED, LIST-STATUS,
+ *                  SPECIAL-USE), CREATE (CREATE-SPECIAL-USE), DELETE,
+ *                  RENAME, SUBSCRIBE,
+ *                  UNSUBSCRIBE, STATUS (STATUS=SIZE), SELECT, EXAMINE
+ *                  (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
  *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
  *                  ACL (aclcmd.c), QUOTA (quotacmd.c), an admin's DELETE
@@ -112,6 +115,7 @@
 #include "imapd/admincmd.h"
 #include "imapd/imapcmd.h"
 #include "imapd/imapparse.h"
+#include "imapd/list.h"
 #include "imapd/localdomain.h"
 #include "imapd/quotacmd.h"
 #include "imapd/search.h"
@@ -128,6 +132,7 @@
 #include "store/acl.h"
 #include "store/append.h"
 #include "store/idlenotify.h"
+#include "store/autocreate.h"
 #include "store/mailbox.h"
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
@@ -419,6 +424,11 @@ static void imap_store_no(struct imap_session *s, int r)
     imap_tagged(s, "NO", "%s%s", code, store_strerror(r));
 }
 
+/* RFC 8440's LIST-MYRIGHTS needs the ACL extension (RFC 4314): it is
+ * offered, and LIST RETURN (MYRIGHTS) accepted, when this build answers
+ * the ACL commands (aclcmd.c), as it does. */
+#define IMAP_HAVE_ACL 1
+
 static void imap_capabilities(struct imap_session *s, struct buf *out)
 {
     struct buf mechs = BUF_INITIALIZER;
@@ -427,7 +437,11 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
                         "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN "
                         "ESEARCH SEARCHRES WITHIN SORT SORT=DISPLAY ESORT "
-                        "THREAD=ORDEREDSUBJECT THREAD=REFERENCES");
+                        "THREAD=ORDEREDSUBJECT THREAD=REFERENCES "
+                        "LIST-EXTENDED LIST-STATUS SPECIAL-USE "
+                        "CREATE-SPECIAL-USE STATUS=SIZE");
+    if (IMAP_HAVE_ACL)
+        buf_appendcstr(out, " LIST-MYRIGHTS");
     /* command families of their own files */
     buf_appendcstr(out, " " ACLCMD_CAPABILITIES " " QUOTACMD_CAPABILITIES);
     if (s->state == IMAP_NOTAUTH) {
@@ -791,6 +805,12 @@ static int imap_login_done(struct imap_session *s, const char *user,
     s->global_admin = s->admin && !s->domain;
     s->state = IMAP_AUTH;
     metrics_count(METRICS_IMAP_LOGINS_OK, 1);
+    /* autocreate_quota: the INBOX at the first login, not for admins,
+     * as in Cyrus (a failure is logged; the session goes on without an
+     * INBOX, as before) */
+    if (s->inbox.len && !s->admin && imap_ml(s->srv))
+        (void)autocreate_inbox(s->srv->conf, s->srv->ml, s->userid,
+                               buf_cstring(&s->inbox), NULL);
     prot_settimeout(s->p, s->srv->timeout);    /* the autologout from now */
     log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s>%s",
              s->userid, mech, s->conn->peer,
@@ -1036,173 +1056,87 @@ static void imap_cmd_compress(struct imap_session *s)
              s->userid ? s->userid : "", s->conn->peer);
 }
 
-/* ---- LIST / LSUB ----------------------------------------------------- */
+/* ---- LIST / LSUB (list.c) -------------------------------------------- */
 
-struct imap_list_rock {
-    struct imap_session *s;
-    struct strarray names;       /* visible mailboxes, internal, walk order */
-    struct strarray ext;         /* the same, client form */
-};
-
-static int imap_list_collect(void *rock, const struct mboxlist_entry *e)
+static int imap_cb_to_external(void *rock, const char *name, struct buf *out)
 {
-    struct imap_list_rock *lr = rock;
-    struct buf ext = BUF_INITIALIZER;
-
-    if (!imap_reachable(lr->s, e->name) ||
-        !(imap_rights(lr->s, e->name, e->acl) & ACL_LOOKUP))
-        return 0;
-    if (imap_to_external(lr->s, e->name, &ext) == STORE_OK &&
-        strarray_append(&lr->names, e->name) == 0 &&
-        strarray_append(&lr->ext, buf_cstring(&ext)) != 0)
-        strarray_remove(&lr->names, lr->names.count - 1);
-    buf_free(&ext);
-    return 0;
+    return imap_to_external(rock, name, out);
 }
 
-/* reference + pattern, with a leading INBOX upper-cased */
-static void imap_list_pattern(struct imap_session *s, struct buf *pat)
+static int imap_cb_visible(void *rock, const char *name, const char *acl)
 {
-    char sep = s->srv->sep;
+    struct imap_session *s = rock;
 
-    buf_setcstr(pat, s->cmd.arg[0]);
-    buf_appendcstr(pat, s->cmd.arg[1]);
-    if (pat->len >= 5 && strncasecmp(pat->s, "INBOX", 5) == 0 &&
-        (pat->len == 5 || pat->s[5] == sep))
-        memcpy(pat->s, "INBOX", 5);
+    return imap_reachable(s, name) &&
+           (imap_rights(s, name, acl) & ACL_LOOKUP) != 0;
 }
 
-static void imap_list_line(struct imap_session *s, const char *what,
-                           const char *flags, const char *name)
+static int imap_status_send(struct imap_session *s, const char *ext,
+                            const char *name,
+                            const struct imapparse_status *items);
+
+static int imap_cb_status(void *rock, const char *ext, const char *name,
+                          const struct imapparse_status *items)
 {
-    prot_printf(s->p, "* %s (%s) \"%s\" ", what, flags,
-                s->srv->sep == '/' ? "/" : ".");
-    imap_quoted(s->p, name);
-    prot_puts(s->p, "\r\n");
+    return imap_status_send(rock, ext, name, items);
 }
 
-static void imap_cmd_list(struct imap_session *s)
+/* "* MYRIGHTS name rights": the session's rights, as acl.h writes them */
+static void imap_cb_myrights(void *rock, const char *ext, const char *name,
+                             const char *acl)
 {
-    struct imap_list_rock lr;
-    struct strarray shown = STRARRAY_INITIALIZER;
-    struct buf pat = BUF_INITIALIZER, anc = BUF_INITIALIZER;
-    struct mboxlist *ml = imap_ml(s->srv);
-    char sep = s->srv->sep;
-    int r, pct;
+    struct imap_session *s = rock;
+    char letters[12];
 
-    if (s->cmd.arg[1][0] == '\0') {
-        /* the hierarchy delimiter and the root of the reference */
-        imap_list_line(s, "LIST", "\\Noselect", "");
-        imap_tagged(s, "OK", "LIST completed");
+    prot_puts(s->p, "* MYRIGHTS ");
+    imap_quoted(s->p, ext);
+    prot_printf(s->p, " \"%s\"\r\n",
+                acl_rights_string(imap_rights(s, name, acl), letters));
+}
+
+static void imap_cb_tagged(void *rock, const char *status, const char *text)
+{
+    imap_tagged(rock, status, "%s", text);
+}
+
+static void imap_cb_store_no(void *rock, int r)
+{
+    imap_store_no(rock, r);
+}
+
+static void imap_list_session(struct imap_session *s,
+                              struct imaplist_session *ls)
+{
+    memset(ls, 0, sizeof(*ls));
+    ls->rock = s;
+    ls->p = s->p;
+    ls->conf = s->srv->conf;
+    ls->userid = s->userid;
+    ls->inbox = buf_cstring(&s->inbox);
+    ls->sep = s->srv->sep;
+    ls->to_external = imap_cb_to_external;
+    ls->visible = imap_cb_visible;
+    ls->status = imap_cb_status;
+    ls->myrights = imap_cb_myrights;
+    ls->tagged = imap_cb_tagged;
+    ls->store_no = imap_cb_store_no;
+}
+
+static void imap_cmd_list(struct imap_session *s, int lsub)
+{
+    struct imaplist_session ls;
+
+    if (!lsub && (s->cmd.list.ret & IMAPPARSE_LRET_MYRIGHTS) &&
+        !IMAP_HAVE_ACL) {
+        imap_tagged(s, "BAD", "RETURN (MYRIGHTS) needs the ACL extension, "
+                              "not offered");
         return;
     }
-    if (!ml) {
-        imap_store_no(s, STORE_IOERROR);
-        return;
-    }
-    memset(&lr, 0, sizeof(lr));
-    lr.s = s;
-    r = mboxlist_list(ml, "*", imap_list_collect, &lr);
-    if (r != STORE_OK) {
-        imap_store_no(s, r);
-        goto out;
-    }
-    imap_list_pattern(s, &pat);
-    pct = strchr(buf_cstring(&pat), '%') != NULL;
-    for (size_t i = 0; i < lr.ext.count; i++) {
-        const char *ext = lr.ext.data[i];
-        int children;
-
-        /* levels above a visible mailbox that are not themselves visible
-         * mailboxes, when the pattern stops at them ('%') */
-        if (pct) {
-            for (const char *c = strchr(ext, sep); c; c = strchr(c + 1, sep)) {
-                buf_setmap(&anc, ext, (size_t)(c - ext));
-                if (strarray_find(&lr.ext, buf_cstring(&anc)) >= 0 ||
-                    strarray_find(&shown, buf_cstring(&anc)) >= 0)
-                    continue;
-                if (mboxname_match(buf_cstring(&pat), buf_cstring(&anc),
-                                   sep)) {
-                    imap_list_line(s, "LIST", "\\Noselect \\HasChildren",
-                                   buf_cstring(&anc));
-                    strarray_append(&shown, buf_cstring(&anc));
-                }
-            }
-        }
-        if (!mboxname_match(buf_cstring(&pat), ext, sep))
-            continue;
-        /* in mailbox order a mailbox's descendants follow it at once */
-        children = i + 1 < lr.names.count &&
-                   mboxname_is_self_or_child(lr.names.data[i],
-                                             lr.names.data[i + 1]);
-        imap_list_line(s, "LIST",
-                       children ? "\\HasChildren" : "\\HasNoChildren", ext);
-    }
-    imap_tagged(s, "OK", "LIST completed");
-out:
-    strarray_fini(&lr.names);
-    strarray_fini(&lr.ext);
-    strarray_fini(&shown);
-    buf_free(&pat);
-    buf_free(&anc);
-}
-
-struct imap_lsub_rock {
-    struct imap_session *s;
-    struct strarray ext;         /* subscribed names, client form */
-    struct strarray flags;       /* "" or "\\Noselect", one per name */
-};
-
-static int imap_lsub_one(void *rock, const char *mailbox)
-{
-    struct imap_lsub_rock *lr = rock;
-    struct imap_session *s = lr->s;
-    struct mboxlist_entry *e = NULL;
-    struct buf ext = BUF_INITIALIZER;
-    int visible;
-
-    if (imap_to_external(s, mailbox, &ext) != STORE_OK)
-        goto out;
-    visible = imap_lookup(s, mailbox, 0, &e) == STORE_OK;
-    mboxlist_entry_free(&e);
-    if (strarray_append(&lr->ext, buf_cstring(&ext)) == 0 &&
-        strarray_append(&lr->flags, visible ? "" : "\\Noselect") != 0)
-        strarray_remove(&lr->ext, lr->ext.count - 1);
-out:
-    buf_free(&ext);
-    return 0;
-}
-
-/* The subscribed names that match the pattern; with '%' in it also the
- * levels above subscribed names that match where the names do not, as
- * \Noselect (RFC 3501 6.3.9: "foo" for "foo.bar" under "%"). */
-static void imap_lsub_send(struct imap_session *s, struct imap_lsub_rock *lr,
-                           const char *pat)
-{
-    struct strarray shown = STRARRAY_INITIALIZER;
-    struct buf anc = BUF_INITIALIZER;
-    char sep = s->srv->sep;
-    int pct = strchr(pat, '%') != NULL;
-
-    for (size_t i = 0; i < lr->ext.count; i++) {
-        const char *ext = lr->ext.data[i];
-
-        if (pct) {
-            for (const char *c = strchr(ext, sep); c; c = strchr(c + 1, sep)) {
-                buf_setmap(&anc, ext, (size_t)(c - ext));
-                if (strarray_find(&lr->ext, buf_cstring(&anc)) >= 0 ||
-                    strarray_find(&shown, buf_cstring(&anc)) >= 0 ||
-                    !mboxname_match(pat, buf_cstring(&anc), sep))
-                    continue;
-                imap_list_line(s, "LSUB", "\\Noselect", buf_cstring(&anc));
-                strarray_append(&shown, buf_cstring(&anc));
-            }
-        }
-        if (mboxname_match(pat, ext, sep))
-            imap_list_line(s, "LSUB", lr->flags.data[i], ext);
-    }
-    strarray_fini(&shown);
-    buf_free(&anc);
+    imap_list_session(s, &ls);
+    if (lsub)
+        imaplist_cmd_lsub(&ls, imap_ml(s->srv), &s->cmd);
+    else
+        imaplist_cmd_list(&ls, imap_ml(s->srv), &s->cmd);
 }
 
 static int imap_subs_open(struct imap_session *s, struct subs_db **sub_r)
@@ -1213,39 +1147,6 @@ static int imap_subs_open(struct imap_session *s, struct subs_db **sub_r)
         log_error("imap: cannot open subscriptions user=<%s> error=<%s>",
                   s->userid, store_strerror(r));
     return r;
-}
-
-static void imap_cmd_lsub(struct imap_session *s)
-{
-    struct imap_lsub_rock lr;
-    struct subs_db *sub = NULL;
-    struct buf pat = BUF_INITIALIZER;
-    int r;
-
-    if (s->cmd.arg[1][0] == '\0') {
-        imap_list_line(s, "LSUB", "\\Noselect", "");
-        imap_tagged(s, "OK", "LSUB completed");
-        return;
-    }
-    r = imap_subs_open(s, &sub);
-    if (r != STORE_OK) {
-        imap_store_no(s, r);
-        return;
-    }
-    imap_list_pattern(s, &pat);
-    memset(&lr, 0, sizeof(lr));
-    lr.s = s;
-    r = subs_list(sub, "*", imap_lsub_one, &lr);
-    if (r != STORE_OK) {
-        imap_store_no(s, r);
-    } else {
-        imap_lsub_send(s, &lr, buf_cstring(&pat));
-        imap_tagged(s, "OK", "LSUB completed");
-    }
-    subs_close(&sub);
-    strarray_fini(&lr.ext);
-    strarray_fini(&lr.flags);
-    buf_free(&pat);
 }
 
 /* ---- mailbox management ---------------------------------------------- */
@@ -1271,11 +1172,28 @@ int imap_name_arg(struct imap_session *s, int i, struct buf *out)
 static void imap_cmd_create(struct imap_session *s)
 {
     struct buf name = BUF_INITIALIZER, acl = BUF_INITIALIZER;
+    struct buf uses = BUF_INITIALIZER;
     struct mboxlist_entry *e = NULL;
+    const char *bad = NULL;
     int r;
 
     if (imap_name_arg(s, 0, &name) != 0)
         goto out;
+    /* CREATE-SPECIAL-USE (RFC 6154 3): known attributes, on the user's
+     * own mailboxes only (list.h says why) */
+    if (s->cmd.use_set &&
+        imaplist_specialuse_list(&s->cmd.use, &uses, &bad) != 0) {
+        imap_tagged(s, "NO", "[USEATTR] Unsupported special-use attribute "
+                             "%.40s", bad);
+        goto out;
+    }
+    if (uses.len && !(s->inbox.len &&
+                      mboxname_is_self_or_child(buf_cstring(&s->inbox),
+                                                buf_cstring(&name)))) {
+        imap_tagged(s, "NO", "[USEATTR] Special use is only for mailboxes "
+                             "below your INBOX");
+        goto out;
+    }
     if (!imap_ml(s->srv)) {
         imap_store_no(s, STORE_IOERROR);
         goto out;
@@ -1290,8 +1208,10 @@ static void imap_cmd_create(struct imap_session *s)
     }
     r = imap_may_create(s, buf_cstring(&name), &acl);
     if (r == STORE_OK)
-        r = mboxlist_create(s->srv->ml, buf_cstring(&name), NULL,
-                            acl.len ? buf_cstring(&acl) : NULL, NULL);
+        r = mboxlist_create_special(s->srv->ml, buf_cstring(&name), NULL,
+                                    acl.len ? buf_cstring(&acl) : NULL,
+                                    uses.len ? buf_cstring(&uses) : NULL,
+                                    NULL);
     if (r == STORE_PERMISSION) {
         imap_tagged(s, "NO", "[NOPERM] Permission denied");
     } else if (r == STORE_EXISTS) {
@@ -1299,13 +1219,14 @@ static void imap_cmd_create(struct imap_session *s)
     } else if (r != STORE_OK) {
         imap_store_no(s, r);
     } else {
-        log_info("imap: created mailbox=<%s> user=<%s>", buf_cstring(&name),
-                 s->userid);
+        log_info("imap: created mailbox=<%s> user=<%s> specialuse=<%s>",
+                 buf_cstring(&name), s->userid, buf_cstring(&uses));
         imap_tagged(s, "OK", "CREATE completed");
     }
 out:
     buf_free(&name);
     buf_free(&acl);
+    buf_free(&uses);
 }
 
 static void imap_cmd_delete(struct imap_session *s)
@@ -1595,20 +1516,22 @@ static int imap_seen_set(struct imap_session *s, uint32_t uid, int add)
     return r;
 }
 
-static void imap_cmd_status(struct imap_session *s)
+/* Write "* STATUS ext (items)" for mailbox `name` (internal): needs the
+ * r right.  STORE_OK, or a store code with nothing written. */
+static int imap_status_send(struct imap_session *s, const char *ext,
+                            const char *name,
+                            const struct imapparse_status *items)
 {
-    struct buf name = BUF_INITIALIZER;
     struct mboxlist_entry *e = NULL;
     struct mailbox *mb = NULL;
     struct mailbox_header h;
     struct seen_data sd = { 0, 0, 0, BUF_INITIALIZER };
     uint32_t unseen = 0, recent = 0, deleted = 0;
     uint64_t deleted_bytes = 0;     /* DELETED-STORAGE (RFC 9208) */
+    uint64_t size = 0;              /* SIZE (RFC 8438) */
     int r, locked = 0, useseen = 0;
 
-    if (imap_name_arg(s, 0, &name) != 0)
-        goto out;
-    r = imap_lookup(s, buf_cstring(&name), ACL_READ, &e);
+    r = imap_lookup(s, name, ACL_READ, &e);
     if (r == STORE_OK)
         r = mailbox_open(s->srv->conf, e->name, e->partition, &mb);
     if (r == STORE_OK && mailbox_uniqueid(mb) && *mailbox_uniqueid(mb)) {
@@ -1631,6 +1554,7 @@ static void imap_cmd_status(struct imap_session *s)
                 deleted++;
                 deleted_bytes += rec.size;
             }
+            size += rec.size;
             /* \Recent: not yet seen by a read-write SELECT of the user */
             if (useseen && rec.uid > sd.lastuid)
                 recent++;
@@ -1644,18 +1568,16 @@ static void imap_cmd_status(struct imap_session *s)
         mailbox_unlock(mb);
     mailbox_close(&mb);
     seen_data_free(&sd);
-    if (r != STORE_OK) {
-        imap_store_no(s, r);
-        goto out;
-    }
-    /* the name as the client gave it */
+    mboxlist_entry_free(&e);
+    if (r != STORE_OK)
+        return r;
     prot_puts(s->p, "* STATUS ");
-    imap_quoted(s->p, s->cmd.arg[0]);
+    imap_quoted(s->p, ext);
     prot_puts(s->p, " (");
-    for (size_t i = 0; i < s->cmd.status.n; i++) {
+    for (size_t i = 0; i < items->n; i++) {
         if (i)
             prot_puts(s->p, " ");
-        switch (s->cmd.status.items[i]) {
+        switch (items->items[i]) {
         case IMAPPARSE_STATUS_MESSAGES:
             prot_printf(s->p, "MESSAGES %u", (unsigned)h.exists);
             break;
@@ -1685,12 +1607,31 @@ static void imap_cmd_status(struct imap_session *s)
             prot_printf(s->p, "DELETED-STORAGE %llu",
                         (unsigned long long)(deleted_bytes / 1024));
             break;
+        case IMAPPARSE_STATUS_SIZE:
+            /* RFC 8438: the sum of the messages' RFC822.SIZE */
+            prot_printf(s->p, "SIZE %llu", (unsigned long long)size);
+            break;
         }
     }
     prot_puts(s->p, ")\r\n");
-    imap_tagged(s, "OK", "STATUS completed");
+    return STORE_OK;
+}
+
+static void imap_cmd_status(struct imap_session *s)
+{
+    struct buf name = BUF_INITIALIZER;
+    int r;
+
+    if (imap_name_arg(s, 0, &name) != 0)
+        goto out;
+    /* the name as the client gave it */
+    r = imap_status_send(s, s->cmd.arg[0], buf_cstring(&name),
+                         &s->cmd.status);
+    if (r != STORE_OK)
+        imap_store_no(s, r);
+    else
+        imap_tagged(s, "OK", "STATUS completed");
 out:
-    mboxlist_entry_free(&e);
     buf_free(&name);
 }
 
@@ -3977,10 +3918,10 @@ static void imap_command(struct imap_session *s)
         imap_cmd_compress(s);
         break;
     case IMAPPARSE_CMD_LIST:
-        imap_cmd_list(s);
+        imap_cmd_list(s, 0);
         break;
     case IMAPPARSE_CMD_LSUB:
-        imap_cmd_lsub(s);
+        imap_cmd_list(s, 1);
         break;
     case IMAPPARSE_CMD_CREATE:
         imap_cmd_create(s);

@@ -241,6 +241,36 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "file the master, lmtpd and imapd append their log lines to "
               "instead of syslog (master -l still means stderr); empty = "
               "syslog, or stderr when nothing listens on /dev/log" },
+    { .name = "autocreate_quota", .type = IMAPCONF_INT, .def = "-1",
+      .min = -1, .max = 2147483647L,
+      .desc = "create a user's missing INBOX at login: -1 = never; 0 = "
+              "create it; N > 0 = create it as a quota root of N KiB" },
+    { .name = "autocreate_post", .type = IMAPCONF_SWITCH, .def = "yes",
+      .desc = "with autocreate_quota >= 0, lmtpd also creates a missing "
+              "INBOX for a delivery to it" },
+    { .name = "autocreate_users", .type = IMAPCONF_STRING,
+      .def = "anyone",
+      .desc = "whose INBOX autocreate_quota creates: anyone, or user ids "
+              "separated by spaces or commas" },
+    { .name = "autocreate_inbox_folders", .type = IMAPCONF_STRING,
+      .def = "",
+      .desc = "folders created below an autocreated INBOX and subscribed, "
+              "separated by | (e.g. Sent|Drafts|Trash|Junk|Archive)" },
+    { .name = "xlist-sent", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the autocreate_inbox_folders folder made with the special "
+              "use \\Sent (RFC 6154), e.g. Sent" },
+    { .name = "xlist-drafts", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the autocreated folder made \\Drafts" },
+    { .name = "xlist-trash", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the autocreated folder made \\Trash" },
+    { .name = "xlist-junk", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the autocreated folder made \\Junk" },
+    { .name = "xlist-archive", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the autocreated folder made \\Archive" },
+    { .name = "xlist-all", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the autocreated folder made \\All" },
+    { .name = "xlist-flagged", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the autocreated folder made \\Flagged" },
     { .name = "metrics_listen", .type = IMAPCONF_STRING, .def = "",
       .desc = "HOST:PORT ([ADDRESS]:PORT for IPv6) where metricsd serves "
               "Prometheus metrics on /metrics; the master runs metricsd "

@@ -20,6 +20,7 @@
 #include "lib/log.h"
 #include "lmtpd/rcpt.h"
 #include "store/acl.h"
+#include "store/autocreate.h"
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
 #include "store/quota.h"
@@ -534,6 +535,33 @@ static int rcpt_lookup(struct rcpt_ctx *ctx, const char *name, int *post_r,
     return 1;
 }
 
+/* autocreate_post (with autocreate_quota >= 0): make the missing INBOX
+ * `inbox` of its owner (store/autocreate.h) before the delivery.  0 made
+ * (or made meanwhile by another process), 1 nothing to do, -1 trouble
+ * (logged by autocreate). */
+static int rcpt_autocreate(struct rcpt_ctx *ctx, const char *inbox)
+{
+    struct buf userid = BUF_INITIALIZER;
+    int r, created = 0;
+
+    if (!imapconf_getswitch(ctx->conf, "autocreate_post") ||
+        imapconf_getint(ctx->conf, "autocreate_quota") < 0 ||
+        !mboxname_userid(inbox, &userid)) {
+        buf_free(&userid);
+        return 1;
+    }
+    /* the owner's login name: '^' in a mailbox name stands for '.' */
+    for (size_t k = 0; k < userid.len; k++)
+        if (userid.s[k] == '^')
+            userid.s[k] = '.';
+    r = autocreate_inbox(ctx->conf, ctx->ml, buf_cstring(&userid), inbox,
+                         &created);
+    buf_free(&userid);
+    if (r != STORE_OK)
+        return -1;
+    return rcpt_lookup(ctx, inbox, NULL, NULL) == 1 ? 0 : 1;
+}
+
 enum rcpt_result rcpt_resolve(struct rcpt_ctx *ctx, const char *local,
                               size_t locallen, const char *domain,
                               size_t domainlen, uint64_t size,
@@ -577,7 +605,11 @@ enum rcpt_result rcpt_resolve(struct rcpt_ctx *ctx, const char *local,
         }
         r = rcpt_lookup(ctx, buf_cstring(mailbox_r), NULL, NULL);
         if (r < 0) { res = RCPT_TEMPFAIL; goto out; }
-        if (r == 0) { res = RCPT_UNKNOWN; goto out; }
+        if (r == 0) {
+            r = rcpt_autocreate(ctx, buf_cstring(mailbox_r));
+            if (r < 0) { res = RCPT_TEMPFAIL; goto out; }
+            if (r > 0) { res = RCPT_UNKNOWN; goto out; }
+        }
     }
 quota:
     r = quota_shared(ctx->conf, &q);

@@ -4,10 +4,21 @@
  * On-disk format: a cyrusdb database (backend `mboxlist_db`, always opened
  * with CYRUSDB_MBOXSORT so that "a.b" follows "a" and precedes "a-b").
  *   key    the internal mailbox name (mboxname.h), no terminating NUL
- *   value  "TYPE SP PARTITION SP UNIQUEID SP ACL", no terminating NUL:
+ *   value  "TYPE SP PARTITION SP UNIQUEID SP ACL *(LF FIELD)", no
+ *          terminating NUL:
  *          TYPE one letter a..z ('e' ordinary mailbox), PARTITION 1..
  *          MBOXLIST_PART_MAX printable bytes without SP, UNIQUEID exactly
- *          24 lower-case hex digits, ACL the rest (acl.h, may be empty).
+ *          24 lower-case hex digits, ACL up to the first LF or the end
+ *          (acl.h, may be empty; it holds no control byte, so no LF).
+ *          FIELD = NAME SP TEXT, optional, added after the first format:
+ *            "specialuse SP \Sent SP \Drafts" the mailbox's RFC 6154
+ *            special-use attributes (mboxlist_specialuse_check()).
+ *          Fields of unknown name are skipped when read (and not kept by
+ *          a rewrite), so a later format can add some.  An entry without
+ *          fields is byte for byte the old format: old entries read as
+ *          mailboxes without special use, and an older reader still
+ *          reads every entry that has none (one that has some looks to
+ *          it like a malformed ACL: no rights, fails closed, logged).
  * Every value read is parsed with explicit lengths; a value that does not
  * parse is STORE_CORRUPT and logged with the mailbox name.  A malformed ACL
  * alone is logged but not fatal: it grants no rights (acl_rights), so the
@@ -100,6 +111,7 @@ void mboxlist_entry_free(struct mboxlist_entry **ep)
     free(e->partition);
     free(e->uniqueid);
     free(e->acl);
+    free(e->specialuse);
     free(e);
     *ep = NULL;
 }
@@ -121,7 +133,9 @@ static int mboxlist_parse(const char *key, size_t keylen,
 {
     struct mboxlist_entry *e;
     const char *why = NULL;
-    size_t pos, part_start, part_len, uid_start, i;
+    size_t pos, part_start, part_len, uid_start, i, acl_end;
+    size_t use_start = 0, use_len = 0;
+    const char *nl;
 
     *entry_r = NULL;
     if (keylen == 0 || keylen > MBOXNAME_MAX || memchr(key, '\0', keylen)) {
@@ -166,6 +180,20 @@ static int mboxlist_parse(const char *key, size_t keylen,
         why = "NUL in acl";
         goto corrupt;
     }
+    nl = memchr(data + pos, '\n', datalen - pos);
+    acl_end = nl ? (size_t)(nl - data) : datalen;
+    /* the fields after the ACL */
+    while (nl) {
+        size_t fstart = (size_t)(nl - data) + 1, fend;
+        const char *next = memchr(data + fstart, '\n', datalen - fstart);
+
+        fend = next ? (size_t)(next - data) : datalen;
+        if (fend - fstart > 11 && memcmp(data + fstart, "specialuse ", 11) == 0) {
+            use_start = fstart + 11;
+            use_len = fend - use_start;
+        }
+        nl = next;
+    }
 
     e = calloc(1, sizeof(*e));
     if (!e)
@@ -174,8 +202,10 @@ static int mboxlist_parse(const char *key, size_t keylen,
     e->name = mboxlist_strndup(key, keylen);
     e->partition = mboxlist_strndup(data + part_start, part_len);
     e->uniqueid = mboxlist_strndup(data + uid_start, MBOXLIST_UNIQUEID_LEN);
-    e->acl = mboxlist_strndup(data + pos, datalen - pos);
-    if (!e->name || !e->partition || !e->uniqueid || !e->acl) {
+    e->acl = mboxlist_strndup(data + pos, acl_end - pos);
+    e->specialuse = mboxlist_strndup(data + use_start, use_len);
+    if (!e->name || !e->partition || !e->uniqueid || !e->acl ||
+        !e->specialuse) {
         mboxlist_entry_free(&e);
         return STORE_NOMEM;
     }
@@ -186,6 +216,11 @@ static int mboxlist_parse(const char *key, size_t keylen,
     if (acl_check(e->acl) < 0)
         log_warning("mboxlist: malformed acl mailbox=<%s> "
                     "(no rights granted until it is replaced)", e->name);
+    if (mboxlist_specialuse_check(e->specialuse) < 0) {
+        log_warning("mboxlist: malformed specialuse mailbox=<%s> "
+                    "(ignored)", e->name);
+        e->specialuse[0] = '\0';
+    }
     *entry_r = e;
     return STORE_OK;
 
@@ -195,13 +230,47 @@ corrupt:
 }
 
 static int mboxlist_format(struct buf *out, char type, const char *partition,
-                           const char *uniqueid, const char *acl)
+                           const char *uniqueid, const char *acl,
+                           const char *specialuse)
 {
     buf_reset(out);
     if (buf_printf(out, "%c %s %s %s", type, partition, uniqueid,
                    acl ? acl : "") < 0)
         return STORE_NOMEM;
+    if (specialuse && *specialuse &&
+        buf_printf(out, "\nspecialuse %s", specialuse) < 0)
+        return STORE_NOMEM;
     return STORE_OK;
+}
+
+int mboxlist_specialuse_check(const char *uses)
+{
+    const char *p = uses;
+
+    if (!uses)
+        return -1;
+    if (!*p)
+        return 0;
+    for (;;) {
+        size_t n = 0;
+
+        if (*p != '\\')
+            return -1;
+        p++;
+        while (p[n] && p[n] != ' ') {
+            unsigned char c = (unsigned char)p[n];
+
+            if (c <= 0x20 || c >= 0x7f || strchr("(){%*\"\\]", c))
+                return -1;
+            n++;
+        }
+        if (n == 0 || n > MBOXLIST_SPECIALUSE_MAX)
+            return -1;
+        p += n;
+        if (!*p)
+            return 0;
+        p++;   /* one SP */
+    }
 }
 
 /* A partition name that can be stored: printable, no SP, bounded. */
@@ -360,6 +429,14 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
                     const char *partition, const char *acl,
                     struct buf *uniqueid_r)
 {
+    return mboxlist_create_special(ml, name, partition, acl, NULL,
+                                   uniqueid_r);
+}
+
+int mboxlist_create_special(struct mboxlist *ml, const char *name,
+                            const char *partition, const char *acl,
+                            const char *specialuse, struct buf *uniqueid_r)
+{
     struct cyrusdb_txn *tid = NULL;
     struct buf value = BUF_INITIALIZER, defacl = BUF_INITIALIZER;
     struct buf userid = BUF_INITIALIZER;
@@ -370,6 +447,11 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
 
     if (mboxname_check(name, &error) != STORE_OK)
         return STORE_BADNAME;
+    if (specialuse && mboxlist_specialuse_check(specialuse) < 0) {
+        log_error("mboxlist: create with malformed specialuse "
+                  "mailbox=<%s>", name);
+        return STORE_INTERNAL;
+    }
     if (!partition)
         partition = imapconf_getstring(ml->conf, "defaultpartition");
     if (!partition || !mboxlist_partition_ok(partition) ||
@@ -398,7 +480,7 @@ int mboxlist_create(struct mboxlist *ml, const char *name,
     r = mboxlist_new_uniqueid(uniqueid);
     if (r == STORE_OK)
         r = mboxlist_format(&value, MBOXLIST_TYPE_EMAIL, partition, uniqueid,
-                            acl);
+                            acl, specialuse);
     buf_free(&userid);
     buf_free(&defacl);
     if (r != STORE_OK)
@@ -458,8 +540,9 @@ retry:
         r = mboxlist_dberr("commit", name, r);
         goto fail;
     }
-    log_info("mboxlist: created mailbox=<%s> partition=<%s> uniqueid=<%s>",
-             name, partition, uniqueid);
+    log_info("mboxlist: created mailbox=<%s> partition=<%s> uniqueid=<%s>"
+             " specialuse=<%s>", name, partition, uniqueid,
+             specialuse ? specialuse : "");
     if (uniqueid_r && buf_setcstr(uniqueid_r, uniqueid) < 0)
         log_warning("mboxlist: out of memory copying uniqueid mailbox=<%s>",
                     name);
@@ -1265,9 +1348,33 @@ out:
     return r;
 }
 
-/* ---- setacl ------------------------------------------------------------ */
+/* ---- setacl, setspecialuse -------------------------------------------- */
+
+static int mboxlist_update(struct mboxlist *ml, const char *name,
+                           const char *acl, const char *specialuse);
 
 int mboxlist_setacl(struct mboxlist *ml, const char *name, const char *acl)
+{
+    if (!acl || acl_check(acl) < 0) {
+        log_error("mboxlist: setacl with malformed acl mailbox=<%s>", name);
+        return STORE_INTERNAL;
+    }
+    return mboxlist_update(ml, name, acl, NULL);
+}
+
+int mboxlist_setspecialuse(struct mboxlist *ml, const char *name,
+                           const char *specialuse)
+{
+    if (!specialuse || mboxlist_specialuse_check(specialuse) < 0) {
+        log_error("mboxlist: malformed specialuse mailbox=<%s>", name);
+        return STORE_INTERNAL;
+    }
+    return mboxlist_update(ml, name, NULL, specialuse);
+}
+
+/* Rewrite an entry with a new ACL and/or special use (NULL: keep). */
+static int mboxlist_update(struct mboxlist *ml, const char *name,
+                           const char *acl, const char *specialuse)
 {
     struct cyrusdb_txn *tid = NULL;
     struct mboxlist_entry *e = NULL;
@@ -1278,10 +1385,6 @@ int mboxlist_setacl(struct mboxlist *ml, const char *name, const char *acl)
 
     if (mboxname_check(name, NULL) != STORE_OK)
         return STORE_BADNAME;
-    if (!acl || acl_check(acl) < 0) {
-        log_error("mboxlist: setacl with malformed acl mailbox=<%s>", name);
-        return STORE_INTERNAL;
-    }
     r = mboxlist_fetchlock(ml, name, &data, &datalen, &tid);
     if (r == CYRUSDB_NOTFOUND) {
         r = STORE_NOTFOUND;
@@ -1294,7 +1397,9 @@ int mboxlist_setacl(struct mboxlist *ml, const char *name, const char *acl)
     r = mboxlist_parse(name, strlen(name), data, datalen, &e);
     if (r != STORE_OK)
         goto fail;
-    r = mboxlist_format(&value, e->type, e->partition, e->uniqueid, acl);
+    r = mboxlist_format(&value, e->type, e->partition, e->uniqueid,
+                        acl ? acl : e->acl,
+                        specialuse ? specialuse : e->specialuse);
     if (r != STORE_OK)
         goto fail;
     r = cyrusdb_store(ml->db, name, strlen(name), value.s, value.len, &tid);

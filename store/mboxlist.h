@@ -6,12 +6,15 @@
  * CYRUSDB_MBOXSORT so that a mailbox's children follow it in a walk.
  * Value (our format, one line of text):
  *
- *     TYPE SP PARTITION SP UNIQUEID SP ACL
+ *     TYPE SP PARTITION SP UNIQUEID SP ACL [LF "specialuse" SP USES]
  *
  * TYPE is one letter ('e': an ordinary mailbox), PARTITION a configured
  * partition name, UNIQUEID 24 lower-case hex digits (random, fixed for the
  * mailbox's life, surviving rename; the key of seen state), ACL Cyrus's
- * "ID<TAB>RIGHTS<TAB>..." string (acl.h), possibly empty.
+ * "ID<TAB>RIGHTS<TAB>..." string (acl.h), possibly empty, USES the
+ * mailbox's special-use attributes (RFC 6154, "\Sent \Drafts"), written
+ * only when there are some: entries without are the original format
+ * (mboxlist.c has the details and the compatibility argument).
  *
  * The list and the spool agree through ordering, not a shared transaction:
  *   create: under the database write lock (cyrusdb_fetchlock on the name),
@@ -51,8 +54,18 @@ struct mboxlist_entry {
     char *partition;
     char *uniqueid;
     char *acl;
+    char *specialuse;  /* "\Sent \Drafts", "" for none; never NULL */
     char type;
 };
+
+/* Longest attribute name of a special-use list (without the backslash). */
+#define MBOXLIST_SPECIALUSE_MAX 64
+
+/* 0 when `uses` is a well-formed special-use list: "" or "\Atom" words
+ * separated by single SPs (atom characters of RFC 3501, at most
+ * MBOXLIST_SPECIALUSE_MAX each), -1 otherwise (also NULL).  Which
+ * attributes are meaningful is the protocol side's business. */
+int mboxlist_specialuse_check(const char *uses);
 
 /* Open CONFIGDIR/mailboxes.db (created when missing) with the backend from
  * conf.  conf must outlive the handle.  STORE_OK, STORE_IOERROR,
@@ -87,6 +100,14 @@ void mboxlist_entry_free(struct mboxlist_entry **ep);
 int mboxlist_create(struct mboxlist *ml, const char *name,
                     const char *partition, const char *acl,
                     struct buf *uniqueid_r);
+
+/* mboxlist_create() with the special-use attributes stored in the same
+ * entry (one commit: the mailbox never exists without them).  specialuse
+ * NULL or "" = none; one that fails mboxlist_specialuse_check() is
+ * STORE_INTERNAL.  Everything else as mboxlist_create(). */
+int mboxlist_create_special(struct mboxlist *ml, const char *name,
+                            const char *partition, const char *acl,
+                            const char *specialuse, struct buf *uniqueid_r);
 
 #define MBOXLIST_RECURSIVE 1   /* delete/rename children too */
 #define MBOXLIST_IMMEDIATE 2   /* delete: for good, whatever delete_mode */
@@ -158,6 +179,12 @@ int mboxlist_rename(struct mboxlist *ml, const char *oldname,
  * (acl NULL or not well formed: a caller's bug, ACLs are built with
  * acl_set()). */
 int mboxlist_setacl(struct mboxlist *ml, const char *name, const char *acl);
+
+/* Replace the special-use attributes of a mailbox ("" removes them); the
+ * ACL stays.  Return codes as mboxlist_setacl() (STORE_INTERNAL: the
+ * list fails mboxlist_specialuse_check()). */
+int mboxlist_setspecialuse(struct mboxlist *ml, const char *name,
+                           const char *specialuse);
 
 /* Call cb for every mailbox whose internal name matches the IMAP pattern
  * (mboxname_match with '.' as separator), in mailbox order.  The entry

@@ -5,9 +5,12 @@ CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
 and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
 (RFC 2342), ACL (RFC 4314: ACL, LISTRIGHTS, MYRIGHTS), QUOTA (RFC 9208:
 QUOTA, QUOTAROOT), ESEARCH (RFC 4731, also as ESORT's answer, RFC 5267),
-SORT and THREAD (RFC 5256) and the RFC 5530 response codes (any atom code
-with optional text is grammatical).  As in RFC 9051 the human-readable
-text after a status or continuation may be empty.
+SORT and THREAD (RFC 5256), LIST-EXTENDED (RFC 5258: mbox-list-extended
+items such as CHILDINFO after the name), LIST-STATUS (RFC 5819, STATUS
+lines) and STATUS=SIZE (RFC 8438, a 63-bit number), and the RFC 5530
+response codes (any atom code with optional text is grammatical).  As in
+RFC 9051 the human-readable text after a status or continuation may be
+empty.
 
 validate(data) takes the raw bytes of one complete response (without its
 final CRLF; literals inlined as {n} CRLF and n bytes) and returns None if
@@ -324,6 +327,9 @@ class Parser:
                 self.lit(b'"')
             self.sp()
             self.astring()
+            if self.opt(b" "):
+                # RFC 5258: mbox-list-extended
+                self.plist(self.list_ext_item, allow_empty=True)
         elif w == b"STATUS":
             self.sp()
             self.astring()
@@ -491,6 +497,26 @@ class Parser:
                     break
                 self.number(nz=True)
         self.lit(b")")
+
+    def list_ext_item(self):
+        """mbox-list-extended-item = tag SP tagged-ext-val (RFC 5258)."""
+        self.astring()
+        self.sp()
+        if self.peek() == b"(":
+            self.tagged_ext_comp_list()
+        elif self.peek().isdigit():
+            self.number(maximum=MAX63)
+        else:
+            self.astring()
+
+    def tagged_ext_comp_list(self):
+        """"(" [tagged-ext-comp] ")": astrings and nested lists."""
+        def comp():
+            if self.peek() == b"(":
+                self.tagged_ext_comp_list()
+            else:
+                self.astring()
+        self.plist(comp, allow_empty=True)
 
     def namespace(self):
         if self.is_nil():
@@ -817,6 +843,12 @@ SELFTEST_GOOD = [
     b'* LIST () NIL "a \\"b\\""',
     b'* LSUB () "." {3}\r\nfoo',
     b"* STATUS blurdybloop (MESSAGES 231 UIDNEXT 44292)",
+    b"* STATUS INBOX (MESSAGES 3 SIZE 9007199254740993)",
+    b'* LIST (\\Subscribed \\NonExistent) "/" "Fruit/Peach"',
+    b'* LIST () "/" "Foo" ("CHILDINFO" ("SUBSCRIBED"))',
+    b'* LIST (\\Sent \\HasNoChildren) "." "INBOX.Sent"',
+    b'* LIST () "/" "x" ("OLDNAME" ("y") "X-EXT" (a (b c)))',
+    b'* MYRIGHTS "INBOX/Sent" "lrswipkxtea"',
     b"* SEARCH 2 84 882 (MODSEQ 917162500)",
     b"* SEARCH",
     b'* ESEARCH (TAG "A282") MIN 2 COUNT 3',
@@ -885,6 +917,10 @@ SELFTEST_BAD = [
     b"a1 OK [READ-WRITE]trailing",
     b"* 3 EXISTS extra",
     b'* LIST () "/" "a\rb"',
+    b'* LIST () "/" "Foo" ("CHILDINFO")',
+    b'* LIST () "/" "Foo" ("CHILDINFO" ("SUBSCRIBED")',
+    b'* LIST () "/" "Foo" CHILDINFO',
+    b"* STATUS x (SIZE)",
     b"",
     b"* ACL INBOX Fred",
     b"* ACL INBOX Fred RW",

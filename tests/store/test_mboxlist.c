@@ -1040,6 +1040,116 @@ static void test_corrupt_entry(void **state)
     fx_close(&fx);
 }
 
+/* Special use (RFC 6154) in the entry: stored by create and setspecialuse,
+ * kept by setacl and rename; the value is the old format when there is
+ * none; old values read as none; unknown fields are skipped; a malformed
+ * list is ignored (logged) without losing the entry. */
+static void test_specialuse(void **state)
+{
+    struct fx fx;
+    struct cyrusdb *db = NULL;
+    struct mboxlist_entry *e;
+    const char *data;
+    size_t datalen;
+    char *fname;
+    char value[128];
+    int i;
+    static const struct {
+        const char *tail;       /* after "e default UNIQUEID " */
+        const char *acl, *use;
+    } reads[] = {
+        { "a\tlr\t", "a\tlr\t", "" },                            /* old */
+        { "a\tlr\t\nspecialuse \\Sent", "a\tlr\t", "\\Sent" },
+        { "\nspecialuse \\Sent \\Junk", "", "\\Sent \\Junk" },
+        { "a\tlr\t\nfuture x y\nspecialuse \\Trash", "a\tlr\t",
+          "\\Trash" },                                    /* field skipped */
+        { "a\tlr\t\nspecialuse Sent", "a\tlr\t", "" },            /* bad */
+        { "a\tlr\t\nspecialuse \\Sent  \\Junk", "a\tlr\t", "" },   /* bad */
+    };
+
+    fx_open(&fx, state, NULL);
+    fname = th_path(fx.dir, "conf/" MBOXLIST_FNAME);
+    assert_int_equal(mboxlist_specialuse_check(""), 0);
+    assert_int_equal(mboxlist_specialuse_check("\\Sent \\Drafts"), 0);
+    assert_int_equal(mboxlist_specialuse_check(NULL), -1);
+    assert_int_equal(mboxlist_specialuse_check("Sent"), -1);
+    assert_int_equal(mboxlist_specialuse_check("\\Sent "), -1);
+    assert_int_equal(mboxlist_specialuse_check("\\"), -1);
+    assert_int_equal(mboxlist_specialuse_check("\\Se(nt"), -1);
+    assert_int_equal(mboxlist_specialuse_check("\\Sent\n"), -1);
+
+    assert_int_equal(mboxlist_create_special(fx.ml, TH_D "user.a.Sent", NULL,
+                                             NULL, "\\Sent", NULL),
+                     STORE_OK);
+    create_ok(&fx, TH_D "user.a.Plain", NULL);
+    e = lookup_ok(&fx, TH_D "user.a.Sent");
+    assert_string_equal(e->specialuse, "\\Sent");
+    mboxlist_entry_free(&e);
+    e = lookup_ok(&fx, TH_D "user.a.Plain");
+    assert_string_equal(e->specialuse, "");
+    mboxlist_entry_free(&e);
+    /* kept by setacl and rename; changed by setspecialuse */
+    assert_int_equal(mboxlist_setacl(fx.ml, TH_D "user.a.Sent", "b\tl\t"),
+                     STORE_OK);
+    assert_int_equal(mboxlist_rename(fx.ml, TH_D "user.a.Sent",
+                                     TH_D "user.a.Sent2", NULL), STORE_OK);
+    e = lookup_ok(&fx, TH_D "user.a.Sent2");
+    assert_string_equal(e->specialuse, "\\Sent");
+    assert_string_equal(e->acl, "b\tl\t");
+    mboxlist_entry_free(&e);
+    assert_int_equal(mboxlist_setspecialuse(fx.ml, TH_D "user.a.Sent2",
+                                            "\\Archive \\All"), STORE_OK);
+    e = lookup_ok(&fx, TH_D "user.a.Sent2");
+    assert_string_equal(e->specialuse, "\\Archive \\All");
+    assert_string_equal(e->acl, "b\tl\t");
+    mboxlist_entry_free(&e);
+    log_init("test_mboxlist", LOG_TO_NONE);   /* errors on purpose */
+    assert_int_equal(mboxlist_setspecialuse(fx.ml, TH_D "user.a.Sent2",
+                                            "Sent"), STORE_INTERNAL);
+    assert_int_equal(mboxlist_create_special(fx.ml, TH_D "user.a.X", NULL,
+                                             NULL, "x y", NULL),
+                     STORE_INTERNAL);
+    log_default();
+    assert_int_equal(mboxlist_setspecialuse(fx.ml, TH_D "user.a.Sent2", ""),
+                     STORE_OK);
+
+    /* the stored value: the old format without special use */
+    mboxlist_close(&fx.ml);
+    assert_int_equal(cyrusdb_open(fx.backend, fname, CYRUSDB_MBOXSORT, &db,
+                                  NULL), CYRUSDB_OK);
+    assert_int_equal(cyrusdb_fetch(db, TH_D "user.a.Sent2",
+                                   sizeof(TH_D "user.a.Sent2") - 1, &data,
+                                   &datalen, NULL), CYRUSDB_OK);
+    assert_null(memchr(data, '\n', datalen));
+    assert_int_equal(data[datalen - 1], '\t');
+    cyrusdb_close(&db);
+
+    /* values written by hand: old ones, fields, damaged lists */
+    log_init("test_mboxlist", LOG_TO_NONE);
+    for (i = 0; i < (int)(sizeof(reads) / sizeof(reads[0])); i++) {
+        snprintf(value, sizeof(value), "e default 0123456789abcdef01234567 %s",
+                 reads[i].tail);
+        assert_int_equal(cyrusdb_open(fx.backend, fname, CYRUSDB_MBOXSORT,
+                                      &db, NULL), CYRUSDB_OK);
+        assert_int_equal(cyrusdb_store(db, TH_D "user.b",
+                                       sizeof(TH_D "user.b") - 1, value,
+                                       strlen(value), NULL), CYRUSDB_OK);
+        cyrusdb_close(&db);
+        assert_int_equal(mboxlist_open(fx.conf, &fx.ml), STORE_OK);
+        e = lookup_ok(&fx, TH_D "user.b");
+        if (strcmp(e->acl, reads[i].acl) != 0 ||
+            strcmp(e->specialuse, reads[i].use) != 0)
+            fail_msg("value %d read as acl \"%s\" use \"%s\"", i, e->acl,
+                     e->specialuse);
+        mboxlist_entry_free(&e);
+        mboxlist_close(&fx.ml);
+    }
+    log_default();
+    assert_int_equal(mboxlist_open(fx.conf, &fx.ml), STORE_OK);
+    free(fname);
+    fx_close(&fx);
+}
+
 /* ---- concurrency ------------------------------------------------------- */
 
 #define CC_PROCS 4
@@ -1154,6 +1264,7 @@ int main(void)
         { "list", test_list },
         { "domains", test_domains },
         { "corrupt_entry", test_corrupt_entry },
+        { "specialuse", test_specialuse },
         { "concurrent_create", test_concurrent_create },
     };
 

@@ -228,6 +228,17 @@ static const struct {
     { "timeout", IMAPCONF_INT, "32" },
     { "syslog_prefix", IMAPCONF_STRING, "" },
     { "log_file", IMAPCONF_STRING, "" },
+    { "autocreate_quota", IMAPCONF_INT, "-1" },
+    { "autocreate_post", IMAPCONF_SWITCH, "yes" },
+    { "autocreate_users", IMAPCONF_STRING, "anyone" },
+    { "autocreate_inbox_folders", IMAPCONF_STRING, "" },
+    { "xlist-sent", IMAPCONF_STRING, "" },
+    { "xlist-drafts", IMAPCONF_STRING, "" },
+    { "xlist-trash", IMAPCONF_STRING, "" },
+    { "xlist-junk", IMAPCONF_STRING, "" },
+    { "xlist-archive", IMAPCONF_STRING, "" },
+    { "xlist-all", IMAPCONF_STRING, "" },
+    { "xlist-flagged", IMAPCONF_STRING, "" },
     { "metrics_listen", IMAPCONF_STRING, "" },
 };
 #define NEXPECTED (sizeof(expected_keys) / sizeof(expected_keys[0]))

@@ -194,6 +194,90 @@ static void test_login_strings(void **state)
     assert_string_equal(fx->cmd.arg[1], "");
 }
 
+/* LIST-EXTENDED (RFC 5258), LIST-STATUS (RFC 5819), CREATE-SPECIAL-USE
+ * and the SPECIAL-USE selection and return options (RFC 6154) */
+static void test_list_extended(void **state)
+{
+    struct fx *fx = *state;
+    const struct imapparse_list *l = &fx->cmd.list;
+
+    csend(fx, "a LIST \"\" %\r\n"
+              "b LIST (SUBSCRIBED RECURSIVEMATCH remote) \"\" (\"%\" "
+              "{5+}\r\ninbox) RETURN (CHILDREN subscribed)\r\n"
+              "c LIST () \"\" * RETURN (STATUS (MESSAGES SIZE) "
+              "SPECIAL-USE)\r\n"
+              "d LIST (SPECIAL-USE) \"\" * RETURN ()\r\n"
+              "d2 LIST \"\" * RETURN (MYRIGHTS)\r\n"
+              "e CREATE Sent (USE (\\Sent \\drafts))\r\n"
+              "f CREATE x (USE ())\r\n"
+              "g STATUS x (SIZE MESSAGES)\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_LIST);
+    assert_int_equal(l->extended, 0);
+    assert_int_equal(l->patterns.n, 1);
+    assert_string_equal(l->patterns.s[0], "%");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(l->extended, 1);
+    assert_int_equal(l->select, IMAPPARSE_LSEL_SUBSCRIBED |
+                     IMAPPARSE_LSEL_RECURSIVEMATCH | IMAPPARSE_LSEL_REMOTE);
+    assert_int_equal(l->ret, IMAPPARSE_LRET_CHILDREN |
+                     IMAPPARSE_LRET_SUBSCRIBED);
+    assert_int_equal(l->patterns.n, 2);
+    assert_string_equal(l->patterns.s[1], "inbox");
+    assert_string_equal(fx->cmd.arg[1], "%");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(l->extended, 1);
+    assert_int_equal(l->select, 0);
+    assert_int_equal(l->ret, IMAPPARSE_LRET_STATUS |
+                     IMAPPARSE_LRET_SPECIALUSE);
+    assert_int_equal(l->status.n, 2);
+    assert_int_equal(l->status.items[1], IMAPPARSE_STATUS_SIZE);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(l->select, IMAPPARSE_LSEL_SPECIALUSE);
+    assert_int_equal(l->ret, 0);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(l->ret, IMAPPARSE_LRET_MYRIGHTS);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.id, IMAPPARSE_CMD_CREATE);
+    assert_string_equal(fx->cmd.arg[0], "Sent");
+    assert_int_equal(fx->cmd.use_set, 1);
+    assert_int_equal(fx->cmd.use.n, 2);
+    assert_string_equal(fx->cmd.use.s[1], "\\drafts");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.use_set, 1);
+    assert_int_equal(fx->cmd.use.n, 0);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.status.items[0], IMAPPARSE_STATUS_SIZE);
+
+    expect_bad(fx, "a LIST (RECURSIVEMATCH) \"\" *\r\n", IMAPPARSE_BAD,
+               "a", "RECURSIVEMATCH");
+    expect_bad(fx, "a LIST (SPECIAL-USE RECURSIVEMATCH) \"\" *\r\n",
+               IMAPPARSE_BAD, "a", "RECURSIVEMATCH");
+    expect_bad(fx, "a LIST (BOGUS) \"\" *\r\n", IMAPPARSE_BAD, "a",
+               "Unknown selection option");
+    expect_bad(fx, "a LIST \"\" * RETURN (BOGUS)\r\n", IMAPPARSE_BAD, "a",
+               "Unknown return option");
+    expect_bad(fx, "a LIST \"\" * RETURN\r\n", IMAPPARSE_BAD, "a",
+               "return option list");
+    expect_bad(fx, "a LIST \"\" * FOO ()\r\n", IMAPPARSE_BAD, "a",
+               "extra");
+    expect_bad(fx, "a LIST \"\" ()\r\n", IMAPPARSE_BAD, "a", "pattern");
+    expect_bad(fx, "a LIST \"\" * RETURN (STATUS ())\r\n", IMAPPARSE_BAD,
+               "a", "status item");
+    expect_bad(fx, "a LIST \"\" * RETURN (STATUS (MESSAGES) STATUS "
+               "(UNSEEN))\r\n", IMAPPARSE_BAD, "a", "Repeated");
+    expect_bad(fx, "a LIST \"\" * RETURN (CHILDREN) x\r\n", IMAPPARSE_BAD,
+               "a", "extra");
+    expect_bad(fx, "a CREATE x (USE (Sent))\r\n", IMAPPARSE_BAD, "a",
+               "use attribute");
+    expect_bad(fx, "a CREATE x (FOO (\\Sent))\r\n", IMAPPARSE_BAD, "a",
+               "Unknown create parameter");
+    expect_bad(fx, "a CREATE x (USE (\\Sent) USE (\\Junk))\r\n",
+               IMAPPARSE_BAD, "a", "Repeated USE");
+    expect_bad(fx, "a CREATE x (USE (\\Sent)\r\n", IMAPPARSE_BAD, "a",
+               NULL);
+}
+
 static void test_mailboxes(void **state)
 {
     struct fx *fx = *state;
@@ -665,8 +749,8 @@ static void test_misc_commands(void **state)
 
     expect_bad(fx, "a STATUS x (MESSAGES MESSAGES)\r\n", IMAPPARSE_BAD, "a",
                "Repeated");
-    expect_bad(fx, "a STATUS x (SIZE)\r\n", IMAPPARSE_BAD, "a",
-               "Invalid status item SIZE");
+    expect_bad(fx, "a STATUS x (SIZES)\r\n", IMAPPARSE_BAD, "a",
+               "Invalid status item SIZES");
     expect_bad(fx, "a STATUS x ()\r\n", IMAPPARSE_BAD, "a", "status item");
     expect_bad(fx, "a STATUS x\r\n", IMAPPARSE_BAD, "a", "status item list");
     expect_bad(fx, "a COPY 1\r\n", IMAPPARSE_BAD, "a", "mailbox");
@@ -1180,6 +1264,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_simple, setup, teardown),
         cmocka_unit_test_setup_teardown(test_login_strings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mailboxes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_extended, setup,
+                                        teardown),
         cmocka_unit_test(test_seqset),
         cmocka_unit_test(test_dates),
         cmocka_unit_test_setup_teardown(test_fetch, setup, teardown),
