@@ -285,7 +285,10 @@ static long decode_one(const char *s, size_t len, size_t i, struct buf *out)
                 p++;
             if (p == k)
                 return 0;
-            if (!unicode && (p - k) % 2 != 0)
+            if (!unicode && p - k > 2)     /* hex-pair = 1*2HEXDIG */
+                return 0;
+            if (p < len && s[p] != '}' && s[p] != ' ' && s[p] != '\t' &&
+                s[p] != '\r' && s[p] != '\n')
                 return 0;
             if (unicode && p - k > 8)
                 return 0;
@@ -305,13 +308,11 @@ static long decode_one(const char *s, size_t len, size_t i, struct buf *out)
             break;
         st = j;
         if (!unicode) {
-            while (j < k && hexval((unsigned char)s[j]) >= 0) {
-                v = (unsigned long)(hexval((unsigned char)s[j]) * 16 +
-                                    hexval((unsigned char)s[j + 1]));
-                if (buf_putc(out, (int)v) < 0)
-                    return -2;
-                j += 2;
-            }
+            v = 0;
+            while (j < k && hexval((unsigned char)s[j]) >= 0)
+                v = v * 16 + (unsigned long)hexval((unsigned char)s[j++]);
+            if (buf_putc(out, (int)v) < 0)
+                return -2;
         } else {
             v = 0;
             while (j < k && hexval((unsigned char)s[j]) >= 0)
@@ -878,6 +879,16 @@ static int check_specific(struct checker *c, struct sv_node *n)
         break;
     case SV_T_CURRENTDATE:
         break;
+    case SV_C_REDIRECT: {
+        const struct sv_str *v = &n->pos[0]->v[0];
+        const char *at = strrchr(v->s, '@');
+        if (!v->has_var && (!at || at == v->s || !at[1] ||
+                            strpbrk(v->s, " \t\r\n<>,\"") ||
+                            strlen(v->s) != v->len))
+            return cerr(c, n->line, "redirect: invalid address \"%s\"",
+                        v->s);
+        break;
+    }
     case SV_C_INCLUDE: {
         const struct sv_str *v = &n->pos[0]->v[0];
         if (!v->has_var && (v->len == 0 || memchr(v->s, '/', v->len)))

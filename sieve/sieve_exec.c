@@ -884,7 +884,7 @@ static void date_part(long long t, int zone, const char *part,
                    d, sod / 3600, sod / 60 % 60, sod % 60,
                    zone < 0 ? '-' : '+', az / 60, az % 60);
     else if (!strcasecmp(part, "std11"))
-        buf_printf(out, "%s, %u %s %04lld %02ld:%02ld:%02ld %c%02d%02d",
+        buf_printf(out, "%s, %02u %s %04lld %02ld:%02ld:%02ld %c%02d%02d",
                    wd[((days % 7) + 11) % 7], d, mn[m - 1], y, sod / 3600,
                    sod / 60 % 60, sod % 60, zone < 0 ? '-' : '+', az / 60,
                    az % 60);
@@ -1729,7 +1729,7 @@ static int exec_command(struct exec *ex, struct frame *fr,
         if (!s)
             return -1;
         at = strrchr(s, '@');
-        if (!at || at == s || !at[1] || strpbrk(s, " \t\r\n<>,")) {
+        if (!at || at == s || !at[1] || strpbrk(s, " \t\r\n<>,\"")) {
             rt_error(ex, n->line, "redirect: invalid address \"%s\"", s);
             free(s);
             return -1;
