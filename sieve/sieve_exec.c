@@ -316,7 +316,8 @@ static struct sieve_action *add_action(struct exec *ex, unsigned line,
     struct sieve_actions *a = ex->acts;
     struct sieve_action *act;
 
-    if (a->count >= ex->lim->max_actions) {
+    /* the implicit keep (line 0) is always room for */
+    if (line != 0 && a->count >= ex->lim->max_actions) {
         rt_error(ex, line, "more than %u actions", ex->lim->max_actions);
         return NULL;
     }
