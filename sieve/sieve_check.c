@@ -671,7 +671,12 @@ static int check_args(struct checker *c, struct sv_node *n,
                                 ":seconds given twice" :
                                 ":days and :seconds exclude each other");
                 n->has_seconds = 1;
-                n->seconds = t->code == TG_DAYS ? b->num * 86400ULL : b->num;
+                /* RFC 5230 4.1: at least one day; RFC 6131 allows
+                 * :seconds 0 (reply every time) */
+                n->seconds = t->code == TG_SECONDS ? b->num :
+                             b->num == 0 ? 86400ULL :
+                             b->num > 3650 ? 3650 * 86400ULL :
+                             b->num * 86400ULL;
                 break;
             case TG_SUBJECT:
                 if (n->subject) return cerr(c, a->line, ":subject twice");
