@@ -410,6 +410,26 @@ static int valid_header_name(const char *s, size_t len)
     return 1;
 }
 
+/* RFC 5228 5.1: the address test is for headers that hold addresses */
+static const char *const address_headers[] = {
+    "from", "sender", "to", "cc", "bcc", "reply-to", "resent-from",
+    "resent-sender", "resent-to", "resent-cc", "resent-bcc",
+    "resent-reply-to", "return-path", "delivered-to", "errors-to",
+    "envelope-to", "x-original-to", "original-recipient",
+    "disposition-notification-to", "mail-followup-to", "mail-reply-to",
+    "apparently-to", NULL
+};
+
+int sieve_check_address_header(const char *name)
+{
+    size_t i;
+
+    for (i = 0; address_headers[i]; i++)
+        if (strcasecmp(address_headers[i], name) == 0)
+            return 1;
+    return 0;
+}
+
 static const char *date_parts[] = {
     "year", "month", "day", "date", "julian", "hour", "minute", "second",
     "time", "iso8601", "std11", "zone", "weekday", NULL
@@ -841,6 +861,10 @@ static int check_specific(struct checker *c, struct sv_node *n)
             const struct sv_str *h = &n->pos[0]->v[i];
             if (!h->has_var && !valid_header_name(h->s, h->len))
                 return cerr(c, n->line, "invalid header name \"%s\"", h->s);
+            if (n->id == SV_T_ADDRESS && !h->has_var &&
+                !sieve_check_address_header(h->s))
+                return cerr(c, n->line, "header \"%s\" holds no addresses "
+                            "(address test)", h->s);
         }
         break;
     case SV_C_ADDHEADER: case SV_C_DELETEHEADER: {

@@ -110,6 +110,9 @@ void sieve_node_free(struct sv_node *n);
 int sieve_check(struct sieve_script *s, const struct strarray *allowed,
                 struct buf *errmsg);
 
+/* 1 when the address test may look at header `name` (RFC 5228 5.1) */
+int sieve_check_address_header(const char *name);
+
 /* command and test ids */
 enum {
     SV_C_REQUIRE = 1, SV_C_IF, SV_C_ELSIF, SV_C_ELSE, SV_C_STOP, SV_C_KEEP,
