@@ -57,14 +57,15 @@ int sieve_ext_lookup(const char *name)
 
 const char *const *sieve_extensions(void)
 {
-    static const char *list[EXT_CMP_OCTET + 1];
-    int i;
+    /* sieve_ext_names up to the always-present comparators */
+    static const char *const list[] = {
+        "fileinto", "reject", "ereject", "envelope", "imap4flags", "copy",
+        "subaddress", "relational", "comparator-i;ascii-numeric", "vacation",
+        "vacation-seconds", "body", "variables", "mailbox", "date", "index",
+        "editheader", "duplicate", "ihave", "environment", "include",
+        "regex", "special-use", "encoded-character", NULL
+    };
 
-    if (!list[0]) {
-        for (i = 0; i < EXT_CMP_OCTET; i++)
-            list[i] = sieve_ext_names[i];
-        list[EXT_CMP_OCTET] = NULL;
-    }
     return list;
 }
 
@@ -167,6 +168,17 @@ int sieve_compile(const char *text, size_t len,
         free(s);
         return SIEVE_ELIMIT;
     }
+    if (len > 0 && memchr(text, '\0', len)) {
+        /* anywhere, comments and multi-line strings included */
+        const char *nul = memchr(text, '\0', len), *p;
+        unsigned line = 1;
+        for (p = text; p < nul; p++)
+            line += *p == '\n';
+        if (errmsg)
+            buf_printf(errmsg, "line %u: NUL byte in script", line);
+        free(s);
+        return SIEVE_ESYNTAX;
+    }
     rc = sieve_parse(text ? text : "", len, &s->limits, &s->cmds, &s->ncmds,
                      errmsg);
     if (rc == SIEVE_OK)
@@ -186,126 +198,132 @@ const struct strarray *sieve_script_requires(const struct sieve_script *s)
 
 /* ---- the text form of actions ------------------------------------------ */
 
-static void put_quoted(struct buf *out, const char *s)
+/* note a failed append; the output goes on (cut) */
+#define P(call) do { if ((call) < 0) rc = -1; } while (0)
+
+static int put_quoted(struct buf *out, const char *s)
 {
-    buf_putc(out, ' ');
-    buf_putc(out, '"');
+    int rc = 0;
+
+    P(buf_putc(out, ' '));
+    P(buf_putc(out, '"'));
     for (; s && *s; s++) {
         if (*s == '"' || *s == '\\')
-            buf_putc(out, '\\');
+            P(buf_putc(out, '\\'));
         if (*s == '\r')
             continue;
         if (*s == '\n') {
-            buf_appendcstr(out, "\\n");
+            P(buf_appendcstr(out, "\\n"));
             continue;
         }
-        buf_putc(out, *s);
+        P(buf_putc(out, *s));
     }
-    buf_putc(out, '"');
+    P(buf_putc(out, '"'));
+    return rc;
 }
 
-static void put_list(struct buf *out, const struct strarray *sa)
+static int put_list(struct buf *out, const struct strarray *sa)
 {
     size_t i;
+    int rc = 0;
 
-    buf_appendcstr(out, " [");
+    P(buf_appendcstr(out, " ["));
     for (i = 0; i < sa->count; i++) {
         if (i)
-            buf_putc(out, ',');
-        put_quoted(out, sa->data[i]);
+            P(buf_putc(out, ','));
+        P(put_quoted(out, sa->data[i]));
     }
-    buf_appendcstr(out, " ]");
+    P(buf_appendcstr(out, " ]"));
+    return rc;
 }
 
 int sieve_actions_format(const struct sieve_actions *acts, struct buf *out)
 {
-    size_t i, start = out->len;
+    size_t i;
+    int rc = 0;
 
     for (i = 0; i < acts->count; i++) {
         const struct sieve_action *a = &acts->v[i];
         switch (a->type) {
         case SIEVE_ACTION_KEEP:
-            buf_appendcstr(out, a->implicit ? "keep implicit" : "keep");
+            P(buf_appendcstr(out, a->implicit ? "keep implicit" : "keep"));
             if (a->flags.count) {
-                buf_appendcstr(out, " :flags");
-                put_list(out, &a->flags);
+                P(buf_appendcstr(out, " :flags"));
+                P(put_list(out, &a->flags));
             }
             break;
         case SIEVE_ACTION_DISCARD:
-            buf_appendcstr(out, "discard");
+            P(buf_appendcstr(out, "discard"));
             break;
         case SIEVE_ACTION_FILEINTO:
-            buf_appendcstr(out, "fileinto");
+            P(buf_appendcstr(out, "fileinto"));
             if (a->create)
-                buf_appendcstr(out, " :create");
+                P(buf_appendcstr(out, " :create"));
             if (a->copy)
-                buf_appendcstr(out, " :copy");
+                P(buf_appendcstr(out, " :copy"));
             if (a->specialuse) {
-                buf_appendcstr(out, " :specialuse");
-                put_quoted(out, a->specialuse);
+                P(buf_appendcstr(out, " :specialuse"));
+                P(put_quoted(out, a->specialuse));
             }
             if (a->flags.count) {
-                buf_appendcstr(out, " :flags");
-                put_list(out, &a->flags);
+                P(buf_appendcstr(out, " :flags"));
+                P(put_list(out, &a->flags));
             }
-            put_quoted(out, a->mailbox);
+            P(put_quoted(out, a->mailbox));
             break;
         case SIEVE_ACTION_REDIRECT:
-            buf_appendcstr(out, "redirect");
+            P(buf_appendcstr(out, "redirect"));
             if (a->copy)
-                buf_appendcstr(out, " :copy");
-            put_quoted(out, a->address);
+                P(buf_appendcstr(out, " :copy"));
+            P(put_quoted(out, a->address));
             break;
         case SIEVE_ACTION_REJECT:
         case SIEVE_ACTION_EREJECT:
-            buf_appendcstr(out, a->type == SIEVE_ACTION_REJECT ? "reject"
-                                                               : "ereject");
-            put_quoted(out, a->text);
+            P(buf_appendcstr(out, a->type == SIEVE_ACTION_REJECT ? "reject"
+                                                               : "ereject"));
+            P(put_quoted(out, a->text));
             break;
         case SIEVE_ACTION_VACATION:
-            buf_appendcstr(out, "vacation");
+            P(buf_appendcstr(out, "vacation"));
             if (a->seconds % 86400 == 0)
-                buf_printf(out, " :days %lu", a->seconds / 86400);
+                P(buf_printf(out, " :days %lu", a->seconds / 86400));
             else
-                buf_printf(out, " :seconds %lu", a->seconds);
+                P(buf_printf(out, " :seconds %lu", a->seconds));
             if (a->subject) {
-                buf_appendcstr(out, " :subject");
-                put_quoted(out, a->subject);
+                P(buf_appendcstr(out, " :subject"));
+                P(put_quoted(out, a->subject));
             }
             if (a->from) {
-                buf_appendcstr(out, " :from");
-                put_quoted(out, a->from);
+                P(buf_appendcstr(out, " :from"));
+                P(put_quoted(out, a->from));
             }
             if (a->addresses.count) {
-                buf_appendcstr(out, " :addresses");
-                put_list(out, &a->addresses);
+                P(buf_appendcstr(out, " :addresses"));
+                P(put_list(out, &a->addresses));
             }
             if (a->mime)
-                buf_appendcstr(out, " :mime");
-            put_quoted(out, a->text);
+                P(buf_appendcstr(out, " :mime"));
+            P(put_quoted(out, a->text));
             break;
         case SIEVE_ACTION_ADDHEADER:
-            buf_appendcstr(out, "addheader");
+            P(buf_appendcstr(out, "addheader"));
             if (a->last)
-                buf_appendcstr(out, " :last");
-            put_quoted(out, a->name);
-            put_quoted(out, a->text);
+                P(buf_appendcstr(out, " :last"));
+            P(put_quoted(out, a->name));
+            P(put_quoted(out, a->text));
             break;
         case SIEVE_ACTION_DELETEHEADER:
-            buf_appendcstr(out, "deleteheader");
-            put_quoted(out, a->name);
-            buf_printf(out, " %u", a->index);
+            P(buf_appendcstr(out, "deleteheader"));
+            P(put_quoted(out, a->name));
+            P(buf_printf(out, " %u", a->index));
             break;
         case SIEVE_ACTION_DUPLICATE:
-            buf_appendcstr(out, "duplicate");
-            put_quoted(out, a->text);
-            buf_printf(out, " %lu", a->seconds);
+            P(buf_appendcstr(out, "duplicate"));
+            P(put_quoted(out, a->text));
+            P(buf_printf(out, " %lu", a->seconds));
             break;
         }
-        buf_putc(out, '\n');
+        P(buf_putc(out, '\n'));
     }
-    if (out->len == start && acts->count) {
-        return -1;
-    }
-    return 0;
+    return rc;
 }

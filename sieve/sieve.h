@@ -100,7 +100,8 @@ struct sieve_limits {
                                      (allof/anyof/not) [32] */
     size_t max_string_len;        /* bytes of one string literal [64 KiB] */
     unsigned max_actions;         /* actions one execution may collect,
-                                     counting every include [64] */
+                                     counting every include; the implicit
+                                     keep is not counted [64] */
     unsigned max_redirects;       /* redirect actions per execution [4] */
     unsigned max_include_depth;   /* nested include levels [5] */
     unsigned max_includes;        /* include commands executed in all [32] */
@@ -152,7 +153,11 @@ int sieve_extension_supported(const char *name);
  * conflicting or repeated tags; invalid comparators, relational
  * operators, address parts, date parts, variable names; regexes that do
  * not compile or use back-references; header field names given to
- * editheader; elsif/else without if.
+ * editheader; constant redirect addresses; the address test on a header
+ * that holds no addresses (RFC 5228 5.1: From, To, Cc, Sender, Reply-To,
+ * the Resent- fields, Return-Path, Delivered-To and the like); elsif/else
+ * without if; an extension used outside the block of the "if ihave"
+ * that enabled it.
  *
  * Returns SIEVE_OK, SIEVE_ESYNTAX, SIEVE_ELIMIT, SIEVE_ENOMEM or
  * SIEVE_EINVAL (text NULL with len > 0, or script_r NULL).
@@ -267,12 +272,19 @@ enum sieve_action_type {
     SIEVE_ACTION_EREJECT,     /* text = reason; refuse at the protocol
                                  level when possible (LMTP 550) */
     SIEVE_ACTION_VACATION,    /* the auto-reply: see the vacation fields */
-    SIEVE_ACTION_ADDHEADER,   /* name, text (value), last */
+    SIEVE_ACTION_ADDHEADER,   /* name, text (value), last; Received and
+                                 Auto-Submitted are never added or
+                                 deleted (the commands are ignored) */
     SIEVE_ACTION_DELETEHEADER,/* name, index: delete the index-th (1-based,
                                  top to bottom) field of that name as the
                                  header stands after the edits before */
     SIEVE_ACTION_DUPLICATE    /* text = id to mark as seen for `seconds`
-                                 once the delivery succeeded (RFC 7352) */
+                                 once the delivery succeeded (RFC 7352);
+                                 the id is "<length of handle>:" handle
+                                 value (value: :uniqueid, or the first
+                                 field named by :header, default
+                                 Message-ID), the same string given to
+                                 duplicate_check() */
 };
 
 struct sieve_action {
@@ -299,9 +311,12 @@ struct sieve_action {
     char *subject;            /* :subject or NULL (the caller makes
                                  "Auto: <original subject>") */
     char *from;               /* :from or NULL */
-    char *handle;             /* :handle, or one made from the arguments */
-    unsigned long seconds;    /* VACATION: reply interval; DUPLICATE:
-                                 how long the mark lasts */
+    char *handle;             /* :handle, or "vacation-<hash>" made from
+                                 the reason, subject, from and :mime */
+    unsigned long seconds;    /* VACATION: reply interval (:days 0 is
+                                 one day; at most 90 days; :seconds may
+                                 be 0); DUPLICATE: how long the mark
+                                 lasts (default 7 days) */
 };
 
 struct sieve_actions {

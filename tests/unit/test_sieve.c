@@ -83,6 +83,18 @@ static void test_compile_errors(void **state)
     size_t i;
     (void)state;
 
+    /* NUL bytes: in a comment, in a multi-line string */
+    {
+        struct sieve_script *s = NULL;
+        assert_int_equal(sieve_compile("keep; # a\0b\n", 12, NULL, NULL, &s,
+                                       &err), SIEVE_ESYNTAX);
+        assert_string_equal(buf_cstring(&err), "line 1: NUL byte in script");
+        assert_int_equal(sieve_compile("require \"reject\";\nreject text:\n"
+                                       "a\0\n.\n;", 37, NULL, NULL, &s, &err),
+                         SIEVE_ESYNTAX);
+        assert_string_equal(buf_cstring(&err), "line 3: NUL byte in script");
+        assert_null(s);
+    }
     for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct sieve_script *s = (struct sieve_script *)&err; /* poison */
         int rc = compile(cases[i].text, NULL, &s, &err);
@@ -371,6 +383,23 @@ static void test_reuse_and_allowed(void **state)
                                    &allowed, &s, &err), SIEVE_OK);
     sieve_script_free(&s);
     strarray_fini(&allowed);
+
+    /* the text form reports a buffer that cannot grow */
+    {
+        struct sieve_actions acts = SIEVE_ACTIONS_INITIALIZER;
+        struct sieve_message_ctx ctx;
+        struct buf small = BUF_INITIALIZER;
+        assert_int_equal(compile("redirect \"a-long-address@example.org\";",
+                                 NULL, &s, &err), SIEVE_OK);
+        memset(&ctx, 0, sizeof(ctx));
+        assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_OK);
+        buf_set_max(&small, 10);
+        assert_int_equal(sieve_actions_format(&acts, &small), -1);
+        assert_true(small.len <= 10);
+        buf_free(&small);
+        sieve_actions_fini(&acts);
+        sieve_script_free(&s);
+    }
 
     for (ext = sieve_extensions(); *ext; ext++)
         if (strcmp(*ext, "vacation-seconds") == 0)
