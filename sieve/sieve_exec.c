@@ -676,49 +676,69 @@ static int match_values(struct exec *ex, struct frame *fr,
         buf_free(&kb);
         return r;
     }
-    for (i = 0; i < vals->count && r == 0; i++) {
-        const char *v = vals->data[i];
-        size_t vlen = strlen(v);
-        for (k = 0; k < keys->n && r == 0; k++) {
-            const regex_t *re = keys->v[k].re;
-            regex_t rt;
-            int compiled = 0;
-            if (expand(ex, fr, &keys->v[k], &kb) < 0) {
-                buf_free(&kb);
-                return -1;
-            }
-            if (n->match == SV_MATCH_REGEX && !re) {
-                int flags = REG_EXTENDED;
-                if (n->comparator == SV_CMP_CASEMAP)
-                    flags |= REG_ICASE;
-                if (sieve_regex_has_backref(buf_cstring(&kb), kb.len) ||
-                    regcomp(&rt, buf_cstring(&kb), flags) != 0) {
-                    buf_free(&kb);
-                    return rt_error(ex, n->line, "invalid regular "
-                                    "expression");
-                }
-                re = &rt;
-                compiled = 1;
-            }
-            r = sieve_match(&mc, n->comparator, n->match, n->relop, v, vlen,
-                            buf_cstring(&kb), kb.len, re);
-            if (compiled)
-                regfree(&rt);
-            if (r < 0) {
-                buf_free(&kb);
-                if (mc.error == 1)
-                    return rt_error(ex, n->line, "match limit passed (%lu "
-                                    "steps)", ex->lim->max_match_steps);
-                if (mc.error == 2)
-                    return rt_error(ex, n->line, "value longer than %zu "
-                                    "bytes for :regex",
-                                    ex->lim->max_match_len);
+    buf_free(&kb);
+    {
+        /* the keys expanded, and their regexes compiled, once */
+        struct strarray kx = STRARRAY_INITIALIZER;
+        regex_t *rx = NULL;
+        const regex_t **re = calloc(keys->n + 1, sizeof(*re));
+        size_t nrx = 0;
+
+        if (!re)
+            return rt_nomem(ex);
+        if (n->match == SV_MATCH_REGEX) {
+            rx = calloc(keys->n + 1, sizeof(*rx));
+            if (!rx) {
+                free(re);
                 return rt_nomem(ex);
             }
         }
+        for (k = 0; k < keys->n && ex->rc == SIEVE_OK; k++) {
+            char *key = expand_dup(ex, fr, &keys->v[k]);
+            if (!key || strarray_appendm(&kx, key) < 0) {
+                rt_nomem(ex);
+                break;
+            }
+            re[k] = keys->v[k].re;
+            if (n->match == SV_MATCH_REGEX && !re[k]) {
+                int flags = REG_EXTENDED;
+                if (n->comparator == SV_CMP_CASEMAP)
+                    flags |= REG_ICASE;
+                ex->steps += strlen(key) + 1;
+                if (sieve_regex_has_backref(key, strlen(key)) ||
+                    regcomp(&rx[nrx], key, flags) != 0) {
+                    rt_error(ex, n->line, "invalid regular expression "
+                             "\"%s\"", key);
+                    break;
+                }
+                re[k] = &rx[nrx++];
+            }
+        }
+        for (i = 0; i < vals->count && r == 0 && ex->rc == SIEVE_OK; i++) {
+            const char *v = vals->data[i];
+            size_t vlen = strlen(v);
+            for (k = 0; k < kx.count && r == 0; k++) {
+                r = sieve_match(&mc, n->comparator, n->match, n->relop, v,
+                                vlen, kx.data[k], strlen(kx.data[k]), re[k]);
+                if (r < 0) {
+                    if (mc.error == 1)
+                        rt_error(ex, n->line, "match limit passed (%lu "
+                                 "steps)", ex->lim->max_match_steps);
+                    else if (mc.error == 2)
+                        rt_error(ex, n->line, "value longer than %zu "
+                                 "bytes for :regex", ex->lim->max_match_len);
+                    else
+                        rt_nomem(ex);
+                }
+            }
+        }
+        while (nrx > 0)
+            regfree(&rx[--nrx]);
+        free(rx);
+        free(re);
+        strarray_fini(&kx);
     }
-    buf_free(&kb);
-    return r;
+    return ex->rc == SIEVE_OK ? r : -1;
 }
 
 /* ---- dates (RFC 5260) ------------------------------------------------- */
