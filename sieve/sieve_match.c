@@ -1,0 +1,321 @@
+/*
+ * sieve_match.c - comparators (RFC 4790: i;octet, i;ascii-casemap,
+ * i;ascii-numeric) and match types (:is, :contains, :matches, :regex,
+ * relational :value).
+ *
+ * Every match is bounded.  :matches uses the two-cursor glob algorithm
+ * that only ever backtracks to the most recent '*': its cost is at most
+ * (pattern length + 1) x (value length + 1) steps, never exponential,
+ * and each wildcard's capture is the shortest one that lets the rest
+ * match, as RFC 5229 3.2 asks.  :contains is a bounded scan.  :regex
+ * runs POSIX regexec() on keys checked for back-references (the one
+ * feature that makes POSIX matching exponential) and on values no longer
+ * than max_match_len.  Each call adds its cost to *steps, and passing
+ * max_steps ends the match with an error.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sieve/sieve_tree.h"
+
+static int fold(int c, int casemap)
+{
+    if (casemap && c >= 'A' && c <= 'Z')
+        return c + ('a' - 'A');
+    return c;
+}
+
+/* bytes of the UTF-8 character starting at s[0] (at least 1) */
+static size_t utf8_len(const char *s, size_t left)
+{
+    unsigned char c = (unsigned char)s[0];
+    size_t n = 1;
+
+    if (c >= 0xc0) {
+        while (n < left && n < 4 && ((unsigned char)s[n] & 0xc0) == 0x80)
+            n++;
+    }
+    return n;
+}
+
+int sieve_glob(const char *p, size_t plen, const char *s, size_t slen,
+               int casemap, struct strarray *caps, unsigned long *steps,
+               unsigned long max_steps)
+{
+    /* per wildcard: start and length in s */
+    size_t nwild = 0, i;
+    size_t *cs = NULL, *cl = NULL, *wno = NULL;
+    size_t pi = 0, si = 0, star_p = (size_t)-1, star_s = 0;
+    int result = 0;
+
+    wno = calloc(plen + 1, sizeof(*wno));
+    if (!wno)
+        return -1;
+    for (i = 0; i < plen; i++) {
+        if (p[i] == '\\' && i + 1 < plen) {
+            i++;
+            continue;
+        }
+        if (p[i] == '*' || p[i] == '?')
+            wno[i] = nwild++;
+    }
+    if (caps) {
+        cs = calloc(nwild + 1, sizeof(*cs));
+        cl = calloc(nwild + 1, sizeof(*cl));
+        if (!cs || !cl) {
+            free(wno);
+            free(cs);
+            free(cl);
+            return -1;
+        }
+    }
+    for (;;) {
+        if (steps && ++*steps > max_steps) {
+            result = -2;
+            break;
+        }
+        if (pi < plen) {
+            char pc = p[pi];
+            if (pc == '*') {
+                star_p = pi;
+                star_s = si;
+                if (cs) {
+                    cs[wno[pi]] = si;
+                    cl[wno[pi]] = 0;
+                }
+                pi++;
+                continue;
+            }
+            if (si < slen) {
+                if (pc == '?') {
+                    size_t n = casemap ? utf8_len(s + si, slen - si) : 1;
+                    if (cs) {
+                        cs[wno[pi]] = si;
+                        cl[wno[pi]] = n;
+                    }
+                    pi++;
+                    si += n;
+                    continue;
+                }
+                if (pc == '\\' && pi + 1 < plen)
+                    pc = p[++pi];
+                if (fold((unsigned char)pc, casemap) ==
+                    fold((unsigned char)s[si], casemap)) {
+                    pi++;
+                    si++;
+                    continue;
+                }
+            }
+        } else if (si == slen) {
+            result = 1;
+            break;
+        }
+        /* mismatch: let the last star take one more character */
+        if (star_p == (size_t)-1 || star_s >= slen) {
+            result = 0;
+            break;
+        }
+        star_s += casemap ? utf8_len(s + star_s, slen - star_s) : 1;
+        si = star_s;
+        pi = star_p + 1;
+        if (cs)
+            cl[wno[star_p]] = star_s - cs[wno[star_p]];
+    }
+    if (result == 1 && caps) {
+        strarray_fini(caps);
+        if (strarray_append(caps, "") < 0) {  /* ${0}: set by the caller */
+            result = -1;
+        } else {
+            for (i = 0; i < nwild && i < 9; i++) {
+                char *v = strndup(s + cs[i], cl[i]);
+                if (strarray_appendm(caps, v) < 0) {
+                    result = -1;
+                    break;
+                }
+            }
+        }
+    }
+    free(wno);
+    free(cs);
+    free(cl);
+    return result;
+}
+
+/* the digit run at the start of s (leading zeros skipped); *inf set when
+ * there is no leading digit (positive infinity, RFC 4790 9.1) */
+static void numeric_prefix(const char *s, size_t len, const char **d,
+                           size_t *dlen, int *inf)
+{
+    size_t i = 0, z;
+
+    while (i < len && isdigit((unsigned char)s[i]))
+        i++;
+    *inf = i == 0;
+    z = 0;
+    while (z + 1 < i && s[z] == '0')
+        z++;
+    *d = s + z;
+    *dlen = i - z;
+}
+
+int sieve_cmp_order(int comparator, const char *a, size_t alen,
+                    const char *b, size_t blen)
+{
+    size_t i, n;
+
+    if (comparator == SV_CMP_NUMERIC) {
+        const char *da, *db;
+        size_t la, lb;
+        int ia, ib, c;
+        numeric_prefix(a, alen, &da, &la, &ia);
+        numeric_prefix(b, blen, &db, &lb, &ib);
+        if (ia || ib)
+            return ia - ib;
+        if (la != lb)
+            return la < lb ? -1 : 1;
+        c = memcmp(da, db, la);
+        return c < 0 ? -1 : c > 0;
+    }
+    n = alen < blen ? alen : blen;
+    for (i = 0; i < n; i++) {
+        int x = fold((unsigned char)a[i], comparator == SV_CMP_CASEMAP);
+        int y = fold((unsigned char)b[i], comparator == SV_CMP_CASEMAP);
+        if (x != y)
+            return x < y ? -1 : 1;
+    }
+    return alen == blen ? 0 : alen < blen ? -1 : 1;
+}
+
+int sieve_relop_holds(int relop, int c)
+{
+    switch (relop) {
+    case SV_REL_GT: return c > 0;
+    case SV_REL_GE: return c >= 0;
+    case SV_REL_LT: return c < 0;
+    case SV_REL_LE: return c <= 0;
+    case SV_REL_EQ: return c == 0;
+    default: return c != 0;
+    }
+}
+
+int sieve_regex_has_backref(const char *p, size_t len)
+{
+    size_t i;
+
+    for (i = 0; i + 1 < len; i++) {
+        if (p[i] == '\\') {
+            if (p[i + 1] >= '1' && p[i + 1] <= '9')
+                return 1;
+            i++;
+        }
+    }
+    return 0;
+}
+
+static int contains(struct sv_matchctx *mc, int casemap, const char *v,
+                    size_t vlen, const char *k, size_t klen)
+{
+    size_t i, j;
+
+    if (klen == 0)
+        return 1;
+    for (i = 0; i + klen <= vlen; i++) {
+        *mc->steps += klen;
+        if (*mc->steps > mc->max_steps) {
+            mc->error = 1;
+            return -1;
+        }
+        for (j = 0; j < klen; j++)
+            if (fold((unsigned char)v[i + j], casemap) !=
+                fold((unsigned char)k[j], casemap))
+                break;
+        if (j == klen)
+            return 1;
+    }
+    return 0;
+}
+
+int sieve_match(struct sv_matchctx *mc, int comparator, int match, int relop,
+                const char *val, size_t vlen, const char *key, size_t klen,
+                const regex_t *re)
+{
+    int casemap = comparator == SV_CMP_CASEMAP;
+
+    switch (match) {
+    case SV_MATCH_IS:
+        return sieve_cmp_order(comparator, val, vlen, key, klen) == 0;
+    case SV_MATCH_VALUE:
+        return sieve_relop_holds(relop,
+                                 sieve_cmp_order(comparator, val, vlen, key,
+                                                 klen));
+    case SV_MATCH_CONTAINS:
+        return contains(mc, casemap, val, vlen, key, klen);
+    case SV_MATCH_MATCHES: {
+        struct strarray caps = STRARRAY_INITIALIZER;
+        int r;
+        if (vlen > mc->max_len)
+            vlen = mc->max_len;
+        r = sieve_glob(key, klen, val, vlen, casemap,
+                       mc->vars ? &caps : NULL, mc->steps, mc->max_steps);
+        if (r == -2) {
+            mc->error = 1;
+            strarray_fini(&caps);
+            return -1;
+        }
+        if (r < 0) {
+            strarray_fini(&caps);
+            return -1;
+        }
+        if (r == 1 && mc->vars) {
+            free(caps.data[0]);
+            caps.data[0] = strndup(val, vlen);
+            if (!caps.data[0]) {
+                caps.data[0] = strdup("");
+            }
+            strarray_fini(mc->vars);
+            *mc->vars = caps;
+        } else {
+            strarray_fini(&caps);
+        }
+        return r;
+    }
+    case SV_MATCH_REGEX: {
+        regmatch_t pm[10];
+        size_t i;
+        if (vlen > mc->max_len) {
+            mc->error = 2;
+            return -1;
+        }
+        *mc->steps += vlen + 1;
+        if (*mc->steps > mc->max_steps) {
+            mc->error = 1;
+            return -1;
+        }
+        if (!re) {
+            mc->error = 3;
+            return -1;
+        }
+        if (regexec(re, val, 10, pm, 0) != 0)
+            return 0;
+        if (mc->vars) {
+            strarray_fini(mc->vars);
+            for (i = 0; i < 10; i++) {
+                char *v;
+                if (pm[i].rm_so < 0)
+                    v = strdup("");
+                else
+                    v = strndup(val + pm[i].rm_so,
+                                (size_t)(pm[i].rm_eo - pm[i].rm_so));
+                if (strarray_appendm(mc->vars, v) < 0)
+                    return -1;
+            }
+        }
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}

@@ -1,0 +1,2 @@
+require "fileinto";
+fileint "x";

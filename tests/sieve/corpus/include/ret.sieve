@@ -1,0 +1,3 @@
+require ["fileinto", "include"];
+if true { return; }
+fileinto "never";

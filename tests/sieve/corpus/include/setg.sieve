@@ -1,0 +1,3 @@
+require ["variables", "include"];
+global "who";
+set "who" "included";

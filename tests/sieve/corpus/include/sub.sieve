@@ -1,0 +1,2 @@
+require ["fileinto"];
+fileinto "from-include";

@@ -1,0 +1,482 @@
+/*
+ * test_sieve.c - unit tests of the Sieve library (sieve/): compile errors
+ * and their line numbers, every limit of struct sieve_limits, bounded
+ * glob matching, temporary failures of callbacks, runtime errors giving
+ * the implicit keep, reuse of one compiled script, the allowed-extension
+ * list, and every prefix and many mutations of a script compiled and run
+ * without a crash (run under the sanitizer build too).
+ */
+#include "config.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "lib/buf.h"
+#include "lib/strarray.h"
+#include "sieve/sieve.h"
+#include "sieve/sieve_msg.h"
+#include "sieve/sieve_tree.h"
+
+static const char msg_text[] =
+    "From: \"A\" <a+x@example.org>\r\n"
+    "To: b@example.com\r\n"
+    "Subject: hello world\r\n"
+    "Message-ID: <m1@example.org>\r\n"
+    "\r\n"
+    "body text\r\n";
+
+/* compile; return the code, errmsg into err */
+static int compile(const char *text, const struct sieve_limits *l,
+                   struct sieve_script **s, struct buf *err)
+{
+    return sieve_compile(text, strlen(text), l, NULL, s, err);
+}
+
+/* compile and run against msg_text; the formatted actions into out */
+static int run(const char *text, const struct sieve_limits *l,
+               struct buf *out, struct buf *err)
+{
+    struct sieve_script *s = NULL;
+    struct sieve_msg m;
+    struct sieve_message_ctx ctx;
+    struct sieve_actions acts = SIEVE_ACTIONS_INITIALIZER;
+    int rc = compile(text, l, &s, err);
+
+    if (rc != SIEVE_OK)
+        return rc;
+    sieve_msg_init(&m, msg_text, sizeof(msg_text) - 1);
+    m.env_from = "a@example.org";
+    strarray_append(&m.env_to, "b@example.com");
+    sieve_msg_ctx(&m, &ctx);
+    rc = sieve_execute(s, &ctx, &acts, err);
+    buf_reset(out);
+    assert_int_equal(sieve_actions_format(&acts, out), 0);
+    sieve_actions_fini(&acts);
+    sieve_msg_fini(&m);
+    sieve_script_free(&s);
+    assert_null(s);
+    return rc;
+}
+
+static void test_compile_errors(void **state)
+{
+    static const struct { const char *text; int rc; const char *prefix; }
+    cases[] = {
+        { "keep;\nfrob;\n", SIEVE_ESYNTAX, "line 2: unknown command" },
+        { "if true {\n\n  fileinto \"x\";\n}", SIEVE_ESYNTAX, "line 3: " },
+        { "require \"nonesuch\";", SIEVE_ESYNTAX, "line 1: unsupported" },
+        { "keep;\nrequire \"fileinto\";", SIEVE_ESYNTAX, "line 2: require" },
+        { "if header :bogus \"a\" \"b\" { }", SIEVE_ESYNTAX, "line 1: unknown" },
+        { "\n\n\"abc", SIEVE_ESYNTAX, "line 3: unterminated string" },
+        { "if size :over 5Q { }", SIEVE_ESYNTAX, "line 1: bad number" },
+        { "redirect 5;", SIEVE_ESYNTAX, "line 1: argument 1" },
+        { "stop", SIEVE_ESYNTAX, "line 1: expected" },
+        { "", SIEVE_OK, "" },
+    };
+    struct buf err = BUF_INITIALIZER;
+    size_t i;
+    (void)state;
+
+    /* NUL bytes: in a comment, in a multi-line string */
+    {
+        struct sieve_script *s = NULL;
+        assert_int_equal(sieve_compile("keep; # a\0b\n", 12, NULL, NULL, &s,
+                                       &err), SIEVE_ESYNTAX);
+        assert_string_equal(buf_cstring(&err), "line 1: NUL byte in script");
+        assert_int_equal(sieve_compile("require \"reject\";\nreject text:\n"
+                                       "a\0\n.\n;", 37, NULL, NULL, &s, &err),
+                         SIEVE_ESYNTAX);
+        assert_string_equal(buf_cstring(&err), "line 3: NUL byte in script");
+        assert_null(s);
+    }
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct sieve_script *s = (struct sieve_script *)&err; /* poison */
+        int rc = compile(cases[i].text, NULL, &s, &err);
+        if (rc != cases[i].rc || strncmp(buf_cstring(&err), cases[i].prefix,
+                                         strlen(cases[i].prefix)) != 0)
+            fail_msg("case %zu: rc %d err \"%s\"", i, rc, buf_cstring(&err));
+        if (rc == SIEVE_OK)
+            assert_non_null(s);
+        else
+            assert_null(s);
+        sieve_script_free(&s);
+    }
+    buf_free(&err);
+}
+
+static void test_numbers_and_strings(void **state)
+{
+    struct buf out = BUF_INITIALIZER, err = BUF_INITIALIZER;
+    (void)state;
+
+    /* the message is ~120 bytes: under 1K, over 100 */
+    assert_int_equal(run("if allof (size :under 1K, size :over 100,"
+                         " size :under 1M, size :under 1G) { discard; }",
+                         NULL, &out, &err), SIEVE_OK);
+    assert_string_equal(buf_cstring(&out), "discard\n");
+    /* multi-line string with CRLF, dot-stuffing, hash comment */
+    assert_int_equal(run("require \"reject\";\r\nreject text: # c\r\n"
+                         "a\r\n..b\r\n.\r\n;", NULL, &out, &err), SIEVE_OK);
+    assert_string_equal(buf_cstring(&out), "reject \"a\\n.b\\n\"\n");
+    /* encoded characters */
+    assert_int_equal(run("require [\"encoded-character\", \"reject\"];"
+                         "reject \"${hex:41 42}${unicode:263a}${hex:9}\";",
+                         NULL, &out, &err), SIEVE_OK);
+    assert_string_equal(buf_cstring(&out),
+                        "reject \"AB\xe2\x98\xba\t\"\n");
+    buf_free(&out);
+    buf_free(&err);
+}
+
+static void test_glob_bounded(void **state)
+{
+    struct strarray caps = STRARRAY_INITIALIZER;
+    unsigned long steps = 0;
+    char *s, *p;
+    size_t i, slen = 20000, plen;
+    (void)state;
+
+    assert_int_equal(sieve_glob("a*c?e", 5, "abbbcde", 7, 0, &caps, &steps,
+                                1000000), 1);
+    assert_int_equal(caps.count, 3);
+    assert_string_equal(caps.data[1], "bbb");
+    assert_string_equal(caps.data[2], "d");
+    strarray_fini(&caps);
+    /* shortest match for the first star (RFC 5229 3.2) */
+    assert_int_equal(sieve_glob("[*] *", 5, "[a] [b] c", 9, 0, &caps, &steps,
+                                1000000), 1);
+    assert_string_equal(caps.data[1], "a");
+    assert_string_equal(caps.data[2], "[b] c");
+    strarray_fini(&caps);
+    assert_int_equal(sieve_glob("A\\*", 3, "a*", 2, 1, NULL, &steps,
+                                1000000), 1);
+    assert_int_equal(sieve_glob("A\\*", 3, "ab", 2, 1, NULL, &steps,
+                                1000000), 0);
+
+    /* "*a*a*...*b" against 20,000 a's: no match, within (p+1)(s+1) steps */
+    plen = 41;
+    p = malloc(plen + 1);
+    s = malloc(slen + 1);
+    assert_non_null(p);
+    assert_non_null(s);
+    for (i = 0; i < 20; i++) {
+        p[2 * i] = '*';
+        p[2 * i + 1] = 'a';
+    }
+    p[40] = 'b';
+    p[41] = '\0';
+    memset(s, 'a', slen);
+    s[slen] = '\0';
+    steps = 0;
+    assert_int_equal(sieve_glob(p, plen, s, slen, 0, NULL, &steps,
+                                (unsigned long)-1), 0);
+    assert_true(steps <= (plen + 1) * (slen + 1));
+    /* and the step budget stops it */
+    steps = 0;
+    assert_int_equal(sieve_glob(p, plen, s, slen, 0, NULL, &steps, 1000), -2);
+    free(p);
+    free(s);
+}
+
+static void test_limits(void **state)
+{
+    struct sieve_limits l;
+    struct sieve_script *s = NULL;
+    struct buf err = BUF_INITIALIZER, out = BUF_INITIALIZER, text =
+        BUF_INITIALIZER;
+    unsigned i;
+    (void)state;
+
+    /* script size */
+    memset(&l, 0, sizeof(l));
+    l.max_script_size = 10;
+    assert_int_equal(compile("keep; keep; keep;", &l, &s, &err), SIEVE_ELIMIT);
+    /* nesting: 3 allowed, 4 refused */
+    memset(&l, 0, sizeof(l));
+    l.max_nesting = 3;
+    assert_int_equal(compile("if true { if true { if true { keep; } } }", &l,
+                             &s, &err), SIEVE_OK);
+    sieve_script_free(&s);
+    assert_int_equal(compile("if true { if true { if true { if true {"
+                             " keep; } } } }", &l, &s, &err), SIEVE_ELIMIT);
+    assert_int_equal(compile("if not not not not true { keep; }", &l, &s,
+                             &err), SIEVE_ELIMIT);
+    /* string length */
+    memset(&l, 0, sizeof(l));
+    l.max_string_len = 4;
+    assert_int_equal(compile("redirect \"abcde@x\";", &l, &s, &err),
+                     SIEVE_ELIMIT);
+    /* actions */
+    memset(&l, 0, sizeof(l));
+    l.max_actions = 3;
+    assert_int_equal(run("require \"fileinto\"; fileinto \"a\"; "
+                         "fileinto \"b\"; fileinto \"c\";", &l, &out, &err),
+                     SIEVE_OK);
+    assert_int_equal(run("require \"fileinto\"; fileinto \"a\"; fileinto \"b\";"
+                         " fileinto \"c\"; fileinto \"d\";", &l, &out, &err),
+                     SIEVE_ERUNTIME);
+    assert_string_equal(buf_cstring(&out), "keep implicit\n");
+    assert_string_equal(buf_cstring(&err), "line 1: more than 3 actions");
+    /* the implicit keep needs no room of its own past max_actions? it
+     * does: 3 fileinto :copy + implicit keep = 4 > 3 */
+    assert_int_equal(run("require [\"fileinto\", \"copy\"]; fileinto :copy "
+                         "\"a\"; fileinto :copy \"b\"; fileinto :copy \"c\";",
+                         &l, &out, &err), SIEVE_OK);
+    assert_string_equal(buf_cstring(&out), "fileinto :copy \"a\"\nfileinto "
+                        ":copy \"b\"\nfileinto :copy \"c\"\nkeep implicit\n");
+    /* redirects */
+    memset(&l, 0, sizeof(l));
+    l.max_redirects = 2;
+    assert_int_equal(run("redirect \"a@x.org\"; redirect \"b@x.org\";", &l,
+                         &out, &err), SIEVE_OK);
+    assert_int_equal(run("redirect \"a@x.org\"; redirect \"b@x.org\"; "
+                         "redirect \"c@x.org\";", &l, &out, &err),
+                     SIEVE_ERUNTIME);
+    /* variables: count and length */
+    memset(&l, 0, sizeof(l));
+    l.max_variables = 2;
+    l.max_variable_len = 3;
+    assert_int_equal(run("require [\"variables\", \"reject\"]; set \"a\" "
+                         "\"12345\"; set \"b\" \"x\"; reject \"${a}\";", &l,
+                         &out, &err), SIEVE_OK);
+    assert_string_equal(buf_cstring(&out), "reject \"123\"\n");
+    assert_int_equal(run("require \"variables\"; set \"a\" \"1\"; set \"b\" "
+                         "\"2\"; set \"c\" \"3\";", &l, &out, &err),
+                     SIEVE_ERUNTIME);
+    /* match steps */
+    memset(&l, 0, sizeof(l));
+    l.max_match_steps = 5;
+    assert_int_equal(run("if header :matches \"subject\" \"*o*o*z\" "
+                         "{ discard; }", &l, &out, &err), SIEVE_ERUNTIME);
+    assert_string_equal(buf_cstring(&out), "keep implicit\n");
+    /* regex value length */
+    memset(&l, 0, sizeof(l));
+    l.max_match_len = 5;
+    assert_int_equal(run("require \"regex\"; if header :regex \"subject\" "
+                         "\"^h\" { discard; }", &l, &out, &err),
+                     SIEVE_ERUNTIME);
+    /* a long script made of many commands still compiles */
+    for (i = 0; i < 2000; i++)
+        buf_appendcstr(&text, "keep;\n");
+    assert_int_equal(compile(buf_cstring(&text), NULL, &s, &err), SIEVE_OK);
+    sieve_script_free(&s);
+    buf_free(&text);
+    buf_free(&out);
+    buf_free(&err);
+}
+
+/* ---- callbacks -------------------------------------------------------- */
+
+static int tempfail_header(void *rock, const char *name, int decoded,
+                           struct strarray *values)
+{
+    (void)rock; (void)name; (void)decoded; (void)values;
+    return -1;
+}
+
+static const struct sieve_script *self_script;
+
+static int include_self(void *rock, int global, const char *name,
+                        const struct sieve_script **script_r,
+                        struct buf *errmsg)
+{
+    (void)rock; (void)global; (void)name; (void)errmsg;
+    *script_r = self_script;
+    return 1;
+}
+
+static void test_callbacks(void **state)
+{
+    struct sieve_script *s = NULL;
+    struct sieve_message_ctx ctx;
+    struct sieve_actions acts = SIEVE_ACTIONS_INITIALIZER;
+    struct buf err = BUF_INITIALIZER;
+    struct sieve_limits l;
+    (void)state;
+
+    /* a temporary failure: SIEVE_ETEMP, no actions */
+    assert_int_equal(compile("require \"fileinto\"; fileinto \"a\"; "
+                             "if header :is \"x\" \"y\" { discard; }", NULL,
+                             &s, &err), SIEVE_OK);
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.header = tempfail_header;
+    assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_ETEMP);
+    assert_int_equal(acts.count, 0);
+    sieve_script_free(&s);
+
+    /* NULL callbacks answer "nothing" */
+    assert_int_equal(compile("require [\"envelope\", \"body\", \"mailbox\","
+                             " \"duplicate\"]; if anyof (envelope \"to\" \"x\","
+                             " body :contains \"a\", mailboxexists \"a\","
+                             " duplicate, exists \"from\") { discard; }",
+                             NULL, &s, &err), SIEVE_OK);
+    memset(&ctx, 0, sizeof(ctx));
+    assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_OK);
+    assert_int_equal(acts.count, 1);
+    assert_int_equal(acts.v[0].type, SIEVE_ACTION_KEEP);
+    assert_true(acts.v[0].implicit);
+    sieve_actions_fini(&acts);
+    sieve_script_free(&s);
+
+    /* include recursion bounded by max_include_depth */
+    memset(&l, 0, sizeof(l));
+    l.max_include_depth = 3;
+    assert_int_equal(compile("require \"include\"; include \"me\";", &l, &s,
+                             &err), SIEVE_OK);
+    self_script = s;
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.include = include_self;
+    assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_ERUNTIME);
+    assert_string_equal(buf_cstring(&err),
+                        "line 1: include: deeper than 3 levels");
+    assert_int_equal(acts.count, 1);
+    sieve_actions_fini(&acts);
+    sieve_script_free(&s);
+    buf_free(&err);
+}
+
+static void test_reuse_and_allowed(void **state)
+{
+    struct sieve_script *s = NULL;
+    struct buf err = BUF_INITIALIZER;
+    struct strarray allowed = STRARRAY_INITIALIZER;
+    const char *const *ext;
+    int i, found = 0;
+    (void)state;
+
+    /* one compiled script, many executions with different messages */
+    assert_int_equal(compile("require [\"fileinto\", \"variables\"];"
+                             " if header :matches \"subject\" \"n*\""
+                             " { fileinto \"${1}\"; }", NULL, &s, &err),
+                     SIEVE_OK);
+    for (i = 0; i < 200; i++) {
+        char msg[128];
+        struct sieve_msg m;
+        struct sieve_message_ctx ctx;
+        struct sieve_actions acts = SIEVE_ACTIONS_INITIALIZER;
+        char want[32];
+        snprintf(msg, sizeof(msg), "Subject: n%d\r\n\r\nx\r\n", i);
+        sieve_msg_init(&m, msg, strlen(msg));
+        sieve_msg_ctx(&m, &ctx);
+        assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_OK);
+        assert_int_equal(acts.count, 1);
+        snprintf(want, sizeof(want), "%d", i);
+        assert_string_equal(acts.v[0].mailbox, want);
+        sieve_actions_fini(&acts);
+        sieve_msg_fini(&m);
+    }
+    sieve_script_free(&s);
+
+    /* an extension outside the allowed list is refused */
+    strarray_append(&allowed, "reject");
+    assert_int_equal(sieve_compile("require \"fileinto\";", 19, NULL,
+                                   &allowed, &s, &err), SIEVE_ESYNTAX);
+    assert_string_equal(buf_cstring(&err),
+                        "line 1: unsupported extension \"fileinto\"");
+    assert_int_equal(sieve_compile("require \"reject\";", 17, NULL,
+                                   &allowed, &s, &err), SIEVE_OK);
+    sieve_script_free(&s);
+    strarray_fini(&allowed);
+
+    /* the text form reports a buffer that cannot grow */
+    {
+        struct sieve_actions acts = SIEVE_ACTIONS_INITIALIZER;
+        struct sieve_message_ctx ctx;
+        struct buf small = BUF_INITIALIZER;
+        assert_int_equal(compile("redirect \"a-long-address@example.org\";",
+                                 NULL, &s, &err), SIEVE_OK);
+        memset(&ctx, 0, sizeof(ctx));
+        assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_OK);
+        buf_set_max(&small, 10);
+        assert_int_equal(sieve_actions_format(&acts, &small), -1);
+        assert_true(small.len <= 10);
+        buf_free(&small);
+        sieve_actions_fini(&acts);
+        sieve_script_free(&s);
+    }
+
+    for (ext = sieve_extensions(); *ext; ext++)
+        if (strcmp(*ext, "vacation-seconds") == 0)
+            found = 1;
+    assert_true(found);
+    assert_true(sieve_extension_supported("comparator-i;ascii-numeric"));
+    assert_false(sieve_extension_supported("x-nonesuch"));
+    assert_int_equal(sieve_compile(NULL, 3, NULL, NULL, &s, &err),
+                     SIEVE_EINVAL);
+    buf_free(&err);
+}
+
+static const char big_script[] =
+    "require [\"fileinto\", \"reject\", \"envelope\", \"imap4flags\", "
+    "\"variables\", \"relational\", \"comparator-i;ascii-numeric\", "
+    "\"editheader\", \"date\", \"index\", \"regex\", \"body\", "
+    "\"vacation\", \"subaddress\", \"encoded-character\"];\n"
+    "# comment\n/* block */\n"
+    "if anyof (header :matches \"subject\" \"*o w*\", address :detail "
+    "\"from\" \"x\") {\n"
+    "  set :upper \"v\" \"${1}\"; addflag [\"\\\\Seen\", \"$x\"];\n"
+    "  fileinto :flags \"${v}\" \"INBOX.${hex:41}\";\n"
+    "} elsif header :value \"ge\" :comparator \"i;ascii-numeric\" "
+    "\"x-n\" \"5\" { reject text:\nno\n..\n.\n; }\n"
+    "else { addheader :last \"X-A\" \"b\"; deleteheader :index 1 \"x-a\"; }\n"
+    "if header :regex \"subject\" \"^h(.*)$\" { vacation :days 2 \"${1}\"; }\n"
+    "if date :zone \"+0100\" \"date\" \"year\" \"2020\" { discard; }\n"
+    "if body :text :contains \"body\" { keep; }\n";
+
+/* every prefix, and byte mutations: compile, and run what compiles */
+static void test_prefixes_and_mutations(void **state)
+{
+    struct buf out = BUF_INITIALIZER, err = BUF_INITIALIZER;
+    size_t n = sizeof(big_script) - 1, i;
+    char *copy = malloc(n + 1);
+    unsigned seed = 7;
+    int compiled = 0;
+    (void)state;
+
+    assert_int_equal(run(big_script, NULL, &out, &err), SIEVE_OK);
+    assert_string_equal(buf_cstring(&out),
+                        "fileinto :flags [ \"HELL\" ] \"INBOX.A\"\n"
+                        "vacation :days 2 \"ello world\"\n"
+                        "keep :flags [ \"\\\\Seen\", \"$x\" ]\n");
+    assert_non_null(copy);
+    for (i = 0; i <= n; i++) {
+        memcpy(copy, big_script, i);
+        copy[i] = '\0';
+        if (run(copy, NULL, &out, &err) == SIEVE_OK)
+            compiled++;
+    }
+    assert_true(compiled > 0);
+    for (i = 0; i < 3000; i++) {
+        size_t k;
+        memcpy(copy, big_script, n + 1);
+        for (k = 0; k < 3; k++) {
+            seed = seed * 1103515245u + 12345u;
+            copy[(seed >> 8) % n] = (char)(" \"\\{}[]();:,*$a0\n"[(seed >> 20) % 17]);
+        }
+        (void)run(copy, NULL, &out, &err);
+    }
+    free(copy);
+    buf_free(&out);
+    buf_free(&err);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_compile_errors),
+        cmocka_unit_test(test_numbers_and_strings),
+        cmocka_unit_test(test_glob_bounded),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_callbacks),
+        cmocka_unit_test(test_reuse_and_allowed),
+        cmocka_unit_test(test_prefixes_and_mutations),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
