@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "lib/log.h"
+#include "lib/utf8.h"
 #include "lmtpd/rcpt.h"
 #include "store/acl.h"
 #include "store/autocreate.h"
@@ -47,36 +48,15 @@ static int rcpt_is_atext(unsigned char c)
     return c != 0 && strchr("!#$%&'*+-/=?^_`{|}~", c) != NULL;
 }
 
-/* The length of a well-formed UTF-8 sequence of 2-4 bytes encoding a
- * character above U+007F at s[i] before end (RFC 3629: no overlong
- * forms, no surrogates, nothing above U+10FFFF), or 0. */
+/* The length of a well-formed UTF-8 character above U+007F at s[i]
+ * before end, or 0. */
 static size_t rcpt_utf8_len(const char *s, size_t i, size_t end)
 {
-    const unsigned char *u = (const unsigned char *)s + i;
-    size_t n, k, avail = end - i;
-    unsigned long cp;
+    uint32_t cp;
+    size_t n;
 
-    if (u[0] >= 0xc2 && u[0] <= 0xdf) {
-        n = 2;
-        cp = u[0] & 0x1f;
-    } else if (u[0] >= 0xe0 && u[0] <= 0xef) {
-        n = 3;
-        cp = u[0] & 0x0f;
-    } else if (u[0] >= 0xf0 && u[0] <= 0xf4) {
-        n = 4;
-        cp = u[0] & 0x07;
-    } else {
-        return 0;
-    }
-    if (avail < n)
-        return 0;
-    for (k = 1; k < n; k++) {
-        if ((u[k] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (u[k] & 0x3f);
-    }
-    if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+    if (utf8_decode((const unsigned char *)s + i, end - i, &cp, &n) != 0 ||
+        cp < 0x80)
         return 0;
     return n;
 }

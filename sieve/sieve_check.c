@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "lib/utf8.h"
 #include "sieve/sieve_tree.h"
 #include "sieve/sieve_ext.h"
 
@@ -232,24 +233,6 @@ static int hexval(int ch)
     return -1;
 }
 
-static int put_utf8(struct buf *b, unsigned long cp)
-{
-    unsigned char u[4];
-    size_t n;
-
-    if (cp < 0x80) { u[0] = (unsigned char)cp; n = 1; }
-    else if (cp < 0x800) { u[0] = (unsigned char)(0xc0 | (cp >> 6));
-        u[1] = (unsigned char)(0x80 | (cp & 0x3f)); n = 2; }
-    else if (cp < 0x10000) { u[0] = (unsigned char)(0xe0 | (cp >> 12));
-        u[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-        u[2] = (unsigned char)(0x80 | (cp & 0x3f)); n = 3; }
-    else { u[0] = (unsigned char)(0xf0 | (cp >> 18));
-        u[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
-        u[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-        u[3] = (unsigned char)(0x80 | (cp & 0x3f)); n = 4; }
-    return buf_append(b, u, n);
-}
-
 /* try to decode one "${hex:...}" / "${unicode:...}" at s[i]; returns the
  * bytes consumed (0 when it is not a valid encoded character, which
  * then stays as written), -1 on a bad Unicode code point (an error) */
@@ -319,7 +302,7 @@ static long decode_one(const char *s, size_t len, size_t i, struct buf *out)
                 v = v * 16 + (unsigned long)hexval((unsigned char)s[j++]);
             if (v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
                 return -1;
-            if (put_utf8(out, v) < 0)
+            if (utf8_put(out, (uint32_t)v) < 0)
                 return -2;
         }
         (void)st;
