@@ -106,7 +106,7 @@ static const char *const imapconf_delete_mode_words[] = {
 
 static const struct imapconf_option imapconf_options[] = {
     { .name = "configdirectory", .type = IMAPCONF_STRING,
-      .def = "/var/lib/cyrusdeliver",
+      .def = IMAPCONF_DEFAULT_CONFIGDIR,
       .desc = "directory of the databases and other state files" },
     { .name = "defaultpartition", .type = IMAPCONF_STRING,
       .def = "default",

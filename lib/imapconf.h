@@ -43,6 +43,19 @@ enum imapconf_type {
 #define IMAPCONF_DEFAULT_PATH SYSCONFDIR "/cyrusdeliver/imapd.conf"
 #define IMAPCONF_DEFAULT_CYRUSCONF SYSCONFDIR "/cyrusdeliver/cyrus.conf"
 
+/* The default configdirectory, LOCALSTATEDIR/lib/cyrusdeliver, compiled
+ * in from configure's localstatedir (/var/lib/cyrusdeliver in the Debian
+ * package; /usr/local/var/lib/cyrusdeliver for a plain ./configure).
+ * Partitions have no default, as in Cyrus: a configuration names each one
+ * (partition-default: LOCALSTATEDIR/spool/cyrusdeliver in the package's
+ * and the sample imapd.conf); IMAPCONF_SUGGESTED_PARTITION is the path
+ * cyr_info suggests when none is set. */
+#ifndef LOCALSTATEDIR
+#define LOCALSTATEDIR "/var"
+#endif
+#define IMAPCONF_DEFAULT_CONFIGDIR LOCALSTATEDIR "/lib/cyrusdeliver"
+#define IMAPCONF_SUGGESTED_PARTITION LOCALSTATEDIR "/spool/cyrusdeliver"
+
 struct imapconf;   /* a loaded configuration: opaque */
 
 /*

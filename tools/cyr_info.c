@@ -301,7 +301,7 @@ static int info_lint(const struct imapconf *conf, const char *conffile,
     if (parts.n == 0)
         info_say(&l, "error", "no partition-NAME key: mailboxes have "
                  "nowhere to go (e.g. \"partition-default: "
-                 "/var/spool/cyrusdeliver\")");
+                 IMAPCONF_SUGGESTED_PARTITION "\")");
     else if (defpart && *defpart && !imapconf_partition(conf, defpart))
         info_say(&l, "error", "defaultpartition is \"%s\", but there is no "
                  "partition-%s key", defpart, defpart);

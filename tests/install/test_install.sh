@@ -115,6 +115,30 @@ for p in "$sbindir/master" "$sbindir/mbtool" "$sbindir/cyr_info" "$sbindir/ctl_c
     fi
 done
 
+# 2c. the default configdirectory follows configure's localstatedir
+# (LOCALSTATEDIR/lib/cyrusdeliver; /var/lib/cyrusdeliver in the package),
+# and so does the partition cyr_info suggests when none is set.  Only a
+# build whose localstatedir is not /var can tell a compiled-in
+# localstatedir from a hard-coded /var: ./configure's default
+# (PREFIX/var) and make distcheck's are not /var.
+localstatedir=$(makevar localstatedir)
+defcd=$("$dest$sbindir/cyr_info" -C /dev/null conf-all 2>&1 |
+        sed -n 's/^configdirectory: //p')
+if [ "$defcd" = "$localstatedir/lib/cyrusdeliver" ]; then
+    ok "default configdirectory is $localstatedir/lib/cyrusdeliver"
+else
+    bad "default configdirectory is '$defcd', not $localstatedir/lib/cyrusdeliver"
+fi
+: > "$tmp/empty.conf"
+if "$dest$sbindir/cyr_info" -C "$tmp/empty.conf" -M /dev/null conf-lint 2>&1 |
+        grep -qF "partition-default: $localstatedir/spool/cyrusdeliver"; then
+    ok "conf-lint suggests partition-default: $localstatedir/spool/cyrusdeliver"
+else
+    bad "conf-lint without a partition: $("$dest$sbindir/cyr_info" -C "$tmp/empty.conf" -M /dev/null conf-lint 2>&1 | head -5)"
+fi
+[ "$localstatedir" != /var ] ||
+    echo "ok - # SKIP localstatedir is /var: a hard-coded /var would pass too"
+
 # 3. the installed master runs the installed lmtpd for a bare "lmtpd"
 mkdir -p "$tmp/lib" "$tmp/spool" "$tmp/run"
 sed -e "s|/var/lib/cyrusdeliver|$tmp/lib|g" -e "s|/var/spool/cyrusdeliver|$tmp/spool|g" \

@@ -192,7 +192,7 @@ static const struct {
     enum imapconf_type type;
     const char *def;
 } expected_keys[] = {
-    { "configdirectory", IMAPCONF_STRING, "/var/lib/cyrusdeliver" },
+    { "configdirectory", IMAPCONF_STRING, IMAPCONF_DEFAULT_CONFIGDIR },
     { "defaultpartition", IMAPCONF_STRING, "default" },
     { "mboxlist_db", IMAPCONF_DBNAME, "skiplist" },
     { "duplicate_db", IMAPCONF_DBNAME, "skiplist" },
