@@ -372,7 +372,9 @@ static int ms_atom_char(unsigned char c)
            c != '(' && c != ')' && c != '\\';
 }
 
-/* One command into s->args.  maxlit: the largest literal kept. */
+/* One command into s->args (interruptible: the wait for it ends when
+ * the master stops us; it is a command, not an AUTHENTICATE response:
+ * its first word is an atom).  maxlit: the largest literal kept. */
 static enum ms_read ms_read_command(struct ms_session *s, int interruptible,
                                     size_t maxlit)
 {
@@ -462,7 +464,7 @@ static enum ms_read ms_read_command(struct ms_session *s, int interruptible,
     }
     if (s->nargs == 0)
         return ms_syntax(s, NULL, "Empty command");
-    if (s->args[0].type != MS_ATOM)
+    if (interruptible && s->args[0].type != MS_ATOM)
         return ms_syntax(s, NULL, "A command starts with its name");
     return MS_READ_OK;
 }
@@ -890,7 +892,7 @@ static void ms_cmd_listscripts(struct ms_session *s)
     } else {
         for (size_t i = 0; i < names.count; i++) {
             ms_cstring(s->p, names.data[i]);
-            if (active.len && strcmp(names.data[i], active.s) == 0)
+            if (active.len && strcmp(names.data[i], buf_cstring(&active)) == 0)
                 prot_puts(s->p, " ACTIVE");
             prot_puts(s->p, "\r\n");
         }
