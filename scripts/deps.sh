@@ -55,13 +55,15 @@ packages=(
 # tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
 # imtest, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
 # smtp-source/smtp-sink), openssl (certificates), strace, gnuplot,
-# prometheus (promtool and a private Prometheus scraping metricsd)
+# prometheus (promtool and a private Prometheus scraping metricsd),
+# sieve-connect (a ManageSieve client for timsieved)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
   cyrus-common cyrus-clients
   clang isync swaks libnet-ssleay-perl postfix
   openssl strace gnuplot-nox prometheus
+  sieve-connect
 )
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)
