@@ -892,7 +892,8 @@ static void ms_cmd_listscripts(struct ms_session *s)
     } else {
         for (size_t i = 0; i < names.count; i++) {
             ms_cstring(s->p, names.data[i]);
-            if (active.len && strcmp(names.data[i], buf_cstring(&active)) == 0)
+            if (active.len &&
+                strcmp(names.data[i], buf_cstring(&active)) == 0)
                 prot_puts(s->p, " ACTIVE");
             prot_puts(s->p, "\r\n");
         }

@@ -1308,7 +1308,8 @@ static int mbtool_sieve(int argc, char **argv)
         printf("directory: %s\n", buf_cstring(&dir));
         for (size_t i = 0; r == SIEVEDIR_OK && i < names.count; i++)
             printf("%s%s\n", names.data[i],
-                   active.len && strcmp(buf_cstring(&active), names.data[i]) == 0
+                   active.len &&
+                   strcmp(buf_cstring(&active), names.data[i]) == 0
                    ? " active" : "");
         strarray_fini(&names);
         buf_free(&active);

@@ -4,7 +4,8 @@ master, with raw sessions and with real clients.
 
 One instance (tests/imapd/imaphelp.py): imapd on 127.0.0.1 and a "sieve"
 service written as Cyrus writes it (cmd="timsieved": the master maps it
-to ours), a self-signed certificate, a sasldb with two users,
+to ours), a self-signed certificate, a sasldb with two users (cmd="timsieved -U
+50": the mapping keeps -U, which timsieved accepts),
 allowplaintext off, sieve_maxscripts 4, sieve_maxscriptsize 2 (KiB),
 prelogin_timeout 5.
 
@@ -62,7 +63,7 @@ class SieveInstance(ImapInstance):
         self.sieve_port = free_port()
         lines = [service_line("imap", "imapd", "127.0.0.1:%d"
                               % self.tcp_port, prefork=0, maxchild=5),
-                 service_line("sieve", "timsieved", "127.0.0.1:%d"
+                 service_line("sieve", "timsieved -U 50", "127.0.0.1:%d"
                               % self.sieve_port, prefork=1, maxchild=10)]
         with open(self.cyrus_conf, "w") as f:
             f.write("SERVICES {\n" + "".join(lines) + "}\n")
@@ -295,6 +296,9 @@ def test_greeting_and_starttls():
     check(re.search(r"timsieved: login user=<%s> mech=<PLAIN> peer=<127"
                     r"\.0\.0\.1:\d+> tls=<TLSv1\.[23] " % USER,
                     inst().log()), "no login line in the log")
+    check(re.search(r"SERVICES entry=<sieve> cmd=<timsieved -U 50> "
+                    r"runs=<\S*/timsieved/timsieved -C \S+ -U 50>",
+                    inst().log()), "Cyrus's timsieved not mapped to ours")
 
 
 def test_authenticate_forms():
@@ -478,6 +482,20 @@ def test_syntax_and_limits():
     no_trouble()
 
 
+def test_byte_at_a_time():
+    """A command and its literal arriving one byte per write."""
+    with session() as c:
+        clean(c)
+        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for b in b'PUTSCRIPT "slow" ' + lit(GOOD) + b"\r\n":
+            c.send(bytes([b]))
+        r = c.response()
+        check(r[1] == "OK", "PUTSCRIPT byte by byte: %r" % (r,))
+        items, st, _, _ = c.cmd('GETSCRIPT "slow"')
+        check(items == [b"{}" + GOOD + b"\x00"], "GETSCRIPT: %r" % items)
+        clean(c)
+
+
 def test_prelogin_timeout():
     t0 = time.monotonic()
     with MS(inst().sieve_addr(), timeout=60) as c:
@@ -628,6 +646,7 @@ if __name__ == "__main__":
         test_bad_scripts_refused,
         test_quotas,
         test_syntax_and_limits,
+        test_byte_at_a_time,
         test_prelogin_timeout,
         test_rfc5804_examples,
         test_layout_domain_users,
