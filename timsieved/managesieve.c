@@ -725,7 +725,7 @@ static void ms_cmd_starttls(struct ms_session *s)
     ms_reply(s, "OK", NULL, "TLS active");
 }
 
-/* ---- scripts -------------------------------------------------------------- */
+/* ---- scripts ---------------------------------------------------------- */
 
 static void ms_store_error(struct ms_session *s, const char *what, int r)
 {
@@ -1004,7 +1004,7 @@ static void ms_cmd_unauthenticate(struct ms_session *s)
     ms_reply(s, "OK", NULL, NULL);
 }
 
-/* ---- the command table ---------------------------------------------------- */
+/* ---- the command table ------------------------------------------------ */
 
 struct ms_command {
     const char *name;

@@ -102,7 +102,8 @@ static int timsieved_init(int argc, char **argv, void *rock)
     return 0;
 }
 
-static void timsieved_session(struct timsieved_state *ls, int fd, const char *peer)
+static void timsieved_session(struct timsieved_state *ls, int fd,
+                              const char *peer)
 {
     char local[SASLSERVER_ADDRLEN], remote[SASLSERVER_ADDRLEN];
     struct managesieve_conn conn;

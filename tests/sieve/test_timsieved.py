@@ -21,7 +21,8 @@ prelogin_timeout 5.
 - sieve-connect (Debian) over STARTTLS + PLAIN, trusting the test's
   certificate with --tlscafile: upload, list, activate, download (same
   bytes), deactivate, delete, and a bad script refused with its line;
-- Cyrus's sivtest (cyrus-clients) when installed.
+- Cyrus's sivtest (cyrus-clients) when installed;
+- the master's SIGTERM: an idle session gets BYE (the last test).
 
 Environment: see ../imapd/imaphelp.py (SIEVE_TESTS picks tests).
 """
@@ -631,6 +632,21 @@ def test_sivtest():
     check("Authenticated" in out and "OK" in out, "sivtest: %s" % out)
 
 
+def test_shutdown():
+    """The master's SIGTERM reaches an idle logged-in session as BYE
+    (the last test: it stops the instance)."""
+    import signal
+    with session() as c:
+        check(c.cmd("NOOP")[1] == "OK", "NOOP")
+        inst().proc.send_signal(signal.SIGTERM)
+        r = c.response()
+        check(r[1] == "BYE" and "shutting down" in r[3],
+              "SIGTERM: %r" % (r,))
+        check(c.at_eof(), "open after BYE")
+    problems = inst().stop()
+    check(not problems, "stop: %s" % problems)
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -652,6 +668,7 @@ if __name__ == "__main__":
         test_layout_domain_users,
         test_sieve_connect,
         test_sivtest,
+        test_shutdown,
     ], "SIEVE_TESTS", (MASTER, TIMSIEVED, IMAPD, MBTOOL))
     try:
         finish()
