@@ -231,6 +231,18 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 5, .max = 3600,
       .desc = "seconds an IMAP client may stay idle before it has logged "
               "in (then `timeout` applies)" },
+    { .name = "sievedir", .type = IMAPCONF_STRING, .def = "",
+      .desc = "directory of the users' Sieve scripts (timsieved, "
+              "delivery); empty = CONFIGDIR/sieve" },
+    { .name = "sieve_maxscriptsize", .type = IMAPCONF_INT, .def = "32",
+      .min = 1, .max = 1024,
+      .desc = "largest Sieve script a user may upload, in KiB" },
+    { .name = "sieve_maxscripts", .type = IMAPCONF_INT, .def = "5",
+      .min = 1, .max = 10000,
+      .desc = "most Sieve scripts a user may keep" },
+    { .name = "sieve_extensions", .type = IMAPCONF_STRING, .def = "",
+      .desc = "space-separated Sieve extensions scripts may require; "
+              "empty = every supported one" },
     { .name = "timeout", .type = IMAPCONF_INT, .def = "32",
       .min = 30, .max = 1440,
       .desc = "minutes an IMAP client may stay idle before the autologout "

@@ -975,14 +975,19 @@ int service_parse_args(int argc, char **argv, char flag, int *flag_r,
     const char *env;
     int opt;
 
-    opts[2] = flag;
+    if (flag)
+        opts[2] = flag;
+    else
+        memmove(opts + 2, opts + 3, sizeof(opts) - 3);
     *confpath_r = NULL;
-    *flag_r = 0;
+    if (flag_r)
+        *flag_r = 0;
     while ((opt = getopt_long(argc, argv, opts, longopts, NULL)) != -1) {
         if (opt == 'C') {
             *confpath_r = optarg;
-        } else if (opt == flag) {
-            *flag_r = 1;
+        } else if (flag && opt == flag) {
+            if (flag_r)
+                *flag_r = 1;
         } else if ((opt == 'U' || opt == 'T') &&
                    service_number(optarg) == 0) {
             setenv(opt == 'U' ? "CYRUSDELIVER_MAXUSES"

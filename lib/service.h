@@ -175,7 +175,8 @@ int service_main_mux(int argc, char **argv,
 
 /* A worker's command line, the same for lmtpd and imapd: -C FILE (else
  * $CYRUSDELIVER_CONF, else defconf) into *confpath_r; the one option
- * letter `flag` (lmtpd -a, imapd -s) sets *flag_r; -U uses and -T
+ * letter `flag` (lmtpd -a, imapd -s) sets *flag_r (flag 0: the program
+ * has none, flag_r may be NULL: timsieved); -U uses and -T
  * idle-seconds (non-negative decimals) go to the environment that
  * service_main() reads (CYRUSDELIVER_MAXUSES, CYRUSDELIVER_IDLETIMEOUT).
  * -h or --help: usage(stdout), then -1 (main() exits 0).  0 to go on,

@@ -27,6 +27,7 @@ enum compat_kind {
     COMPAT_NONE,            /* Cyrus's, with no equivalent here */
     COMPAT_IMAPD,
     COMPAT_LMTPD,
+    COMPAT_TIMSIEVED,
     COMPAT_CTL_CYRUSDB,
     COMPAT_CTL_DELIVER,
     COMPAT_EXPIRE
@@ -41,13 +42,14 @@ struct compat_program {
 static const struct compat_program compat_programs[] = {
     { .name = "imapd", .kind = COMPAT_IMAPD, .spec = "C:U:T:p:sDN" },
     { .name = "lmtpd", .kind = COMPAT_LMTPD, .spec = "C:U:T:aD" },
+    { .name = "timsieved", .kind = COMPAT_TIMSIEVED, .spec = "C:U:T:D" },
     { .name = "ctl_cyrusdb", .kind = COMPAT_CTL_CYRUSDB, .spec = "C:rcx" },
     { .name = "ctl_deliver", .kind = COMPAT_CTL_DELIVER, .spec = "C:dE:f:" },
     { .name = "cyr_expire", .kind = COMPAT_EXPIRE,
       .spec = "C:A:D:E:X:p:u:vaxthc" },
     /* Cyrus's servers and tools with no equivalent here */
     { .name = "pop3d" }, { .name = "nntpd" }, { .name = "httpd" },
-    { .name = "timsieved" }, { .name = "notifyd" }, { .name = "mupdate" },
+    { .name = "notifyd" }, { .name = "mupdate" },
     { .name = "proxyd" }, { .name = "lmtpproxyd" },
     { .name = "pop3proxyd" }, { .name = "fud" }, { .name = "idled" },
     { .name = "smmapd" }, { .name = "backupd" }, { .name = "sync_server" },
@@ -125,7 +127,7 @@ static char *compat_found(struct buf *b)
 static char *compat_ours(const char *name)
 {
     static const char *const siblings[] = { "lmtpd", "imapd", "metricsd",
-                                            "tools" };
+                                            "timsieved", "tools" };
     struct buf b = BUF_INITIALIZER;
     char *r = NULL;
     size_t i;
@@ -272,7 +274,9 @@ static void compat_read_opts(const struct compat_program *prog,
             switch (prog->kind) {
             case COMPAT_IMAPD:
             case COMPAT_LMTPD:
-                if (c == (prog->kind == COMPAT_IMAPD ? 's' : 'a'))
+            case COMPAT_TIMSIEVED:
+                if (prog->kind != COMPAT_TIMSIEVED
+                    && c == (prog->kind == COMPAT_IMAPD ? 's' : 'a'))
                     o->flag = 1;
                 else if ((c == 'U' || c == 'T') && arg
                          && compat_number(arg))
@@ -451,7 +455,8 @@ static void compat_entry(const struct master_entry *e, const char *imapdconf,
         const char *args[8];
         size_t n = 0;
         int is_service = prog->kind == COMPAT_IMAPD
-                         || prog->kind == COMPAT_LMTPD;
+                         || prog->kind == COMPAT_LMTPD
+                         || prog->kind == COMPAT_TIMSIEVED;
 
         if (is_service && e->section != MASTER_SECTION_SERVICES) {
             snprintf(r->whybuf, sizeof(r->whybuf), "%s is a service: it "
@@ -474,6 +479,7 @@ static void compat_entry(const struct master_entry *e, const char *imapdconf,
         switch (prog->kind) {
         case COMPAT_IMAPD:
         case COMPAT_LMTPD:
+        case COMPAT_TIMSIEVED:
             if (o.flag) args[n++] = prog->kind == COMPAT_IMAPD ? "-s"
                                                                  : "-a";
             if (o.uses) { args[n++] = "-U"; args[n++] = o.uses; }

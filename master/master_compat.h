@@ -18,6 +18,7 @@
  *                                        OURS/cyr_expire -C CONF [same]
  *   imapd [-s] [-U N] [-T N]             OURS/imapd -C CONF [same]
  *   lmtpd [-a] [-U N] [-T N]             OURS/lmtpd -C CONF [same]
+ *   timsieved [-U N] [-T N]              OURS/timsieved -C CONF [same]
  *
  * AGE: Cyrus's NUMBER with an optional unit d/h/m/s, passed on as
  * written (our cyr_expire reads the same syntax); a malformed one is
@@ -25,7 +26,7 @@
  * (ours is always given), ctl_cyrusdb -x, cyr_expire -A, -a, -v, -x, -p,
  * -u, -t, -c, service -D, -N, -p.  CONF is the master's imapd.conf; OURS is the first
  * directory holding that program of: -S servicedir, the master's own
- * directory, (build tree) its siblings lmtpd/, imapd/, tools/, and the
+ * directory, (build tree) its siblings lmtpd/, imapd/, timsieved/, tools/, and the
  * installed workers' directory (pkglibexecdir, compiled in).
  *
  * What counts as Cyrus's command: the word after the Debian wrapper
@@ -41,10 +42,10 @@
  * warning each, "FILE:LINE: SECTION entry=<NAME> cmd=<CMD> skipped:
  * WHY" (SERVICES: "refused", and no socket is opened):
  * - Cyrus programs with no equivalent here (tls_prune, squatter, idled,
- *   pop3d, nntpd, httpd, timsieved, notifyd, ctl_mboxlist, ...), and
+ *   pop3d, nntpd, httpd, notifyd, ctl_mboxlist, ...), and
  *   ctl_cyrusdb / ctl_deliver / cyr_expire invocations that ask for
  *   nothing we do;
- * - a service program (imapd, lmtpd) outside SERVICES, a tool in
+ * - a service program (imapd, lmtpd, timsieved) outside SERVICES, a tool in
  *   SERVICES or DAEMON;
  * - a mapped program of ours that cannot be found;
  * - SERVICES, EVENTS and DAEMON entries whose program does not exist
@@ -70,7 +71,7 @@ size_t master_compat_apply(struct master_conf *conf, const char *confname,
 /* Our program `name` (a bare name: lmtpd, imapd, metricsd, a tool): its
  * malloc'ed path, looked for in the servicedir and masterdir given to the
  * last master_compat_apply(), the build tree's sibling directories of the
- * master (lmtpd/, imapd/, metricsd/, tools/), then the compiled-in
+ * master (lmtpd/, imapd/, metricsd/, timsieved/, tools/), then the compiled-in
  * libexec directory; NULL when none has it. */
 char *master_compat_find_ours(const char *name);
 

@@ -56,7 +56,8 @@ packages=(
 # tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
 # imtest, cyradm, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
 # smtp-source/smtp-sink), openssl (certificates), strace, gnuplot,
-# prometheus (promtool and a private Prometheus scraping metricsd)
+# prometheus (promtool and a private Prometheus scraping metricsd),
+# sieve-connect (a ManageSieve client for timsieved)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
@@ -64,6 +65,7 @@ test_packages=(
   cyrus-admin
   clang isync swaks libnet-ssleay-perl postfix
   openssl strace gnuplot-nox prometheus
+  sieve-connect
 )
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)

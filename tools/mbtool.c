@@ -45,7 +45,9 @@
 #include "store/seen.h"
 #include "store/store.h"
 #include "store/subs.h"
+#include "store/sievedir.h"
 #include "store/userid.h"
+#include "sieve/sieve.h"
 
 #define MBTOOL_DEFAULT_CONFIG IMAPCONF_DEFAULT_PATH
 #define MBTOOL_EXIT_OK 0
@@ -104,6 +106,14 @@ static void mbtool_usage(FILE *out)
 "  prune DAYS                    drop duplicate records older than DAYS\n"
 "  stage-cleanup [PARTITION]     remove staging files of delivery processes\n"
 "                                that are gone (or older than a day)\n"
+"  sieve list USER               USER's Sieve scripts (the active one\n"
+"                                marked \"active\") and their directory\n"
+"  sieve put USER NAME [FILE]    store FILE (default stdin) as script NAME\n"
+"                                after checking that it compiles\n"
+"  sieve get USER NAME           print script NAME\n"
+"  sieve activate USER NAME      make NAME the active script\n"
+"  sieve deactivate USER         no active script\n"
+"  sieve delete USER NAME        delete script NAME (not the active one)\n"
 "  deliver [-q] [-D] [-m FOLDER] [-M MAILBOX] [-f FILE] [USER...]\n"
 "                                deliver a message (FILE or stdin, LF or\n"
 "                                CRLF lines) to each USER's INBOX (or its\n"
@@ -1222,6 +1232,135 @@ out:
     return ret;
 }
 
+/* ---- sieve: a user's scripts (store/sievedir.h) ------------------------ */
+
+static int mbtool_sieve_fail(const char *what, const char *name, int r)
+{
+    fprintf(stderr, "%s: sieve %s %s: %s%s%s\n", mbtool_progname, what,
+            name ? name : "", sievedir_strerror(r),
+            r == SIEVEDIR_IOERROR ? ": " : "",
+            r == SIEVEDIR_IOERROR ? strerror(errno) : "");
+    return MBTOOL_EXIT_FAIL;
+}
+
+static int mbtool_sieve_read(const char *file, struct buf *out)
+{
+    FILE *f = strcmp(file, "-") == 0 ? stdin : fopen(file, "rb");
+    char chunk[8192];
+    size_t n;
+    int r = 0;
+
+    if (!f) {
+        fprintf(stderr, "%s: %s: %s\n", mbtool_progname, file,
+                strerror(errno));
+        return -1;
+    }
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        if (buf_append(out, chunk, n) < 0) {
+            fprintf(stderr, "%s: %s: too big\n", mbtool_progname, file);
+            r = -1;
+            break;
+        }
+    if (ferror(f)) {
+        fprintf(stderr, "%s: %s: %s\n", mbtool_progname, file,
+                strerror(errno));
+        r = -1;
+    }
+    if (f != stdin)
+        fclose(f);
+    return r;
+}
+
+static int mbtool_sieve(int argc, char **argv)
+{
+    static const char usage[] = "sieve list|put|get|activate|deactivate|"
+                                "delete USER [NAME] [FILE]";
+    struct buf user = BUF_INITIALIZER, dir = BUF_INITIALIZER,
+               text = BUF_INITIALIZER;
+    const char *sub, *why = NULL, *name = argc > 3 ? argv[3] : NULL;
+    int r, ret = MBTOOL_EXIT_OK;
+
+    if (argc < 3)
+        return mbtool_usage_error(usage);
+    sub = argv[1];
+    if ((strcmp(sub, "list") == 0 || strcmp(sub, "deactivate") == 0)
+        ? argc != 3
+        : strcmp(sub, "put") == 0 ? (argc != 4 && argc != 5) : argc != 4)
+        return mbtool_usage_error(usage);
+    if (userid_canon(&mbtool_policy, argv[2], NULL, &user, &why)
+        != STORE_OK) {
+        fprintf(stderr, "%s: invalid user id \"%s\": %s\n",
+                mbtool_progname, argv[2], why ? why : "out of memory");
+        return MBTOOL_EXIT_FAIL;
+    }
+    r = sievedir_user_path(mbtool_conf, buf_cstring(&user), &dir);
+    if (r != SIEVEDIR_OK) {
+        ret = mbtool_sieve_fail("user", buf_cstring(&user), r);
+        goto out;
+    }
+    if (strcmp(sub, "list") == 0) {
+        struct strarray names = STRARRAY_INITIALIZER;
+        struct buf active = BUF_INITIALIZER;
+
+        r = sievedir_list(buf_cstring(&dir), &names, &active);
+        if (r != SIEVEDIR_OK)
+            ret = mbtool_sieve_fail("list", buf_cstring(&dir), r);
+        printf("directory: %s\n", buf_cstring(&dir));
+        for (size_t i = 0; r == SIEVEDIR_OK && i < names.count; i++)
+            printf("%s%s\n", names.data[i],
+                   active.len &&
+                   strcmp(buf_cstring(&active), names.data[i]) == 0
+                   ? " active" : "");
+        strarray_fini(&names);
+        buf_free(&active);
+    } else if (strcmp(sub, "put") == 0) {
+        struct sieve_script *script = NULL;
+        struct buf err = BUF_INITIALIZER;
+
+        if (mbtool_sieve_read(argc == 5 ? argv[4] : "-", &text) != 0) {
+            ret = MBTOOL_EXIT_FAIL;
+            goto out;
+        }
+        r = sieve_compile(text.s ? text.s : "", text.len, NULL, NULL,
+                          &script, &err);
+        sieve_script_free(&script);
+        if (r != SIEVE_OK) {
+            fprintf(stderr, "%s: sieve put %s: %s\n", mbtool_progname,
+                    name, err.len ? buf_cstring(&err) : sieve_strerror(r));
+            buf_free(&err);
+            ret = MBTOOL_EXIT_FAIL;
+            goto out;
+        }
+        buf_free(&err);
+        r = sievedir_put(buf_cstring(&dir), name, text.s ? text.s : "",
+                         text.len);
+        if (r != SIEVEDIR_OK)
+            ret = mbtool_sieve_fail("put", name, r);
+    } else if (strcmp(sub, "get") == 0) {
+        r = sievedir_get(buf_cstring(&dir), name, 0, &text);
+        if (r != SIEVEDIR_OK)
+            ret = mbtool_sieve_fail("get", name, r);
+        else
+            fwrite(text.s ? text.s : "", 1, text.len, stdout);
+    } else if (strcmp(sub, "activate") == 0 ||
+               strcmp(sub, "deactivate") == 0) {
+        r = sievedir_activate(buf_cstring(&dir), name);
+        if (r != SIEVEDIR_OK)
+            ret = mbtool_sieve_fail(sub, name, r);
+    } else if (strcmp(sub, "delete") == 0) {
+        r = sievedir_delete(buf_cstring(&dir), name);
+        if (r != SIEVEDIR_OK)
+            ret = mbtool_sieve_fail("delete", name, r);
+    } else {
+        ret = mbtool_usage_error(usage);
+    }
+out:
+    buf_free(&user);
+    buf_free(&dir);
+    buf_free(&text);
+    return ret;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option mbtool_longopts[] = {
@@ -1331,6 +1470,8 @@ int main(int argc, char **argv)
         ret = mbtool_domains(argc, argv);
     else if (strcmp(cmd, "delete-domain") == 0)
         ret = mbtool_delete_domain(argc, argv);
+    else if (strcmp(cmd, "sieve") == 0)
+        ret = mbtool_sieve(argc, argv);
     else {
         fprintf(stderr, "%s: unknown command \"%s\"\n", mbtool_progname, cmd);
         ret = MBTOOL_EXIT_USAGE;

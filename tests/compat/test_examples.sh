@@ -68,10 +68,12 @@ else
 fi
 lmtpport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 imapport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+sieveport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 # the services as written, but on loopback ports of our own and without
 # imaps (no certificate here)
 sed -e "s|/run/cyrusdeliver|$tmp/run|g" \
     -e "s|listen=\"imap\"|listen=\"127.0.0.1:$imapport\"|" \
+    -e "s|listen=\"sieve\"|listen=\"127.0.0.1:$sieveport\"|" \
     -e "/cmd=\"imapd -s\"/d" \
     "$EX/cyrus.conf" > "$tmp/cyrus.conf"
 out=$("$INFO" -C "$tmp/imapd.conf" -M "$tmp/cyrus.conf" conf-lint 2>&1); rc=$?

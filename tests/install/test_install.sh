@@ -1,7 +1,8 @@
 #!/bin/sh
 # test_install.sh - `make install DESTDIR=...` puts each program where it
 # belongs and the installed programs work from there:
-#   - sbin: master and the admin tools; pkglibexecdir: lmtpd, imapd;
+#   - sbin: master and the admin tools; pkglibexecdir: lmtpd, imapd,
+#     timsieved;
 #     bin: the load and bench tools; man8: every page; nothing else in
 #     bin or sbin;
 #   - the installed master names the compiled-in pkglibexecdir as the
@@ -74,6 +75,7 @@ for f in "$sbindir/master" "$sbindir/mbtool" "$sbindir/cyr_dbtool" \
          "$sbindir/masterstatus" "$sbindir/cyr_hotbackup" "$sbindir/cyr_expire" \
          "$sbindir/sievec" \
          "$libexec/lmtpd" "$libexec/imapd" "$libexec/metricsd" \
+         "$libexec/timsieved" \
          "$bindir/mailbench" "$bindir/dbbench" "$bindir/appendbench" \
          "$bindir/disksync"; do
     if ! [ -f "$dest$f" ] || ! [ -x "$dest$f" ]; then

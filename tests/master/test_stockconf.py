@@ -11,8 +11,9 @@ master in the foreground with its log captured:
   with -C and its log line is there, and the checkpoint event ran ours;
 - START and EVENTS entries of Cyrus programs with no equivalent
   (tls_prune) are skipped with one warning each;
-- SERVICES pop3, nntp, http and sieve are refused with one warning each and
-  nothing listens on their ports;
+- SERVICES pop3, nntp and http are refused with one warning each and
+  nothing listens on their ports; sieve (cmd="timsieved") runs our
+  timsieved, which greets as a ManageSieve server;
 - imap and lmtp work: a message delivered over LMTP (smtplib.LMTP) is read
   over IMAP (imaplib), in the hashed spool Debian's hashimapspool asks for;
 - every unknown imapd.conf key is warned exactly once in the whole log,
@@ -53,7 +54,7 @@ CTL_CYRUSDB = os.path.join(TOP_BUILDDIR, "tools", "ctl_cyrusdb")
 IMAPD = os.path.join(TOP_BUILDDIR, "imapd", "imapd")
 LMTPD = os.path.join(TOP_BUILDDIR, "lmtpd", "lmtpd")
 ALICE, ALICE_PW = "alice", "alice-secret"
-REFUSED = ("pop3", "nntp", "http", "sieve")
+REFUSED = ("pop3", "nntp", "http")
 
 
 def count(pattern, text):
@@ -184,7 +185,7 @@ def run_stock(name, cyrus_path, imapd_path):
     with StockInstance(name) as inst:
         inst.setup(cyrus_text, imapd_text)
         inst.mbtool("create", "user.%s" % ALICE)
-        for svc in ("imap", "lmtpunix") + REFUSED:
+        for svc in ("imap", "lmtpunix", "sieve") + REFUSED:
             check(svc in inst.addrs, "stock cyrus.conf has no %s entry"
                   % svc)
         inst.start()
@@ -219,9 +220,22 @@ def run_stock(name, cyrus_path, imapd_path):
             check(svc not in status, "%s in the status file" % svc)
             check(refused(inst.addrs[svc]), "%s: port %d not refused"
                   % (svc, inst.addrs[svc][1]))
-        for svc in ("imap", "lmtpunix"):
+        for svc in ("imap", "lmtpunix", "sieve"):
             check(svc in status, "%s not in the status file: %s"
                   % (svc, status))
+        check(re.search(r"SERVICES entry=<sieve> cmd=<timsieved> "
+                        r"runs=<\S*/timsieved/timsieved -C " + conf + ">",
+                        log), "sieve not mapped to our timsieved: %s"
+              % log[-2000:])
+        with socket.create_connection(inst.addrs["sieve"], timeout=30) as sc:
+            greet = b""
+            while b"\r\nOK" not in greet:
+                data = sc.recv(4096)
+                check(data, "timsieved closed before its greeting: %r"
+                      % greet)
+                greet += data
+            check(greet.startswith(b'"IMPLEMENTATION" "cyrusdeliver"'),
+                  "sieve greeting: %r" % greet[:300])
 
         # LMTP in, IMAP out (upper case recipient: lmtp_downcase_rcpt)
         msg = make_message(msgid="stock-1@test", subject="stock conf",

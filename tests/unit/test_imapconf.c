@@ -225,6 +225,10 @@ static const struct {
     { "lmtp_max_idle", IMAPCONF_INT, "32" },
     { "lmtp_idle_timeout", IMAPCONF_INT, "10" },
     { "prelogin_timeout", IMAPCONF_INT, "60" },
+    { "sievedir", IMAPCONF_STRING, "" },
+    { "sieve_maxscriptsize", IMAPCONF_INT, "32" },
+    { "sieve_maxscripts", IMAPCONF_INT, "5" },
+    { "sieve_extensions", IMAPCONF_STRING, "" },
     { "timeout", IMAPCONF_INT, "32" },
     { "syslog_prefix", IMAPCONF_STRING, "" },
     { "log_file", IMAPCONF_STRING, "" },
@@ -562,7 +566,7 @@ static void test_foreach_and_known(void **state)
     assert_int_equal(imapconf_is_known("sasl_anything"), 1);
     assert_int_equal(imapconf_is_known("partition-"), 0);
     assert_int_equal(imapconf_is_known("partiton-default"), 0);
-    assert_int_equal(imapconf_is_known("sievedir"), 0);
+    assert_int_equal(imapconf_is_known("sieveusehomedir"), 0);
     assert_int_equal(imapconf_is_known(""), 0);
 }
 

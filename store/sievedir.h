@@ -1,0 +1,131 @@
+/*
+ * sievedir.h - where a user's Sieve scripts live on disk, and the
+ * operations ManageSieve (timsieved) and the admin tool (mbtool sieve)
+ * do on them.  Delivery reads the same layout.
+ *
+ * Layout (as Cyrus's timsieved; SIEVEDIR is imapd.conf's `sievedir`,
+ * default CONFIGDIR/sieve):
+ *
+ *   SIEVEDIR/H/USER/                  a domain-less user "USER"
+ *   SIEVEDIR/domain/DH/DOMAIN/H/USER/ the user "USER@DOMAIN"
+ *
+ * H is the first byte of USER, DH the first byte of DOMAIN, each
+ * lower-cased when it is a letter, else 'q' (Cyrus's dir_hash_c).  USER
+ * is the local part of the internal user id (store/userid.h) as spelled
+ * there ('.' stays '.').
+ *
+ * In a user's directory:
+ *   NAME.script   one script, its text exactly as uploaded
+ *   defaultbc     the active script: a symbolic link whose target is
+ *                 "NAME.script" (relative); absent when none is active
+ *   .*            temporary files of a write in progress (never listed;
+ *                 a script name cannot start with '.')
+ *
+ * Crash safety.  A script is written to a temporary file in the same
+ * directory, fsynced, renamed over NAME.script, and the directory
+ * fsynced: a reader sees the old text or the new, never a part.  The
+ * active link is replaced the same way (new link under a temporary
+ * name, rename over defaultbc).  A rename of the active script links
+ * the new name first, points defaultbc at it, then removes the old
+ * name: at every point defaultbc names an existing file.
+ *
+ * Script names (RFC 5804 section 1.6, narrowed for file names): 1 to
+ * SIEVEDIR_NAME_MAX bytes of UTF-8 without control characters (below
+ * 0x20, 0x7f), '/', and not starting with '.'.
+ *
+ * Return codes: SIEVEDIR_OK (0) or one of the negative SIEVEDIR_* below;
+ * the I/O errors leave errno set.  Library code: nothing is logged.
+ * Several processes may work on one user's directory at once; each
+ * operation is atomic on its own, a sequence of them is not (two
+ * clients renaming at once may each see the other's result).
+ */
+#ifndef STORE_SIEVEDIR_H
+#define STORE_SIEVEDIR_H
+
+#include <stddef.h>
+
+#include "lib/buf.h"
+#include "lib/imapconf.h"
+#include "lib/strarray.h"
+
+#define SIEVEDIR_OK         0
+#define SIEVEDIR_NOTFOUND  -1   /* no such script (or user directory) */
+#define SIEVEDIR_EXISTS    -2   /* the new name of a rename is taken */
+#define SIEVEDIR_ACTIVE    -3   /* delete of the active script */
+#define SIEVEDIR_BADNAME   -4   /* invalid script name or user id */
+#define SIEVEDIR_IOERROR   -5   /* file system error (errno) */
+#define SIEVEDIR_NOMEM     -6
+
+#define SIEVEDIR_NAME_MAX 512          /* bytes of a script name */
+#define SIEVEDIR_ACTIVE_LINK "defaultbc"
+#define SIEVEDIR_SUFFIX ".script"
+
+/* A short constant text for a code. */
+const char *sievedir_strerror(int code);
+
+/* SIEVEDIR: `sievedir`, or CONFIGDIR/sieve when it is empty.  Replaces
+ * out's contents.  SIEVEDIR_OK or SIEVEDIR_NOMEM. */
+int sievedir_root(const struct imapconf *conf, struct buf *out);
+
+/* The directory of internal user id `userid` ("alice",
+ * "alice@example.com"), without a trailing '/', per the layout above.
+ * Replaces out's contents.  SIEVEDIR_OK, SIEVEDIR_BADNAME (empty local
+ * part or domain, '/', a part "." or ".."), SIEVEDIR_NOMEM. */
+int sievedir_user_path(const struct imapconf *conf, const char *userid,
+                       struct buf *out);
+
+/* 1 when name[0..len) is a valid script name, else 0. */
+int sievedir_name_valid(const char *name, size_t len);
+
+/* DIR/NAME.script into out.  SIEVEDIR_OK, SIEVEDIR_BADNAME,
+ * SIEVEDIR_NOMEM. */
+int sievedir_script_path(const char *dir, const char *name,
+                         struct buf *out);
+
+/* The names of the scripts in dir (without ".script"), sorted, appended
+ * to names; the active one's name into active (emptied when none is
+ * active or the link points at no listed script).  A missing directory
+ * is an empty list.  active may be NULL.  SIEVEDIR_OK, SIEVEDIR_IOERROR,
+ * SIEVEDIR_NOMEM. */
+int sievedir_list(const char *dir, struct strarray *names,
+                  struct buf *active);
+
+/* The active script's name into name.  1 when there is one, 0 when not
+ * (no link, or a dangling one), or SIEVEDIR_IOERROR / SIEVEDIR_NOMEM. */
+int sievedir_active(const char *dir, struct buf *name);
+
+/* Script `name`'s text into out (replaced).  SIEVEDIR_OK,
+ * SIEVEDIR_NOTFOUND, SIEVEDIR_BADNAME, SIEVEDIR_IOERROR, SIEVEDIR_NOMEM.
+ * Files larger than max bytes (0: no limit) give SIEVEDIR_IOERROR with
+ * errno EFBIG. */
+int sievedir_get(const char *dir, const char *name, size_t max,
+                 struct buf *out);
+
+/* Store text as script `name` (created or replaced; the directory and
+ * its parents are created, mode 0750).  Durable on SIEVEDIR_OK.
+ * SIEVEDIR_OK, SIEVEDIR_BADNAME, SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
+int sievedir_put(const char *dir, const char *name, const char *text,
+                 size_t len);
+
+/* Make `name` the active script; name NULL or "" deactivates (no error
+ * when none was active).  SIEVEDIR_OK, SIEVEDIR_NOTFOUND,
+ * SIEVEDIR_BADNAME, SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
+int sievedir_activate(const char *dir, const char *name);
+
+/* Remove script `name`.  SIEVEDIR_OK, SIEVEDIR_NOTFOUND, SIEVEDIR_ACTIVE
+ * (it is the active one: deactivate first), SIEVEDIR_BADNAME,
+ * SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
+int sievedir_delete(const char *dir, const char *name);
+
+/* Rename script oldname to newname, keeping it active when it was.
+ * SIEVEDIR_OK, SIEVEDIR_NOTFOUND, SIEVEDIR_EXISTS, SIEVEDIR_BADNAME,
+ * SIEVEDIR_IOERROR, SIEVEDIR_NOMEM.  Renaming a script to its own name
+ * is SIEVEDIR_EXISTS. */
+int sievedir_rename(const char *dir, const char *oldname,
+                    const char *newname);
+
+/* The number of scripts in dir (0 for a missing directory), or
+ * SIEVEDIR_IOERROR. */
+long sievedir_count(const char *dir);
+
+#endif
