@@ -1478,6 +1478,100 @@ static int mbx_recompute(struct mailbox *mb)
     return STORE_OK;
 }
 
+/* Recovery step a's damaged records in front of intact ones, in the
+ * tail [from, from + n) of the file: raw holds the tail's bytes, tail
+ * its decoded records (a damaged one is decoded again and stays uid 0
+ * unless replaced here); first is the first damaged record.
+ *
+ * A power loss leaves the tail as the page cache last wrote back each
+ * 512-byte sector, and a 128-byte record never straddles a sector, so a
+ * record that was ever synced is intact (its old or its new contents).
+ * A damaged record was therefore never synced, nor was anything after it
+ * (a sync round covers the whole file): no record from it on was ever
+ * acknowledged through the index (a journaled one is restored from the
+ * journal, store/journal.c).  But the intact records after it may hold
+ * PENDING reservations whose files verify, and cutting the file at the
+ * damage would throw away the uids they name.  So each damaged record
+ * becomes an ABORTED placeholder with a free uid between its intact
+ * neighbours (its file, a reservation's that never reached the index,
+ * is unlinked), and the intact records stay for step c.  It is refused
+ * (STORE_CORRUPT: reconstruct) when a damaged record is visible, when an
+ * intact record after it is held by a live appender (then the damage is
+ * not a power loss: recovery would have run before that appender), or
+ * when the neighbours leave no uid for it. */
+static int mbx_fill_gaps(struct mailbox *mb, uint32_t from, uint32_t n,
+                         const unsigned char *raw,
+                         struct mailbox_record *tail, uint32_t first)
+{
+    uint32_t i, k, prev = 0, lastgood = UINT32_MAX;
+    int r;
+
+    if (first < mb->slot.visible)
+        goto corrupt;
+    for (i = 0; i < n; i++)
+        if (mbx_rec_decode(raw + (size_t)i * MBX_REC_SIZE, &tail[i]) == 0)
+            lastgood = i;
+        else
+            memset(&tail[i], 0, sizeof(tail[i]));
+    for (i = first - from; i < lastgood; i++) {
+        int held;
+
+        if (tail[i].uid == 0)
+            continue;
+        held = mbx_record_lock_held(mb->fd, from + i);
+        if (held < 0)
+            return STORE_IOERROR;
+        if (held)
+            goto corrupt;
+    }
+    /* the uid before the first damaged record */
+    if (first > from) {
+        prev = tail[first - from - 1].uid;
+    } else if (from > 0) {
+        struct mailbox_record before;
+
+        r = mbx_read_rec(mb, from - 1, &before);
+        if (r)
+            return r;
+        prev = before.uid;
+    }
+    for (i = first - from; i < lastgood; i = k) {
+        uint32_t next;
+
+        if (tail[i].uid != 0) {
+            prev = tail[i].uid;
+            k = i + 1;
+            continue;
+        }
+        for (k = i; k < lastgood && tail[k].uid == 0; k++)
+            ;
+        next = tail[k].uid;
+        if (next <= prev || next - prev - 1 < k - i)
+            goto corrupt;
+        for (; i < k; i++) {
+            struct mailbox_record *rec = &tail[i];
+
+            memset(rec, 0, sizeof(*rec));
+            rec->uid = ++prev;
+            rec->flags = MAILBOX_FLAG_ABORTED;
+            log_warning("mailbox: damaged unsynced record made an aborted "
+                        "placeholder mailbox=<%s> recno=<%u> uid=<%u>",
+                        mb->name, from + i, rec->uid);
+            mbx_unlink_message(mb, rec->uid);
+            r = mbx_write_rec(mb, from + i, rec);
+            if (r)
+                return r;
+        }
+        prev = next;
+        k++;
+    }
+    return mbx_datasync(mb);
+corrupt:
+    log_error("mailbox: damaged record before intact ones mailbox=<%s> "
+              "recno=<%u>", mb->name, first);
+    return STORE_CORRUPT;
+}
+
 /* Run under the exclusive lock, after the header was read. */
 static int mbx_recover(struct mailbox *mb)
 {
@@ -1526,11 +1620,19 @@ static int mbx_recover(struct mailbox *mb)
                 if (bad == UINT32_MAX)
                     bad = from + i;
             } else if (bad != UINT32_MAX) {
-                log_error("mailbox: damaged record before intact ones "
-                          "mailbox=<%s> recno=<%u>", mb->name, bad);
-                r = STORE_CORRUPT;
-                goto out;
+                /* damaged records before intact ones: placeholders */
+                r = mbx_fill_gaps(mb, from, n, raw, tail, bad);
+                if (r)
+                    goto out;
+                bad = UINT32_MAX;
+                break;
             }
+        }
+        if (i < n) {
+            /* the gaps are filled: find a damaged tail after them */
+            for (i = 0; i < n; i++)
+                if (tail[i].uid == 0 && bad == UINT32_MAX)
+                    bad = from + i;
         }
     }
     nvalid = bad == UINT32_MAX ? nfile : bad;

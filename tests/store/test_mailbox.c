@@ -1034,6 +1034,72 @@ static void test_torn_tail(void **state)
     fx_close(&fx);
 }
 
+/* A power loss that wrote back a later record's sector but not an
+ * earlier one's (two dead appenders, neither synced): the damaged record
+ * becomes an aborted placeholder, the intact one after it is verified
+ * and committed, and the mailbox takes deliveries again (before: the
+ * lock failed with STORE_CORRUPT until reconstruct). */
+static void test_torn_gap(void **state)
+{
+    struct fx fx;
+    struct mailbox *mb;
+    struct mailbox_record rec;
+    struct buf path = BUF_INITIALIZER;
+    unsigned char zero[REC_SIZE];
+    char *ip;
+    pid_t pid;
+    int fd;
+
+    fx_open(&fx, state, NULL);
+    create_mb(&fx, TH_D "user.g");
+    mb = open_mb(&fx, TH_D "user.g");
+    append(&fx, mb, 1, 300);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct mailbox *cm = NULL;
+        struct buf m = BUF_INITIALIZER;
+
+        th_child_signals();
+        if (mailbox_open(fx.conf, TH_D "user.g", NULL, &cm) != STORE_OK)
+            _exit(1);
+        make_message(&m, 2, 4000);
+        reserve(&fx, cm, &m, 0);
+        buf_reset(&m);
+        make_message(&m, 3, 5000);
+        reserve(&fx, cm, &m, MAILBOX_FLAG_FLAGGED);
+        _exit(0);   /* no finish */
+    }
+    assert_int_equal(wait_child(pid), 0);
+    ip = index_path(mb);
+    /* uid 2's record never reached the disk */
+    memset(zero, 0, sizeof(zero));
+    fd = open(ip, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, zero, sizeof(zero), HDR_AREA + REC_SIZE * 1),
+                     (ssize_t)sizeof(zero));
+    close(fd);
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE), STORE_OK);
+    assert_int_equal(mailbox_read_record(mb, 1, &rec), STORE_OK);
+    assert_int_equal(rec.uid, 2);
+    assert_true(rec.flags & MAILBOX_FLAG_ABORTED);
+    assert_int_equal(mailbox_read_record(mb, 2, &rec), STORE_OK);
+    assert_int_equal(rec.uid, 3);
+    assert_int_equal(rec.flags, MAILBOX_FLAG_FLAGGED);
+    assert_int_equal(mailbox_get_header(mb)->exists, 2);
+    assert_int_equal(mailbox_get_header(mb)->visible, 3);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    mailbox_message_path(mb, 2, &path);
+    assert_int_equal(access(buf_cstring(&path), F_OK), -1);
+    expect_check_ok(mb);
+    assert_int_equal(append(&fx, mb, 4, 100), 4);
+    expect_check_ok(mb);
+    mailbox_close(&mb);
+    buf_free(&path);
+    free(ip);
+    fx_close(&fx);
+}
+
 /* A reserve whose header write was lost: the record beyond num_records is
  * found by recovery (its appender dead) and committed. */
 static void test_record_beyond_header(void **state)
@@ -1346,6 +1412,7 @@ int main(void)
         { "damaged_slot", test_damaged_slot },
         { "index_lost", test_index_lost },
         { "torn_tail", test_torn_tail },
+        { "torn_gap", test_torn_gap },
         { "record_beyond_header", test_record_beyond_header },
         { "dirty_recompute", test_dirty_recompute },
         { "lost_finish_write", test_lost_finish_write },
