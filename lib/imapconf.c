@@ -241,6 +241,20 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "file the master, lmtpd and imapd append their log lines to "
               "instead of syslog (master -l still means stderr); empty = "
               "syslog, or stderr when nothing listens on /dev/log" },
+    { .name = "sievedir", .type = IMAPCONF_STRING, .def = "",
+      .desc = "directory of the users' Sieve scripts (H/USER/, "
+              "domain/DH/DOMAIN/H/USER/; active one: defaultbc); "
+              "empty = CONFIGDIR/sieve" },
+    { .name = "sendmail", .type = IMAPCONF_STRING,
+      .def = "/usr/sbin/sendmail",
+      .desc = "program that sends Sieve's redirects, vacation replies "
+              "and rejections (sendmail -i -f SENDER -- RCPT)" },
+    { .name = "sieve_maxscriptsize", .type = IMAPCONF_INT, .def = "32",
+      .min = 1, .max = 1048576,
+      .desc = "largest Sieve script run at delivery, in KiB" },
+    { .name = "sieve_extensions", .type = IMAPCONF_STRING, .def = "",
+      .desc = "space-separated Sieve extensions scripts may require; "
+              "empty = every supported one" },
     { .name = "metrics_listen", .type = IMAPCONF_STRING, .def = "",
       .desc = "HOST:PORT ([ADDRESS]:PORT for IPv6) where metricsd serves "
               "Prometheus metrics on /metrics; the master runs metricsd "

@@ -228,6 +228,10 @@ static const struct {
     { "timeout", IMAPCONF_INT, "32" },
     { "syslog_prefix", IMAPCONF_STRING, "" },
     { "log_file", IMAPCONF_STRING, "" },
+    { "sievedir", IMAPCONF_STRING, "" },
+    { "sendmail", IMAPCONF_STRING, "/usr/sbin/sendmail" },
+    { "sieve_maxscriptsize", IMAPCONF_INT, "32" },
+    { "sieve_extensions", IMAPCONF_STRING, "" },
     { "metrics_listen", IMAPCONF_STRING, "" },
 };
 #define NEXPECTED (sizeof(expected_keys) / sizeof(expected_keys[0]))
@@ -551,7 +555,7 @@ static void test_foreach_and_known(void **state)
     assert_int_equal(imapconf_is_known("sasl_anything"), 1);
     assert_int_equal(imapconf_is_known("partition-"), 0);
     assert_int_equal(imapconf_is_known("partiton-default"), 0);
-    assert_int_equal(imapconf_is_known("sievedir"), 0);
+    assert_int_equal(imapconf_is_known("sievedirectory"), 0);
     assert_int_equal(imapconf_is_known(""), 0);
 }
 
