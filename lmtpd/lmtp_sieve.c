@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,15 +442,25 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
         return -1;
     }
     if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
+        int devnull = open("/dev/null", O_WRONLY), fd;
+        long maxfd = sysconf(_SC_OPEN_MAX);
 
-        dup2(pfd[0], 0);
+        if (pfd[0] != 0) {
+            dup2(pfd[0], 0);
+            close(pfd[0]);
+        }
+        close(pfd[1]);
         if (devnull >= 0) {
             dup2(devnull, 1);
             close(devnull);
         }
-        close(pfd[0]);
-        close(pfd[1]);
+        /* no listening socket or client connection goes with it */
+        if (maxfd < 0 || maxfd > 65536)
+            maxfd = 65536;
+        if (close_range(3, ~0U, 0) != 0)
+            for (fd = 3; fd < maxfd; fd++)
+                close(fd);
+        signal(SIGPIPE, SIG_DFL);
         execl(prog, "sendmail", "-i", "-f", from, "--", to, (char *)NULL);
         _exit(127);
     }

@@ -44,6 +44,7 @@ _seq = [0]
 FAKE_SENDMAIL = r"""#!/bin/sh
 # the test's sendmail: arguments and input appended to OUT
 OUT=%(out)s
+ls -l /proc/$$/fd >> "$OUT.fds" 2>&1
 {
   echo "==== ARGV: $*"
   cat
@@ -73,9 +74,10 @@ class SieveInstance(Instance):
             f.write(FAKE_SENDMAIL % {"out": self.mail_out,
                                      "fail": self.fail_file})
         os.chmod(fake, 0o755)
-        open(self.mail_out, "w").close()
-        chown_run_as(self.mail_out)
-        os.chmod(self.mail_out, 0o666)
+        for p in (self.mail_out, self.mail_out + ".fds"):
+            open(p, "w").close()
+            chown_run_as(p)
+            os.chmod(p, 0o666)
         extra = {"sievedir": self.sievedir, "sendmail": fake}
         extra.update(conf or {})
         self.write_imapd_conf(extra)
@@ -223,6 +225,9 @@ def test_redirect_and_loops():
               and b"Subject: fwd me" in body,
               "redirected message: %r" % body[:300])
         check(len(inst.messages("user.bob")) == 0, "redirect kept a copy")
+        with open(inst.mail_out + ".fds") as f:
+            fds = f.read()
+        check("socket:" not in fds, "sendmail inherited sockets: %s" % fds)
         # the same message again (the MTA retried): not sent twice
         per = send(inst, ["bob@test.example"], msg)
         check(per[0].code == 250 and len(inst.sent()) == 1,
