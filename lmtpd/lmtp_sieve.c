@@ -14,7 +14,9 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -417,17 +419,75 @@ static int lmtp_sieve_cb_environment(void *rock, const char *name,
 
 /* ---- sendmail ----------------------------------------------------------- */
 
-/* Run `sendmail -i -f FROM -- TO` with head then body on stdin.  0 when
- * it exited 0, else -1 (logged). */
+/* Milliseconds left until deadline (monotonic, ms), at least 0. */
+static long lmtp_sieve_left(uint64_t deadline)
+{
+    struct timespec ts;
+    uint64_t now;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    return now >= deadline ? 0 : (long)(deadline - now);
+}
+
+/* Write all of (p, len) to the non-blocking fd before the deadline.
+ * 0, or -1 (an error, or the deadline passed: *late_r = 1). */
+static int lmtp_sieve_write(int fd, const char *p, size_t len,
+                            uint64_t deadline, int *late_r)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        struct pollfd pfd;
+        long left;
+
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return -1;
+        left = lmtp_sieve_left(deadline);
+        if (left == 0) {
+            *late_r = 1;
+            return -1;
+        }
+        pfd.fd = fd;
+        pfd.events = POLLOUT;
+        pfd.revents = 0;
+        if (poll(&pfd, 1, (int)(left > 1000 ? 1000 : left)) < 0 &&
+            errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
+/* Run `sendmail -i -f FROM -- TO` with head then body on stdin, within
+ * lmtp_timeout seconds (then it is killed, with its process group).  0
+ * when it exited 0, else -1 (logged). */
 static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
                                const char *to, const char *head,
                                size_t headlen, const char *body,
                                size_t bodylen)
 {
     const char *prog = imapconf_getstring(ls->conf, "sendmail");
-    int pfd[2], status, ok = 1;
+    long timeout = imapconf_getint(ls->conf, "lmtp_timeout");
+    int pfd[2], status = -1, ok = 1, late = 0;
+    uint64_t deadline;
     pid_t pid;
 
+    if (timeout <= 0)
+        timeout = 300;
+    deadline = 0;
+    {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        deadline = (uint64_t)ts.tv_sec * 1000 +
+                   (uint64_t)ts.tv_nsec / 1000000 + (uint64_t)timeout * 1000;
+    }
     if (pipe(pfd) != 0) {
         log_error("lmtp: sieve cannot run sendmail error=<%s>",
                   strerror(errno));
@@ -445,6 +505,7 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
         int devnull = open("/dev/null", O_WRONLY), fd;
         long maxfd = sysconf(_SC_OPEN_MAX);
 
+        setpgid(0, 0);
         if (pfd[0] != 0) {
             dup2(pfd[0], 0);
             close(pfd[0]);
@@ -464,23 +525,45 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
         execl(prog, "sendmail", "-i", "-f", from, "--", to, (char *)NULL);
         _exit(127);
     }
+    setpgid(pid, pid);
     close(pfd[0]);
-    if ((headlen && fs_write_all(pfd[1], head, headlen) != 0) ||
-        (bodylen && fs_write_all(pfd[1], body, bodylen) != 0))
+    if (fcntl(pfd[1], F_SETFL, O_NONBLOCK) != 0 ||
+        (headlen && lmtp_sieve_write(pfd[1], head, headlen, deadline,
+                                     &late) != 0) ||
+        (bodylen && lmtp_sieve_write(pfd[1], body, bodylen, deadline,
+                                     &late) != 0))
         ok = 0;
     close(pfd[1]);
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
+    for (;;) {
+        pid_t w = late ? 0 : waitpid(pid, &status, WNOHANG);
+
+        if (w == pid)
+            break;
+        if (w < 0 && errno != EINTR) {
             status = -1;
             break;
+        }
+        if (late || lmtp_sieve_left(deadline) == 0) {
+            late = 1;
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            status = -1;
+            break;
+        }
+        {
+            struct timespec nap = { 0, 5 * 1000000L };
+            nanosleep(&nap, NULL);
         }
     }
     if (!ok || status == -1 || !WIFEXITED(status) ||
         WEXITSTATUS(status) != 0) {
         log_error("lmtp: sieve sendmail failed program=<%s> to=<%s> "
-                  "status=<%d>", prog, to,
+                  "status=<%d>%s", prog, to,
                   status != -1 && WIFEXITED(status) ? WEXITSTATUS(status)
-                                                    : -1);
+                                                    : -1,
+                  late ? " reason=<timeout>" : "");
         return -1;
     }
     return 0;

@@ -50,6 +50,7 @@ ls -l /proc/$$/fd >> "$OUT.fds" 2>&1
   cat
   echo "==== END"
 } >> "$OUT"
+if [ -f %(fail)s.slow ]; then sleep 90; fi
 if [ -f %(fail)s ]; then exit 75; fi
 exit 0
 """
@@ -255,6 +256,27 @@ def test_redirect_and_loops():
         check(per[0].code == 250, "retry: %r" % per)
         check(len(inst.messages("user.bob")) == 1, ":copy not kept")
         check(len(inst.sent()) == n + 1, "retry not redirected")
+
+
+def test_sendmail_timeout():
+    """A sendmail that hangs is killed after lmtp_timeout: the recipient
+    gets 451 in time, nothing is stored, the worker goes on."""
+    with SieveInstance("sv-slow", conf={"lmtp_timeout": "10"}) as inst:
+        inst.script("bob", 'require "copy";\n'
+                    'redirect :copy "elsewhere@example.net";\n')
+        inst.start()
+        open(inst.fail_file + ".slow", "w").close()
+        t0 = time.time()
+        per = send(inst, ["bob@test.example"], make_message(msgid()))
+        took = time.time() - t0
+        check(per[0].code == 451, "hung sendmail answered %r" % per)
+        check(took < 40, "451 after %.1f s" % took)
+        check(len(inst.messages("user.bob")) == 0, "stored with 451")
+        check("reason=<timeout>" in inst.log(), "timeout not logged")
+        os.unlink(inst.fail_file + ".slow")
+        per = send(inst, ["bob@test.example"], make_message(msgid()))
+        check(per[0].code == 250 and len(inst.messages("user.bob")) == 1,
+              "after the timeout: %r" % per)
 
 
 VACATION = '''require "vacation";
@@ -530,6 +552,7 @@ def test_crash_during_sieve_deliveries():
 TESTS = [
     test_fileinto_flags_create_discard,
     test_redirect_and_loops,
+    test_sendmail_timeout,
     test_vacation,
     test_reject_ereject,
     test_three_users_own_scripts,
