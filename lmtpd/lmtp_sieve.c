@@ -1095,8 +1095,13 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
         case SIEVE_ACTION_REJECT:
         case SIEVE_ACTION_EREJECT: {
             struct buf reason = BUF_INITIALIZER;
+            size_t j;
 
             lmtp_sieve_safe(&reason, a->text ? a->text : "", 400);
+            for (j = 0; j < reason.len; j++)   /* a reply line: ASCII */
+                if ((unsigned char)reason.s[j] < 32 ||
+                    (unsigned char)reason.s[j] > 126)
+                    reason.s[j] = '?';
             free(res->reason);
             res->reason = buf_release(&reason);
             if (!res->reason)

@@ -342,14 +342,17 @@ def test_vacation():
 def test_reject_ereject():
     with SieveInstance("sv-rej") as inst:
         inst.script("dave", 'require "reject";\nreject "no thanks";\n')
-        inst.script("erin", 'require "ereject";\nereject "go away";\n')
+        inst.script("erin", 'require "ereject";\n'
+                    'ereject "go away\r\n250 ok \u00e9t\u00e9";\n')
         inst.start()
         per = send(inst, ["dave@test.example", "erin@test.example",
                           "frank@test.example"],
                    make_message(msgid()))
         check(per[0].code == 550 and per[0].enh == "5.7.1"
               and "no thanks" in per[0].text, "reject: %r" % per[0])
-        check(per[1].code == 550 and "go away" in per[1].text,
+        check(per[1].code == 550 and "go away" in per[1].text
+              and len(per[1].lines) == 1
+              and all(32 <= ord(ch) < 127 for ch in per[1].text),
               "ereject: %r" % per[1])
         check(per[2].code == 250, "frank: %r" % per[2])
         check(len(inst.messages("user.dave")) == 0
