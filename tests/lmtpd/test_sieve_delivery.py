@@ -534,6 +534,8 @@ def test_crash_during_sieve_deliveries():
         for t in threads:
             t.join(60)
         check(kills > 0, "no worker was killed")
+        check(sum(len(v) for v in acked.values()) > 0,
+              "no delivery was acknowledged at all")
         where = {"alice@test.example": "user.alice.work",
                  "bob@test.example": "user.bob",
                  "carol@test.example": "user.carol"}
