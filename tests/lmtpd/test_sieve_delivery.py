@@ -258,6 +258,34 @@ def test_redirect_and_loops():
         check(len(inst.sent()) == n + 1, "retry not redirected")
 
 
+def test_tests_see_message():
+    """subaddress on the envelope, body (read from the staged file),
+    environment and mailboxexists."""
+    with SieveInstance("sv-tests") as inst:
+        inst.create("user.frank.exists")
+        inst.script("frank", 'require ["fileinto", "body", "subaddress", '
+                    '"envelope", "environment", "mailbox"];\n'
+                    'if envelope :detail "to" "lists" '
+                    '{ fileinto :create "INBOX.lists"; }\n'
+                    'elsif body :text :contains "secret-word" '
+                    '{ fileinto :create "INBOX.body"; }\n'
+                    'elsif allof (environment :is "host" "test.example", '
+                    'environment :is "name" "cyrusdeliver", '
+                    'environment :is "phase" "during", '
+                    'mailboxexists "INBOX.exists") '
+                    '{ fileinto "INBOX.exists"; }\n')
+        inst.start()
+        send(inst, ["frank+lists@test.example"], make_message(msgid()))
+        send(inst, ["frank@test.example"],
+             make_message(msgid(), body=b"a\r\nthe secret-word here\r\n"))
+        send(inst, ["frank@test.example"], make_message(msgid()))
+        for box in ("user.frank.lists", "user.frank.body",
+                    "user.frank.exists"):
+            check(len(inst.messages(box)) == 1, "%s: %d messages"
+                  % (box, len(inst.messages(box))))
+        check(len(inst.messages("user.frank")) == 0, "INBOX got one")
+
+
 def test_sendmail_timeout():
     """A sendmail that hangs is killed after lmtp_timeout: the recipient
     gets 451 in time, nothing is stored, the worker goes on."""
@@ -557,6 +585,7 @@ def test_crash_during_sieve_deliveries():
 TESTS = [
     test_fileinto_flags_create_discard,
     test_redirect_and_loops,
+    test_tests_see_message,
     test_sendmail_timeout,
     test_vacation,
     test_reject_ereject,
