@@ -5,7 +5,7 @@
  * For a recipient whose mailbox is a user's (INBOX or a +detail folder),
  * the active script (store/sievedir.h: SIEVEDIR/.../USER/defaultbc) is
  * compiled once per process and cached by the script file's (device,
- * inode, size, mtime), LRU_bounded to LMTP_SIEVE_CACHE entries; it runs
+ * inode, size, mtime), LRU-bounded to LMTP_SIEVE_CACHE entries; it runs
  * against the staged message with that recipient's envelope.  The
  * result is turned into:
  *   - local targets (keep, fileinto: mailbox, system flags, keywords)
