@@ -22,6 +22,8 @@
 #               stage     ours: stage_dirs 1 vs 16, 40 and 100 connections
 #               nosync    ours: spool_sync group/file/off on disk, off on tmpfs
 #               tool      mailbench vs smtp-source -L against smtp-sink -L
+#               sieve     ours: no script, a 20-rule filing script, vacation
+#                         (every user; 40 connections; Cyrus not measured)
 #   -q        quick: 200 users, 400 messages (big: 2,000), 1 run, short disk
 #             test; output under DIR/mailbench-quick unless -o is given
 #   -b DIR    our build directory (default $BENCH_BUILD, else ./build)
@@ -52,7 +54,7 @@ users_env=${BENCH_USERS:-}
 runs=
 servers="ours cyrus dovecot"
 concs="1 10 20 40 100"
-all_exps="disk conc rcpt10 big mixed backends prefork stage nosync tool"
+all_exps="disk conc rcpt10 big mixed backends prefork stage nosync tool sieve"
 exps=$all_exps
 quick=no
 base=/var/tmp
@@ -369,6 +371,9 @@ variant_table("backends", "Ours: database backends (40 connections)",
               "`duplicate_db` with `mboxlist_db` at its default.")
 variant_table("prefork", "Ours: lmtpunix prefork / maxchild")
 variant_table("stage", "Ours: staging directories (stage_dirs)")
+variant_table("sieve", "Ours: Sieve at delivery (40 connections)",
+              "Every user with the script; vacation replies go to a sendmail "
+              "that drops them.  Cyrus's Sieve is not measured here.")
 variant_table("nosync", "Ours: spool_sync (durability) on disk and on tmpfs",
               "`off` = no sync at all (UNSAFE, the ceiling); on tmpfs only the "
               "partition (messages, indexes) is in memory, the databases stay "
@@ -704,6 +709,12 @@ if has_server ours; then
         v=("stage_dirs=16 (default)|ours-default|" "stage_dirs=1|ours-stage1|stage_dirs=1")
         ours_runs stage 40 "${v[@]}"
         ours_runs stage 100 "${v[@]}"
+    fi
+    if has sieve; then
+        v=("no script|ours-default|"
+           "20-rule filing script|ours-sieve-filing|sieve=filing"
+           "vacation|ours-sieve-vacation|sieve=vacation")
+        ours_runs sieve 40 "${v[@]}"
     fi
     if has nosync; then
         tmpfs_dir=$(mktemp -d /dev/shm/mailbench-spool.XXXXXX)

@@ -213,7 +213,7 @@ srv_setup_ours() {   # DIR KEY=VALUE...
     for p in master/master lmtpd/lmtpd imapd/imapd tools/mbtool; do
         [[ -x $b/$p ]] || { srv_die "missing $b/$p (build first, or set BENCH_BUILD)"; return 1; }
     done
-    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition" "$@" || return 1
+    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve" "$@" || return 1
     local prefork=${srv_kv[prefork]:-5} maxchild=${srv_kv[maxchild]:-20}
     local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
     local partition=$d/spool
@@ -232,8 +232,15 @@ srv_setup_ours() {   # DIR KEY=VALUE...
         echo "sasl_sasldb_path: $d/sasldb2"
         echo "sasl_mech_list: PLAIN LOGIN"
         [[ $(id -u) -eq 0 && -z $OWNER ]] && echo "cyrus_user: root"
+        if [[ -n ${srv_kv[sieve]:-} ]]; then
+            echo "sievedir: $d/sieve"
+            echo "sendmail: $d/sendmail"
+        fi
         ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}"
     } > "$d/imapd.conf"
+    if [[ -n ${srv_kv[sieve]:-} ]]; then
+        srv_sieve_scripts "$d" "${srv_kv[sieve]}" || return 1
+    fi
     local lport iport
     lport=$(srv_free_port) iport=$(srv_free_port)
     cat > "$d/cyrus.conf" <<EOF
@@ -268,6 +275,37 @@ EOF
     local n
     n=$(srv_as_owner "$b/tools/mbtool" -C "$d/imapd.conf" list 'user.*' | wc -l)
     [[ $n -eq $BENCH_USERS ]] || { srv_die "ours: $n of $BENCH_USERS mailboxes created"; return 1; }
+}
+
+# Every user's active Sieve script of KIND (filing: 20 rules, none of
+# which matches the load's messages, so each is evaluated and the mail
+# kept; vacation: an auto-reply, through DIR/sendmail, which reads the
+# message and drops it), in the layout lmtpd reads (SIEVEDIR/H/USER).
+srv_sieve_scripts() {   # DIR KIND
+    local d=$1 kind=$2 text u i
+    case $kind in
+    filing)
+        text='require ["fileinto", "imap4flags"];'$'\n'
+        for ((i = 1; i <= 20; i++)); do
+            if ((i % 2)); then
+                text+="if header :contains \"subject\" \"topic-$i\" { fileinto \"INBOX\"; stop; }"$'\n'
+            else
+                text+="if address :is \"from\" \"list-$i@lists.example\" { addflag \"\\\\Flagged\"; }"$'\n'
+            fi
+        done ;;
+    vacation)
+        text='require "vacation";'$'\n''vacation :days 1 :subject "away" "I am away.";'$'\n' ;;
+    *) srv_die "sieve=$kind: filing or vacation"; return 1 ;;
+    esac
+    printf '#!/bin/sh\ncat >/dev/null\nexit 0\n' > "$d/sendmail"
+    chmod 755 "$d/sendmail"
+    srv_users | while read -r u; do
+        mkdir -p "$d/sieve/${u:0:1}/$u"
+        printf '%s' "$text" > "$d/sieve/${u:0:1}/$u/bench.script"
+        ln -s bench.script "$d/sieve/${u:0:1}/$u/defaultbc"
+    done
+    [[ -n $OWNER ]] && chown -R "$OWNER:$(id -gn "$OWNER")" "$d/sieve"
+    return 0
 }
 
 srv_start_ours() {   # DIR

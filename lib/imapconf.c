@@ -283,6 +283,10 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "the autocreated folder made \\All" },
     { .name = "xlist-flagged", .type = IMAPCONF_STRING, .def = "",
       .desc = "the autocreated folder made \\Flagged" },
+    { .name = "sendmail", .type = IMAPCONF_STRING,
+      .def = "/usr/sbin/sendmail",
+      .desc = "program that sends Sieve's redirects, vacation replies "
+              "and rejections (sendmail -i -f SENDER -- RCPT)" },
     { .name = "metrics_listen", .type = IMAPCONF_STRING, .def = "",
       .desc = "HOST:PORT ([ADDRESS]:PORT for IPv6) where metricsd serves "
               "Prometheus metrics on /metrics; the master runs metricsd "

@@ -61,6 +61,7 @@
 #include "lib/saslserver.h"
 #include "lib/service.h"
 #include "lmtpd/lmtp.h"
+#include "lmtpd/lmtp_sieve.h"
 #include "lmtpd/rcpt.h"
 #include "lmtpd/received.h"
 #include "store/append.h"
@@ -93,6 +94,7 @@ struct lmtp_server {
     const struct imapconf *conf;
     struct deliver_ctx *dctx;
     struct rcpt_ctx *rctx;
+    struct lmtp_sieve *sieve;   /* users' Sieve scripts (with dctx) */
     struct tls_server *tls;
     int sasl_ok;
     char servername[256];
@@ -137,6 +139,7 @@ struct lmtp_msg {
 
 struct lmtp_rcpt {
     char *mailbox;              /* internal name */
+    char *reply;                /* a Sieve reject's reply, or NULL */
     char *addr;                 /* as the client wrote it, for logs */
     uint64_t rcpt_us;           /* when RCPT was accepted (metrics) */
 };
@@ -177,6 +180,9 @@ static int lmtp_server_dbs(struct lmtp_server *srv)
         r = deliver_ctx_new(srv->conf, &srv->dctx);
     if (r == STORE_OK && !srv->rctx)
         r = rcpt_ctx_new(srv->conf, &srv->rctx);
+    if (r == STORE_OK && !srv->sieve &&
+        lmtp_sieve_new(srv->conf, srv->dctx, &srv->sieve) != 0)
+        r = STORE_NOMEM;
     if (r != STORE_OK) {
         if (!srv->db_failed)
             log_error("lmtp: cannot open the mailbox list error=<%s>; "
@@ -259,6 +265,7 @@ void lmtp_server_free(struct lmtp_server **srvp)
     if (!srv)
         return;
     rcpt_ctx_free(&srv->rctx);
+    lmtp_sieve_free(&srv->sieve);
     deliver_ctx_free(&srv->dctx);
     free(srv);
     *srvp = NULL;
@@ -454,6 +461,7 @@ static void lmtp_txn_reset(struct lmtp_session *s)
     for (i = 0; i < s->nrcpts; i++) {
         free(s->rcpts[i].mailbox);
         free(s->rcpts[i].addr);
+        free(s->rcpts[i].reply);
     }
     free(s->rcpts);
     s->rcpts = NULL;
@@ -833,6 +841,125 @@ static int lmtp_msg_begin(struct lmtp_session *s)
     return STORE_OK;
 }
 
+/* A recipient's result that is a Sieve reject (its reply text is in
+ * lmtp_rcpt.reply); never a store code. */
+#define LMTP_RESULT_REJECT (-100)
+
+/* Run every recipient's Sieve script, then store the message in every
+ * mailbox the recipients and their scripts chose, in ONE
+ * deliver_message() call (one append transaction, one durable commit),
+ * and fill dr[i] (one per recipient) with each recipient's outcome: the
+ * first failure among its mailboxes, duplicate when every mailbox had
+ * it, LMTP_RESULT_REJECT for a Sieve reject, STORE_IOERROR (451) for a
+ * temporary Sieve failure. */
+static void lmtp_deliver_all(struct lmtp_session *s, const char *msgid,
+                             struct deliver_rcpt *dr)
+{
+    struct lmtp_server *srv = s->srv;
+    struct lmtp_sieve_msg sm;
+    struct lmtp_sieve_result *sr;
+    struct deliver_rcpt *all = NULL;
+    size_t *owner = NULL, i, j, n = 0, total = 0;
+
+    memset(&sm, 0, sizeof(sm));
+    sm.sender = buf_cstring(&s->sender);
+    sm.st = s->msg.st;
+    sm.msgid = msgid;
+    sm.servername = srv->servername;
+    sr = calloc(s->nrcpts, sizeof(*sr));
+    if (!sr) {
+        for (i = 0; i < s->nrcpts; i++)
+            dr[i] = (struct deliver_rcpt){ .mailbox = s->rcpts[i].mailbox,
+                                           .result = STORE_NOMEM };
+        return;
+    }
+    for (i = 0; i < s->nrcpts; i++) {
+        lmtp_sieve_run(srv->sieve, &sm, s->rcpts[i].addr,
+                       s->rcpts[i].mailbox, &sr[i]);
+        if (sr[i].outcome == LMTP_SIEVE_NONE)
+            total++;
+        else if (sr[i].outcome == LMTP_SIEVE_DONE)
+            total += sr[i].ntargets;
+    }
+    all = calloc(total ? total : 1, sizeof(*all));
+    owner = calloc(total ? total : 1, sizeof(*owner));
+    if (!all || !owner) {
+        for (i = 0; i < s->nrcpts; i++)
+            dr[i] = (struct deliver_rcpt){ .mailbox = s->rcpts[i].mailbox,
+                                           .result = STORE_NOMEM };
+        goto out;
+    }
+    for (i = 0; i < s->nrcpts; i++) {
+        if (sr[i].outcome == LMTP_SIEVE_NONE) {
+            all[n].mailbox = s->rcpts[i].mailbox;
+            owner[n++] = i;
+        } else if (sr[i].outcome == LMTP_SIEVE_DONE) {
+            for (j = 0; j < sr[i].ntargets; j++) {
+                struct lmtp_sieve_target *t = &sr[i].targets[j];
+
+                all[n].mailbox = t->mailbox;
+                all[n].sysflags = t->sysflags;
+                all[n].keywords = (const char *const *)t->keywords.data;
+                all[n].nkeywords = t->keywords.count;
+                owner[n++] = i;
+            }
+        }
+    }
+    if (n)
+        deliver_message(srv->dctx, s->msg.st, msgid,
+                        msgid ? strlen(msgid) : 0, all, n, 0);
+    for (i = 0; i < s->nrcpts; i++) {
+        struct deliver_rcpt *d = &dr[i];
+        int first = 1;
+
+        *d = (struct deliver_rcpt){ .mailbox = s->rcpts[i].mailbox,
+                                    .result = STORE_OK };
+        if (sr[i].outcome == LMTP_SIEVE_TEMPFAIL) {
+            d->result = STORE_IOERROR;
+            continue;
+        }
+        if (sr[i].outcome == LMTP_SIEVE_REJECT) {
+            struct buf reply = BUF_INITIALIZER;
+
+            buf_printf(&reply, "550 5.7.1 %s",
+                       sr[i].reason && *sr[i].reason ? sr[i].reason
+                                                     : "Message rejected");
+            free(s->rcpts[i].reply);
+            s->rcpts[i].reply = buf_release(&reply);
+            d->result = s->rcpts[i].reply ? LMTP_RESULT_REJECT
+                                          : STORE_NOMEM;
+            continue;
+        }
+        for (j = 0; j < n; j++) {
+            if (owner[j] != i)
+                continue;
+            if (sr[i].outcome == LMTP_SIEVE_DONE &&
+                all[j].result == STORE_NOTFOUND)
+                all[j].result = STORE_IOERROR;   /* a folder vanished */
+            if (first) {
+                d->mailbox = all[j].mailbox == s->rcpts[i].mailbox
+                                 ? s->rcpts[i].mailbox : d->mailbox;
+                d->uid = all[j].uid;
+                d->duplicate = all[j].duplicate;
+                first = 0;
+            } else {
+                d->duplicate = d->duplicate && all[j].duplicate;
+            }
+            if (all[j].result != STORE_OK && d->result == STORE_OK)
+                d->result = all[j].result;
+        }
+        if (d->result == STORE_OK && sr[i].outcome == LMTP_SIEVE_DONE)
+            lmtp_sieve_commit(srv->sieve, &sr[i]);
+    }
+out:
+    for (i = 0; i < s->nrcpts; i++)
+        lmtp_sieve_result_fini(&sr[i]);
+    free(sr);
+    free(all);
+    free(owner);
+    lmtp_sieve_msg_fini(&sm);
+}
+
 /* The message is complete: deliver it and answer per recipient, in RCPT
  * order.  The transaction is reset afterwards. */
 static void lmtp_msg_finish(struct lmtp_session *s)
@@ -868,12 +995,11 @@ static void lmtp_msg_finish(struct lmtp_session *s)
     received_queue_id(m->hdr.s ? m->hdr.s : "", m->hdr.len, qid,
                       sizeof(qid));
     if (!fixed) {
-        for (i = 0; i < s->nrcpts; i++)
-            dr[i].mailbox = s->rcpts[i].mailbox;
-        deliver_message(srv->dctx, m->st, msgid.len ? msgid.s : NULL,
-                        msgid.len, dr, s->nrcpts, 0);
+        lmtp_deliver_all(s, msgid.len ? buf_cstring(&msgid) : NULL, dr);
         for (i = 0; i < s->nrcpts; i++) {
-            const char *reply = lmtp_store_reply(srv, dr[i].result);
+            const char *reply = dr[i].result == LMTP_RESULT_REJECT
+                                    ? s->rcpts[i].reply
+                                    : lmtp_store_reply(srv, dr[i].result);
 
             lmtp_reply(s, reply);
             metrics_lmtp_final(reply, s->rcpts[i].rcpt_us, m->size);
@@ -882,6 +1008,8 @@ static void lmtp_msg_finish(struct lmtp_session *s)
                               ? dr[i].uid : 0,
                           &m->size, reply, dr[i].duplicate,
                           s->rcpts[i].rcpt_us);
+            if (dr[i].result == LMTP_RESULT_REJECT)
+                dr[i].result = STORE_PERMISSION;   /* counted as failed */
             if (dr[i].result != STORE_OK) {
                 failed++;
             } else if (dr[i].duplicate) {
@@ -1220,6 +1348,7 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
         s->rcpts = nr;
         s->arcpts = na;
     }
+    s->rcpts[s->nrcpts].reply = NULL;
     s->rcpts[s->nrcpts].mailbox = buf_release(&mailbox);
     s->rcpts[s->nrcpts].addr = strdup(buf_cstring(&path.addr));
     if (!s->rcpts[s->nrcpts].mailbox || !s->rcpts[s->nrcpts].addr) {

@@ -483,6 +483,11 @@ const struct mailbox_msginfo *append_stage_info(const struct append_stage *st)
     return &st->info;
 }
 
+const char *append_stage_path(const struct append_stage *st)
+{
+    return st->nparts ? st->parts[0].path : NULL;
+}
+
 void append_stage_free(struct append_stage **stp)
 {
     struct append_stage *st = *stp;

@@ -77,6 +77,10 @@ int append_stage_close(struct append_stage *st);
 /* Size, header size and digest; meaningful after a successful
  * append_stage_close() (zeros before).  Owned by the stage. */
 const struct mailbox_msginfo *append_stage_info(const struct append_stage *st);
+/* The path of the staging file (owned by the stage; NULL when none), for
+ * readers of the closed message (lmtpd's Sieve body test).  Read it, never
+ * write it. */
+const char *append_stage_path(const struct append_stage *st);
 /* A closed stage for a message already in the store (IMAP COPY): the
  * message file `msgpath` is hard-linked into the staging directory of
  * `partition` (NULL = defaultpartition) instead of being copied, and

@@ -133,6 +133,19 @@ static int deliver_dup_open(struct deliver_ctx *ctx)
     return duplicate_open(ctx->conf, &ctx->dup);
 }
 
+struct mboxlist *deliver_mboxlist(struct deliver_ctx *ctx)
+{
+    return ctx->ml;
+}
+
+int deliver_duplicate_db(struct deliver_ctx *ctx, struct duplicate_db **d_r)
+{
+    int r = deliver_dup_open(ctx);
+
+    *d_r = r == STORE_OK ? ctx->dup : NULL;
+    return r;
+}
+
 int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
                     const char *msgid, size_t msgidlen,
                     struct deliver_rcpt *rcpts, size_t nrcpts, int flags)
@@ -200,7 +213,13 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
             rc->result = r;
             continue;
         }
-        r = append_add(txn, mb, st, (int64_t)now, 0, aflags, &rc->uid);
+        if (rc->nkeywords)
+            r = append_add_keywords(txn, mb, st, (int64_t)now,
+                                    rc->sysflags, rc->keywords,
+                                    rc->nkeywords, aflags, &rc->uid);
+        else
+            r = append_add(txn, mb, st, (int64_t)now, rc->sysflags, aflags,
+                           &rc->uid);
         if (r) {
             rc->result = r;
             continue;
@@ -248,8 +267,9 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
     for (i = 0; i < nrcpts; i++)
         for (j = 0; j < i; j++)
             if (strcmp(rcpts[j].mailbox, rcpts[i].mailbox) == 0) {
-                rcpts[i] = (struct deliver_rcpt){ rcpts[i].mailbox,
-                    rcpts[j].result, rcpts[j].duplicate, rcpts[j].uid };
+                rcpts[i].result = rcpts[j].result;
+                rcpts[i].duplicate = rcpts[j].duplicate;
+                rcpts[i].uid = rcpts[j].uid;
                 break;
             }
     free(reserved);

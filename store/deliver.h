@@ -34,16 +34,30 @@ struct deliver_rcpt {
     int duplicate;         /* out: 1 when suppressed as a duplicate
                               (result is STORE_OK, nothing stored) */
     uint32_t uid;          /* out: the uid given, when stored */
+    uint32_t sysflags;     /* in: IMAP system flags to set (0: none) */
+    const char *const *keywords;  /* in: keywords to set, or NULL */
+    size_t nkeywords;
 };
 
 #define DELIVER_IGNORE_QUOTA 1   /* as Cyrus deliver -q */
 #define DELIVER_NO_DUPCHECK  2   /* ignore duplicatesuppression */
 
+/* The context's mailbox list handle (lmtpd's Sieve: mailboxexists,
+ * fileinto :create), and its deliver.db handle, opened on first use
+ * (STORE_OK with *d_r, or duplicate_open()'s error): other users of
+ * deliver.db in the process share it, never open a second handle. */
+struct mboxlist;
+struct duplicate_db;
+struct mboxlist *deliver_mboxlist(struct deliver_ctx *ctx);
+int deliver_duplicate_db(struct deliver_ctx *ctx, struct duplicate_db **d_r);
+
 /* Deliver the staged message (closed with append_stage_close()) to every
  * recipient.  msgid (may be NULL/0) is the Message-ID for duplicate
  * suppression, which applies when `duplicatesuppression` is on and
  * DELIVER_NO_DUPCHECK is not given.  A recipient listed twice is stored
- * once (the second gets the first's result).  Returns STORE_OK when the
+ * once (the second gets the first's result and its flags are not
+ * added).  sysflags and keywords (Sieve's imap4flags) are set on the
+ * stored record, visible with it at the commit.  Returns STORE_OK when the
  * call itself worked (look at each rcpt's result), or an error that
  * applies to all (then every result is that error). */
 int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,

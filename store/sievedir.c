@@ -94,13 +94,30 @@ int sievedir_user_path(const struct imapconf *conf, const char *userid,
     if (at && buf_printf(out, "/domain/%c/%s", sievedir_hash(at[1]),
                          at + 1) < 0)
         goto nomem;
-    if (buf_printf(out, "/%c/", sievedir_hash(userid[0])) < 0 ||
-        buf_append(out, userid, ulen) < 0)
+    if (buf_printf(out, "/%c/", sievedir_hash(userid[0])) < 0)
         goto nomem;
+    /* a '.' of the user's name is '^' in mailbox names
+     * (unixhierarchysep): the directory is named as the user is */
+    for (size_t i = 0; i < ulen; i++)
+        if (buf_putc(out, userid[i] == '^' ? '.' : userid[i]) < 0)
+            goto nomem;
     return SIEVEDIR_OK;
 nomem:
     buf_reset(out);
     return SIEVEDIR_NOMEM;
+}
+
+int sievedir_active_path(const struct imapconf *conf, const char *userid,
+                         struct buf *out)
+{
+    int r = sievedir_user_path(conf, userid, out);
+
+    if (r == SIEVEDIR_OK &&
+        buf_appendcstr(out, "/" SIEVEDIR_ACTIVE_LINK) < 0) {
+        buf_reset(out);
+        r = SIEVEDIR_NOMEM;
+    }
+    return r;
 }
 
 int sievedir_name_valid(const char *name, size_t len)

@@ -74,6 +74,11 @@ int sievedir_root(const struct imapconf *conf, struct buf *out);
 int sievedir_user_path(const struct imapconf *conf, const char *userid,
                        struct buf *out);
 
+/* The active script's link of userid: sievedir_user_path() followed by
+ * "/defaultbc".  Its codes. */
+int sievedir_active_path(const struct imapconf *conf, const char *userid,
+                         struct buf *out);
+
 /* 1 when name[0..len) is a valid script name, else 0. */
 int sievedir_name_valid(const char *name, size_t len);
 

@@ -243,6 +243,7 @@ static const struct {
     { "xlist-archive", IMAPCONF_STRING, "" },
     { "xlist-all", IMAPCONF_STRING, "" },
     { "xlist-flagged", IMAPCONF_STRING, "" },
+    { "sendmail", IMAPCONF_STRING, "/usr/sbin/sendmail" },
     { "metrics_listen", IMAPCONF_STRING, "" },
 };
 #define NEXPECTED (sizeof(expected_keys) / sizeof(expected_keys[0]))

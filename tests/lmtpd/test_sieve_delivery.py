@@ -1,0 +1,600 @@
+#!/usr/bin/env python3
+"""test_sieve_delivery.py - users' Sieve scripts run by lmtpd at delivery.
+
+A private master with lmtpd; the test places each user's script in the
+script layout (SIEVEDIR/H/USER/NAME.script, the active one the symlink
+defaultbc) and points the `sendmail` key at a fake sendmail of its own (a
+shell script that appends its arguments and its input to a file, and
+exits with the status held in a control file).  Checked: fileinto with
+and without :create, imap4flags flags on the stored record, discard,
+keep + fileinto stored as one file (same inode: single instance),
+redirect (arrives at sendmail with the trace header; a redirect loop and
+a repeated delivery do not send again), sendmail failures (451, nothing
+stored, then 250 on the retry), vacation (once per sender and period;
+never to lists, bulk, auto-submitted mail, the null sender), reject and
+ereject (550 5.7.1 with the reason), three recipients with three
+different scripts in one transaction, runtime and compile errors
+(implicit keep), duplicatesuppression with fileinto targets, the
+compiled-script cache (an unchanged script is compiled once per worker,
+a changed one again), and workers SIGKILLed while delivering with
+scripts (no acknowledged message lost, nothing partial visible).
+
+Environment: see lmtphelp.py (top_builddir, TEST_TMPDIR, LMTP_TESTS,
+LMTP_KEEP).
+"""
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True     # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # lmtphelp, ../testlib
+from testlib import check, chown_run_as, wait_until  # noqa: E402
+from lmtphelp import (Conn, Instance, make_message, read_index,  # noqa: E402
+                      run_lmtp_tests, transaction)
+
+FLAG_FLAGGED = 1 << 1
+FLAG_SEEN = 1 << 4
+USERS = ["alice", "bob", "carol", "dave", "erin", "frank"]
+_seq = [0]
+
+FAKE_SENDMAIL = r"""#!/bin/sh
+# the test's sendmail: arguments and input appended to OUT
+OUT=%(out)s
+ls -l /proc/$$/fd >> "$OUT.fds" 2>&1
+{
+  echo "==== ARGV: $*"
+  cat
+  echo "==== END"
+} >> "$OUT"
+if [ -f %(fail)s.slow ]; then sleep 90; fi
+if [ -f %(fail)s ]; then exit 75; fi
+exit 0
+"""
+
+
+def msgid():
+    _seq[0] += 1
+    return "sv-%d-%d-%f@test.example" % (os.getpid(), _seq[0], time.time())
+
+
+class SieveInstance(Instance):
+    def __init__(self, name, conf=None, prefork=1, maxchild=10):
+        self.sievedir = None
+        Instance.__init__(self, name, conf=conf)
+        self.sievedir = self.path("sieve")
+        os.mkdir(self.sievedir)
+        chown_run_as(self.sievedir)
+        self.mail_out = self.path("sendmail.out")
+        self.fail_file = self.path("sendmail.fail")
+        fake = self.path("sendmail")
+        with open(fake, "w") as f:
+            f.write(FAKE_SENDMAIL % {"out": self.mail_out,
+                                     "fail": self.fail_file})
+        os.chmod(fake, 0o755)
+        for p in (self.mail_out, self.mail_out + ".fds"):
+            open(p, "w").close()
+            chown_run_as(p)
+            os.chmod(p, 0o666)
+        extra = {"sievedir": self.sievedir, "sendmail": fake}
+        extra.update(conf or {})
+        self.write_imapd_conf(extra)
+        for u in USERS:
+            self.create("user." + u)
+        self.write_cyrus_conf(prefork=prefork, maxchild=maxchild)
+
+    def script(self, user, text, name="main"):
+        """Install text as user's active script NAME."""
+        d = os.path.join(self.sievedir, user[0].lower(), user)
+        os.makedirs(d, exist_ok=True)
+        p = os.path.join(d, name + ".script")
+        tmp = p + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, p)
+        link = os.path.join(d, "defaultbc")
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(name + ".script", link)
+        return p
+
+    def sent(self):
+        """[(argv, message bytes)] handed to the fake sendmail."""
+        with open(self.mail_out, "rb") as f:
+            data = f.read()
+        out = []
+        for m in re.finditer(rb"==== ARGV: ([^\n]*)\n(.*?)==== END\n", data,
+                             re.S):
+            out.append((m.group(1).decode(), m.group(2)))
+        return out
+
+
+def send(inst, rcpts, msg, sender="sender@example.net"):
+    """One transaction; returns the per-recipient replies (RCPTs must be
+    accepted)."""
+    with Conn(inst.unix_socket) as c:
+        c.reply()
+        mr, rr, dr, per = transaction(c, sender, rcpts, msg,
+                                      lhlo="client.example")
+        check(mr.code == 250, "MAIL: %r" % mr)
+        check(all(r.code == 250 for r in rr), "RCPT: %r" % rr)
+        check(dr is not None and dr.code == 354, "DATA: %r" % dr)
+        c.cmd("QUIT")
+    return per
+
+
+def flags_of(inst, mailbox):
+    _, records = read_index(inst.mailbox_dir(mailbox))
+    return [r["flags"] for r in records]
+
+
+def exists(inst, name):
+    rc, _, _ = inst.mbtool("info", name, check_rc=False)
+    return rc == 0
+
+
+FILING = r'''require ["fileinto", "mailbox", "imap4flags"];
+if header :contains "subject" "work" {
+    fileinto :flags ["\\Seen", "\\Flagged", "$Work"] "INBOX.work";
+} elsif header :contains "subject" "newfolder" {
+    fileinto :create "INBOX.made";
+} elsif header :contains "subject" "missing" {
+    fileinto "INBOX.nothere";
+} elsif header :contains "subject" "both" {
+    keep;
+    fileinto "INBOX.work";
+} elsif header :contains "subject" "trash" {
+    discard;
+}
+'''
+
+
+def test_fileinto_flags_create_discard():
+    with SieveInstance("sv-file") as inst:
+        inst.create("user.alice.work")
+        inst.script("alice", FILING)
+        inst.start()
+        inst.mark_log()
+        per = send(inst, ["alice@test.example"],
+                   make_message(msgid(), subject="work item"))
+        check(per[0].code == 250, "work: %r" % per)
+        check(len(inst.messages("user.alice.work")) == 1
+              and len(inst.messages("user.alice")) == 0,
+              "fileinto INBOX.work did not file")
+        fl = flags_of(inst, "user.alice.work")[-1]
+        check(fl & FLAG_SEEN and fl & FLAG_FLAGGED,
+              "flags not set on the record: %#x" % fl)
+        with open(os.path.join(inst.mailbox_dir("user.alice.work"),
+                               "cyrus.header"), "rb") as f:
+            check(b"$Work" in f.read(), "keyword $Work not defined")
+        # :create makes the folder
+        check(not exists(inst, "user.alice.made"), "made exists early")
+        per = send(inst, ["alice@test.example"],
+                   make_message(msgid(), subject="newfolder"))
+        check(per[0].code == 250, "create: %r" % per)
+        check(exists(inst, "user.alice.made")
+              and len(inst.messages("user.alice.made")) == 1,
+              "fileinto :create did not create and file")
+        # without :create a missing folder means INBOX and a log line
+        per = send(inst, ["alice@test.example"],
+                   make_message(msgid(), subject="missing"))
+        check(per[0].code == 250, "missing: %r" % per)
+        check(not exists(inst, "user.alice.nothere"),
+              "folder created without :create")
+        check(len(inst.messages("user.alice")) == 1, "not in INBOX")
+        check("fileinto target missing" in inst.new_log(),
+              "no log line for the missing folder")
+        # keep + fileinto: one file, linked twice
+        per = send(inst, ["alice@test.example"],
+                   make_message(msgid(), subject="both"))
+        check(per[0].code == 250, "both: %r" % per)
+        a = inst.message_files("user.alice")[-1][1]
+        b = inst.message_files("user.alice.work")[-1][1]
+        check(os.stat(a).st_ino == os.stat(b).st_ino,
+              "keep + fileinto are not one instance")
+        check(len(inst.messages("user.alice")) == 2, "keep missing")
+        # discard stores nothing and answers 250
+        before = len(inst.messages("user.alice"))
+        per = send(inst, ["alice@test.example"],
+                   make_message(msgid(), subject="trash"))
+        check(per[0].code == 250, "discard: %r" % per)
+        check(len(inst.messages("user.alice")) == before,
+              "discarded message stored")
+        check(re.search(r"lmtp: sieve rcpt=<alice@test.example> "
+                        r"user=<alice> script=<main.script> result=<ok> "
+                        r"actions=<discard>", inst.new_log()),
+              "no per-recipient sieve log line")
+
+
+def test_redirect_and_loops():
+    with SieveInstance("sv-redir") as inst:
+        inst.script("bob", 'redirect "elsewhere@example.net";\n')
+        inst.start()
+        mid = msgid()
+        msg = make_message(mid, subject="fwd me", to="bob@test.example")
+        per = send(inst, ["bob@test.example"], msg)
+        check(per[0].code == 250, "redirect: %r" % per)
+        sent = inst.sent()
+        check(len(sent) == 1, "sendmail calls: %r" % sent)
+        argv, body = sent[0]
+        check(argv == "-i -f sender@example.net -- elsewhere@example.net",
+              "sendmail argv: %r" % argv)
+        check(body.startswith(b"X-Sieve-Redirected-By: bob@test.example")
+              and b"Subject: fwd me" in body,
+              "redirected message: %r" % body[:300])
+        check(len(inst.messages("user.bob")) == 0, "redirect kept a copy")
+        with open(inst.mail_out + ".fds") as f:
+            fds = f.read()
+        check("socket:" not in fds, "sendmail inherited sockets: %s" % fds)
+        # the same message again (the MTA retried): not sent twice
+        per = send(inst, ["bob@test.example"], msg)
+        check(per[0].code == 250 and len(inst.sent()) == 1,
+              "repeated delivery redirected again: %r" % inst.sent())
+        # a message that already went through bob's redirect: a loop
+        looped = make_message(msgid(), subject="loop",
+                              extra_headers=["X-Sieve-Redirected-By: "
+                                             "bob@test.example"])
+        per = send(inst, ["bob@test.example"], looped)
+        check(per[0].code == 250 and len(inst.sent()) == 1,
+              "loop not stopped: %r" % inst.sent())
+        check("(loop)" in inst.log(), "loop not logged")
+        # sendmail fails: 451 and nothing stored; the retry works
+        open(inst.fail_file, "w").close()
+        inst.script("bob", 'require "copy";\n'
+                    'redirect :copy "elsewhere@example.net";\n')
+        msg2 = make_message(msgid(), subject="retry me")
+        per = send(inst, ["bob@test.example"], msg2)
+        check(per[0].code == 451, "sendmail failure answered %r" % per)
+        check(len(inst.messages("user.bob")) == 0,
+              "stored although the recipient got 451")
+        os.unlink(inst.fail_file)
+        n = len(inst.sent())
+        per = send(inst, ["bob@test.example"], msg2)
+        check(per[0].code == 250, "retry: %r" % per)
+        check(len(inst.messages("user.bob")) == 1, ":copy not kept")
+        check(len(inst.sent()) == n + 1, "retry not redirected")
+
+
+def test_tests_see_message():
+    """subaddress on the envelope, body (read from the staged file),
+    environment and mailboxexists."""
+    with SieveInstance("sv-tests") as inst:
+        inst.create("user.frank.exists")
+        inst.script("frank", 'require ["fileinto", "body", "subaddress", '
+                    '"envelope", "environment", "mailbox"];\n'
+                    'if envelope :detail "to" "lists" '
+                    '{ fileinto :create "INBOX.lists"; }\n'
+                    'elsif body :text :contains "secret-word" '
+                    '{ fileinto :create "INBOX.body"; }\n'
+                    'elsif allof (environment :is "host" "test.example", '
+                    'environment :is "name" "cyrusdeliver", '
+                    'environment :is "phase" "during", '
+                    'mailboxexists "INBOX.exists") '
+                    '{ fileinto "INBOX.exists"; }\n')
+        inst.start()
+        send(inst, ["frank+lists@test.example"], make_message(msgid()))
+        send(inst, ["frank@test.example"],
+             make_message(msgid(), body=b"a\r\nthe secret-word here\r\n"))
+        send(inst, ["frank@test.example"], make_message(msgid()))
+        for box in ("user.frank.lists", "user.frank.body",
+                    "user.frank.exists"):
+            check(len(inst.messages(box)) == 1, "%s: %d messages"
+                  % (box, len(inst.messages(box))))
+        check(len(inst.messages("user.frank")) == 0, "INBOX got one")
+
+
+def test_sendmail_timeout():
+    """A sendmail that hangs is killed after lmtp_timeout: the recipient
+    gets 451 in time, nothing is stored, the worker goes on."""
+    with SieveInstance("sv-slow", conf={"lmtp_timeout": "10"}) as inst:
+        inst.script("bob", 'require "copy";\n'
+                    'redirect :copy "elsewhere@example.net";\n')
+        inst.start()
+        open(inst.fail_file + ".slow", "w").close()
+        t0 = time.time()
+        per = send(inst, ["bob@test.example"], make_message(msgid()))
+        took = time.time() - t0
+        check(per[0].code == 451, "hung sendmail answered %r" % per)
+        check(took < 40, "451 after %.1f s" % took)
+        check(len(inst.messages("user.bob")) == 0, "stored with 451")
+        check("reason=<timeout>" in inst.log(), "timeout not logged")
+        os.unlink(inst.fail_file + ".slow")
+        per = send(inst, ["bob@test.example"], make_message(msgid()))
+        check(per[0].code == 250 and len(inst.messages("user.bob")) == 1,
+              "after the timeout: %r" % per)
+
+
+VACATION = '''require "vacation";
+vacation :days 1 :subject "Away" "I am away.";
+'''
+
+
+def test_vacation():
+    with SieveInstance("sv-vac") as inst:
+        inst.script("carol", VACATION)
+        inst.start()
+        to = "carol@test.example"
+        mid = msgid()
+        per = send(inst, [to], make_message(mid, subject="hi", to=to),
+                   sender="friend@example.net")
+        check(per[0].code == 250, "vacation: %r" % per)
+        sent = inst.sent()
+        check(len(sent) == 1, "vacation not sent: %r" % sent)
+        argv, body = sent[0]
+        check(argv == "-i -f <> -- friend@example.net", "argv %r" % argv)
+        for want in (b"Auto-Submitted: auto-replied",
+                     b"In-Reply-To: <" + mid.encode() + b">",
+                     b"Subject: Away", b"To: <friend@example.net>",
+                     b"I am away."):
+            check(want in body, "reply lacks %r: %r" % (want, body[:600]))
+        check(len(inst.messages("user.carol")) == 1, "vacation lost keep")
+        # same sender within :days: no second reply
+        send(inst, [to], make_message(msgid(), to=to),
+             sender="friend@example.net")
+        check(len(inst.sent()) == 1, "second reply within :days")
+        # another sender: answered
+        send(inst, [to], make_message(msgid(), to=to),
+             sender="other@example.net")
+        check(len(inst.sent()) == 2, "other sender not answered")
+        # never to lists, bulk, auto-submitted mail, the null sender,
+        # nor mail not addressed to the user
+        cases = [
+            ("l1@example.net", ["List-Id: <x.example.net>"], to),
+            ("l2@example.net", ["Precedence: bulk"], to),
+            ("l3@example.net", ["Auto-Submitted: auto-generated"], to),
+            ("", [], to),
+            ("l4@example.net", [], "someone@else.example"),
+            ("owner-list@example.net", [], to),
+        ]
+        for sender, hdrs, hto in cases:
+            per = send(inst, [to], make_message(msgid(), extra_headers=hdrs,
+                                                to=hto), sender=sender)
+            check(per[0].code == 250, "%r: %r" % (sender, per))
+            check(len(inst.sent()) == 2, "vacation answered %r %r: %r"
+                  % (sender, hdrs, inst.sent()[-1][0]))
+        # :seconds 1 (vacation-seconds): answered again after it passed
+        inst.script("carol", 'require ["vacation-seconds"];\n'
+                    'vacation :seconds 1 "back soon";\n')
+        send(inst, [to], make_message(msgid(), to=to),
+             sender="quick@example.net")
+        check(len(inst.sent()) == 3, "vacation :seconds not sent")
+        time.sleep(2.1)
+        send(inst, [to], make_message(msgid(), to=to),
+             sender="quick@example.net")
+        check(len(inst.sent()) == 4, "vacation not sent after :seconds")
+
+
+def test_reject_ereject():
+    with SieveInstance("sv-rej") as inst:
+        inst.script("dave", 'require "reject";\nreject "no thanks";\n')
+        inst.script("erin", 'require "ereject";\n'
+                    'ereject "go away\r\n250 ok \u00e9t\u00e9";\n')
+        inst.start()
+        per = send(inst, ["dave@test.example", "erin@test.example",
+                          "frank@test.example"],
+                   make_message(msgid()))
+        check(per[0].code == 550 and per[0].enh == "5.7.1"
+              and "no thanks" in per[0].text, "reject: %r" % per[0])
+        check(per[1].code == 550 and "go away" in per[1].text
+              and len(per[1].lines) == 1
+              and all(32 <= ord(ch) < 127 for ch in per[1].text),
+              "ereject: %r" % per[1])
+        check(per[2].code == 250, "frank: %r" % per[2])
+        check(len(inst.messages("user.dave")) == 0
+              and len(inst.messages("user.erin")) == 0
+              and len(inst.messages("user.frank")) == 1,
+              "reject stored something")
+        check(len(inst.sent()) == 0, "reject sent mail")
+
+
+def test_three_users_own_scripts():
+    """Each recipient's own script, with its own envelope: alice files,
+    bob redirects, carol answers and keeps: all in one transaction."""
+    with SieveInstance("sv-three") as inst:
+        inst.create("user.alice.work")
+        inst.create("user.carol.work")
+        inst.script("alice", 'require ["fileinto", "envelope"];\n'
+                    'if envelope :localpart :is "to" "alice" '
+                    '{ fileinto "INBOX.work"; }\n')
+        inst.script("bob", 'require "envelope";\n'
+                    'if envelope :localpart :is "to" "bob" '
+                    '{ redirect "bob@elsewhere.example"; }\n')
+        inst.script("carol", 'require ["vacation", "envelope"];\n'
+                    'if envelope :localpart :is "to" "carol" '
+                    '{ vacation :addresses ["alice@test.example"] '
+                    '"carol away"; }\n')
+        inst.start()
+        inst.mark_log()
+        per = send(inst, ["alice@test.example", "bob@test.example",
+                          "carol@test.example"],
+                   make_message(msgid(), to="alice@test.example"))
+        check([r.code for r in per] == [250, 250, 250], "%r" % per)
+        check(len(inst.messages("user.alice.work")) == 1
+              and len(inst.messages("user.alice")) == 0, "alice")
+        check(len(inst.messages("user.bob")) == 0, "bob kept")
+        check(len(inst.messages("user.carol")) == 1
+              and len(inst.messages("user.carol.work")) == 0, "carol")
+        sent = inst.sent()
+        check(sorted(a.split()[-1] for a, _ in sent)
+              == ["bob@elsewhere.example", "sender@example.net"],
+              "sendmail got %r" % [a for a, _ in sent])
+        a = inst.message_files("user.alice.work")[0][1]
+        c = inst.message_files("user.carol")[0][1]
+        check(os.stat(a).st_ino == os.stat(c).st_ino,
+              "recipients' copies are not one instance")
+        log = inst.new_log()
+        for u, act in (("alice", 'fileinto "user.alice.work"'),
+                       ("bob", "redirect"), ("carol", "vacation (sent)")):
+            check(re.search(r"sieve rcpt=<%s@test.example> user=<%s> "
+                            r"[^\n]*%s" % (u, u, re.escape(act)), log),
+                  "log line of %s: %s" % (u, log[-1500:]))
+
+
+def test_errors_keep():
+    with SieveInstance("sv-err") as inst:
+        inst.create("user.alice.work")
+        inst.script("alice", 'require ["fileinto", "variables"];\n'
+                    'set "a" "not an address";\n'
+                    'fileinto "INBOX.work";\n'
+                    'redirect "${a}";\n')
+        inst.script("bob", 'if header :is "subject" { keep; }\n')
+        inst.start()
+        per = send(inst, ["alice@test.example", "bob@test.example"],
+                   make_message(msgid()))
+        check([r.code for r in per] == [250, 250], "%r" % per)
+        check(len(inst.messages("user.alice")) == 1
+              and len(inst.messages("user.alice.work")) == 0,
+              "runtime error: not an implicit keep")
+        check(len(inst.messages("user.bob")) == 1,
+              "compile error: not an implicit keep")
+        log = inst.log()
+        check("sieve runtime error user=<alice>" in log, "runtime log")
+        check("sieve script does not compile user=<bob>" in log,
+              "compile log")
+
+
+def test_duplicatesuppression():
+    with SieveInstance("sv-dup") as inst:
+        inst.create("user.alice.work")
+        inst.script("alice", FILING)
+        inst.start()
+        msg = make_message(msgid(), subject="work again")
+        for _ in range(2):
+            per = send(inst, ["alice@test.example"], msg)
+            check(per[0].code == 250, "%r" % per)
+        check(len(inst.messages("user.alice.work")) == 1,
+              "duplicate filed twice")
+        check("status=<duplicate>" in inst.log(), "not a duplicate")
+        # the same message-id, a different folder: stored
+        inst.script("alice", 'require "fileinto";\n'
+                    'fileinto "INBOX";\n')
+        per = send(inst, ["alice@test.example"], msg)
+        check(per[0].code == 250 and len(inst.messages("user.alice")) == 1,
+              "other folder suppressed")
+
+
+def test_compiled_cache():
+    # one worker: the cache is per process
+    with SieveInstance("sv-cache", maxchild=1) as inst:
+        inst.create("user.alice.work")
+        inst.script("alice", 'require "fileinto";\nfileinto "INBOX.work";\n')
+        inst.start()
+        for _ in range(4):
+            send(inst, ["alice@test.example"], make_message(msgid()))
+        n = inst.log().count("lmtp: sieve compiled")
+        check(n == 1, "unchanged script compiled %d times" % n)
+        check(len(inst.messages("user.alice.work")) == 4, "not filed")
+        time.sleep(0.05)
+        inst.script("alice", "keep;\n# changed\n")
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        check(inst.log().count("lmtp: sieve compiled") == 2,
+              "changed script not compiled again")
+        check(len(inst.messages("user.alice")) == 1,
+              "the changed script did not run")
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        check(inst.log().count("lmtp: sieve compiled") == 2,
+              "recompiled without change")
+
+
+CRASH_SCRIPTS = {
+    "alice": 'require "fileinto";\nfileinto "INBOX.work";\n',
+    "bob": 'require "copy";\nredirect :copy "bob@elsewhere.example";\n',
+    "carol": 'require "vacation";\nvacation :days 1 "away";\n',
+}
+
+
+def test_crash_during_sieve_deliveries():
+    """Workers SIGKILLed while delivering to users with fileinto,
+    redirect and vacation scripts: every 250 is in the store, no message
+    is partial."""
+    with SieveInstance("sv-crash", prefork=2, maxchild=6) as inst:
+        inst.ignore_sigkill = True
+        inst.create("user.alice.work")
+        for u, text in CRASH_SCRIPTS.items():
+            inst.script(u, text)
+        inst.start(ready=2)
+        acked = {}
+        lock = threading.Lock()
+        stop = threading.Event()
+        rcpts = ["alice@test.example", "bob@test.example",
+                 "carol@test.example"]
+        body = (b"x" * 70 + b"\r\n") * 400
+
+        def client(k):
+            i = 0
+            while not stop.is_set():
+                i += 1
+                tok = "crash-%d-%d" % (k, i)
+                msg = make_message(tok + "@test.example", subject=tok,
+                                   body=body)
+                try:
+                    with Conn(inst.unix_socket, timeout=30) as c:
+                        c.reply()
+                        _, rr, dr, per = transaction(
+                            c, "s%d@example.net" % k, rcpts, msg,
+                            lhlo="crash.example")
+                        for r, rep in zip(rcpts, per):
+                            if rep.code == 250:
+                                with lock:
+                                    acked.setdefault(r, set()).add(tok)
+                except Exception:   # noqa: BLE001 - the worker was killed
+                    pass
+
+        threads = [threading.Thread(target=client, args=(k,))
+                   for k in range(3)]
+        for t in threads:
+            t.start()
+        kills = 0
+        deadline = time.time() + 60
+        while kills < 12 and time.time() < deadline:
+            time.sleep(0.15)
+            busy = inst.children()
+            if busy:
+                try:
+                    os.kill(busy[kills % len(busy)], signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+        stop.set()
+        for t in threads:
+            t.join(60)
+        check(kills > 0, "no worker was killed")
+        check(sum(len(v) for v in acked.values()) > 0,
+              "no delivery was acknowledged at all")
+        where = {"alice@test.example": "user.alice.work",
+                 "bob@test.example": "user.bob",
+                 "carol@test.example": "user.carol"}
+        for r, box in where.items():
+            stored = set()
+            for m in inst.messages(box):   # checks size and SHA-1 too
+                mm = re.search(rb"Subject: (crash-\d+-\d+)", m)
+                check(mm is not None, "%s: a message without subject" % box)
+                stored.add(mm.group(1).decode())
+            lost = acked.get(r, set()) - stored
+            check(not lost, "%s: acknowledged but not stored: %s"
+                  % (box, sorted(lost)[:5]))
+        check(wait_until(lambda: inst.status().get("services", {})
+                         .get("lmtpunix", {}).get("ready") not in
+                         (None, "0"), 30),
+              "no lmtpd ready after the kills")
+
+
+TESTS = [
+    test_fileinto_flags_create_discard,
+    test_redirect_and_loops,
+    test_tests_see_message,
+    test_sendmail_timeout,
+    test_vacation,
+    test_reject_ereject,
+    test_three_users_own_scripts,
+    test_errors_keep,
+    test_duplicatesuppression,
+    test_compiled_cache,
+    test_crash_during_sieve_deliveries,
+]
+
+if __name__ == "__main__":
+    sys.exit(run_lmtp_tests(TESTS))
