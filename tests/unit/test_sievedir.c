@@ -77,11 +77,11 @@ static void test_refused(void **state)
 
     for (i = 0; bad[i]; i++) {
         buf_setcstr(&out, "x");
-        assert_int_equal(sievedir_user_path(conf, bad[i], &out), -1);
+        assert_int_equal(sievedir_user_path(conf, bad[i], &out), SIEVEDIR_BADNAME);
         assert_int_equal(out.len, 0);
-        assert_int_equal(sievedir_active_path(conf, bad[i], &out), -1);
+        assert_int_equal(sievedir_active_path(conf, bad[i], &out), SIEVEDIR_BADNAME);
     }
-    assert_int_equal(sievedir_user_path(conf, NULL, &out), -1);
+    assert_int_equal(sievedir_user_path(conf, NULL, &out), SIEVEDIR_BADNAME);
     buf_free(&out);
     imapconf_free(&conf);
 }
