@@ -23,6 +23,8 @@
 #               nosync    ours: spool_sync group/file/off on disk, off on tmpfs
 #               tool      mailbench vs smtp-source -L against smtp-sink -L
 #               sieve     ours: no script, a 20-rule filing script, vacation
+#               idle      ours: CPU of 1,000 idle IDLE sessions and the delay
+#                         from an LMTP delivery to their EXISTS (bench/idle.py)
 #                         (every user; 40 connections; Cyrus not measured)
 #   -q        quick: 200 users, 400 messages (big: 2,000), 1 run, short disk
 #             test; output under DIR/mailbench-quick unless -o is given
@@ -54,7 +56,7 @@ users_env=${BENCH_USERS:-}
 runs=
 servers="ours cyrus dovecot"
 concs="1 10 20 40 100"
-all_exps="disk conc rcpt10 big mixed backends prefork stage nosync tool sieve"
+all_exps="disk conc rcpt10 big mixed backends prefork stage nosync tool sieve idle"
 exps=$all_exps
 quick=no
 base=/var/tmp
@@ -378,6 +380,17 @@ variant_table("nosync", "Ours: spool_sync (durability) on disk and on tmpfs",
               "`off` = no sync at all (UNSAFE, the ceiling); on tmpfs only the "
               "partition (messages, indexes) is in memory, the databases stay "
               "on disk.")
+
+if os.path.exists(os.path.join(res, "idle.md")):
+    w("## Ours: idle IMAP IDLE sessions (bench/idle.py)")
+    w("")
+    w("Server CPU and wake-ups while every session idles, then the delay "
+      "from a delivery's LMTP transaction (and from its 250) to the first "
+      "`* N EXISTS`.  Cyrus and Dovecot are not measured here.")
+    w("")
+    for ln in open(os.path.join(res, "idle.md")):
+        w(ln.rstrip("\n"))
+    w("")
 
 g = cells("tool")
 if g:
@@ -760,6 +773,14 @@ PY
         log "tool round $r: smtp-source $(python3 -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["msgs_per_s"])' "$results/tool.c=40.smtp-source.$r.json" 2>/dev/null) msgs/s, mailbench $(python3 -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["msgs_per_s"])' "$results/$name.json" 2>/dev/null) msgs/s"
     done
     kill "$sink_pid" 2>/dev/null; wait "$sink_pid" 2>/dev/null; sink_pid=
+fi
+
+if has idle; then
+    n_idle=1000
+    [[ $quick == yes ]] && n_idle=200
+    TEST_TMPDIR=$work top_builddir=$BENCH_BUILD python3 "$here/idle.py" \
+        -n "$n_idle" -u 100 -s 20 -d 20 -r "$runs" > "$results/idle.md" \
+        2> "$results/idle.log" || log "idle: failed, see $results/idle.log"
 fi
 
 log "experiments done in $((SECONDS - t_start)) s"
