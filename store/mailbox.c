@@ -810,6 +810,9 @@ struct mbx_pending {
 
 struct mailbox {
     struct mailbox *next;      /* registry */
+    struct mailbox **pprev;    /* what points to this one (O(1) removal) */
+    uint32_t path_hash;        /* of index_path: the registry compares it
+                                * before the strings */
     pid_t pid;                 /* the process that opened it */
     int refcount;
     const struct imapconf *conf;
@@ -817,6 +820,7 @@ struct mailbox {
     int fd;                    /* cyrus.index, the only one in the process */
     dev_t dev;
     ino_t ino;
+    off_t lock_size;           /* its size, from mbx_lock_fd()'s stat() */
     dev_t hdr_dev;             /* cyrus.header as last read: inode */
     ino_t hdr_ino;
     off_t hdr_size;            /* and size and change time: a replaced */
@@ -834,6 +838,31 @@ struct mailbox {
 };
 
 static struct mailbox *mbx_registry;
+
+/* FNV-1a of a path: a delivery opens a mailbox while the process has
+ * dozens open, and comparing long paths with a common prefix (each in
+ * its own allocation) cost more than the lookup is worth. */
+static uint32_t mbx_path_hash(const char *p)
+{
+    uint32_t h = 2166136261u;
+
+    for (; *p; p++)
+        h = (h ^ (unsigned char)*p) * 16777619u;
+    return h;
+}
+
+/* This process's handle of the index at `path`, or NULL. */
+static struct mailbox *mbx_registry_find(pid_t pid, const char *path)
+{
+    uint32_t h = mbx_path_hash(path);
+    struct mailbox *mb;
+
+    for (mb = mbx_registry; mb; mb = mb->next)
+        if (mb->path_hash == h && mb->pid == pid &&
+            strcmp(mb->index_path, path) == 0)
+            return mb;
+    return NULL;
+}
 
 
 static void mbx_publish(struct mailbox *mb)
@@ -1124,7 +1153,10 @@ static int mbx_load_header_file(struct mailbox *mb)
         if (n <= 0)
             break;
         len += (size_t)n;
-        if (len == sizeof(data))
+        /* the file is replaced by rename, never changed in place: its
+         * size as of the fstat() is all there is (no read for the EOF) */
+        if (len == sizeof(data) || (sb.st_size > 0 &&
+                                    len >= (size_t)sb.st_size))
             break;
     }
     close(fd);
@@ -1199,6 +1231,11 @@ static int mbx_refresh_header_file(struct mailbox *mb)
 {
     struct stat sb;
 
+    if (mb->hdr_ino == 0) {   /* never read (mailbox_open()): no compare */
+        int r = mbx_load_header_file(mb);
+
+        return r == STORE_NOTFOUND ? STORE_CORRUPT : r;   /* as stat()'s */
+    }
     if (stat(mb->header_path, &sb) < 0)
         return errno == ENOENT ? STORE_CORRUPT : STORE_IOERROR;
     if (mbx_header_same(mb, &sb))
@@ -1476,16 +1513,15 @@ static int mbx_recover(struct mailbox *mb)
     struct mbx_slot *s = &mb->slot;
     struct mailbox_record *tail = NULL;
     unsigned char *raw = NULL;
-    struct stat sb;
+    /* the size mbx_lock_fd() found under this lock (no writer since) */
+    off_t isize = mb->lock_size;
     uint64_t body;
     uint32_t nfile, from, i, nvalid, bad = UINT32_MAX, lastuid = 0;
     int changed = 0, commit_sync = 0, abort_sync = 0, r = STORE_OK;
 
-    if (fstat(mb->fd, &sb) < 0)
-        return STORE_IOERROR;
-    if (sb.st_size < MBX_HDR_AREA)
+    if (isize < MBX_HDR_AREA)
         return STORE_CORRUPT;
-    body = (uint64_t)sb.st_size - MBX_HDR_AREA;
+    body = (uint64_t)isize - MBX_HDR_AREA;
     if (body / MBX_REC_SIZE > UINT32_MAX)
         return STORE_CORRUPT;
     nfile = (uint32_t)(body / MBX_REC_SIZE);
@@ -1700,12 +1736,17 @@ static int mbx_lock_fd(struct mailbox *mb, int type)
         /* mb->dev/ino name the file mb->fd is open on (mbx_note_inode()
          * after every change of mb->fd; 0 = unknown): the path still
          * names it without an fstat() per lock */
-        if (mb->ino != 0 && sb.st_ino == mb->ino && sb.st_dev == mb->dev)
+        if (mb->ino != 0 && sb.st_ino == mb->ino && sb.st_dev == mb->dev) {
+            /* while mb->fd is open its inode number names no other
+             * file, so this is mb->fd's file and its size */
+            mb->lock_size = sb.st_size;
             return STORE_OK;
+        }
         if (fstat(mb->fd, &fsb) == 0 && sb.st_ino == fsb.st_ino &&
             sb.st_dev == fsb.st_dev) {
             mb->dev = fsb.st_dev;
             mb->ino = fsb.st_ino;
+            mb->lock_size = sb.st_size;
             return STORE_OK;
         }
         nfd = open(mb->index_path, O_RDWR | O_CLOEXEC);
@@ -1780,14 +1821,13 @@ int mailbox_open(const struct imapconf *conf, const char *name,
         return r;
     }
     buf_printf(&ipath, "%s/%s", buf_cstring(&dir), MAILBOX_INDEX_FNAME);
-    for (mb = mbx_registry; mb; mb = mb->next) {
-        if (mb->pid == pid && !strcmp(mb->index_path, buf_cstring(&ipath))) {
-            mb->refcount++;
-            *mb_r = mb;
-            buf_free(&dir);
-            buf_free(&ipath);
-            return STORE_OK;
-        }
+    mb = mbx_registry_find(pid, buf_cstring(&ipath));
+    if (mb) {
+        mb->refcount++;
+        *mb_r = mb;
+        buf_free(&dir);
+        buf_free(&ipath);
+        return STORE_OK;
     }
     mb = calloc(1, sizeof(*mb));
     if (!mb) {
@@ -1836,7 +1876,11 @@ int mailbox_open(const struct imapconf *conf, const char *name,
         mbx_free(mb);
         return r;
     }
+    mb->path_hash = mbx_path_hash(mb->index_path);
     mb->next = mbx_registry;
+    if (mbx_registry)
+        mbx_registry->pprev = &mb->next;
+    mb->pprev = &mbx_registry;
     mbx_registry = mb;
     *mb_r = mb;
     return STORE_OK;
@@ -1854,7 +1898,7 @@ static int mbx_registry_has_own(void)
 
 void mailbox_close(struct mailbox **mbp)
 {
-    struct mailbox *mb = mbp ? *mbp : NULL, **pp;
+    struct mailbox *mb = mbp ? *mbp : NULL;
 
     if (!mb)
         return;
@@ -1877,11 +1921,10 @@ void mailbox_close(struct mailbox **mbp)
             mb->pending[0] = mb->pending[--mb->npending];
         }
     }
-    for (pp = &mbx_registry; *pp; pp = &(*pp)->next) {
-        if (*pp == mb) {
-            *pp = mb->next;
-            break;
-        }
+    if (mb->pprev) {
+        *mb->pprev = mb->next;
+        if (mb->next)
+            mb->next->pprev = mb->pprev;
     }
     mbx_free(mb);
     if (!mbx_registry_has_own())
@@ -1984,7 +2027,8 @@ int mailbox_read_record(struct mailbox *mb, uint32_t recno,
 
 /* Binary search for uid in records [lo, hi). */
 static int mbx_search(struct mailbox *mb, uint32_t lo, uint32_t hi,
-                      uint32_t uid, uint32_t *recno_r)
+                      uint32_t uid, uint32_t *recno_r,
+                      struct mailbox_record *rec_r)
 {
     struct mailbox_record rec;
     int r;
@@ -1997,6 +2041,8 @@ static int mbx_search(struct mailbox *mb, uint32_t lo, uint32_t hi,
             return r == STORE_NOTFOUND ? STORE_CORRUPT : r;
         if (rec.uid == uid) {
             *recno_r = mid;
+            if (rec_r)
+                *rec_r = rec;   /* the caller need not read it again */
             return STORE_OK;
         }
         if (rec.uid < uid)
@@ -2011,7 +2057,7 @@ int mailbox_find_uid(struct mailbox *mb, uint32_t uid, uint32_t *recno_r)
 {
     if (!mb || !recno_r || !mb->locktype)
         return STORE_INTERNAL;
-    return mbx_search(mb, 0, mb->slot.visible, uid, recno_r);
+    return mbx_search(mb, 0, mb->slot.visible, uid, recno_r, NULL);
 }
 
 int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
@@ -2582,16 +2628,13 @@ static int mbx_resolve_locked(struct mailbox *mb, uint32_t uid, int commit,
     if (!mbx_own_pending(mb, uid, &pi))
         return STORE_NOTFOUND;
     v_r = mb->pending[pi].visible_at_reserve;
-    r = mbx_search(mb, 0, mb->slot.num_records, uid, &recno);
+    r = mbx_search(mb, 0, mb->slot.num_records, uid, &recno, &rec);
     if (r == STORE_NOTFOUND) {
         log_error("mailbox: pending record vanished mailbox=<%s> uid=<%u>",
                   mb->name, uid);
         mbx_pending_remove(mb, pi);
         return STORE_NOTFOUND;
     }
-    if (r)
-        return r;
-    r = mbx_read_rec(mb, recno, &rec);
     if (r)
         return r;
     if (rec.flags & MAILBOX_FLAG_PENDING) {
@@ -3018,9 +3061,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
 
     /* the handle to work through: this process's, or a temporary one */
     buf_printf(&path, "%s/%s", buf_cstring(&dir), MAILBOX_INDEX_FNAME);
-    for (reg = mbx_registry; reg; reg = reg->next)
-        if (reg->pid == pid && !strcmp(reg->index_path, buf_cstring(&path)))
-            break;
+    reg = mbx_registry_find(pid, buf_cstring(&path));
     if (reg) {
         mb = reg;
         if (mb->locktype == MAILBOX_LOCK_SHARED) {
