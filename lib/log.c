@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "lib/log.h"
+#include "lib/procid.h"
 
 #define LOG_LINE_MAX 2048                 /* formatted, before escaping */
 #define LOG_SAFE_MAX (LOG_LINE_MAX * 4)   /* every byte may become \xNN */
@@ -92,7 +93,7 @@ static void log_stderr_write(int prio, const char *level, const char *text,
     }
     n = log_put(out, n, sizeof(out), log_progname);
     if (withpid) {
-        snprintf(num, sizeof(num), "[%ld]", (long)getpid());
+        snprintf(num, sizeof(num), "[%ld]", (long)procid_get());
         n = log_put(out, n, sizeof(out), num);
     }
     n = log_put(out, n, sizeof(out), ": ");
@@ -214,7 +215,7 @@ static void log_file_write(const char *level, const char *line)
         !strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S %z", &tm))
         snprintf(stamp, sizeof(stamp), "%ld", (long)now);
     n = snprintf(out, sizeof(out), "%s %s[%ld]: %s: %s\n", stamp,
-                 log_progname, (long)getpid(), level, line);
+                 log_progname, (long)procid_get(), level, line);
     if (n < 0)
         return;
     if ((size_t)n >= sizeof(out)) {

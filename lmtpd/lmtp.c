@@ -58,6 +58,7 @@
 #include "lib/log.h"
 #include "lib/metrics.h"
 #include "lib/prot.h"
+#include "lib/procid.h"
 #include "lib/saslserver.h"
 #include "lib/service.h"
 #include "lmtpd/lmtp.h"
@@ -805,7 +806,7 @@ static int lmtp_msg_begin(struct lmtp_session *s)
     }
     srv->seq++;
     snprintf(word, sizeof(word), "id %lx%05lx%04lx;", (unsigned long)now,
-             (unsigned long)getpid() & 0xfffffUL, srv->seq & 0xffffUL);
+             (unsigned long)procid_get() & 0xfffffUL, srv->seq & 0xffffUL);
     lmtp_fold_text(&h, &col, word);
     localtime_r(&now, &tm);
     strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S %z", &tm);

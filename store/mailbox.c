@@ -186,6 +186,7 @@
 #include "lib/crc32c.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "store/mailbox.h"
 #include "store/mboxname.h"
 #include "store/quota.h"
@@ -1811,7 +1812,7 @@ int mailbox_open(const struct imapconf *conf, const char *name,
     struct buf dir = BUF_INITIALIZER, ipath = BUF_INITIALIZER;
     struct mailbox *mb;
     struct stat sb;
-    pid_t pid = getpid();
+    pid_t pid = procid_get();
     int r, e;
 
     *mb_r = NULL;
@@ -1891,7 +1892,7 @@ static int mbx_registry_has_own(void)
     struct mailbox *mb;
 
     for (mb = mbx_registry; mb; mb = mb->next)
-        if (mb->pid == getpid())
+        if (mb->pid == procid_get())
             return 1;
     return 0;
 }
@@ -1903,7 +1904,7 @@ void mailbox_close(struct mailbox **mbp)
     if (!mb)
         return;
     *mbp = NULL;
-    if (mb->pid != getpid())
+    if (mb->pid != procid_get())
         return;   /* inherited over fork(): the parent's */
     if (--mb->refcount > 0)
         return;
@@ -2507,7 +2508,7 @@ int mailbox_append_reserve_keywords(struct mailbox *mb,
     if (uid_r)
         *uid_r = 0;
     if (!mb || !stage_path || !info || !uid_r || mb->locktype ||
-        mb->pid != getpid())
+        mb->pid != procid_get())
         return STORE_INTERNAL;
     if (mb->npending == mb->pending_alloc) {
         size_t na = mb->pending_alloc ? mb->pending_alloc * 2 : 4;
@@ -2677,7 +2678,7 @@ static int mbx_resolve_pending(struct mailbox *mb, uint32_t uid, int commit)
 {
     int r, changed = 0;
 
-    if (!mb || mb->pid != getpid() || mb->locktype)
+    if (!mb || mb->pid != procid_get() || mb->locktype)
         return STORE_INTERNAL;
     if (!mbx_own_pending(mb, uid, NULL))
         return STORE_NOTFOUND;
@@ -2820,7 +2821,7 @@ int mailbox_append_finish_many(struct mailbox **mbs, const uint32_t *uids,
     for (i = 0; i < n; i++) {
         struct mailbox *mb = mbs[i];
 
-        if (!mb || mb->pid != getpid() || mb->locktype)
+        if (!mb || mb->pid != procid_get() || mb->locktype)
             continue;
         for (j = 0; j < ne && ents[j].mb != mb; j++)
             ;
@@ -3041,7 +3042,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
     DIR *d = NULL;
     struct dirent *de;
     struct stat sb;
-    pid_t pid = getpid();
+    pid_t pid = procid_get();
 
     if (report_r)
         buf_reset(report_r);

@@ -41,6 +41,7 @@
 
 #include "cyrusdb/cyrusdb.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "lib/strarray.h"
 #include "store/mboxname.h"
 #include "store/quota.h"
@@ -404,7 +405,7 @@ int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
         configdir = "";
     if (!backend)
         backend = "";
-    pid = getpid();
+    pid = procid_get();
     if (quota_shared_db && quota_shared_pid == pid &&
         quota_shared_key_is(configdir, backend)) {
         *q_r = quota_shared_db;   /* the usual case: nothing to build */
@@ -412,10 +413,10 @@ int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
     }
     if (buf_printf(&key, "%s\n%s", configdir, backend) < 0)
         return STORE_NOMEM;
-    if (quota_shared_db && quota_shared_pid == getpid() &&
+    if (quota_shared_db && quota_shared_pid == procid_get() &&
         strcmp(quota_shared_key, buf_cstring(&key)) != 0)
         quota_shared_close();   /* another configuration */
-    if (!quota_shared_db || quota_shared_pid != getpid()) {
+    if (!quota_shared_db || quota_shared_pid != procid_get()) {
         /* one inherited over fork() belongs to the parent: leave it */
         quota_shared_db = NULL;
         quota_shared_key = NULL;
@@ -425,7 +426,7 @@ int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
             buf_free(&key);
             return r;
         }
-        quota_shared_pid = getpid();
+        quota_shared_pid = procid_get();
         quota_shared_key = buf_release(&key);
     }
     buf_free(&key);
@@ -435,7 +436,7 @@ int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
 
 void quota_shared_close(void)
 {
-    if (quota_shared_db && quota_shared_pid == getpid()) {
+    if (quota_shared_db && quota_shared_pid == procid_get()) {
         quota_close(&quota_shared_db);
         free(quota_shared_key);
     }
