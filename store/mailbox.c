@@ -812,8 +812,9 @@ struct mbx_pending {
 struct mailbox {
     struct mailbox *next;      /* registry */
     struct mailbox **pprev;    /* what points to this one (O(1) removal) */
-    uint32_t path_hash;        /* of index_path: the registry compares it
-                                * before the strings */
+    struct mailbox *hnext;     /* the registry's bucket of path_hash */
+    struct mailbox **hpprev;
+    uint32_t path_hash;        /* of index_path */
     pid_t pid;                 /* the process that opened it */
     int refcount;
     const struct imapconf *conf;
@@ -840,9 +841,14 @@ struct mailbox {
 
 static struct mailbox *mbx_registry;
 
-/* FNV-1a of a path: a delivery opens a mailbox while the process has
- * dozens open, and comparing long paths with a common prefix (each in
- * its own allocation) cost more than the lookup is worth. */
+/* The registry by hash of the index path: a delivery opens a mailbox
+ * while the process has dozens open, and walking them all (each handle
+ * its own allocation, a cache miss apiece) cost more than the rest of
+ * the lookup. */
+#define MBX_REG_BUCKETS 256
+static struct mailbox *mbx_reg_bucket[MBX_REG_BUCKETS];
+
+/* FNV-1a of a path. */
 static uint32_t mbx_path_hash(const char *p)
 {
     uint32_t h = 2166136261u;
@@ -858,7 +864,7 @@ static struct mailbox *mbx_registry_find(pid_t pid, const char *path)
     uint32_t h = mbx_path_hash(path);
     struct mailbox *mb;
 
-    for (mb = mbx_registry; mb; mb = mb->next)
+    for (mb = mbx_reg_bucket[h % MBX_REG_BUCKETS]; mb; mb = mb->hnext)
         if (mb->path_hash == h && mb->pid == pid &&
             strcmp(mb->index_path, path) == 0)
             return mb;
@@ -1883,6 +1889,15 @@ int mailbox_open(const struct imapconf *conf, const char *name,
         mbx_registry->pprev = &mb->next;
     mb->pprev = &mbx_registry;
     mbx_registry = mb;
+    {
+        struct mailbox **b = &mbx_reg_bucket[mb->path_hash % MBX_REG_BUCKETS];
+
+        mb->hnext = *b;
+        if (*b)
+            (*b)->hpprev = &mb->hnext;
+        mb->hpprev = b;
+        *b = mb;
+    }
     *mb_r = mb;
     return STORE_OK;
 }
@@ -1926,6 +1941,11 @@ void mailbox_close(struct mailbox **mbp)
         *mb->pprev = mb->next;
         if (mb->next)
             mb->next->pprev = mb->pprev;
+    }
+    if (mb->hpprev) {
+        *mb->hpprev = mb->hnext;
+        if (mb->hnext)
+            mb->hnext->hpprev = mb->hpprev;
     }
     mbx_free(mb);
     if (!mbx_registry_has_own())
