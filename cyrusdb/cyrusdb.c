@@ -122,11 +122,14 @@ int cyrusdb_compare(int flags, const char *a, size_t alen,
     size_t i;
 
     if (flags & CYRUSDB_MBOXSORT) {
-        for (i = 0; i < n; i++) {
+        /* ranks only where the bytes differ (equal bytes, equal ranks):
+         * the keys of one search share long prefixes ("user.") */
+        for (i = 0; i < n && a[i] == b[i]; i++)
+            ;
+        if (i < n) {
             int ra = cyrusdb_mboxrank((unsigned char)a[i]);
             int rb = cyrusdb_mboxrank((unsigned char)b[i]);
-            if (ra != rb)
-                return ra < rb ? -1 : 1;
+            return ra < rb ? -1 : 1;   /* differ: a byte has one rank */
         }
     } else if (n) {
         int r = memcmp(a, b, n);

@@ -157,6 +157,7 @@
 #include "lib/crc32c.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 
 /* The map of a new database; grows by doubling (tests rely on a 1 MiB
  * value or 100,000 keys forcing growth). */
@@ -378,10 +379,10 @@ static int lmdb_error(struct lmdb_env *e, const char *fname, const char *what,
  * opened it, and its environment must be usable. */
 static int lmdb_check(struct lmdb_db *db)
 {
-    if (db->pid != getpid()) {
+    if (db->pid != procid_get()) {
         log_error("lmdb: handle used in another process than the one that "
                   "opened it file=<%s> pid=<%ld>", db->e->fname,
-                  (long)getpid());
+                  (long)procid_get());
         return CYRUSDB_INTERNAL;
     }
     if (db->e->broken) {
@@ -975,7 +976,7 @@ static int lmdb_env_acquire(const char *fname, int flags, int created,
     MDB_stat mst;
     mdb_filehandle_t fd;
     struct stat st;
-    pid_t pid = getpid();
+    pid_t pid = procid_get();
     int rc, r, dead = 0;
 
     *e_r = NULL;
@@ -1667,7 +1668,7 @@ static int lmdb_open(const char *fname, int flags, int variant,
         return r;
     }
     db->flags = flags;
-    db->pid = getpid();
+    db->pid = procid_get();
     buf_set_max(&db->data, SIZE_MAX);
     buf_set_max(&db->cbdata, SIZE_MAX);
     *db_r = &db->header;
@@ -1678,7 +1679,7 @@ static int lmdb_close(struct cyrusdb *cdb)
 {
     struct lmdb_db *db = (struct lmdb_db *)cdb;
 
-    if (db->pid == getpid()) {
+    if (db->pid == procid_get()) {
         if (db->tid)
             lmdb_txn_free(db, db->tid);     /* aborts */
         if (db->rtxn)

@@ -181,6 +181,15 @@ struct skiplist {
     ino_t ino;
     uint64_t gen;            /* bumped whenever the contents may change */
 
+    /* the file fd is open on, once an fstat() told (fd_known); cleared
+     * whenever fd changes.  While fd stays open its inode cannot be
+     * freed, so its number names no other file: a stat() of the path
+     * that finds it proves the path still names our file, and its size
+     * is our file's size (skiplist_refresh(), one system call) */
+    int fd_known;
+    dev_t fd_dev;
+    ino_t fd_ino;
+
     /* header */
     uint32_t maxlevel;
     uint32_t curlevel;
@@ -569,6 +578,7 @@ static int skiplist_reopen(struct skiplist *sl)
     }
     close(sl->fd);
     sl->fd = fd;
+    sl->fd_known = 0;
     return SKIPLIST_OK;
 }
 
@@ -584,12 +594,22 @@ static int skiplist_refresh(struct skiplist *sl)
     int r;
 
     for (;;) {
-        if (fstat(sl->fd, &fst) < 0)
-            return skiplist_syserr(sl, "fstat");
         if (stat(sl->fname, &st) < 0)
             return skiplist_syserr(sl, "stat");
-        if (st.st_ino == fst.st_ino && st.st_dev == fst.st_dev)
+        if (sl->fd_known && st.st_ino == sl->fd_ino &&
+            st.st_dev == sl->fd_dev) {
+            fst = st;   /* the same inode: the same size */
             break;
+        }
+        if (fstat(sl->fd, &fst) < 0)
+            return skiplist_syserr(sl, "fstat");
+        sl->fd_known = 1;
+        sl->fd_dev = fst.st_dev;
+        sl->fd_ino = fst.st_ino;
+        if (st.st_ino == fst.st_ino && st.st_dev == fst.st_dev) {
+            fst = st;   /* the size as of the later call */
+            break;
+        }
         if ((r = skiplist_reopen(sl)) != SKIPLIST_OK)
             return r;
     }
@@ -1034,6 +1054,7 @@ static int skiplist_rewrite(struct skiplist *sl, const uint32_t *live, size_t n)
     /* the new file is in place: switch to it whatever happens next */
     close(sl->fd);
     sl->fd = fd;
+    sl->fd_known = 0;
     sl->lock = F_WRLCK;
     fd = -1;
     {

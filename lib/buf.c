@@ -96,13 +96,29 @@ int buf_putc(struct buf *b, int c)
 int buf_vprintf(struct buf *b, const char *fmt, va_list ap)
 {
     va_list ap2;
+    size_t room;
     int n;
 
+    /* first into the room there is (made 128 bytes at least when the
+     * limit allows): one formatting pass instead of measuring first */
+    if (b->alloc - b->len < 128)
+        (void)buf_ensure(b, 127);
+    room = b->alloc > b->len ? b->alloc - b->len : 0;
     va_copy(ap2, ap);
-    n = vsnprintf(NULL, 0, fmt, ap2);
+    n = room ? vsnprintf(b->s + b->len, room, fmt, ap2)
+             : vsnprintf(NULL, 0, fmt, ap2);
     va_end(ap2);
-    if (n < 0)
+    if (n < 0) {
+        if (room)
+            b->s[b->len] = '\0';
         return -1;
+    }
+    if ((size_t)n < room && (size_t)n <= buf_limit(b) - b->len) {
+        b->len += (size_t)n;   /* it fit */
+        return 0;
+    }
+    if (room)
+        b->s[b->len] = '\0';
     if (buf_ensure(b, (size_t)n) < 0)
         return -1;
     vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "lib/log.h"
+#include "lib/procid.h"
 
 #define LOG_LINE_MAX 2048                 /* formatted, before escaping */
 #define LOG_SAFE_MAX (LOG_LINE_MAX * 4)   /* every byte may become \xNN */
@@ -67,18 +68,46 @@ int log_to_journal(void)
 
 /* One line to stderr: "prog[pid]: level: text", with the sd-daemon(3)
  * priority prefix "<N>" first when stderr is journald's stream. */
+static size_t log_put(char *out, size_t n, size_t outlen, const char *s)
+{
+    size_t len = strlen(s);
+
+    if (len > outlen - 1 - n)
+        len = outlen - 1 - n;
+    memcpy(out + n, s, len);
+    return n + len;
+}
+
+/* Put together by hand and written with one write(2): stdio's formatting
+ * of the (long) text cost more than making it. */
 static void log_stderr_write(int prio, const char *level, const char *text,
                              int withpid)
 {
-    char pre[8] = "";
+    char out[LOG_SAFE_MAX + 128], num[24];
+    size_t n = 0, off;
+    ssize_t w;
 
-    if (log_to_journal())
-        snprintf(pre, sizeof(pre), "<%d>", prio & 7);
-    if (withpid)
-        fprintf(stderr, "%s%s[%ld]: %s: %s\n", pre, log_progname,
-                (long)getpid(), level, text);
-    else
-        fprintf(stderr, "%s%s: %s: %s\n", pre, log_progname, level, text);
+    if (log_to_journal()) {
+        snprintf(num, sizeof(num), "<%d>", prio & 7);
+        n = log_put(out, n, sizeof(out), num);
+    }
+    n = log_put(out, n, sizeof(out), log_progname);
+    if (withpid) {
+        snprintf(num, sizeof(num), "[%ld]", (long)procid_get());
+        n = log_put(out, n, sizeof(out), num);
+    }
+    n = log_put(out, n, sizeof(out), ": ");
+    n = log_put(out, n, sizeof(out), level);
+    n = log_put(out, n, sizeof(out), ": ");
+    n = log_put(out, n, sizeof(out), text);
+    out[n++] = '\n';   /* log_put() keeps a byte for it */
+    for (off = 0; off < n; off += (size_t)w) {
+        w = write(STDERR_FILENO, out + off, n - off);
+        if (w < 0 && errno == EINTR)
+            w = 0;
+        else if (w <= 0)
+            return;
+    }
 }
 
 /* 1 when something accepts connections on /dev/log (datagram, as
@@ -186,7 +215,7 @@ static void log_file_write(const char *level, const char *line)
         !strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S %z", &tm))
         snprintf(stamp, sizeof(stamp), "%ld", (long)now);
     n = snprintf(out, sizeof(out), "%s %s[%ld]: %s: %s\n", stamp,
-                 log_progname, (long)getpid(), level, line);
+                 log_progname, (long)procid_get(), level, line);
     if (n < 0)
         return;
     if ((size_t)n >= sizeof(out)) {
@@ -220,9 +249,11 @@ size_t log_escape(const char *s, size_t len, char *out, size_t outlen)
         char e[4];
         size_t elen;
 
-        if (c >= 0x20 && c < 0x7f) {
-            e[0] = (char)c;
-            elen = 1;
+        if (c >= 0x20 && c < 0x7f) {   /* the usual byte: no escape */
+            if (n + 1 >= outlen)
+                break;
+            out[n++] = (char)c;
+            continue;
         } else if (c == '\r' || c == '\n' || c == '\t') {
             e[0] = '\\';
             e[1] = c == '\r' ? 'r' : c == '\n' ? 'n' : 't';

@@ -678,6 +678,28 @@ int prot_getline(struct prot *p, struct buf *line, size_t maxlen,
     }
 }
 
+int prot_getline_view(struct prot *p, size_t maxlen, const char **line_r,
+                      size_t *len_r, enum prot_eol *eol_r)
+{
+    unsigned char *start = p->in + p->in_start, *lf;
+    size_t avail = p->in_end - p->in_start, content;
+    int crlf;
+
+    if (avail == 0 || (lf = memchr(start, '\n', avail)) == NULL)
+        return 0;
+    content = (size_t)(lf - start);
+    crlf = content > 0 && lf[-1] == '\r';
+    if (crlf)
+        content--;
+    if (content > maxlen)
+        return 0;
+    *line_r = (const char *)start;
+    *len_r = (size_t)(lf - start) + 1;
+    *eol_r = crlf ? PROT_EOL_CRLF : PROT_EOL_LF;
+    p->in_start += *len_r;
+    return 1;
+}
+
 int prot_read(struct prot *p, struct buf *out, size_t len)
 {
     while (len > 0) {

@@ -116,6 +116,16 @@ void prot_set_wakefd(struct prot *p, int fd);
 int prot_getline(struct prot *p, struct buf *line, size_t maxlen,
                  enum prot_eol *eol_r);
 
+/* The next line without a copy, when the buffer already holds all of it
+ * (through its LF) and it has at most maxlen bytes without its end:
+ * *line_r points at it inside the stream's buffer (valid until the next
+ * call that reads from p), *len_r counts its bytes WITH the end, *eol_r
+ * is PROT_EOL_CRLF or PROT_EOL_LF; the line is consumed and 1 returned.
+ * Otherwise nothing is consumed and 0 returned: prot_getline() does the
+ * rest (waiting, overlong lines).  Never reads from the connection. */
+int prot_getline_view(struct prot *p, size_t maxlen, const char **line_r,
+                      size_t *len_r, enum prot_eol *eol_r);
+
 /* Exactly len bytes (for BDAT chunks, IMAP literals) appended to out; or,
  * with out NULL, read and thrown away.  PROT_OK, PROT_EOF (fewer arrived),
  * PROT_TIMEOUT, PROT_IOERROR, PROT_NOMEM. */

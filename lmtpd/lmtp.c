@@ -58,6 +58,7 @@
 #include "lib/log.h"
 #include "lib/metrics.h"
 #include "lib/prot.h"
+#include "lib/procid.h"
 #include "lib/saslserver.h"
 #include "lib/service.h"
 #include "lmtpd/lmtp.h"
@@ -817,7 +818,7 @@ static int lmtp_msg_begin(struct lmtp_session *s)
     }
     srv->seq++;
     snprintf(word, sizeof(word), "id %lx%05lx%04lx;", (unsigned long)now,
-             (unsigned long)getpid() & 0xfffffUL, srv->seq & 0xffffUL);
+             (unsigned long)procid_get() & 0xfffffUL, srv->seq & 0xffffUL);
     lmtp_fold_text(&h, &col, word);
     localtime_r(&now, &tm);
     strftime(date, sizeof(date), "%a, %d %b %Y %H:%M:%S %z", &tm);
@@ -1368,7 +1369,7 @@ static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
 {
     enum prot_eol eol;
     int after_crlf = 1;   /* the line follows a real CRLF (or the 354) */
-    int unstuff, r;
+    int unstuff, nomem = 0, r;
 
     if (len > 0) {
         lmtp_reply(s, "501 5.5.4 Syntax: DATA");
@@ -1398,39 +1399,47 @@ static void lmtp_cmd_data(struct lmtp_session *s, size_t len)
     }
     for (;;) {
         const char *d;
-        size_t n;
+        size_t n, content;   /* n: with the line end; content: without */
 
-        r = prot_getline(s->p, &s->line, LMTP_LINE_MAX, &eol);
-        if (r == PROT_TOOLONG) {
-            lmtp_msg_fail(&s->msg, MSG_LONGLINE, 0);
-            after_crlf = eol == PROT_EOL_CRLF;
-            continue;
-        }
-        if (r != PROT_OK) {
-            log_info("lmtp: message not received peer=<%s> sender=<%s> "
-                     "size=<%llu>", s->conn->peer,
-                     s->sender.s ? s->sender.s : "",
-                     (unsigned long long)s->msg.size);
-            lmtp_txn_reset(s);
-            lmtp_read_failed(s, r);
-            return;
+        /* the usual line is whole in the stream's buffer: used in place,
+         * with its line end (no copy, nothing appended) */
+        if (prot_getline_view(s->p, LMTP_LINE_MAX, &d, &n, &eol)) {
+            content = n - (eol == PROT_EOL_CRLF ? 2 : 1);
+        } else {
+            r = prot_getline(s->p, &s->line, LMTP_LINE_MAX, &eol);
+            if (r == PROT_TOOLONG) {
+                lmtp_msg_fail(&s->msg, MSG_LONGLINE, 0);
+                after_crlf = eol == PROT_EOL_CRLF;
+                continue;
+            }
+            if (r != PROT_OK) {
+                log_info("lmtp: message not received peer=<%s> sender=<%s> "
+                         "size=<%llu>", s->conn->peer,
+                         s->sender.s ? s->sender.s : "",
+                         (unsigned long long)s->msg.size);
+                lmtp_txn_reset(s);
+                lmtp_read_failed(s, r);
+                return;
+            }
+            content = s->line.len;
+            /* the line end goes through the filter with the line */
+            nomem = buf_append(&s->line, eol == PROT_EOL_LF ? "\n" : "\r\n",
+                               eol == PROT_EOL_LF ? 1 : 2) != 0;
+            d = s->line.s;
+            n = s->line.len;
         }
         /* only <CRLF>.<CRLF> ends the message (RFC 5321 4.1.1.4) */
-        if (after_crlf && eol == PROT_EOL_CRLF && s->line.len == 1 &&
-            s->line.s[0] == '.')
+        if (after_crlf && eol == PROT_EOL_CRLF && content == 1 && d[0] == '.')
             break;
         /* a dot opening a line after a real CRLF is dot-stuffing; a lone
          * "." with a bare LF before or after it is left to the filter */
-        unstuff = after_crlf && s->line.len > 1 && s->line.s[0] == '.';
+        unstuff = after_crlf && content > 1 && d[0] == '.';
         after_crlf = eol == PROT_EOL_CRLF;
-        /* the line end goes through the filter with the line: one call */
-        if (buf_append(&s->line, eol == PROT_EOL_LF ? "\n" : "\r\n",
-                       eol == PROT_EOL_LF ? 1 : 2) != 0) {
+        if (nomem) {
+            nomem = 0;
             lmtp_msg_fail(&s->msg, MSG_STORE, STORE_NOMEM);
             continue;
         }
-        d = s->line.s;
-        n = s->line.len;
         if (unstuff) {
             d++;
             n--;

@@ -19,6 +19,7 @@
  */
 #include "config.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -35,6 +36,7 @@
 
 struct deliver_cached {
     char *uniqueid;
+    uint32_t hash;          /* of uniqueid: compared before the strings */
     struct mailbox *mb;
     unsigned long used;     /* tick of the last use */
 };
@@ -90,19 +92,31 @@ void deliver_ctx_free(struct deliver_ctx **ctxp)
     *ctxp = NULL;
 }
 
+/* FNV-1a of a unique id. */
+static uint32_t deliver_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
 /* An open handle for the mailbox of `entry`, from the cache or opened. */
 static int deliver_get_mailbox(struct deliver_ctx *ctx,
                                const struct mboxlist_entry *entry,
                                struct mailbox **mb_r)
 {
     struct deliver_cached *c, *victim = NULL;
+    uint32_t h = deliver_hash(entry->uniqueid);
     size_t i;
     int r;
 
     ctx->tick++;
     for (i = 0; i < DELIVER_CACHE; i++) {
         c = &ctx->cache[i];
-        if (c->mb && strcmp(c->uniqueid, entry->uniqueid) == 0 &&
+        if (c->mb && c->hash == h &&
+            strcmp(c->uniqueid, entry->uniqueid) == 0 &&
             strcmp(mailbox_name(c->mb), entry->name) == 0 &&
             strcmp(mailbox_partition(c->mb), entry->partition) == 0) {
             c->used = ctx->tick;
@@ -116,6 +130,7 @@ static int deliver_get_mailbox(struct deliver_ctx *ctx,
     victim->uniqueid = strdup(entry->uniqueid);
     if (!victim->uniqueid)
         return STORE_NOMEM;
+    victim->hash = h;
     r = mailbox_open(ctx->conf, entry->name, entry->partition, &victim->mb);
     if (r) {
         deliver_cache_drop(victim);

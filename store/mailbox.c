@@ -186,6 +186,7 @@
 #include "lib/crc32c.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "store/idlenotify.h"
 #include "store/mailbox.h"
 #include "store/mboxname.h"
@@ -811,6 +812,10 @@ struct mbx_pending {
 
 struct mailbox {
     struct mailbox *next;      /* registry */
+    struct mailbox **pprev;    /* what points to this one (O(1) removal) */
+    struct mailbox *hnext;     /* the registry's bucket of path_hash */
+    struct mailbox **hpprev;
+    uint32_t path_hash;        /* of index_path */
     pid_t pid;                 /* the process that opened it */
     int refcount;
     const struct imapconf *conf;
@@ -818,6 +823,7 @@ struct mailbox {
     int fd;                    /* cyrus.index, the only one in the process */
     dev_t dev;
     ino_t ino;
+    off_t lock_size;           /* its size, from mbx_lock_fd()'s stat() */
     dev_t hdr_dev;             /* cyrus.header as last read: inode */
     ino_t hdr_ino;
     off_t hdr_size;            /* and size and change time: a replaced */
@@ -836,6 +842,36 @@ struct mailbox {
 };
 
 static struct mailbox *mbx_registry;
+
+/* The registry by hash of the index path: a delivery opens a mailbox
+ * while the process has dozens open, and walking them all (each handle
+ * its own allocation, a cache miss apiece) cost more than the rest of
+ * the lookup. */
+#define MBX_REG_BUCKETS 256
+static struct mailbox *mbx_reg_bucket[MBX_REG_BUCKETS];
+
+/* FNV-1a of a path. */
+static uint32_t mbx_path_hash(const char *p)
+{
+    uint32_t h = 2166136261u;
+
+    for (; *p; p++)
+        h = (h ^ (unsigned char)*p) * 16777619u;
+    return h;
+}
+
+/* This process's handle of the index at `path`, or NULL. */
+static struct mailbox *mbx_registry_find(pid_t pid, const char *path)
+{
+    uint32_t h = mbx_path_hash(path);
+    struct mailbox *mb;
+
+    for (mb = mbx_reg_bucket[h % MBX_REG_BUCKETS]; mb; mb = mb->hnext)
+        if (mb->path_hash == h && mb->pid == pid &&
+            strcmp(mb->index_path, path) == 0)
+            return mb;
+    return NULL;
+}
 
 
 static void mbx_publish(struct mailbox *mb)
@@ -1132,7 +1168,10 @@ static int mbx_load_header_file(struct mailbox *mb)
         if (n <= 0)
             break;
         len += (size_t)n;
-        if (len == sizeof(data))
+        /* the file is replaced by rename, never changed in place: its
+         * size as of the fstat() is all there is (no read for the EOF) */
+        if (len == sizeof(data) || (sb.st_size > 0 &&
+                                    len >= (size_t)sb.st_size))
             break;
     }
     close(fd);
@@ -1207,6 +1246,11 @@ static int mbx_refresh_header_file(struct mailbox *mb)
 {
     struct stat sb;
 
+    if (mb->hdr_ino == 0) {   /* never read (mailbox_open()): no compare */
+        int r = mbx_load_header_file(mb);
+
+        return r == STORE_NOTFOUND ? STORE_CORRUPT : r;   /* as stat()'s */
+    }
     if (stat(mb->header_path, &sb) < 0)
         return errno == ENOENT ? STORE_CORRUPT : STORE_IOERROR;
     if (mbx_header_same(mb, &sb))
@@ -1578,16 +1622,15 @@ static int mbx_recover(struct mailbox *mb)
     struct mbx_slot *s = &mb->slot;
     struct mailbox_record *tail = NULL;
     unsigned char *raw = NULL;
-    struct stat sb;
+    /* the size mbx_lock_fd() found under this lock (no writer since) */
+    off_t isize = mb->lock_size;
     uint64_t body;
     uint32_t nfile, from, i, nvalid, bad = UINT32_MAX, lastuid = 0;
     int changed = 0, commit_sync = 0, abort_sync = 0, r = STORE_OK;
 
-    if (fstat(mb->fd, &sb) < 0)
-        return STORE_IOERROR;
-    if (sb.st_size < MBX_HDR_AREA)
+    if (isize < MBX_HDR_AREA)
         return STORE_CORRUPT;
-    body = (uint64_t)sb.st_size - MBX_HDR_AREA;
+    body = (uint64_t)isize - MBX_HDR_AREA;
     if (body / MBX_REC_SIZE > UINT32_MAX)
         return STORE_CORRUPT;
     nfile = (uint32_t)(body / MBX_REC_SIZE);
@@ -1810,12 +1853,17 @@ static int mbx_lock_fd(struct mailbox *mb, int type)
         /* mb->dev/ino name the file mb->fd is open on (mbx_note_inode()
          * after every change of mb->fd; 0 = unknown): the path still
          * names it without an fstat() per lock */
-        if (mb->ino != 0 && sb.st_ino == mb->ino && sb.st_dev == mb->dev)
+        if (mb->ino != 0 && sb.st_ino == mb->ino && sb.st_dev == mb->dev) {
+            /* while mb->fd is open its inode number names no other
+             * file, so this is mb->fd's file and its size */
+            mb->lock_size = sb.st_size;
             return STORE_OK;
+        }
         if (fstat(mb->fd, &fsb) == 0 && sb.st_ino == fsb.st_ino &&
             sb.st_dev == fsb.st_dev) {
             mb->dev = fsb.st_dev;
             mb->ino = fsb.st_ino;
+            mb->lock_size = sb.st_size;
             return STORE_OK;
         }
         nfd = open(mb->index_path, O_RDWR | O_CLOEXEC);
@@ -1880,7 +1928,7 @@ int mailbox_open(const struct imapconf *conf, const char *name,
     struct buf dir = BUF_INITIALIZER, ipath = BUF_INITIALIZER;
     struct mailbox *mb;
     struct stat sb;
-    pid_t pid = getpid();
+    pid_t pid = procid_get();
     int r, e;
 
     *mb_r = NULL;
@@ -1890,14 +1938,13 @@ int mailbox_open(const struct imapconf *conf, const char *name,
         return r;
     }
     buf_printf(&ipath, "%s/%s", buf_cstring(&dir), MAILBOX_INDEX_FNAME);
-    for (mb = mbx_registry; mb; mb = mb->next) {
-        if (mb->pid == pid && !strcmp(mb->index_path, buf_cstring(&ipath))) {
-            mb->refcount++;
-            *mb_r = mb;
-            buf_free(&dir);
-            buf_free(&ipath);
-            return STORE_OK;
-        }
+    mb = mbx_registry_find(pid, buf_cstring(&ipath));
+    if (mb) {
+        mb->refcount++;
+        *mb_r = mb;
+        buf_free(&dir);
+        buf_free(&ipath);
+        return STORE_OK;
     }
     mb = calloc(1, sizeof(*mb));
     if (!mb) {
@@ -1946,8 +1993,21 @@ int mailbox_open(const struct imapconf *conf, const char *name,
         mbx_free(mb);
         return r;
     }
+    mb->path_hash = mbx_path_hash(mb->index_path);
     mb->next = mbx_registry;
+    if (mbx_registry)
+        mbx_registry->pprev = &mb->next;
+    mb->pprev = &mbx_registry;
     mbx_registry = mb;
+    {
+        struct mailbox **b = &mbx_reg_bucket[mb->path_hash % MBX_REG_BUCKETS];
+
+        mb->hnext = *b;
+        if (*b)
+            (*b)->hpprev = &mb->hnext;
+        mb->hpprev = b;
+        *b = mb;
+    }
     *mb_r = mb;
     return STORE_OK;
 }
@@ -1957,19 +2017,19 @@ static int mbx_registry_has_own(void)
     struct mailbox *mb;
 
     for (mb = mbx_registry; mb; mb = mb->next)
-        if (mb->pid == getpid())
+        if (mb->pid == procid_get())
             return 1;
     return 0;
 }
 
 void mailbox_close(struct mailbox **mbp)
 {
-    struct mailbox *mb = mbp ? *mbp : NULL, **pp;
+    struct mailbox *mb = mbp ? *mbp : NULL;
 
     if (!mb)
         return;
     *mbp = NULL;
-    if (mb->pid != getpid())
+    if (mb->pid != procid_get())
         return;   /* inherited over fork(): the parent's */
     if (--mb->refcount > 0)
         return;
@@ -1987,11 +2047,15 @@ void mailbox_close(struct mailbox **mbp)
             mb->pending[0] = mb->pending[--mb->npending];
         }
     }
-    for (pp = &mbx_registry; *pp; pp = &(*pp)->next) {
-        if (*pp == mb) {
-            *pp = mb->next;
-            break;
-        }
+    if (mb->pprev) {
+        *mb->pprev = mb->next;
+        if (mb->next)
+            mb->next->pprev = mb->pprev;
+    }
+    if (mb->hpprev) {
+        *mb->hpprev = mb->hnext;
+        if (mb->hnext)
+            mb->hnext->hpprev = mb->hpprev;
     }
     mbx_free(mb);
     if (!mbx_registry_has_own())
@@ -2094,7 +2158,8 @@ int mailbox_read_record(struct mailbox *mb, uint32_t recno,
 
 /* Binary search for uid in records [lo, hi). */
 static int mbx_search(struct mailbox *mb, uint32_t lo, uint32_t hi,
-                      uint32_t uid, uint32_t *recno_r)
+                      uint32_t uid, uint32_t *recno_r,
+                      struct mailbox_record *rec_r)
 {
     struct mailbox_record rec;
     int r;
@@ -2107,6 +2172,8 @@ static int mbx_search(struct mailbox *mb, uint32_t lo, uint32_t hi,
             return r == STORE_NOTFOUND ? STORE_CORRUPT : r;
         if (rec.uid == uid) {
             *recno_r = mid;
+            if (rec_r)
+                *rec_r = rec;   /* the caller need not read it again */
             return STORE_OK;
         }
         if (rec.uid < uid)
@@ -2121,7 +2188,7 @@ int mailbox_find_uid(struct mailbox *mb, uint32_t uid, uint32_t *recno_r)
 {
     if (!mb || !recno_r || !mb->locktype)
         return STORE_INTERNAL;
-    return mbx_search(mb, 0, mb->slot.visible, uid, recno_r);
+    return mbx_search(mb, 0, mb->slot.visible, uid, recno_r, NULL);
 }
 
 int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
@@ -2571,7 +2638,7 @@ int mailbox_append_reserve_keywords(struct mailbox *mb,
     if (uid_r)
         *uid_r = 0;
     if (!mb || !stage_path || !info || !uid_r || mb->locktype ||
-        mb->pid != getpid())
+        mb->pid != procid_get())
         return STORE_INTERNAL;
     if (mb->npending == mb->pending_alloc) {
         size_t na = mb->pending_alloc ? mb->pending_alloc * 2 : 4;
@@ -2692,16 +2759,13 @@ static int mbx_resolve_locked(struct mailbox *mb, uint32_t uid, int commit,
     if (!mbx_own_pending(mb, uid, &pi))
         return STORE_NOTFOUND;
     v_r = mb->pending[pi].visible_at_reserve;
-    r = mbx_search(mb, 0, mb->slot.num_records, uid, &recno);
+    r = mbx_search(mb, 0, mb->slot.num_records, uid, &recno, &rec);
     if (r == STORE_NOTFOUND) {
         log_error("mailbox: pending record vanished mailbox=<%s> uid=<%u>",
                   mb->name, uid);
         mbx_pending_remove(mb, pi);
         return STORE_NOTFOUND;
     }
-    if (r)
-        return r;
-    r = mbx_read_rec(mb, recno, &rec);
     if (r)
         return r;
     if (rec.flags & MAILBOX_FLAG_PENDING) {
@@ -2744,7 +2808,7 @@ static int mbx_resolve_pending(struct mailbox *mb, uint32_t uid, int commit)
 {
     int r, changed = 0;
 
-    if (!mb || mb->pid != getpid() || mb->locktype)
+    if (!mb || mb->pid != procid_get() || mb->locktype)
         return STORE_INTERNAL;
     if (!mbx_own_pending(mb, uid, NULL))
         return STORE_NOTFOUND;
@@ -2887,7 +2951,7 @@ int mailbox_append_finish_many(struct mailbox **mbs, const uint32_t *uids,
     for (i = 0; i < n; i++) {
         struct mailbox *mb = mbs[i];
 
-        if (!mb || mb->pid != getpid() || mb->locktype)
+        if (!mb || mb->pid != procid_get() || mb->locktype)
             continue;
         for (j = 0; j < ne && ents[j].mb != mb; j++)
             ;
@@ -3108,7 +3172,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
     DIR *d = NULL;
     struct dirent *de;
     struct stat sb;
-    pid_t pid = getpid();
+    pid_t pid = procid_get();
 
     if (report_r)
         buf_reset(report_r);
@@ -3128,9 +3192,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
 
     /* the handle to work through: this process's, or a temporary one */
     buf_printf(&path, "%s/%s", buf_cstring(&dir), MAILBOX_INDEX_FNAME);
-    for (reg = mbx_registry; reg; reg = reg->next)
-        if (reg->pid == pid && !strcmp(reg->index_path, buf_cstring(&path)))
-            break;
+    reg = mbx_registry_find(pid, buf_cstring(&path));
     if (reg) {
         mb = reg;
         if (mb->locktype == MAILBOX_LOCK_SHARED) {

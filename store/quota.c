@@ -41,6 +41,7 @@
 
 #include "cyrusdb/cyrusdb.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "lib/strarray.h"
 #include "store/mboxname.h"
 #include "store/quota.h"
@@ -380,19 +381,42 @@ static struct quota_db *quota_shared_db;
 static pid_t quota_shared_pid;
 static char *quota_shared_key;
 
+/* Is the open shared handle the one for (configdir, backend)?  Compared
+ * in place: quota_shared() runs several times per delivery. */
+static int quota_shared_key_is(const char *configdir, const char *backend)
+{
+    size_t n = strlen(configdir);
+
+    return quota_shared_key && strncmp(quota_shared_key, configdir, n) == 0 &&
+           quota_shared_key[n] == '\n' &&
+           strcmp(quota_shared_key + n + 1, backend) == 0;
+}
+
 int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
 {
     struct buf key = BUF_INITIALIZER;
+    const char *configdir = imapconf_getstring(conf, "configdirectory"),
+               *backend = imapconf_getstring(conf, "quota_db");
+    pid_t pid;
     int r;
 
     *q_r = NULL;
-    if (buf_printf(&key, "%s\n%s", imapconf_getstring(conf, "configdirectory"),
-                   imapconf_getstring(conf, "quota_db")) < 0)
+    if (!configdir)
+        configdir = "";
+    if (!backend)
+        backend = "";
+    pid = procid_get();
+    if (quota_shared_db && quota_shared_pid == pid &&
+        quota_shared_key_is(configdir, backend)) {
+        *q_r = quota_shared_db;   /* the usual case: nothing to build */
+        return STORE_OK;
+    }
+    if (buf_printf(&key, "%s\n%s", configdir, backend) < 0)
         return STORE_NOMEM;
-    if (quota_shared_db && quota_shared_pid == getpid() &&
+    if (quota_shared_db && quota_shared_pid == procid_get() &&
         strcmp(quota_shared_key, buf_cstring(&key)) != 0)
         quota_shared_close();   /* another configuration */
-    if (!quota_shared_db || quota_shared_pid != getpid()) {
+    if (!quota_shared_db || quota_shared_pid != procid_get()) {
         /* one inherited over fork() belongs to the parent: leave it */
         quota_shared_db = NULL;
         quota_shared_key = NULL;
@@ -402,7 +426,7 @@ int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
             buf_free(&key);
             return r;
         }
-        quota_shared_pid = getpid();
+        quota_shared_pid = procid_get();
         quota_shared_key = buf_release(&key);
     }
     buf_free(&key);
@@ -412,7 +436,7 @@ int quota_shared(const struct imapconf *conf, struct quota_db **q_r)
 
 void quota_shared_close(void)
 {
-    if (quota_shared_db && quota_shared_pid == getpid()) {
+    if (quota_shared_db && quota_shared_pid == procid_get()) {
         quota_close(&quota_shared_db);
         free(quota_shared_key);
     }

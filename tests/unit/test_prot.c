@@ -276,6 +276,51 @@ static void test_getline_nul(void **state)
     close(sv[1]);
 }
 
+/* prot_getline_view(): whole buffered lines in place, with their ends;
+ * nothing consumed (0) for a line not all there or over the limit, which
+ * prot_getline() then returns as before. */
+static void test_getline_view(void **state)
+{
+    int sv[2];
+    struct prot *p;
+    const char *d = NULL;
+    size_t n = 0;
+    enum prot_eol eol = (enum prot_eol)99;
+    static const char in[] = "one\r\ntwo\na\rb\r\n\r\nlong line\r\npart";
+    (void)state;
+
+    make_pair(sv);
+    p = prot_new(sv[0]);
+    assert_non_null(p);
+    /* nothing buffered yet: 0, and nothing is read from the socket */
+    assert_int_equal(write_all(sv[1], in, sizeof(in) - 1), 0);
+    assert_int_equal(prot_getline_view(p, 100, &d, &n, &eol), 0);
+    /* a prot_getline() fills the buffer: the rest is there now */
+    EXPECT(p, 100, PROT_OK, "one", PROT_EOL_CRLF);
+    assert_int_equal(prot_getline_view(p, 100, &d, &n, &eol), 1);
+    assert_int_equal(n, 4);
+    assert_memory_equal(d, "two\n", 4);
+    assert_int_equal(eol, PROT_EOL_LF);
+    assert_int_equal(prot_getline_view(p, 100, &d, &n, &eol), 1);
+    assert_int_equal(n, 5);
+    assert_memory_equal(d, "a\rb\r\n", 5);   /* bare CR kept */
+    assert_int_equal(eol, PROT_EOL_CRLF);
+    assert_int_equal(prot_getline_view(p, 100, &d, &n, &eol), 1);
+    assert_int_equal(n, 2);
+    assert_memory_equal(d, "\r\n", 2);
+    assert_int_equal(eol, PROT_EOL_CRLF);
+    /* 9 bytes over a limit of 8: not consumed; prot_getline() reports it */
+    assert_int_equal(prot_getline_view(p, 8, &d, &n, &eol), 0);
+    assert_int_equal(prot_getline_view(p, 9, &d, &n, &eol), 1);
+    assert_memory_equal(d, "long line\r\n", 11);
+    /* a last line without its LF: 0, still there for prot_getline() */
+    assert_int_equal(prot_getline_view(p, 100, &d, &n, &eol), 0);
+    close(sv[1]);
+    EXPECT(p, 100, PROT_EOF, "part", PROT_EOL_NONE);
+    prot_free(&p);
+    close(sv[0]);
+}
+
 static void test_getline_toolong(void **state)
 {
     int sv[2];
@@ -1488,6 +1533,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_getline_ends),
         cmocka_unit_test(test_getline_nul),
+        cmocka_unit_test(test_getline_view),
         cmocka_unit_test(test_getline_toolong),
         cmocka_unit_test(test_getline_toolong_big),
         cmocka_unit_test(test_getline_bytewise),
