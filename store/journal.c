@@ -1006,17 +1006,43 @@ static int jnl_write_file(const char *path, const struct jnl_rent *re)
 
 /* Find uid in mb (exclusively locked): 1 and *rec, 0 when absent, or a
  * negative store code. */
-static int jnl_find(struct mailbox *mb, uint32_t uid, struct mailbox_record *rec)
+static int jnl_find(struct mailbox *mb, uint32_t uid,
+                    struct mailbox_record *rec, uint32_t *recno_r)
 {
     uint32_t recno;
     int r = mailbox_find_uid(mb, uid, &recno);
 
+    *recno_r = recno;
     if (r == STORE_NOTFOUND)
         return 0;
     if (r)
         return -r;
     r = mailbox_read_record(mb, recno, rec);
     return r ? -r : 1;
+}
+
+/* After a rebuild, which keeps no flags of a record that was lost: the
+ * record's flags and keywords from the journal, when it has none. */
+static void jnl_restore_flags(struct mailbox *mb, uint32_t recno,
+                              struct mailbox_record *rec,
+                              const struct jnl_rent *re)
+{
+    size_t k;
+    int num, any = 0;
+
+    for (k = 0; k < MAILBOX_USER_FLAGS / 32; k++)
+        if (rec->user_flags[k])
+            return;
+    if ((rec->flags & MAILBOX_SYSTEM_FLAGS) || (!re->sysflags && !re->nkeywords))
+        return;
+    rec->flags = (rec->flags & ~MAILBOX_SYSTEM_FLAGS) | re->sysflags;
+    for (k = 0; k < re->nkeywords; k++)
+        if (mailbox_user_flag(mb, re->keywords[k], 1, &num) == STORE_OK) {
+            rec->user_flags[num / 32] |= 1u << (num % 32);
+            any = 1;
+        }
+    if (re->sysflags || any)
+        (void)mailbox_rewrite_record(mb, recno, rec);
 }
 
 /* Put uid back into mb (unlocked handle): reservations until uidnext
@@ -1065,6 +1091,7 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
     struct mailbox *mb = NULL;
     struct mailbox_header h;
     struct mailbox_record rec;
+    uint32_t recno;
     struct buf path = BUF_INITIALIZER;
     unsigned char *wrote;
     int r, have_h = 0, rebuilt = 0, f;
@@ -1082,13 +1109,22 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
     if (mailbox_lock(mb, MAILBOX_LOCK_SHARED) == STORE_OK) {
         h = *mailbox_get_header(mb);
         have_h = 1;
-        mailbox_unlock(mb);
     }
 
-    /* the files first: the exclusive lock's recovery must find them */
+    /* the files first: the exclusive lock's recovery must find them;
+     * not for a message the mailbox has expunged or aborted */
     for (i = 0; i < n; i++) {
         if (have_h && h.uidvalidity != ents[i].uidvalidity)
             continue;
+        if (have_h) {
+            f = jnl_find(mb, ents[i].uid, &rec, &recno);
+            if (f == 1 && (rec.flags & (MAILBOX_FLAG_EXPUNGED |
+                                        MAILBOX_FLAG_ABORTED)))
+                continue;
+            if (f == 0 && ents[i].uid < h.uidnext &&
+                h.compactions != ents[i].compactions)
+                continue;
+        }
         buf_reset(&path);
         mailbox_message_path(mb, ents[i].uid, &path);
         if (jnl_file_matches(buf_cstring(&path), &ents[i]))
@@ -1102,6 +1138,8 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
             st->failed++;
         }
     }
+    if (have_h)
+        mailbox_unlock(mb);
 
     for (;;) {
         r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
@@ -1134,7 +1172,7 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
             st->skipped++;      /* another mailbox of the same name */
             continue;
         }
-        f = jnl_find(mb, re->uid, &rec);
+        f = jnl_find(mb, re->uid, &rec, &recno);
         if (f < 0) {
             st->failed++;
             continue;
@@ -1146,6 +1184,8 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
                 st->skipped++;
             } else if (rec.flags & MAILBOX_FLAG_ABORTED) {
                 st->skipped++;  /* a failed commit, never acknowledged */
+            } else if (rebuilt) {
+                jnl_restore_flags(mb, recno, &rec, re);
             }
             continue;
         }
