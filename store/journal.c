@@ -425,18 +425,50 @@ static int jnl_open(const struct imapconf *conf, const char *partition,
         }
     fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) {
-        want = imapconf_getint(conf, "journal_size");
-        if (want < 1048576)
-            want = 1048576;
-        e = jnl_create(buf_cstring(&dir), buf_cstring(&path),
-                       (uint64_t)want & ~(uint64_t)(JNL_ALIGN - 1));
-        if (e) {
-            log_error("journal: cannot create file=<%s> error=<%s>",
-                      buf_cstring(&path), strerror(e));
-            r = jnl_errno(e);
+        /* one creator (a lock on journal./create.lock); the others do
+         * not wait for its zeros: they commit the group way meanwhile */
+        struct flock fl;
+        int lfd;
+
+        if (fs_mkdir_p(buf_cstring(&dir), JNL_DIR_MODE) != 0) {
+            r = jnl_errno(errno);
+            goto out;
+        }
+        buf_printf(&dir, "/create.lock");
+        lfd = open(buf_cstring(&dir), O_RDWR | O_CREAT | O_CLOEXEC,
+                   JNL_FILE_MODE);
+        buf_truncate(&dir, dir.len - strlen("/create.lock"));
+        if (lfd < 0) {
+            r = jnl_errno(errno);
+            goto out;
+        }
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        if (fcntl(lfd, F_SETLK, &fl) != 0) {
+            close(lfd);
+            r = STORE_BUSY;
             goto out;
         }
         fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+            want = imapconf_getint(conf, "journal_size");
+            if (want < 1048576)
+                want = 1048576;
+            e = jnl_create(buf_cstring(&dir), buf_cstring(&path),
+                           (uint64_t)want & ~(uint64_t)(JNL_ALIGN - 1));
+            if (e) {
+                close(lfd);
+                log_error("journal: cannot create file=<%s> error=<%s>",
+                          buf_cstring(&path), strerror(e));
+                r = jnl_errno(e);
+                goto out;
+            }
+            log_info("journal: created file=<%s> size=<%ld>",
+                     buf_cstring(&path), want);
+            fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
+        }
+        close(lfd);
     }
     if (fd < 0 || fstat(fd, &st) != 0 ||
         fs_pread_all(fd, hdr, sizeof(hdr), 0) < 0) {
@@ -655,8 +687,9 @@ int journal_commit(const struct imapconf *conf, const char *partition,
     int r, e;
 
     if ((r = jnl_open(conf, partition, &jf)) != STORE_OK) {
-        jnl_fallback(1, "journal file unusable", NULL);
-        return STORE_NOTIMPLEMENTED;
+        if (r != STORE_BUSY)
+            jnl_fallback(1, "journal file unusable", NULL);
+        return STORE_NOTIMPLEMENTED;  /* LOCKED: another one creates it */
     }
     if ((r = jnl_build(msgfd, msgsize, entries, n, &rec, &len)) != STORE_OK)
         return r == STORE_NOTIMPLEMENTED || r == STORE_NOMEM ?
@@ -1281,7 +1314,13 @@ int journal_replay(const struct imapconf *conf, const char *partition,
         goto out;
     fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
+        struct jnl_file *jf;
+
         r = errno == ENOENT ? STORE_OK : jnl_errno(errno);
+        /* none yet: made now (at the master's start) rather than by the
+         * first delivery, which would wait for 2 x journal_size of zeros */
+        if (r == STORE_OK && journal_mode(conf))
+            r = jnl_open(conf, partition, &jf);
         goto out;
     }
     jnl_set_state(conf, fd, JNL_STATE_REPLAYING);
