@@ -122,6 +122,12 @@
  *        survives it), not the machine.
  *  group one syncfs() per file system, shared by every committer waiting
  *        at that moment on that file system, in every process.
+ *  journal  appends (append.c) write one redo record to the partition's
+ *        journal and share one fdatasync() of it (journal.c, which has
+ *        its own crash argument and uses the rounds below with
+ *        fdatasync() and the journal state of commit.shm); every other
+ *        batch, and an append the journal cannot take, is synced as
+ *        "group".
  *
  * GROUP COMMIT: THE SHARED STATE
  *

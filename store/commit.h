@@ -24,6 +24,9 @@
  *   file  fsync() of each file (data and inode: the link count of a
  *       hard-linked message), then fsync() of each directory, each object
  *       once, in the order added.
+ *   journal  an append is made durable by one record in its partition's
+ *       delivery journal and a group fdatasync() round on it (journal.h);
+ *       everything else as "group".
  *   off   NO SYNC AT ALL.  UNSAFE: a crash of the machine or a power loss
  *       can lose mail that was acknowledged (a killed process loses
  *       nothing: the data is in the page cache).  For measurement (the
