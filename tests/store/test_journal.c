@@ -30,6 +30,9 @@
  *              commit.shm) keep the journal unused until journal_replay()
  *   expunged   a message expunged and cleaned up after its record was
  *              written is not brought back by replay
+ *   lost finish  the finish's record rewrite lost under a header that
+ *              counts the message: the mailbox's recovery repairs it (the
+ *              finish in journal mode does not raise `synced`)
  */
 #include "config.h"
 
@@ -751,6 +754,54 @@ static void test_expunged(void **state)
     tj_teardown(&f);
 }
 
+/* A lost finish: the header that made a message visible reached the disk,
+ * the rewrite of its record (PENDING cleared) did not.  In journal mode
+ * the finish never claims the index synced, so recovery repairs it. */
+static void test_lost_finish(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m = BUF_INITIALIZER, idx = BUF_INITIALIZER;
+    struct mailbox_record rec;
+    unsigned char r0[128];
+    uint32_t flags;
+    int fd;
+
+    (void)state;
+    tj_setup(&f, "jfin", NULL);
+    mb = tj_create(&f, "user.ivy");
+    tj_message(&m, 3, 800);
+    assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, NULL), STORE_OK);
+    assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, NULL), STORE_OK);
+    buf_printf(&idx, "%s/cyrus.index", mailbox_dir(mb));
+    mailbox_close(&mb);
+    fd = open(buf_cstring(&idx), O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, r0, 128, 4096), 128);
+    flags = le32(r0 + 4) | MAILBOX_FLAG_PENDING;
+    r0[4] = (unsigned char)flags;
+    r0[5] = (unsigned char)(flags >> 8);
+    r0[6] = (unsigned char)(flags >> 16);
+    r0[7] = (unsigned char)(flags >> 24);
+    {
+        uint32_t c = crc32c(r0, 124);
+
+        r0[124] = (unsigned char)c;
+        r0[125] = (unsigned char)(c >> 8);
+        r0[126] = (unsigned char)(c >> 16);
+        r0[127] = (unsigned char)(c >> 24);
+    }
+    assert_int_equal(pwrite(fd, r0, 128, 4096), 128);
+    close(fd);
+    assert_int_equal(mailbox_open(f.conf, "user.ivy", NULL, &mb), 0);
+    assert_int_equal(tj_record(mb, 1, &rec), STORE_OK);
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    buf_free(&m);
+    buf_free(&idx);
+    tj_teardown(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -762,6 +813,7 @@ int main(void)
         cmocka_unit_test(test_procs),
         cmocka_unit_test(test_failure),
         cmocka_unit_test(test_expunged),
+        cmocka_unit_test(test_lost_finish),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
