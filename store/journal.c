@@ -123,8 +123,13 @@
  *     it was expunged and cleaned up (cleanup compacts the index and
  *     syncs it, so compactions moved: recorded in the entry and compared),
  *     an ABORTED record (a failed round: never acknowledged), a mailbox
- *     deleted (not found) or recreated (other uidvalidity), a uid holding
- *     another message (digest differs: logged, left alone).
+ *     deleted (not found) or recreated (other uidvalidity), and the file of
+ *     a uid that holds another message: that happens when the loss took
+ *     the index's uidnext and a delivery made before the replay (the
+ *     group way, see "Start of a boot") got the uid again; the other
+ *     message stays and the record's message is appended under a new uid
+ *     (acknowledged mail is never dropped; a replay interrupted and run
+ *     again may make it twice).
  *  6. A killed process (no power loss) loses nothing from the page cache;
  *     its PENDING records are decided by the mailbox recovery as before,
  *     and journal replay after it finds everything in place.  The two do
@@ -1100,10 +1105,10 @@ static int jnl_add_record(const struct imapconf *conf, struct mailbox *mb,
                                             (const char *const *)re->keywords,
                                             re->nkeywords, NULL, &got);
         if (r || got >= re->uid)
-            break;
+            break;      /* uid 0: the first one given */
         mailbox_append_cancel(mb, got);
     }
-    if (!r && got != re->uid) {
+    if (!r && re->uid && got != re->uid) {
         log_error("journal: uid already taken mailbox=<%s> uid=<%u> got=<%u>",
                   re->mailbox, re->uid, got);
         mailbox_append_cancel(mb, got);
@@ -1151,9 +1156,11 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
             continue;
         if (have_h) {
             f = jnl_find(mb, ents[i].uid, &rec, &recno);
-            if (f == 1 && (rec.flags & (MAILBOX_FLAG_EXPUNGED |
-                                        MAILBOX_FLAG_ABORTED)))
-                continue;
+            if (f == 1 && ((rec.flags & (MAILBOX_FLAG_EXPUNGED |
+                                         MAILBOX_FLAG_ABORTED)) ||
+                           memcmp(rec.digest, ents[i].info.digest,
+                                  MAILBOX_DIGEST_LEN) != 0))
+                continue;       /* not ours to write (another message) */
             if (f == 0 && ents[i].uid < h.uidnext &&
                 h.compactions != ents[i].compactions)
                 continue;
@@ -1212,9 +1219,26 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
         }
         if (f == 1) {
             if (memcmp(rec.digest, re->info.digest, MAILBOX_DIGEST_LEN) != 0) {
-                log_error("journal: uid holds another message mailbox=<%s> "
-                          "uid=<%u>", name, re->uid);
-                st->skipped++;
+                /* the uid was given out again after the loss took the
+                 * index's uidnext (a delivery before this replay): the
+                 * acknowledged message comes back under a new uid */
+                struct jnl_rent moved = *re;
+
+                log_warning("journal: uid holds another message, restoring "
+                            "under a new uid mailbox=<%s> uid=<%u>", name,
+                            re->uid);
+                mailbox_unlock(mb);
+                moved.uid = 0;
+                r = jnl_add_record(conf, mb, tmpdir, &moved);
+                if (r)
+                    st->failed++;
+                else
+                    st->records_added++;
+                if (mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != STORE_OK) {
+                    st->failed += n - i - 1;
+                    goto out;
+                }
+                h = *mailbox_get_header(mb);
             } else if (rec.flags & MAILBOX_FLAG_ABORTED) {
                 st->skipped++;  /* a failed commit, never acknowledged */
             } else if (rebuilt) {

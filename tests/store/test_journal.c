@@ -33,6 +33,9 @@
  *   lost finish  the finish's record rewrite lost under a header that
  *              counts the message: the mailbox's recovery repairs it (the
  *              finish in journal mode does not raise `synced`)
+ *   uid reused the loss took uidnext and a delivery before the replay
+ *              got the journaled uid: both messages kept, the journaled
+ *              one under a new uid
  */
 #include "config.h"
 
@@ -802,6 +805,59 @@ static void test_lost_finish(void **state)
     tj_teardown(&f);
 }
 
+/* After the loss took uidnext, a delivery made before the replay (the
+ * group way) got the journaled message's uid: replay keeps that one and
+ * brings the acknowledged message back under a new uid. */
+static void test_uid_reused(void **state)
+{
+    struct tj_fix f, g;
+    struct mailbox *mb;
+    struct buf a = BUF_INITIALIZER, b = BUF_INITIALIZER,
+               idx = BUF_INITIALIZER, saved = BUF_INITIALIZER;
+    struct journal_replay_stats st;
+    struct mailbox_record rec;
+    uint32_t ua, ub;
+
+    (void)state;
+    tj_setup(&f, "jreuse", NULL);
+    mb = tj_create(&f, "user.jack");
+    buf_printf(&idx, "%s/cyrus.index", mailbox_dir(mb));
+    buf_printf(&saved, "%s.before", buf_cstring(&idx));
+    tj_copy(buf_cstring(&idx), buf_cstring(&saved));
+    tj_message(&a, 1, 900);
+    tj_message(&b, 2, 1300);
+    assert_int_equal(tj_deliver(&f, &mb, 1, &a, 0, NULL, 0, &ua), STORE_OK);
+    tj_unlink_file(mb, ua);
+    mailbox_close(&mb);
+    assert_int_equal(rename(buf_cstring(&saved), buf_cstring(&idx)), 0);
+
+    g.dir = th_mkdtemp("jreuse-g");
+    g.spool = strdup(f.spool);
+    buf_reset(&saved);
+    buf_printf(&saved, "partition-default: %s\nspool_sync: group\n", f.spool);
+    g.conf = th_store_conf(g.dir, TJ_BACKEND, buf_cstring(&saved));
+    assert_int_equal(mailbox_open(g.conf, "user.jack", NULL, &mb), 0);
+    assert_int_equal(tj_deliver(&g, &mb, 1, &b, 0, NULL, 0, &ub), STORE_OK);
+    assert_int_equal(ub, ua);
+    mailbox_close(&mb);
+
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.records_added, 1);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(mailbox_open(f.conf, "user.jack", NULL, &mb), 0);
+    tj_check_file(mb, ub, &b);
+    assert_int_equal(tj_record(mb, ub + 1, &rec), STORE_OK);
+    tj_check_file(mb, ub + 1, &a);
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    tj_teardown(&g);
+    buf_free(&a);
+    buf_free(&b);
+    buf_free(&idx);
+    buf_free(&saved);
+    tj_teardown(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -814,6 +870,7 @@ int main(void)
         cmocka_unit_test(test_failure),
         cmocka_unit_test(test_expunged),
         cmocka_unit_test(test_lost_finish),
+        cmocka_unit_test(test_uid_reused),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
