@@ -1394,7 +1394,8 @@ int journal_replay(const struct imapconf *conf, const char *partition,
 
     /* per mailbox, in uid order (qsort is not stable; uids are unique
      * per mailbox) */
-    qsort(list, n, sizeof(*list), jnl_rent_cmp);
+    if (n)
+        qsort(list, n, sizeof(*list), jnl_rent_cmp);
     for (i = 0; i < n; i = j) {
         for (j = i + 1; j < n && strcmp(list[j].mailbox, list[i].mailbox) == 0;
              j++)
