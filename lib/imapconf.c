@@ -196,8 +196,9 @@ static const struct imapconf_option imapconf_options[] = {
     { .name = "journal_size", .type = IMAPCONF_INT, .def = "67108864",
       .min = 1048576, .max = 1073741824,
       .desc = "bytes of one of the two segments of a partition's delivery "
-              "journal (spool_sync: journal); the file is 4 KiB + 2 x this, "
-              "written with zeros when created; a segment is reused after a "
+              "journal (spool_sync: journal); the file grows to 4 KiB + 2 x "
+              "this (zeros written 1 MiB ahead of the records, once); a "
+              "segment is reused after a "
               "checkpoint (one syncfs of the partition), so larger = fewer "
               "checkpoints; a message bigger than a segment is synced the "
               "group way" },

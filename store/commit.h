@@ -149,6 +149,7 @@ struct commit_journal_state {
     uint64_t off;             /* next free byte in the active segment */
     uint64_t seq;             /* the next record's sequence number */
     uint64_t segsize;         /* bytes per segment */
+    uint64_t filled;          /* zeros written and synced up to here */
 };
 
 /* Find or claim the entry of journal (dev, ino) and return with the shared

@@ -34,9 +34,14 @@
  *       keyword count u16, the names (no NUL), each keyword as length
  *       u16 + bytes;
  *       then the message bytes; then zeros up to the length.
- *   The file is created full size with written zeros (a temporary file
- *   fsynced and linked into place), so that every later write is an
- *   overwrite of allocated blocks.
+ *   The file is created with its header only (a temporary file fsynced
+ *   and linked into place); before a record or segment header is written
+ *   beyond what was ever written, zeros are written and fdatasync()ed up
+ *   to the next MiB (jnl_fill, under the mutex), so that every record
+ *   write is an overwrite of allocated, written blocks and its round's
+ *   fdatasync() needs no metadata commit.  The file reaches 4 KiB + 2 x
+ *   segment size on the first pass and stays so; bytes beyond its end
+ *   read as zeros (no record).
  *
  *   Records with generation <= the checkpoint generation are durable in
  *   place and never replayed.  A segment's valid records are the run that
@@ -365,7 +370,6 @@ static int jnl_create(const char *dir, const char *path, uint64_t segsize)
 {
     char tmp[PATH_MAX];
     unsigned char *zero;
-    uint64_t total = JNL_HDR + 2 * segsize, off;
     int fd, e = 0, dfd;
 
     if (fs_mkdir_p(dir, JNL_DIR_MODE) != 0)
@@ -377,17 +381,10 @@ static int jnl_create(const char *dir, const char *path, uint64_t segsize)
     fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, JNL_FILE_MODE);
     if (fd < 0)
         return errno;
-    zero = calloc(1, JNL_ZERO_CHUNK);
+    zero = calloc(1, JNL_HDR);
     if (!zero) {
         e = ENOMEM;
         goto out;
-    }
-    for (off = 0; off < total && !e; off += JNL_ZERO_CHUNK) {
-        size_t n = total - off < JNL_ZERO_CHUNK ? (size_t)(total - off)
-                                                : JNL_ZERO_CHUNK;
-
-        if (fs_pwrite_all(fd, zero, n, (off_t)off) != 0)
-            e = errno;
     }
     if (!e) {
         jnl_file_header(zero, segsize, 0);
@@ -483,8 +480,7 @@ static int jnl_open(const struct imapconf *conf, const char *partition,
         goto out;
     }
     if (jnl_file_header_parse(hdr, &segsize, &ckpt) < 0 ||
-        segsize < 2 * JNL_SEG_HDR ||
-        (uint64_t)st.st_size < JNL_HDR + 2 * segsize) {
+        segsize < 2 * JNL_SEG_HDR || segsize % JNL_ALIGN) {
         log_error("journal: damaged header file=<%s>", buf_cstring(&path));
         r = STORE_CORRUPT;
         goto out;
@@ -517,6 +513,44 @@ static off_t jnl_seg_base(const struct jnl_file *jf, unsigned seg)
     return (off_t)(JNL_HDR + (uint64_t)seg * jf->segsize);
 }
 
+/*
+ * Zeros written and synced from js->filled up to `end` rounded up to
+ * JNL_ZERO_CHUNK (at most the file's full size), so that the records
+ * written there later are overwrites of allocated, written blocks: their
+ * fdatasync() then needs no metadata commit.  The first pass over the
+ * file pays one fdatasync() per MiB here; later passes nothing.  Mutex
+ * held.  0 or an errno.
+ */
+static int jnl_fill(struct jnl_file *jf, struct commit_journal_state *js,
+                    uint64_t end)
+{
+    static unsigned char *zero;
+    uint64_t total = JNL_HDR + 2 * jf->segsize, to;
+    int rc;
+
+    if (end <= js->filled)
+        return 0;
+    to = (end + JNL_ZERO_CHUNK - 1) / JNL_ZERO_CHUNK * JNL_ZERO_CHUNK;
+    if (to > total)
+        to = total;
+    if (!zero && !(zero = calloc(1, JNL_ZERO_CHUNK)))
+        return ENOMEM;
+    while (js->filled < to) {
+        size_t n = to - js->filled < JNL_ZERO_CHUNK ?
+                       (size_t)(to - js->filled) : JNL_ZERO_CHUNK;
+
+        if (fs_pwrite_all(jf->fd, zero, n, (off_t)js->filled) != 0)
+            return errno;
+        do
+            rc = fdatasync(jf->fd);
+        while (rc < 0 && errno == EINTR);
+        if (rc < 0)
+            return errno;
+        js->filled += n;
+    }
+    return 0;
+}
+
 /* First look at the journal in this boot: NEEDS_REPLAY when a segment is
  * newer than the checkpoint, else a new generation in segment 0.  Mutex
  * held.  0 or an errno. */
@@ -524,14 +558,21 @@ static int jnl_state_init(struct jnl_file *jf, struct commit_journal_state *js)
 {
     unsigned char hdr[JNL_HDR];
     uint64_t segsize, ckpt, gen, seq, maxgen;
+    struct stat st;
     unsigned i;
+    int e;
 
     if (fs_pread_all(jf->fd, hdr, sizeof(hdr), 0) < 0)
         return errno;
     if (jnl_file_header_parse(hdr, &segsize, &ckpt) < 0)
         return EBADMSG;
     maxgen = ckpt;
+    if (fstat(jf->fd, &st) != 0)
+        return errno;
+    js->filled = (uint64_t)st.st_size;
     for (i = 0; i < 2; i++) {
+        if ((uint64_t)jnl_seg_base(jf, i) + JNL_SEG_HDR > js->filled)
+            break;      /* never written yet */
         if (fs_pread_all(jf->fd, hdr, JNL_SEG_HDR, jnl_seg_base(jf, i)) < 0)
             return errno;
         if (jnl_seg_header_parse(hdr, &gen, &seq) == 0 && gen > ckpt) {
@@ -541,6 +582,8 @@ static int jnl_state_init(struct jnl_file *jf, struct commit_journal_state *js)
         if (jnl_seg_header_parse(hdr, &gen, &seq) == 0 && gen > maxgen)
             maxgen = gen;
     }
+    if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, 0) + JNL_SEG_HDR)))
+        return e;
     jnl_seg_header(hdr, maxgen + 1, 1);
     if (fs_pwrite_all(jf->fd, hdr, JNL_SEG_HDR, jnl_seg_base(jf, 0)) != 0)
         return errno;
@@ -765,9 +808,12 @@ int journal_commit(const struct imapconf *conf, const char *partition,
                          + 1;
 
             jnl_seg_header(seghdr, g, js->seq);
-            if (fs_pwrite_all(jf->fd, seghdr, JNL_SEG_HDR,
+            if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, other) +
+                                      JNL_SEG_HDR)) != 0 ||
+                fs_pwrite_all(jf->fd, seghdr, JNL_SEG_HDR,
                               jnl_seg_base(jf, other)) != 0) {
-                e = errno;
+                if (!e)
+                    e = errno;
                 commit_journal_unlock(conf);
                 free(rec);
                 jnl_break(conf, jf, e, "segment header write");
@@ -786,9 +832,12 @@ int journal_commit(const struct imapconf *conf, const char *partition,
     put64(rec + 8, js->gen[js->active]);
     put64(rec + 16, js->seq);
     put32(rec + 32, jnl_rec_crc(rec, len));
-    if (fs_pwrite_all(jf->fd, rec, len,
+    if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, js->active) +
+                              js->off + len)) != 0 ||
+        fs_pwrite_all(jf->fd, rec, len,
                       jnl_seg_base(jf, js->active) + (off_t)js->off) != 0) {
-        e = errno;
+        if (!e)
+            e = errno;
         commit_journal_unlock(conf);
         free(rec);
         jnl_break(conf, jf, e, "record write");
@@ -1331,6 +1380,7 @@ int journal_replay(const struct imapconf *conf, const char *partition,
     unsigned char *map = MAP_FAILED;
     size_t maplen = 0;
     int fd = -1, r, valid[2] = { 0, 0 }, s, rc;
+    uint64_t avail[2] = { 0, 0 };
     unsigned order[2] = { 0, 1 };
 
     memset(&st, 0, sizeof(st));
@@ -1353,8 +1403,7 @@ int journal_replay(const struct imapconf *conf, const char *partition,
         goto out;
     }
     if (jnl_file_header_parse(hdr, &segsize, &ckpt) < 0 ||
-        segsize < 2 * JNL_SEG_HDR ||
-        (uint64_t)sb.st_size < JNL_HDR + 2 * segsize) {
+        segsize < 2 * JNL_SEG_HDR || segsize % JNL_ALIGN) {
         /* the header is written once at creation and then only in place:
          * unreadable = damaged; every record may matter */
         log_error("journal: damaged header, replaying nothing file=<%s>",
@@ -1362,7 +1411,10 @@ int journal_replay(const struct imapconf *conf, const char *partition,
         r = STORE_CORRUPT;
         goto out;
     }
-    maplen = (size_t)(JNL_HDR + 2 * segsize);
+    /* the file is as long as it was ever filled (jnl_fill) */
+    maplen = (size_t)sb.st_size;
+    if ((uint64_t)maplen > JNL_HDR + 2 * segsize)
+        maplen = (size_t)(JNL_HDR + 2 * segsize);
     map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         r = STORE_IOERROR;
@@ -1370,8 +1422,13 @@ int journal_replay(const struct imapconf *conf, const char *partition,
     }
     maxgen = ckpt;
     for (s = 0; s < 2; s++) {
-        valid[s] = jnl_seg_header_parse(map + JNL_HDR + s * segsize,
-                                        &gen[s], &seq[s]) == 0;
+        uint64_t base = JNL_HDR + (uint64_t)s * segsize;
+
+        avail[s] = maplen > base ? maplen - base : 0;
+        if (avail[s] > segsize)
+            avail[s] = segsize;
+        valid[s] = avail[s] >= JNL_SEG_HDR &&
+                   jnl_seg_header_parse(map + base, &gen[s], &seq[s]) == 0;
         if (valid[s] && gen[s] > maxgen)
             maxgen = gen[s];
     }
@@ -1384,7 +1441,7 @@ int journal_replay(const struct imapconf *conf, const char *partition,
 
         if (!valid[g] || gen[g] <= ckpt)
             continue;
-        st.records += jnl_scan_segment(map + JNL_HDR + g * segsize, segsize,
+        st.records += jnl_scan_segment(map + JNL_HDR + g * segsize, avail[g],
                                        gen[g], seq[g], &list, &n, &alloc);
     }
     st.entries = n;

@@ -5,8 +5,8 @@
  *   format     one delivery = one record at segment 0 + 4096 with the
  *              documented header (magic, length, generation, sequence 1,
  *              CRC-32C), the entry fields and the message bytes; no
- *              syncfs(), one journal round; the file is 4 KiB + 2 x
- *              journal_size, zeros beyond the record
+ *              syncfs(), one journal round; the file is filled to
+ *              one MiB (zeros written ahead), zeros beyond the record
  *   torn       a damaged second record ends the replay: the first is
  *              restored, the third is not
  *   lost       every message file deleted and cyrus.index put back to its
@@ -270,7 +270,7 @@ static void test_format(void **state)
 
     jpath = tj_journal_path(&f);
     tj_read_file(jpath, &j);
-    assert_int_equal((&j)->len, 4096 + 2 * (size_t)TJ_SEG);
+    assert_int_equal((&j)->len, 1048576);   /* zeros written 1 MiB ahead */
     p = (const unsigned char *)(&j)->s;
     assert_memory_equal(p, "CDJNL001", 8);
     assert_memory_equal(p + 4096, "CDJSEG01", 8);
