@@ -197,7 +197,7 @@ static const struct imapconf_option imapconf_options[] = {
               "message files and indexes are synced in bulk at checkpoints "
               "and restored from the journal by ctl_cyrusdb -r after a "
               "power loss" },
-    { .name = "journal_size", .type = IMAPCONF_INT, .def = "67108864",
+    { .name = "journal_size", .type = IMAPCONF_INT, .def = "16777216",
       .min = 1048576, .max = 1073741824,
       .desc = "bytes of one of the two segments of a partition's delivery "
               "journal (spool_sync: journal); the file grows to 4 KiB + 2 x "

@@ -584,6 +584,16 @@ static void test_procs(void **state)
     /* the journal made as at the master's start (else the deliveries
      * racing the first one's creation commit the group way) */
     assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    {
+        /* made at the start: full size, zeros written */
+        char *jpath = tj_journal_path(&f);
+        struct stat sb;
+
+        assert_int_equal(stat(jpath, &sb), 0);
+        assert_int_equal(sb.st_size, 4096 + 2 * (off_t)TJ_SEG);
+        assert_true(sb.st_blocks * 512 >= sb.st_size);
+        free(jpath);
+    }
     for (p = 0; p < TJ_PROCS; p++) {
         pids[p] = fork();
         assert_true(pids[p] >= 0);
