@@ -178,11 +178,7 @@ static const struct imapconf_option imapconf_options[] = {
      * 960 vs 841 (1 connection), 1532 vs 1463 (10), 1430 vs 1362 (20),
      * 1570 vs 1321 (40), 1300 vs 1278 (100); off (no sync) 1119-1705.
      * 0.26-1 syncfs per message instead of 3 fsyncs.  doc/bench/lmtp.md */
-    /* default journal since the delivery journal: bench/run.sh -x nosync,
-     * 2,000 messages of 13,870 bytes, 3 runs interleaved, medians,
-     * msgs/s journal vs group vs file (off): doc/ARCHITECTURE.md, "The
-     * durable commit path" */
-    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "journal",
+    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "group",
       .words = imapconf_spool_sync_words,
       .desc = "how a delivery is made durable before it is acknowledged: "
               "group = deliveries waiting at the same moment share one "

@@ -14,7 +14,7 @@
  * How a round is made is chosen by imapd.conf's spool_sync (read from the
  * batch's configuration; a NULL configuration means "file"):
  *
- *   group  group commit across processes: the committers
+ *   group (the default)  group commit across processes: the committers
  *       waiting at the same moment on the same file system share ONE
  *       syncfs() issued by one of them (the leader), coordinated through
  *       CONFIGDIR/commit.shm; see commit.c for the protocol and the
@@ -24,9 +24,9 @@
  *   file  fsync() of each file (data and inode: the link count of a
  *       hard-linked message), then fsync() of each directory, each object
  *       once, in the order added.
- *   journal (the default)  an append is made durable by one record in its
- *       partition's delivery journal and a group fdatasync() round on it
- *       (journal.h); everything else as "group".
+ *   journal  an append is made durable by one record in its partition's
+ *       delivery journal and a group fdatasync() round on it (journal.h);
+ *       everything else as "group".
  *   off   NO SYNC AT ALL.  UNSAFE: a crash of the machine or a power loss
  *       can lose mail that was acknowledged (a killed process loses
  *       nothing: the data is in the page cache).  For measurement (the
