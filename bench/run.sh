@@ -20,7 +20,8 @@
 #               backends  ours: each mboxlist_db, then each duplicate_db
 #               prefork   ours: lmtpunix prefork/maxchild settings, 40 and 100
 #               stage     ours: stage_dirs 1 vs 16, 40 and 100 connections
-#               nosync    ours: spool_sync group/file/off on disk, off on tmpfs
+#               nosync    ours: spool_sync group/file/journal/off on disk, off
+#                         on tmpfs
 #               tool      mailbench vs smtp-source -L against smtp-sink -L
 #               sieve     ours: no script, a 20-rule filing script, vacation
 #               idle      ours: CPU of 1,000 idle IDLE sessions and the delay
@@ -735,6 +736,7 @@ if has_server ours; then
         [[ $(stat -f -c %T "$tmpfs_dir") == tmpfs ]] || die "/dev/shm is not tmpfs"
         v=("spool_sync=group (default)|ours-default|"
            "spool_sync=file|ours-sync-file|spool_sync=file"
+           "spool_sync=journal|ours-sync-journal|spool_sync=journal"
            "spool_sync=off|ours-sync-off|spool_sync=off"
            "spool_sync=off, partition on tmpfs|ours-sync-off-tmpfs|spool_sync=off partition=$tmpfs_dir")
         ours_runs nosync 40 "${v[@]}"

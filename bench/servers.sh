@@ -243,7 +243,12 @@ srv_setup_ours() {   # DIR KEY=VALUE...
     fi
     local lport iport
     lport=$(srv_free_port) iport=$(srv_free_port)
+    # START as in a real cyrus.conf: recovery (and, with spool_sync:
+    # journal, the journal made or replayed) before the services
     cat > "$d/cyrus.conf" <<EOF
+START {
+  recover cmd="$b/tools/ctl_cyrusdb -C $d/imapd.conf -r"
+}
 SERVICES {
   lmtpunix cmd="$b/lmtpd/lmtpd" listen="$d/socket/lmtp" prefork=$prefork maxchild=$maxchild
   lmtp     cmd="$b/lmtpd/lmtpd -a" listen="127.0.0.1:$lport" prefork=0 maxchild=$maxchild

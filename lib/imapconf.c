@@ -89,7 +89,7 @@ static const char *const imapconf_virtdomains_words[] = {
 };
 
 static const char *const imapconf_spool_sync_words[] = {
-    "group", "file", "off", NULL
+    "group", "file", "off", "journal", NULL
 };
 
 static const char *const imapconf_bare_newlines_words[] = {
@@ -186,7 +186,22 @@ static const struct imapconf_option imapconf_options[] = {
               "processes); file = each delivery syncs its own files and "
               "directories; off = no sync at all, UNSAFE: a crash or power "
               "loss can lose acknowledged mail (for measurement, or for "
-              "admins who accept that, like a spool on tmpfs)" },
+              "admins who accept that, like a spool on tmpfs); journal = "
+              "each delivery appends one redo record to its partition's "
+              "journal (PARTITION/journal./journal), made durable by one "
+              "fdatasync shared by every delivery waiting at that moment; "
+              "message files and indexes are synced in bulk at checkpoints "
+              "and restored from the journal by ctl_cyrusdb -r after a "
+              "power loss" },
+    { .name = "journal_size", .type = IMAPCONF_INT, .def = "16777216",
+      .min = 1048576, .max = 1073741824,
+      .desc = "bytes of one of the two segments of a partition's delivery "
+              "journal (spool_sync: journal); the file grows to 4 KiB + 2 x "
+              "this (zeros written 1 MiB ahead of the records, once); a "
+              "segment is reused after a "
+              "checkpoint (one syncfs of the partition), so larger = fewer "
+              "checkpoints; a message bigger than a segment is synced the "
+              "group way" },
     { .name = "lmtp_bare_newlines", .type = IMAPCONF_ENUM, .def = "reject",
       .words = imapconf_bare_newlines_words,
       .desc = "a message with a bare CR or LF: reject = refuse it with "

@@ -66,6 +66,7 @@
 #include "lib/log.h"
 #include "store/append.h"
 #include "store/commit.h"
+#include "store/journal.h"
 #include "store/quota.h"
 #include "store/store.h"
 
@@ -110,6 +111,13 @@ struct append_stage {
 struct append_resv {
     struct mailbox *mb;
     uint32_t uid;
+    /* for the journal record (spool_sync: journal) */
+    int fd;                      /* the staging file linked */
+    const struct append_stage *st;
+    int64_t internaldate;
+    uint32_t sysflags;
+    char **keywords;
+    size_t nkeywords;
 };
 
 struct append_txn {
@@ -619,6 +627,80 @@ static void append_cancel_one(const struct append_resv *rv)
                   mailbox_name(rv->mb), rv->uid, store_strerror(r));
 }
 
+/* Keep copies of the keywords for the journal record (none kept when
+ * memory is short: the journal is then not used for this commit). */
+static void append_resv_keywords(struct append_resv *rv,
+                                 const char *const *keywords, size_t n)
+{
+    size_t i;
+
+    rv->keywords = calloc(n, sizeof(char *));
+    if (!rv->keywords)
+        return;
+    for (i = 0; i < n; i++)
+        if (keywords[i] && !(rv->keywords[rv->nkeywords++] =
+                                 strdup(keywords[i])))
+            rv->nkeywords--;
+}
+
+static void append_resv_clear(struct append_txn *t)
+{
+    size_t i, k;
+
+    for (i = 0; i < t->nresv; i++) {
+        for (k = 0; k < t->resv[i].nkeywords; k++)
+            free(t->resv[i].keywords[k]);
+        free(t->resv[i].keywords);
+        t->resv[i].keywords = NULL;
+        t->resv[i].nkeywords = 0;
+    }
+    t->nresv = 0;
+}
+
+/*
+ * spool_sync: journal: one journal record for the transaction's
+ * reservations instead of the batch's round (journal.h).  STORE_OK: durable;
+ * STORE_NOTIMPLEMENTED: not possible here (several staging files, the
+ * journal unusable): the caller runs the round; else the round's error.
+ */
+static int append_commit_journal(struct append_txn *t)
+{
+    struct journal_entry *ents;
+    const struct mailbox_header *h;
+    const char *partname;
+    size_t i;
+    int r;
+
+    for (i = 1; i < t->nresv; i++)
+        if (t->resv[i].fd != t->resv[0].fd)
+            return STORE_NOTIMPLEMENTED;
+    ents = calloc(t->nresv, sizeof(*ents));
+    if (!ents)
+        return STORE_NOTIMPLEMENTED;
+    partname = mailbox_partition(t->resv[0].mb);
+    if (!partname || !*partname)
+        partname = imapconf_getstring(t->conf, "defaultpartition");
+    for (i = 0; i < t->nresv; i++) {
+        const struct append_resv *rv = &t->resv[i];
+
+        h = mailbox_get_header(rv->mb);
+        ents[i].mailbox = mailbox_name(rv->mb);
+        ents[i].partition = mailbox_partition(rv->mb);
+        ents[i].uid = rv->uid;
+        ents[i].uidvalidity = h->uidvalidity;
+        ents[i].compactions = h->compactions;
+        ents[i].sysflags = rv->sysflags;
+        ents[i].internaldate = rv->internaldate;
+        ents[i].info = rv->st->info;
+        ents[i].keywords = (const char *const *)rv->keywords;
+        ents[i].nkeywords = rv->nkeywords;
+    }
+    r = journal_commit(t->conf, partname, t->resv[0].fd,
+                       t->resv[0].st->info.size, ents, t->nresv);
+    free(ents);
+    return r;
+}
+
 int append_add(struct append_txn *t, struct mailbox *mb,
                struct append_stage *st, int64_t internaldate,
                uint32_t sysflags, int flags, uint32_t *uid_r)
@@ -687,13 +769,23 @@ int append_add_keywords(struct append_txn *t, struct mailbox *mb,
         return r;
     r = commit_batch_add_fd(t->batch, part->fd);
     if (r) {
-        struct append_resv rv = { mb, uid };
+        struct append_resv rv;
 
+        memset(&rv, 0, sizeof(rv));
+        rv.mb = mb;
+        rv.uid = uid;
         append_cancel_one(&rv);
         return r;
     }
+    memset(&t->resv[t->nresv], 0, sizeof(t->resv[t->nresv]));
     t->resv[t->nresv].mb = mb;
     t->resv[t->nresv].uid = uid;
+    t->resv[t->nresv].fd = part->fd;
+    t->resv[t->nresv].st = st;
+    t->resv[t->nresv].internaldate = internaldate;
+    t->resv[t->nresv].sysflags = sysflags;
+    if (nkeywords && journal_mode(t->conf))
+        append_resv_keywords(&t->resv[t->nresv], keywords, nkeywords);
     t->nresv++;
     if (uid_r)
         *uid_r = uid;
@@ -714,13 +806,19 @@ int append_commit(struct append_txn *t)
         append_batch_reset(t);
         return STORE_OK;
     }
-    r = commit_batch_sync(t->batch);
+    r = journal_mode(t->conf) ? append_commit_journal(t)
+                              : STORE_NOTIMPLEMENTED;
+    if (r == STORE_OK)
+        append_batch_reset(t);      /* the journal record made it durable */
+    else if (r == STORE_NOTIMPLEMENTED)
+        r = commit_batch_sync(t->batch);
     if (r) {
         log_error("append: commit failed messages=<%zu> error=<%s>",
                   t->nresv, store_strerror(r));
         for (i = 0; i < t->nresv; i++)
             append_cancel_one(&t->resv[i]);
-        t->nresv = 0;
+        append_resv_clear(t);
+        append_batch_reset(t);
         return r;
     }
     /* all reservations at once: every mailbox locked in the global order,
@@ -755,7 +853,7 @@ int append_commit(struct append_txn *t)
     free(mbs);
     free(uids);
     free(rs);
-    t->nresv = 0;
+    append_resv_clear(t);
     return first;
 }
 
@@ -767,7 +865,7 @@ void append_abort(struct append_txn *t)
         return;
     for (i = 0; i < t->nresv; i++)
         append_cancel_one(&t->resv[i]);
-    t->nresv = 0;
+    append_resv_clear(t);
     append_batch_reset(t);
 }
 

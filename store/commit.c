@@ -122,6 +122,12 @@
  *        survives it), not the machine.
  *  group one syncfs() per file system, shared by every committer waiting
  *        at that moment on that file system, in every process.
+ *  journal  appends (append.c) write one redo record to the partition's
+ *        journal and share one fdatasync() of it (journal.c, which has
+ *        its own crash argument and uses the rounds below with
+ *        fdatasync() and the journal state of commit.shm); every other
+ *        batch, and an append the journal cannot take, is synced as
+ *        "group".
  *
  * GROUP COMMIT: THE SHARED STATE
  *
@@ -368,8 +374,12 @@ static void commit_batch_empty(struct commit_batch *b)
 
 #define COMMIT_SHM_NAME "commit.shm"
 #define COMMIT_SHM_MAGIC 0x43474331u      /* "CGC1" */
-#define COMMIT_SHM_VERSION 1u
+#define COMMIT_SHM_VERSION 2u
 #define COMMIT_SHM_SLOTS 16
+#define COMMIT_JOURNAL_SLOTS 16
+/* the round slot of a journal file: a key no st_dev has (top bit) */
+#define COMMIT_JOURNAL_KEY(dev, ino) \
+    ((1ULL << 63) | (((uint64_t)(dev) << 40) ^ (uint64_t)(ino)))
 #define COMMIT_BOOT_ID_LEN 40
 #define COMMIT_WAIT_NS (50 * 1000 * 1000L)  /* a follower's look at the leader */
 #define COMMIT_OPEN_TRIES 8
@@ -377,7 +387,8 @@ static void commit_batch_empty(struct commit_batch *b)
 enum commit_mode {
     COMMIT_MODE_GROUP = 0,    /* the order of imapconf's spool_sync words */
     COMMIT_MODE_FILE = 1,
-    COMMIT_MODE_OFF = 2
+    COMMIT_MODE_OFF = 2,
+    COMMIT_MODE_JOURNAL = 3   /* appends: journal.c; other batches: group */
 };
 
 struct commit_shm_slot {
@@ -401,7 +412,9 @@ struct commit_shm {
     pthread_mutex_t mutex;    /* process-shared, robust */
     uint64_t commits, syncfs_calls, file_syncs, dir_syncs;
     uint64_t rounds_failed, rounds_abandoned, repairs, fallbacks;
+    uint64_t journal_syncs, journal_records, checkpoints;
     struct commit_shm_slot slots[COMMIT_SHM_SLOTS];
+    struct commit_journal_state journals[COMMIT_JOURNAL_SLOTS];
 };
 
 /* One mapping per configdirectory, for the life of the process. */
@@ -435,6 +448,7 @@ static int commit_mode_of(const struct imapconf *conf)
     switch (imapconf_getenum(conf, "spool_sync")) {
     case 1: return COMMIT_MODE_FILE;
     case 2: return COMMIT_MODE_OFF;
+    case 3: return COMMIT_MODE_JOURNAL;
     default: return COMMIT_MODE_GROUP;
     }
 }
@@ -772,7 +786,8 @@ static int commit_slot_find(struct commit_shm *shm, uint64_t dev)
  * system for syncfs().  Mutex held on entry and on return.  0 when a
  * round that began after the arrival succeeded, else the errno.
  */
-static int commit_group_round(struct commit_shm *shm, int si, int fd)
+static int commit_group_round(struct commit_shm *shm, int si, int fd,
+                              int datasync)
 {
     struct commit_shm_slot *sl = &shm->slots[si];
     struct timespec ts = { 0, COMMIT_WAIT_NS };
@@ -806,11 +821,18 @@ static int commit_group_round(struct commit_shm *shm, int si, int fd)
             e = commit_hooks.before_syncfs ?
                     commit_hooks.before_syncfs(commit_hooks.arg) : 0;
             if (!e) {
-                COMMIT_ADD(shm->syncfs_calls);
                 commit_totals.rounds_led++;
-                do
-                    rc = syncfs(fd);
-                while (rc < 0 && errno == EINTR);
+                if (datasync) {
+                    COMMIT_ADD(shm->journal_syncs);
+                    do
+                        rc = fdatasync(fd);
+                    while (rc < 0 && errno == EINTR);
+                } else {
+                    COMMIT_ADD(shm->syncfs_calls);
+                    do
+                        rc = syncfs(fd);
+                    while (rc < 0 && errno == EINTR);
+                }
                 e = rc < 0 ? errno : 0;
             }
             if (commit_shm_lock(shm) != 0)
@@ -997,7 +1019,7 @@ static int commit_sync_group(struct commit_batch *b, struct commit_shm *shm)
                       strerror(e));
             r = commit_error(e);
         } else {
-            e = commit_group_round(shm, fs[k].slot, fs[k].fd);
+            e = commit_group_round(shm, fs[k].slot, fs[k].fd, 0);
             commit_shm_unlock(shm);
             if (e) {
                 log_error("commit: group sync failed dev=<%llu> error=<%s>",
@@ -1064,6 +1086,7 @@ int commit_batch_sync(struct commit_batch *b)
     case COMMIT_MODE_OFF:
         break;
     case COMMIT_MODE_GROUP:
+    case COMMIT_MODE_JOURNAL:
         if (shm) {
             r = commit_sync_group(b, shm);
             if (r != COMMIT_FALLBACK)
@@ -1126,6 +1149,9 @@ int commit_shared_stats(const struct imapconf *conf,
     st->rounds_abandoned = COMMIT_LOAD(shm->rounds_abandoned);
     st->repairs = COMMIT_LOAD(shm->repairs);
     st->fallbacks = COMMIT_LOAD(shm->fallbacks);
+    st->journal_syncs = COMMIT_LOAD(shm->journal_syncs);
+    st->journal_records = COMMIT_LOAD(shm->journal_records);
+    st->checkpoints = COMMIT_LOAD(shm->checkpoints);
     for (i = 0; i < COMMIT_SHM_SLOTS; i++) {
         st->rounds_started += COMMIT_LOAD(shm->slots[i].started);
         st->rounds_done += COMMIT_LOAD(shm->slots[i].done);
@@ -1144,4 +1170,82 @@ void commit_batch_free(struct commit_batch **bp)
     free(b->fds);
     free(b);
     *bp = NULL;
+}
+
+/* ---- the journal's shared state (journal.c) ---------------------------- */
+
+int commit_journal_lock(const struct imapconf *conf, uint64_t dev,
+                        uint64_t ino, struct commit_journal_state **js_r)
+{
+    struct commit_shm *shm;
+    struct commit_journal_state *js;
+    int e, i, freei = -1;
+
+    *js_r = NULL;
+    if (!conf || !(shm = commit_shm_get(conf, &e)))
+        return e ? e : ENOENT;
+    if ((e = commit_shm_lock(shm)) != 0)
+        return e;
+    for (i = 0; i < COMMIT_JOURNAL_SLOTS; i++) {
+        js = &shm->journals[i];
+        if (js->used && js->dev == dev && js->ino == ino) {
+            *js_r = js;
+            return 0;
+        }
+        if (!js->used && freei < 0)
+            freei = i;
+    }
+    if (freei < 0) {
+        commit_shm_unlock(shm);
+        return ENOSPC;
+    }
+    js = &shm->journals[freei];
+    memset(js, 0, sizeof(*js));
+    js->dev = dev;
+    js->ino = ino;
+    js->used = 1;
+    *js_r = js;
+    return 0;
+}
+
+void commit_journal_unlock(const struct imapconf *conf)
+{
+    struct commit_shm *shm;
+    int e;
+
+    if ((shm = commit_shm_get(conf, &e)) != NULL)
+        commit_shm_unlock(shm);
+}
+
+void commit_journal_count(const struct imapconf *conf, int checkpoint)
+{
+    struct commit_shm *shm;
+    int e;
+
+    if ((shm = commit_shm_get(conf, &e)) == NULL)
+        return;
+    if (checkpoint)
+        COMMIT_ADD(shm->checkpoints);
+    else
+        COMMIT_ADD(shm->journal_records);
+}
+
+int commit_journal_round(const struct imapconf *conf, uint64_t dev,
+                         uint64_t ino, int fd)
+{
+    struct commit_shm *shm;
+    int e, si;
+
+    if (!conf || !(shm = commit_shm_get(conf, &e)))
+        return e ? e : ENOENT;
+    if ((e = commit_shm_lock(shm)) != 0)
+        return e;
+    si = commit_slot_find(shm, COMMIT_JOURNAL_KEY(dev, ino));
+    if (si < 0) {
+        commit_shm_unlock(shm);
+        return ENOSPC;
+    }
+    e = commit_group_round(shm, si, fd, 1);
+    commit_shm_unlock(shm);
+    return e;
 }

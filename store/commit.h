@@ -24,6 +24,9 @@
  *   file  fsync() of each file (data and inode: the link count of a
  *       hard-linked message), then fsync() of each directory, each object
  *       once, in the order added.
+ *   journal  an append is made durable by one record in its partition's
+ *       delivery journal and a group fdatasync() round on it (journal.h);
+ *       everything else as "group".
  *   off   NO SYNC AT ALL.  UNSAFE: a crash of the machine or a power loss
  *       can lose mail that was acknowledged (a killed process loses
  *       nothing: the data is in the page cache).  For measurement (the
@@ -32,6 +35,8 @@
  */
 #ifndef STORE_COMMIT_H
 #define STORE_COMMIT_H
+
+#include <stdint.h>
 
 #include "lib/imapconf.h"
 
@@ -113,6 +118,9 @@ struct commit_shared_stats {
     unsigned long long rounds_abandoned; /* rounds whose leader died */
     unsigned long long repairs;     /* lock owners found dead (EOWNERDEAD) */
     unsigned long long fallbacks;   /* group commits made the "file" way */
+    unsigned long long journal_syncs; /* journal rounds (fdatasync calls) */
+    unsigned long long journal_records; /* records written to journals */
+    unsigned long long checkpoints; /* journal checkpoints (syncfs calls) */
 };
 
 /* Read the shared counters of conf's configdirectory into *st (a snapshot:
@@ -123,6 +131,41 @@ struct commit_shared_stats {
  * is not set or the file cannot be opened or mapped (logged). */
 int commit_shared_stats(const struct imapconf *conf,
                         struct commit_shared_stats *st);
+
+/* ---- the shared state of the delivery journal (journal.c only) ---------
+ *
+ * One entry per journal file (dev, ino) in commit.shm.  Every field is
+ * read and changed only between commit_journal_lock() and
+ * commit_journal_unlock() (the one shared mutex of commit.shm).  The
+ * meaning of the fields is journal.c's (see the top of journal.c). */
+struct commit_journal_state {
+    uint64_t dev, ino;        /* the journal file */
+    uint32_t used;            /* 1 once claimed */
+    uint32_t state;           /* journal.c's JNL_STATE_* */
+    int32_t ckpt_pid;         /* a checkpoint in progress, 0 = none */
+    uint32_t active;          /* the segment written, 0 or 1 */
+    uint64_t gen[2];          /* each segment's generation */
+    uint32_t full[2];         /* 1: holds records not yet checkpointed */
+    uint64_t off;             /* next free byte in the active segment */
+    uint64_t seq;             /* the next record's sequence number */
+    uint64_t segsize;         /* bytes per segment */
+    uint64_t filled;          /* zeros written and synced up to here */
+};
+
+/* Find or claim the entry of journal (dev, ino) and return with the shared
+ * mutex held (0 and *js_r), or an errno (ENOSPC: table full; the mutex is
+ * not held then). */
+int commit_journal_lock(const struct imapconf *conf, uint64_t dev,
+                        uint64_t ino, struct commit_journal_state **js_r);
+void commit_journal_unlock(const struct imapconf *conf);
+/* One group round on journal (dev, ino): returns when an fdatasync(fd)
+ * that began after the call succeeded (0), or with the errno of the
+ * round's failure; leader death and lock-owner death as for syncfs()
+ * rounds.  Called without the mutex. */
+int commit_journal_round(const struct imapconf *conf, uint64_t dev,
+                         uint64_t ino, int fd);
+/* Count a record (checkpoint = 0) or a checkpoint (1). */
+void commit_journal_count(const struct imapconf *conf, int checkpoint);
 
 /* ---- test hooks (for tests/store/test_commit.c only) --------------------
  * Per process; NULL clears.  before_syncfs: called by a group leader after

@@ -188,6 +188,7 @@
 #include "lib/log.h"
 #include "lib/procid.h"
 #include "store/idlenotify.h"
+#include "store/journal.h"
 #include "store/mailbox.h"
 #include "store/mboxname.h"
 #include "store/quota.h"
@@ -2796,8 +2797,11 @@ static int mbx_resolve_locked(struct mailbox *mb, uint32_t uid, int commit,
     r = mbx_advance(mb, changed_r);
     if (r)
         return r;
-    if (commit && v_r > mb->slot.synced && v_r <= mb->slot.visible) {
-        /* our sync round made everything resolved at reservation durable */
+    if (commit && v_r > mb->slot.synced && v_r <= mb->slot.visible &&
+        !journal_mode(mb->conf)) {
+        /* our sync round made everything resolved at reservation durable
+         * (with spool_sync: journal the round synced the journal, not the
+         * index: `synced` stays, see journal.c) */
         mb->slot.synced = v_r;
         *changed_r = 1;
     }

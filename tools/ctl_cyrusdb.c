@@ -63,6 +63,7 @@
 #include "lib/metrics.h"
 #include "lib/privs.h"
 #include "store/dbcheck.h"
+#include "store/journal.h"
 #include "store/layout.h"
 
 #define CTL_EXIT_OK 0
@@ -501,7 +502,6 @@ int main(int argc, char **argv)
     /* the master folds the slot of a checkpoint it started */
     if (mode == 'c' && ctl_master_child())
         metrics_attach(conf);
-    imapconf_free(&conf);
 
     /* the store's layout version: a newer one stops the start, none is
      * written (store/layout.h) */
@@ -511,6 +511,7 @@ int main(int argc, char **argv)
 
         if (lr < 0) {
             ctl_alert("%s; not recovering", lerr ? lerr : "layout check failed");
+            imapconf_free(&conf);
             free(cdir);
             return CTL_EXIT_ERROR;
         }
@@ -522,11 +523,13 @@ int main(int argc, char **argv)
 
     if (stat(dir, &st) < 0) {
         fprintf(stderr, "%s: %s: %s\n", ctl_progname, dir, strerror(errno));
+        imapconf_free(&conf);
         free(cdir);
         return CTL_EXIT_ERROR;
     }
     if (!S_ISDIR(st.st_mode)) {
         fprintf(stderr, "%s: %s: not a directory\n", ctl_progname, dir);
+        imapconf_free(&conf);
         free(cdir);
         return CTL_EXIT_ERROR;
     }
@@ -541,6 +544,21 @@ int main(int argc, char **argv)
             metrics_observe(&metrics_slot->checkpoint,
                             t1 > t0 ? t1 - t0 : 0);
     }
+
+    /* after the databases: the delivery journals of the partitions
+     * (spool_sync: journal) put back what a power loss took */
+    if (mode == 'r' && conf_from_file && !dir_opt) {
+        struct journal_replay_stats js;
+
+        if (journal_replay_all(conf, &js) != 0 || js.failed)
+            n.failed++;
+        if (!ctl_quiet && js.records)
+            printf("%s: journal replay: %lu records, %lu files restored, "
+                   "%lu index records restored, %lu failures\n",
+                   ctl_progname, js.records, js.files_written,
+                   js.records_added, js.failed);
+    }
+    imapconf_free(&conf);
 
     if (!ctl_quiet || n.failed)
         printf("%s: %s dir=<%s>: %u databases done, %u files skipped, "

@@ -34,6 +34,7 @@
 #include "lib/log.h"
 #include "lib/privs.h"
 #include "lib/strarray.h"
+#include "store/journal.h"
 #include "store/acl.h"
 #include "store/append.h"
 #include "store/deliver.h"
@@ -114,6 +115,9 @@ static void mbtool_usage(FILE *out)
 "  sieve activate USER NAME      make NAME the active script\n"
 "  sieve deactivate USER         no active script\n"
 "  sieve delete USER NAME        delete script NAME (not the active one)\n"
+"  journal-replay [PARTITION]    redo the delivery journal of PARTITION (or\n"
+"                                of every partition) after a power loss;\n"
+"                                only while no delivery runs\n"
 "  deliver [-q] [-D] [-m FOLDER] [-M MAILBOX] [-f FILE] [USER...]\n"
 "                                deliver a message (FILE or stdin, LF or\n"
 "                                CRLF lines) to each USER's INBOX (or its\n"
@@ -1056,6 +1060,27 @@ static int mbtool_stage_cleanup(int argc, char **argv)
     return MBTOOL_EXIT_OK;
 }
 
+/* ---- journal-replay ---- */
+
+static int mbtool_journal_replay(int argc, char **argv)
+{
+    struct journal_replay_stats st;
+    int r;
+
+    if (argc > 2)
+        return mbtool_usage_error("journal-replay [PARTITION]");
+    r = argc == 2 ? journal_replay(mbtool_conf, argv[1], &st)
+                  : journal_replay_all(mbtool_conf, &st);
+    if (r)
+        return mbtool_fail("cannot replay the journal of",
+                           argc == 2 ? argv[1] : "every partition", r);
+    printf("journal records: %lu entries: %lu files restored: %lu "
+           "index records restored: %lu reconstructed: %lu skipped: %lu "
+           "failed: %lu\n", st.records, st.entries, st.files_written,
+           st.records_added, st.reconstructs, st.skipped, st.failed);
+    return st.failed ? MBTOOL_EXIT_FAIL : MBTOOL_EXIT_OK;
+}
+
 /* ---- deliver ---- */
 
 /* Read all of `in` into b. */
@@ -1464,6 +1489,8 @@ int main(int argc, char **argv)
         ret = mbtool_prune(argc, argv);
     else if (strcmp(cmd, "stage-cleanup") == 0)
         ret = mbtool_stage_cleanup(argc, argv);
+    else if (strcmp(cmd, "journal-replay") == 0)
+        ret = mbtool_journal_replay(argc, argv);
     else if (strcmp(cmd, "deliver") == 0)
         ret = mbtool_deliver(argc, argv);
     else if (strcmp(cmd, "domains") == 0)

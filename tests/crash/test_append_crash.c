@@ -46,7 +46,13 @@
  *       earlier ones) is visible and holds the message acknowledged for
  *       it: nothing acknowledged is lost, and acknowledged <= visible.
  *   At the end, one more append (in a child) still works, and the checks
- *   hold once more.  The parent itself opens no database and no mailbox,
+ *   hold once more.
+ *
+ *   Built a second time with -DTC_JOURNAL (test_append_crash_journal):
+ *   everything runs with spool_sync: journal and 1 MiB segments, and the
+ *   checker runs journal_replay() after cyrusdb_recover() as the start
+ *   does; the kills then also land inside journal writes, fdatasync
+ *   rounds (a dead leader), segment switches and checkpoints.  The parent itself opens no database and no mailbox,
  *   so it holds nothing open across the recoveries.
  */
 #include "config.h"
@@ -76,11 +82,20 @@
 #include "lib/log.h"
 #include "cyrusdb/cyrusdb.h"
 #include "store/append.h"
+#include "store/commit.h"
+#include "store/journal.h"
 #include "store/mailbox.h"
 #include "store/quota.h"
 #include "store/store.h"
 #include "tests/testhelp.h"
 
+/* the build with -DTC_JOURNAL runs everything with spool_sync: journal
+ * (small segments, so that kills also land in switches and checkpoints) */
+#ifdef TC_JOURNAL
+#define TC_CONF "spool_sync: journal\njournal_size: 1048576\n"
+#else
+#define TC_CONF NULL
+#endif
 #define TC_ROUNDS 150             /* kills per backend, at most ... */
 #define TC_BUDGET_S 4.0           /* ... while time is left (per backend) */
 #define TC_MIN_ROUNDS 40          /* kills per backend, at least */
@@ -284,6 +299,19 @@ static int tc_check(const struct imapconf *conf, const struct tc_state *s,
     /* what the system start does after a crash (ctl_cyrusdb -r) */
     if ((r = cyrusdb_recover(imapconf_getstring(conf, "configdirectory"))))
         TC_FAIL("cyrusdb_recover: %s", cyrusdb_strerror(r));
+#ifdef TC_JOURNAL
+    /* spool_sync: journal: the journal's replay comes next at the start;
+     * after a killed process it must find everything in place and must
+     * not disturb the mailbox's own recovery */
+    {
+        struct journal_replay_stats js;
+
+        if ((r = journal_replay(conf, NULL, &js)))
+            TC_FAIL("journal_replay: %s", store_strerror(r));
+        if (js.failed)
+            TC_FAIL("journal_replay: %lu entries failed", js.failed);
+    }
+#endif
     if ((r = mailbox_open(conf, TC_MBOX, "default", &mb)))
         TC_FAIL("mailbox_open: %s", store_strerror(r));
     /* recovery of the dead writer's appends */
@@ -530,7 +558,7 @@ static void test_append_crash(void **state)
 {
     const char *backend = *state;
     char *dir = th_mkdtemp("appcrash");
-    struct imapconf *conf = th_store_conf(dir, backend, NULL);
+    struct imapconf *conf = th_store_conf(dir, backend, TC_CONF);
     struct tc_state s = { NULL, 0 };
     struct th_timing open_t = TH_TIMING_INIT, first_t = TH_TIMING_INIT;
     unsigned round, kills = 0, seed = 12345, kills_in_commit = 0;
@@ -690,6 +718,16 @@ static void test_append_crash(void **state)
         assert_int_equal(s.nacks, n + 1);
     }
     tc_in_child("final check", round, tc_check, conf, &s);
+#ifdef TC_JOURNAL
+    {
+        /* the appends did go through the journal */
+        struct commit_shared_stats cs;
+
+        assert_int_equal(commit_shared_stats(conf, &cs), STORE_OK);
+        assert_true(cs.journal_records >= 1);
+        assert_true(cs.journal_records + 2 * kills >= s.nacks);
+    }
+#endif
 
     free(s.acks);
     imapconf_free(&conf);

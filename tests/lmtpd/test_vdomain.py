@@ -78,7 +78,7 @@ def all_mailboxes(inst):
 def spool_tree(inst):
     out = []
     for dirpath, dirs, files in os.walk(inst.partition):
-        if "stage." in dirpath.split(os.sep):
+        if {"stage.", "journal."} & set(dirpath.split(os.sep)):
             continue
         out.append(dirpath)
         out.extend(os.path.join(dirpath, f) for f in files)

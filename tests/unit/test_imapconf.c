@@ -216,6 +216,7 @@ static const struct {
     { "cyrus_user", IMAPCONF_STRING, "cyrus" },
     { "stage_dirs", IMAPCONF_INT, "16" },
     { "spool_sync", IMAPCONF_ENUM, "group" },
+    { "journal_size", IMAPCONF_INT, "16777216" },
     { "lmtp_bare_newlines", IMAPCONF_ENUM, "reject" },
     { "expunge_mode", IMAPCONF_ENUM, "immediate" },
     { "delete_mode", IMAPCONF_ENUM, "immediate" },

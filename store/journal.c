@@ -1,0 +1,1563 @@
+/*
+ * journal.c - the per-partition delivery journal (journal.h).
+ *
+ * WHY
+ *
+ * A durable append in "group" mode costs one syncfs() of the partition's
+ * file system per round: it writes back every dirty page of every file
+ * (message files, indexes), and commits the file system's journal with
+ * the directory entries and inodes of all of them.  In "journal" mode a
+ * round is one fdatasync() of ONE preallocated file that is overwritten
+ * in place (no block allocation, no inode change beyond the times, so on
+ * ext4 and XFS the fdatasync is a data write plus a cache flush without a
+ * file system journal commit).  Message files, directory entries and
+ * indexes are left to the kernel's writeback, and made durable in bulk by
+ * a checkpoint: one syncfs() per segment of the journal (16 MiB by
+ * default: about 1,100 messages of 14 KB) instead of one per round.
+ *
+ * ON-DISK FORMAT (PARTITION/journal./journal; all integers little-endian)
+ *
+ *   [0, 4096)        file header: 0 magic "CDJNL001"  8 version u32 (1)
+ *                    12 zero  16 segment size u64  24 checkpoint
+ *                    generation u64  32 CRC-32C of [0, 32).
+ *   segment i (0, 1) at 4096 + i * segsize, segsize bytes:
+ *     [0, 4096)      segment header: 0 magic "CDJSEG01"  8 generation u64
+ *                    16 first sequence u64  24 CRC-32C of [0, 24).
+ *     [4096, ...)    records, back to back, each a multiple of 16 bytes:
+ *       0 magic u32 0x524a4443 ("CDJR")  4 length u32 (whole record,
+ *       padded)  8 generation u64 (the segment's)  16 sequence u64
+ *       24 entries u32  28 message size u32  32 CRC-32C u32 of the
+ *       record with this field zero  36 zero u32
+ *       40 the entries, each: uid u32, uidvalidity u32, compactions u32,
+ *       sysflags u32, internaldate i64, size u32, header size u32,
+ *       SHA-1 (20), mailbox name length u16, partition length u16,
+ *       keyword count u16, the names (no NUL), each keyword as length
+ *       u16 + bytes;
+ *       then the message bytes; then zeros up to the length.
+ *   The file is created with its header only (a temporary file fsynced
+ *   and linked into place); before a record or segment header is written
+ *   beyond what was ever written, zeros are written and fdatasync()ed up
+ *   to the next MiB (jnl_fill, under the mutex), so that every record
+ *   write is an overwrite of allocated, written blocks and its round's
+ *   fdatasync() needs no metadata commit.  The file reaches 4 KiB + 2 x
+ *   segment size on the first pass and stays so; bytes beyond its end
+ *   read as zeros (no record).
+ *
+ *   Records with generation <= the checkpoint generation are durable in
+ *   place and never replayed.  A segment's valid records are the run that
+ *   starts at its offset 4096 with sequence `first sequence`, each with the
+ *   segment's generation, the next sequence number, a length inside the
+ *   segment and a good CRC; the run ends at the first record that is not
+ *   (zeros, a torn write, a record of an older generation).
+ *
+ * WRITING (journal_commit)
+ *
+ * The shared state (struct commit_journal_state in CONFIGDIR/commit.shm,
+ * under commit.shm's robust mutex) holds the active segment, the offset
+ * of its next free byte, the next sequence, each segment's generation and
+ * whether the other segment still needs a checkpoint.  A committer builds
+ * its record in memory, then under the mutex: takes offset and sequence,
+ * pwrite()s the record there, and only then advances offset and sequence
+ * (a committer killed inside pwrite() leaves the offset unclaimed: the
+ * next record overwrites its bytes).  The pwrite happens under the mutex
+ * so that records reach the page cache in offset order: when a record's
+ * pwrite has completed, every record before it in the segment has too.
+ * Then the committer joins a group round on the journal file (commit.c's
+ * leader/follower protocol with fdatasync() instead of syncfs()): it
+ * returns when a round that began after its arrival, hence after its
+ * pwrite, succeeded.
+ *
+ * When the record does not fit in the active segment, the writer switches
+ * to the other segment, which must be checkpointed: it gets generation
+ * max + 1 and its header is written (before any record in it, so the
+ * round that makes a record durable makes the header durable too).  The
+ * segment left is then "full" and its checkpoint is run by the writer that
+ * switched, after its own round: syncfs() of the journal's file system,
+ * then the file header with checkpoint generation = that segment's
+ * generation, fdatasync().  A writer that needs a full segment whose
+ * checkpoint is running waits for it (polling, a dead checkpointer is
+ * replaced).
+ *
+ * THE CRASH ARGUMENT (in addition to the one at the top of commit.c)
+ *
+ * Claim: when journal_commit() returned STORE_OK for a delivery, after a
+ * power loss (any subset of unsynced writes lost) and journal_replay(),
+ * every mailbox of the delivery holds its uid with those bytes, that
+ * digest and those flags, committed; a message never acknowledged is
+ * absent or complete, as before.
+ *
+ *  1. The record is on disk.  Its pwrite completed before the round's
+ *     arrival; the round's fdatasync() began after it and returned 0, so
+ *     the record's bytes and everything written to the file before it
+ *     (earlier records of the segment, the segment header) are durable.
+ *  2. The record is replayed unless its generation was checkpointed.
+ *     Replay reads the run of valid records of each segment newer than
+ *     the checkpoint.  Every record before ours in its segment is durable
+ *     by 1 and valid, and ours is, so the run reaches ours.  Records
+ *     after ours may be lost or torn: they end the run, and none of them
+ *     was acknowledged (a round acknowledging one would have covered
+ *     everything before it, in offset order, including the gap).
+ *  3. A checkpointed record is durable in place.  Everything an append
+ *     writes in place (staging data = the message file's inode, the link
+ *     DIR/UID., the PENDING record and header: R in commit.c) was written
+ *     before the record's pwrite, which is before the segment left the
+ *     active state, which is before the checkpoint's syncfs() began; that
+ *     syncfs() writes back and commits all of it.  What the append writes
+ *     after the round (F: PENDING cleared, visible advanced) need not be
+ *     durable: a PENDING record whose file verifies is committed by the
+ *     mailbox's own recovery (mailbox.c (b), (c)) at the next exclusive
+ *     lock.  For that, `synced` must not claim more than is durable: in
+ *     journal mode F does not raise it (mailbox.c); group rounds of flag
+ *     changes and cleanup still do, as they sync the index.
+ *     A segment is overwritten only after its checkpoint's file header
+ *     (generation >= the segment's) is durable, so a record is lost from
+ *     the journal only once it is durable in place.
+ *  4. Replay restores what the disk lost, whatever subset that is: the
+ *     message file is rewritten from the record's bytes when missing or
+ *     different (digest), BEFORE the mailbox is locked exclusively (whose
+ *     recovery would otherwise abort a PENDING record whose file was
+ *     lost); the exclusive lock's recovery then commits a record still
+ *     PENDING; an index record that was lost (the index file shorter than
+ *     before) is added back with uid, flags and keywords from the record,
+ *     uidnext raised past it; an index damaged by lost pages in its middle
+ *     (recovery says STORE_CORRUPT) is rebuilt by mailbox_reconstruct()
+ *     from the message files, which replay has just made complete.  Then
+ *     one syncfs() and the checkpoint mark.  Replay is idempotent: a crash
+ *     during it is handled by running it again.
+ *  5. What replay must not undo: a uid the mailbox no longer has because
+ *     it was expunged and cleaned up (cleanup compacts the index and
+ *     syncs it, so compactions moved: recorded in the entry and compared),
+ *     an ABORTED record (a failed round: never acknowledged), a mailbox
+ *     deleted (not found) or recreated (other uidvalidity), and the file of
+ *     a uid that holds another message: that happens when the loss took
+ *     the index's uidnext and a delivery made before the replay (the
+ *     group way, see "Start of a boot") got the uid again; the other
+ *     message stays and the record's message is appended under a new uid
+ *     (acknowledged mail is never dropped; a replay interrupted and run
+ *     again may make it twice).
+ *  6. A killed process (no power loss) loses nothing from the page cache;
+ *     its PENDING records are decided by the mailbox recovery as before,
+ *     and journal replay after it finds everything in place.  The two do
+ *     not fight: replay writes files only where they are missing or
+ *     different, and lets the mailbox recovery commit.
+ *
+ * Errors.  A failed round fails every member (STORE_IOERROR or
+ * STORE_NOSPACE; the caller cancels its reservations) and marks the
+ * journal BROKEN in the shared state: after an fdatasync() error the
+ * kernel may have dropped the dirty pages of the file, and a later
+ * successful fdatasync() says nothing about them, so the file cannot be
+ * trusted for new records.  Every process then commits the "group" way
+ * until journal_replay() resets the state (the next start of the master).
+ * A failed checkpoint syncfs() marks it BROKEN too, and leaves the
+ * segment unfreed: its records stay replayable.
+ *
+ * Start of a boot.  The shared state is per boot.  The first committer of
+ * a boot finds the journal NEW: if a segment holds a generation beyond the
+ * checkpoint, records may wait for replay, and the journal is not used
+ * (NEEDS_REPLAY; commits go the group way, logged) until journal_replay()
+ * has run; else it starts a new generation.  journal_replay() marks the
+ * state REPLAYING while it runs and NEW after its checkpoint.
+ *
+ * Limits: a record must fit in a segment (else the group way); the
+ * mailboxes of a record must be on the journal's partition (append.c
+ * checks; a partition is one file system).  In journal mode the mailbox
+ * recovery re-reads records from `synced` on, which only group rounds of
+ * flag changes and cleanup advance.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OPENSSL_SUPPRESS_DEPRECATED 1
+#include <openssl/sha.h>
+
+#include "lib/buf.h"
+#include "lib/crc32c.h"
+#include "lib/fsutil.h"
+#include "lib/log.h"
+#include "store/commit.h"
+#include "store/journal.h"
+#include "store/mailbox.h"
+#include "store/store.h"
+
+#define JNL_HDR 4096
+#define JNL_SEG_HDR 4096
+#define JNL_FILE_MAGIC "CDJNL001"
+#define JNL_SEG_MAGIC "CDJSEG01"
+#define JNL_VERSION 1u
+#define JNL_REC_MAGIC 0x524a4443u
+#define JNL_REC_HDR 40
+#define JNL_ALIGN 16
+#define JNL_DIR_MODE 0750
+#define JNL_FILE_MODE 0600
+#define JNL_ZERO_CHUNK (1024 * 1024)
+
+enum {
+    JNL_STATE_NEW = 0,        /* not yet looked at in this boot */
+    JNL_STATE_READY = 1,
+    JNL_STATE_BROKEN = 2,     /* an I/O error: not used until replay */
+    JNL_STATE_REPLAYING = 3,
+    JNL_STATE_NEEDS_REPLAY = 4
+};
+
+/* An open journal of this process. */
+struct jnl_file {
+    struct jnl_file *next;
+    char *path;
+    int fd;
+    uint64_t dev, ino, segsize;
+    pid_t pid;
+};
+
+static struct jnl_file *jnl_files;
+static int jnl_test_errno;
+static unsigned jnl_warned;   /* reasons already logged, a bit each */
+static pid_t jnl_warned_pid;
+
+/* ---- little-endian helpers -------------------------------------------- */
+
+static void put16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    put16(p, (uint16_t)v);
+    put16(p + 2, (uint16_t)(v >> 16));
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    put32(p, (uint32_t)v);
+    put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint16_t get16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    return (uint32_t)get16(p) | ((uint32_t)get16(p + 2) << 16);
+}
+
+static uint64_t get64(const unsigned char *p)
+{
+    return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32);
+}
+
+int journal_mode(const struct imapconf *conf)
+{
+    return conf && imapconf_getenum(conf, "spool_sync") == 3;
+}
+
+void journal_test_fail_sync(int e)
+{
+    jnl_test_errno = e;
+}
+
+static int jnl_errno(int e)
+{
+    return (e == ENOSPC || e == EDQUOT) ? STORE_NOSPACE : STORE_IOERROR;
+}
+
+/* Log a fallback reason once per process. */
+static void jnl_fallback(unsigned bit, const char *why, const char *path)
+{
+    if (jnl_warned_pid != getpid()) {
+        jnl_warned_pid = getpid();
+        jnl_warned = 0;
+    }
+    if (jnl_warned & bit)
+        return;
+    jnl_warned |= bit;
+    log_warning("journal: not used, committing the group way reason=<%s> "
+                "file=<%s>", why, path ? path : "");
+}
+
+/* ---- headers ------------------------------------------------------------ */
+
+static void jnl_file_header(unsigned char *p, uint64_t segsize,
+                            uint64_t ckpt_gen)
+{
+    memset(p, 0, JNL_HDR);
+    memcpy(p, JNL_FILE_MAGIC, 8);
+    put32(p + 8, JNL_VERSION);
+    put64(p + 16, segsize);
+    put64(p + 24, ckpt_gen);
+    put32(p + 32, crc32c(p, 32));
+}
+
+/* 0 and the fields, or -1 when the header is not valid. */
+static int jnl_file_header_parse(const unsigned char *p, uint64_t *segsize,
+                                 uint64_t *ckpt_gen)
+{
+    if (memcmp(p, JNL_FILE_MAGIC, 8) != 0 || get32(p + 8) != JNL_VERSION ||
+        get32(p + 32) != crc32c(p, 32))
+        return -1;
+    *segsize = get64(p + 16);
+    *ckpt_gen = get64(p + 24);
+    return 0;
+}
+
+static void jnl_seg_header(unsigned char *p, uint64_t gen, uint64_t seq)
+{
+    memset(p, 0, JNL_SEG_HDR);
+    memcpy(p, JNL_SEG_MAGIC, 8);
+    put64(p + 8, gen);
+    put64(p + 16, seq);
+    put32(p + 24, crc32c(p, 24));
+}
+
+static int jnl_seg_header_parse(const unsigned char *p, uint64_t *gen,
+                                uint64_t *seq)
+{
+    if (memcmp(p, JNL_SEG_MAGIC, 8) != 0 || get32(p + 24) != crc32c(p, 24))
+        return -1;
+    *gen = get64(p + 8);
+    *seq = get64(p + 16);
+    return 0;
+}
+
+static uint32_t jnl_rec_crc(const unsigned char *rec, uint32_t len)
+{
+    static const unsigned char zero[4];
+    uint32_t c = crc32c_update(0xFFFFFFFFu, rec, 32);
+
+    c = crc32c_update(c, zero, 4);
+    c = crc32c_update(c, rec + 36, len - 36);
+    return crc32c_final(c);
+}
+
+/* ---- the file ----------------------------------------------------------- */
+
+static int jnl_path(const struct imapconf *conf, const char *partition,
+                    struct buf *dir, struct buf *path)
+{
+    const char *root;
+
+    if (!partition)
+        partition = imapconf_getstring(conf, "defaultpartition");
+    root = partition ? imapconf_partition(conf, partition) : NULL;
+    if (!root)
+        return STORE_BADPARTITION;
+    buf_reset(dir);
+    buf_reset(path);
+    if (buf_printf(dir, "%s/%s", root, JOURNAL_DIR) != 0 ||
+        buf_printf(path, "%s/%s", buf_cstring(dir), JOURNAL_FNAME) != 0)
+        return STORE_NOMEM;
+    return STORE_OK;
+}
+
+/* Create the journal at path, full size, zeros written, synced. */
+static int jnl_create(const char *dir, const char *path, uint64_t segsize)
+{
+    char tmp[PATH_MAX];
+    unsigned char *zero;
+    int fd, e = 0, dfd;
+
+    if (fs_mkdir_p(dir, JNL_DIR_MODE) != 0)
+        return errno;
+    if (snprintf(tmp, sizeof(tmp), "%s.%ld.new", path, (long)getpid()) >=
+        (int)sizeof(tmp))
+        return ENAMETOOLONG;
+    unlink(tmp);
+    fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, JNL_FILE_MODE);
+    if (fd < 0)
+        return errno;
+    zero = calloc(1, JNL_HDR);
+    if (!zero) {
+        e = ENOMEM;
+        goto out;
+    }
+    if (!e) {
+        jnl_file_header(zero, segsize, 0);
+        if (fs_pwrite_all(fd, zero, JNL_HDR, 0) != 0 || fsync(fd) != 0)
+            e = errno;
+    }
+    if (!e && link(tmp, path) != 0 && errno != EEXIST)
+        e = errno;      /* EEXIST: another process made it first */
+    if (!e && (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+        if (fsync(dfd) != 0)
+            e = errno;
+        close(dfd);
+    }
+out:
+    free(zero);
+    close(fd);
+    unlink(tmp);
+    return e;
+}
+
+/* This process's open journal of partition (created when missing). */
+static int jnl_open(const struct imapconf *conf, const char *partition,
+                    struct jnl_file **jf_r)
+{
+    struct buf dir = BUF_INITIALIZER, path = BUF_INITIALIZER;
+    unsigned char hdr[JNL_HDR];
+    struct jnl_file *jf;
+    struct stat st;
+    uint64_t segsize, ckpt;
+    long want;
+    int r, fd = -1, e;
+
+    *jf_r = NULL;
+    if ((r = jnl_path(conf, partition, &dir, &path)) != STORE_OK)
+        goto out;
+    for (jf = jnl_files; jf; jf = jf->next)
+        if (strcmp(jf->path, buf_cstring(&path)) == 0) {
+            *jf_r = jf;
+            goto out;
+        }
+    fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+        /* one creator (a lock on journal./create.lock); the others do
+         * not wait for its zeros: they commit the group way meanwhile */
+        struct flock fl;
+        int lfd;
+
+        if (fs_mkdir_p(buf_cstring(&dir), JNL_DIR_MODE) != 0) {
+            r = jnl_errno(errno);
+            goto out;
+        }
+        buf_printf(&dir, "/create.lock");
+        lfd = open(buf_cstring(&dir), O_RDWR | O_CREAT | O_CLOEXEC,
+                   JNL_FILE_MODE);
+        buf_truncate(&dir, dir.len - strlen("/create.lock"));
+        if (lfd < 0) {
+            r = jnl_errno(errno);
+            goto out;
+        }
+        memset(&fl, 0, sizeof(fl));
+        fl.l_type = F_WRLCK;
+        fl.l_whence = SEEK_SET;
+        if (fcntl(lfd, F_SETLK, &fl) != 0) {
+            close(lfd);
+            r = STORE_BUSY;
+            goto out;
+        }
+        fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+            want = imapconf_getint(conf, "journal_size");
+            if (want < 1048576)
+                want = 1048576;
+            e = jnl_create(buf_cstring(&dir), buf_cstring(&path),
+                           (uint64_t)want & ~(uint64_t)(JNL_ALIGN - 1));
+            if (e) {
+                close(lfd);
+                log_error("journal: cannot create file=<%s> error=<%s>",
+                          buf_cstring(&path), strerror(e));
+                r = jnl_errno(e);
+                goto out;
+            }
+            log_info("journal: created file=<%s> size=<%ld>",
+                     buf_cstring(&path), want);
+            fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
+        }
+        close(lfd);
+    }
+    if (fd < 0 || fstat(fd, &st) != 0 ||
+        fs_pread_all(fd, hdr, sizeof(hdr), 0) < 0) {
+        log_error("journal: cannot open file=<%s> error=<%s>",
+                  buf_cstring(&path), strerror(errno));
+        r = STORE_IOERROR;
+        goto out;
+    }
+    if (jnl_file_header_parse(hdr, &segsize, &ckpt) < 0 ||
+        segsize < 2 * JNL_SEG_HDR || segsize % JNL_ALIGN) {
+        log_error("journal: damaged header file=<%s>", buf_cstring(&path));
+        r = STORE_CORRUPT;
+        goto out;
+    }
+    jf = calloc(1, sizeof(*jf));
+    if (!jf || !(jf->path = strdup(buf_cstring(&path)))) {
+        free(jf);
+        r = STORE_NOMEM;
+        goto out;
+    }
+    jf->fd = fd;
+    fd = -1;
+    jf->dev = (uint64_t)st.st_dev;
+    jf->ino = (uint64_t)st.st_ino;
+    jf->segsize = segsize;
+    jf->pid = getpid();
+    jf->next = jnl_files;
+    jnl_files = jf;
+    *jf_r = jf;
+out:
+    if (fd >= 0)
+        close(fd);
+    buf_free(&dir);
+    buf_free(&path);
+    return r;
+}
+
+static off_t jnl_seg_base(const struct jnl_file *jf, unsigned seg)
+{
+    return (off_t)(JNL_HDR + (uint64_t)seg * jf->segsize);
+}
+
+/*
+ * Zeros written and synced from js->filled up to `end` rounded up to
+ * JNL_ZERO_CHUNK (at most the file's full size), so that the records
+ * written there later are overwrites of allocated, written blocks: their
+ * fdatasync() then needs no metadata commit.  The first pass over the
+ * file pays one fdatasync() per MiB here; later passes nothing.  Mutex
+ * held.  0 or an errno.
+ */
+static int jnl_fill(struct jnl_file *jf, struct commit_journal_state *js,
+                    uint64_t end)
+{
+    static unsigned char *zero;
+    uint64_t total = JNL_HDR + 2 * jf->segsize, to;
+    int rc;
+
+    if (end <= js->filled)
+        return 0;
+    to = (end + JNL_ZERO_CHUNK - 1) / JNL_ZERO_CHUNK * JNL_ZERO_CHUNK;
+    if (to > total)
+        to = total;
+    if (!zero && !(zero = calloc(1, JNL_ZERO_CHUNK)))
+        return ENOMEM;
+    while (js->filled < to) {
+        size_t n = to - js->filled < JNL_ZERO_CHUNK ?
+                       (size_t)(to - js->filled) : JNL_ZERO_CHUNK;
+
+        if (fs_pwrite_all(jf->fd, zero, n, (off_t)js->filled) != 0)
+            return errno;
+        do
+            rc = fdatasync(jf->fd);
+        while (rc < 0 && errno == EINTR);
+        if (rc < 0)
+            return errno;
+        js->filled += n;
+    }
+    return 0;
+}
+
+/* First look at the journal in this boot: NEEDS_REPLAY when a segment is
+ * newer than the checkpoint, else a new generation in segment 0.  Mutex
+ * held.  0 or an errno. */
+static int jnl_state_init(struct jnl_file *jf, struct commit_journal_state *js)
+{
+    unsigned char hdr[JNL_HDR];
+    uint64_t segsize, ckpt, gen, seq, maxgen;
+    struct stat st;
+    unsigned i;
+    int e;
+
+    if (fs_pread_all(jf->fd, hdr, sizeof(hdr), 0) < 0)
+        return errno;
+    if (jnl_file_header_parse(hdr, &segsize, &ckpt) < 0)
+        return EBADMSG;
+    maxgen = ckpt;
+    if (fstat(jf->fd, &st) != 0)
+        return errno;
+    js->filled = (uint64_t)st.st_size;
+    for (i = 0; i < 2; i++) {
+        if ((uint64_t)jnl_seg_base(jf, i) + JNL_SEG_HDR > js->filled)
+            break;      /* never written yet */
+        if (fs_pread_all(jf->fd, hdr, JNL_SEG_HDR, jnl_seg_base(jf, i)) < 0)
+            return errno;
+        if (jnl_seg_header_parse(hdr, &gen, &seq) == 0 && gen > ckpt) {
+            js->state = JNL_STATE_NEEDS_REPLAY;
+            return 0;
+        }
+        if (jnl_seg_header_parse(hdr, &gen, &seq) == 0 && gen > maxgen)
+            maxgen = gen;
+    }
+    if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, 0) + JNL_SEG_HDR)))
+        return e;
+    jnl_seg_header(hdr, maxgen + 1, 1);
+    if (fs_pwrite_all(jf->fd, hdr, JNL_SEG_HDR, jnl_seg_base(jf, 0)) != 0)
+        return errno;
+    js->segsize = jf->segsize;
+    js->active = 0;
+    js->gen[0] = maxgen + 1;
+    js->gen[1] = 0;
+    js->full[0] = js->full[1] = 0;
+    js->off = JNL_SEG_HDR;
+    js->seq = 1;
+    js->ckpt_pid = 0;
+    js->state = JNL_STATE_READY;
+    return 0;
+}
+
+/* Checkpoint segment `seg` of generation gen: everything before is made
+ * durable in place, then the mark.  Without the mutex.  0 or an errno. */
+static int jnl_checkpoint(const struct imapconf *conf, struct jnl_file *jf,
+                          uint64_t gen)
+{
+    unsigned char hdr[JNL_HDR];
+    int rc;
+
+    do
+        rc = syncfs(jf->fd);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0)
+        return errno;
+    jnl_file_header(hdr, jf->segsize, gen);
+    if (fs_pwrite_all(jf->fd, hdr, JNL_HDR, 0) != 0)
+        return errno;
+    do
+        rc = fdatasync(jf->fd);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0)
+        return errno;
+    commit_journal_count(conf, 1);
+    return 0;
+}
+
+static int jnl_pid_alive(pid_t pid)
+{
+    return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
+}
+
+/* Build the record (without generation, sequence and CRC) into *out. */
+static int jnl_build(int msgfd, uint32_t msgsize,
+                     const struct journal_entry *ents, size_t n,
+                     unsigned char **rec_r, uint32_t *len_r)
+{
+    uint64_t len = JNL_REC_HDR;
+    unsigned char *rec, *p;
+    size_t i, k, ml, pl, kl;
+
+    *rec_r = NULL;
+    if (n > 65535)
+        return STORE_NOTIMPLEMENTED;
+    for (i = 0; i < n; i++) {
+        ml = strlen(ents[i].mailbox);
+        pl = ents[i].partition ? strlen(ents[i].partition) : 0;
+        if (ml > 65535 || pl > 65535 || ents[i].nkeywords > 65535)
+            return STORE_NOTIMPLEMENTED;
+        len += 4 * 4 + 8 + 4 + 4 + MAILBOX_DIGEST_LEN + 6 + ml + pl;
+        for (k = 0; k < ents[i].nkeywords; k++)
+            if (ents[i].keywords[k])
+                len += 2 + strlen(ents[i].keywords[k]);
+    }
+    len += msgsize;
+    len = (len + JNL_ALIGN - 1) & ~(uint64_t)(JNL_ALIGN - 1);
+    if (len > UINT32_MAX)
+        return STORE_NOTIMPLEMENTED;
+    rec = calloc(1, (size_t)len);
+    if (!rec)
+        return STORE_NOMEM;
+    put32(rec, JNL_REC_MAGIC);
+    put32(rec + 4, (uint32_t)len);
+    put32(rec + 24, (uint32_t)n);
+    put32(rec + 28, msgsize);
+    p = rec + JNL_REC_HDR;
+    for (i = 0; i < n; i++) {
+        const struct journal_entry *e = &ents[i];
+        uint16_t nk = 0;
+
+        for (k = 0; k < e->nkeywords; k++)
+            if (e->keywords[k] && strlen(e->keywords[k]) <= 65535)
+                nk++;
+        put32(p, e->uid);
+        put32(p + 4, e->uidvalidity);
+        put32(p + 8, e->compactions);
+        put32(p + 12, e->sysflags);
+        put64(p + 16, (uint64_t)e->internaldate);
+        put32(p + 24, e->info.size);
+        put32(p + 28, e->info.header_size);
+        memcpy(p + 32, e->info.digest, MAILBOX_DIGEST_LEN);
+        ml = strlen(e->mailbox);
+        pl = e->partition ? strlen(e->partition) : 0;
+        put16(p + 52, (uint16_t)ml);
+        put16(p + 54, (uint16_t)pl);
+        put16(p + 56, nk);
+        p += 58;
+        memcpy(p, e->mailbox, ml);
+        p += ml;
+        if (pl)
+            memcpy(p, e->partition, pl);
+        p += pl;
+        for (k = 0; k < e->nkeywords; k++) {
+            if (!e->keywords[k] || (kl = strlen(e->keywords[k])) > 65535)
+                continue;
+            put16(p, (uint16_t)kl);
+            memcpy(p + 2, e->keywords[k], kl);
+            p += 2 + kl;
+        }
+    }
+    if (msgsize && fs_pread_all(msgfd, p, msgsize, 0) < 0) {
+        log_error("journal: cannot read the staged message error=<%s>",
+                  strerror(errno));
+        free(rec);
+        return STORE_IOERROR;
+    }
+    *rec_r = rec;
+    *len_r = (uint32_t)len;
+    return STORE_OK;
+}
+
+/* Set the state BROKEN (logged). */
+static void jnl_break(const struct imapconf *conf, struct jnl_file *jf, int e,
+                      const char *what)
+{
+    struct commit_journal_state *js;
+
+    log_error("journal: %s failed, journal given up until replay "
+              "file=<%s> error=<%s>", what, jf->path, strerror(e));
+    if (commit_journal_lock(conf, jf->dev, jf->ino, &js) == 0) {
+        js->state = JNL_STATE_BROKEN;
+        commit_journal_unlock(conf);
+    }
+}
+
+int journal_commit(const struct imapconf *conf, const char *partition,
+                   int msgfd, uint32_t msgsize,
+                   const struct journal_entry *entries, size_t n)
+{
+    struct commit_journal_state *js;
+    struct jnl_file *jf;
+    unsigned char *rec = NULL, seghdr[JNL_SEG_HDR];
+    uint32_t len;
+    uint64_t ckpt_gen = 0;
+    unsigned other;
+    int r, e;
+
+    if ((r = jnl_open(conf, partition, &jf)) != STORE_OK) {
+        if (r != STORE_BUSY)
+            jnl_fallback(1, "journal file unusable", NULL);
+        return STORE_NOTIMPLEMENTED;  /* LOCKED: another one creates it */
+    }
+    if ((r = jnl_build(msgfd, msgsize, entries, n, &rec, &len)) != STORE_OK)
+        return r == STORE_NOTIMPLEMENTED || r == STORE_NOMEM ?
+                   STORE_NOTIMPLEMENTED : r;
+    if ((uint64_t)len > jf->segsize - JNL_SEG_HDR) {
+        free(rec);
+        return STORE_NOTIMPLEMENTED;    /* bigger than a segment */
+    }
+
+    for (;;) {
+        if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0) {
+            free(rec);
+            jnl_fallback(2, "shared state unusable", jf->path);
+            return STORE_NOTIMPLEMENTED;
+        }
+        if (js->state == JNL_STATE_NEW &&
+            (e = jnl_state_init(jf, js)) != 0) {
+            commit_journal_unlock(conf);
+            free(rec);
+            jnl_break(conf, jf, e, "start");
+            return STORE_NOTIMPLEMENTED;
+        }
+        if (js->state != JNL_STATE_READY) {
+            int st = js->state;
+
+            commit_journal_unlock(conf);
+            free(rec);
+            if (st == JNL_STATE_NEEDS_REPLAY)
+                jnl_fallback(4, "records wait for replay (ctl_cyrusdb -r)",
+                             jf->path);
+            else if (st == JNL_STATE_BROKEN)
+                jnl_fallback(8, "given up after an I/O error", jf->path);
+            return STORE_NOTIMPLEMENTED;
+        }
+        if (js->off + len <= js->segsize)
+            break;
+        /* switch segments; the other one must be checkpointed */
+        other = 1 - js->active;
+        if (js->full[other]) {
+            pid_t cp = js->ckpt_pid;
+            uint64_t g = js->gen[other];
+
+            if (cp && cp != getpid() && jnl_pid_alive(cp)) {
+                commit_journal_unlock(conf);
+                usleep(1000);
+                continue;
+            }
+            js->ckpt_pid = getpid();
+            commit_journal_unlock(conf);
+            e = jnl_checkpoint(conf, jf, g);
+            if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0) {
+                free(rec);
+                return STORE_NOTIMPLEMENTED;
+            }
+            js->ckpt_pid = 0;
+            if (!e && js->gen[other] == g)
+                js->full[other] = 0;
+            commit_journal_unlock(conf);
+            if (e) {
+                free(rec);
+                jnl_break(conf, jf, e, "checkpoint");
+                return STORE_NOTIMPLEMENTED;
+            }
+            continue;
+        }
+        {
+            uint64_t g = (js->gen[0] > js->gen[1] ? js->gen[0] : js->gen[1])
+                         + 1;
+
+            jnl_seg_header(seghdr, g, js->seq);
+            if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, other) +
+                                      JNL_SEG_HDR)) != 0 ||
+                fs_pwrite_all(jf->fd, seghdr, JNL_SEG_HDR,
+                              jnl_seg_base(jf, other)) != 0) {
+                if (!e)
+                    e = errno;
+                commit_journal_unlock(conf);
+                free(rec);
+                jnl_break(conf, jf, e, "segment header write");
+                return STORE_NOTIMPLEMENTED;
+            }
+            js->full[js->active] = 1;
+            ckpt_gen = js->gen[js->active];
+            js->active = other;
+            js->gen[other] = g;
+            js->off = JNL_SEG_HDR;
+        }
+        commit_journal_unlock(conf);
+    }
+
+    /* mutex held, room in the active segment */
+    put64(rec + 8, js->gen[js->active]);
+    put64(rec + 16, js->seq);
+    put32(rec + 32, jnl_rec_crc(rec, len));
+    if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, js->active) +
+                              js->off + len)) != 0 ||
+        fs_pwrite_all(jf->fd, rec, len,
+                      jnl_seg_base(jf, js->active) + (off_t)js->off) != 0) {
+        if (!e)
+            e = errno;
+        commit_journal_unlock(conf);
+        free(rec);
+        jnl_break(conf, jf, e, "record write");
+        return jnl_errno(e);
+    }
+    js->off += len;
+    js->seq++;
+    commit_journal_unlock(conf);
+    free(rec);
+    commit_journal_count(conf, 0);
+
+    if (jnl_test_errno) {
+        e = jnl_test_errno;
+        jnl_test_errno = 0;
+    } else {
+        e = commit_journal_round(conf, jf->dev, jf->ino, jf->fd);
+    }
+    if (e) {
+        jnl_break(conf, jf, e, "fdatasync round");
+        return jnl_errno(e);
+    }
+
+    /* this writer switched segments: checkpoint the one it left, unless
+     * somebody else is at it or has done it */
+    if (ckpt_gen && commit_journal_lock(conf, jf->dev, jf->ino, &js) == 0) {
+        unsigned seg = js->gen[0] == ckpt_gen ? 0 : 1;
+        int run = js->full[seg] && js->gen[seg] == ckpt_gen &&
+                  (!js->ckpt_pid || !jnl_pid_alive(js->ckpt_pid));
+
+        if (run)
+            js->ckpt_pid = getpid();
+        commit_journal_unlock(conf);
+        if (run) {
+            e = jnl_checkpoint(conf, jf, ckpt_gen);
+            if (commit_journal_lock(conf, jf->dev, jf->ino, &js) == 0) {
+                js->ckpt_pid = 0;
+                if (!e && js->gen[seg] == ckpt_gen)
+                    js->full[seg] = 0;
+                commit_journal_unlock(conf);
+            }
+            if (e)
+                jnl_break(conf, jf, e, "checkpoint");
+            /* the delivery itself is durable either way */
+        }
+    }
+    return STORE_OK;
+}
+
+/* ---- replay ------------------------------------------------------------- */
+
+/* One reservation found in the journal, pointing into the mapping. */
+struct jnl_rent {
+    char *mailbox, *partition;
+    uint32_t uid, uidvalidity, compactions, sysflags;
+    int64_t internaldate;
+    struct mailbox_msginfo info;
+    char **keywords;
+    size_t nkeywords;
+    const unsigned char *msg;    /* the message bytes (info.size) */
+    uint64_t order;              /* generation and sequence, for sorting */
+};
+
+static void jnl_rent_free(struct jnl_rent *re)
+{
+    size_t k;
+
+    free(re->mailbox);
+    free(re->partition);
+    for (k = 0; k < re->nkeywords; k++)
+        free(re->keywords[k]);
+    free(re->keywords);
+}
+
+static char *jnl_strndup(const unsigned char *p, size_t n)
+{
+    char *s = malloc(n + 1);
+
+    if (s) {
+        memcpy(s, p, n);
+        s[n] = '\0';
+    }
+    return s;
+}
+
+/* Parse the entries of a valid record into *list.  -1: malformed (the
+ * CRC was good, so written so: a bug; the record is skipped, logged). */
+static int jnl_parse_record(const unsigned char *rec, uint32_t len,
+                            uint64_t order, struct jnl_rent **list,
+                            size_t *n, size_t *alloc)
+{
+    uint32_t nent = get32(rec + 24), msgsize = get32(rec + 28), i;
+    const unsigned char *p = rec + JNL_REC_HDR, *end = rec + len;
+    size_t first = *n, k;
+
+    for (i = 0; i < nent; i++) {
+        struct jnl_rent *re;
+        uint16_t ml, pl, nk;
+
+        if (end - p < 58)
+            goto bad;
+        if (*n == *alloc) {
+            size_t na = *alloc ? *alloc * 2 : 64;
+            struct jnl_rent *nl = realloc(*list, na * sizeof(*nl));
+
+            if (!nl)
+                goto bad;
+            *list = nl;
+            *alloc = na;
+        }
+        re = &(*list)[*n];
+        memset(re, 0, sizeof(*re));
+        re->uid = get32(p);
+        re->uidvalidity = get32(p + 4);
+        re->compactions = get32(p + 8);
+        re->sysflags = get32(p + 12) & MAILBOX_SYSTEM_FLAGS;
+        re->internaldate = (int64_t)get64(p + 16);
+        re->info.size = get32(p + 24);
+        re->info.header_size = get32(p + 28);
+        memcpy(re->info.digest, p + 32, MAILBOX_DIGEST_LEN);
+        ml = get16(p + 52);
+        pl = get16(p + 54);
+        nk = get16(p + 56);
+        p += 58;
+        if (end - p < (ptrdiff_t)ml + pl || re->info.size != msgsize)
+            goto bad;
+        re->mailbox = jnl_strndup(p, ml);
+        re->partition = jnl_strndup(p + ml, pl);
+        p += ml + pl;
+        (*n)++;
+        if (!re->mailbox || !re->partition)
+            goto bad;
+        if (nk) {
+            re->keywords = calloc(nk, sizeof(char *));
+            if (!re->keywords)
+                goto bad;
+        }
+        for (k = 0; k < nk; k++) {
+            uint16_t kl;
+
+            if (end - p < 2)
+                goto bad;
+            kl = get16(p);
+            if (end - p < 2 + (ptrdiff_t)kl)
+                goto bad;
+            re->keywords[k] = jnl_strndup(p + 2, kl);
+            re->nkeywords++;
+            if (!re->keywords[k])
+                goto bad;
+            p += 2 + kl;
+        }
+        re->order = order;
+    }
+    if ((uint64_t)(end - p) < msgsize)
+        goto bad;
+    for (k = first; k < *n; k++)
+        (*list)[k].msg = p;
+    return 0;
+bad:
+    while (*n > first)
+        jnl_rent_free(&(*list)[--*n]);
+    return -1;
+}
+
+/* The valid records of segment seg (generation gen, first sequence seq)
+ * into *list.  Returns the number of records. */
+static unsigned long jnl_scan_segment(const unsigned char *base,
+                                      uint64_t segsize, uint64_t gen,
+                                      uint64_t seq, struct jnl_rent **list,
+                                      size_t *n, size_t *alloc)
+{
+    uint64_t off = JNL_SEG_HDR;
+    unsigned long count = 0;
+
+    while (off + JNL_REC_HDR <= segsize) {
+        const unsigned char *rec = base + off;
+        uint32_t len = get32(rec + 4);
+
+        if (get32(rec) != JNL_REC_MAGIC || len < JNL_REC_HDR ||
+            len % JNL_ALIGN || len > segsize - off || get64(rec + 8) != gen ||
+            get64(rec + 16) != seq || get32(rec + 32) != jnl_rec_crc(rec, len))
+            break;
+        if (jnl_parse_record(rec, len, (gen << 32) ^ seq, list, n,
+                             alloc) < 0)
+            log_error("journal: malformed record skipped generation=<%llu> "
+                      "sequence=<%llu>", (unsigned long long)gen,
+                      (unsigned long long)seq);
+        count++;
+        seq++;
+        off += len;
+    }
+    return count;
+}
+
+static int jnl_rent_cmp(const void *a, const void *b)
+{
+    const struct jnl_rent *x = a, *y = b;
+    int c = strcmp(x->mailbox, y->mailbox);
+
+    if (c)
+        return c;
+    return x->uid < y->uid ? -1 : x->uid > y->uid;
+}
+
+/* Does the file at path hold exactly the entry's bytes? */
+static int jnl_file_matches(const char *path, const struct jnl_rent *re)
+{
+    unsigned char md[SHA_DIGEST_LENGTH], buf[65536];
+    struct stat st;
+    SHA_CTX c;
+    ssize_t k;
+    int fd, ok = 0;
+
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == re->info.size) {
+        SHA1_Init(&c);
+        while ((k = read(fd, buf, sizeof(buf))) > 0)
+            SHA1_Update(&c, buf, (size_t)k);
+        SHA1_Final(md, &c);
+        ok = k == 0 && memcmp(md, re->info.digest, sizeof(md)) == 0;
+    }
+    close(fd);
+    return ok;
+}
+
+/* Write the entry's bytes to path (through path.jnl + rename; not
+ * synced: the replay's checkpoint does that).  STORE_OK or an error. */
+static int jnl_write_file(const char *path, const struct jnl_rent *re)
+{
+    char tmp[PATH_MAX];
+    int fd, e = 0;
+
+    if (snprintf(tmp, sizeof(tmp), "%s.jnl", path) >= (int)sizeof(tmp))
+        return STORE_IOERROR;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, JNL_FILE_MODE);
+    if (fd < 0)
+        return jnl_errno(errno);
+    if (fs_write_all(fd, re->msg, re->info.size) != 0)
+        e = errno;
+    if (close(fd) != 0 && !e)
+        e = errno;
+    if (!e && rename(tmp, path) != 0)
+        e = errno;
+    if (e) {
+        unlink(tmp);
+        log_error("journal: cannot restore message file file=<%s> "
+                  "error=<%s>", path, strerror(e));
+        return jnl_errno(e);
+    }
+    return STORE_OK;
+}
+
+/* Find uid in mb (exclusively locked): 1 and *rec, 0 when absent, or a
+ * negative store code. */
+static int jnl_find(struct mailbox *mb, uint32_t uid,
+                    struct mailbox_record *rec, uint32_t *recno_r)
+{
+    uint32_t recno;
+    int r = mailbox_find_uid(mb, uid, &recno);
+
+    *recno_r = recno;
+    if (r == STORE_NOTFOUND)
+        return 0;
+    if (r)
+        return -r;
+    r = mailbox_read_record(mb, recno, rec);
+    return r ? -r : 1;
+}
+
+/* After a rebuild, which keeps no flags of a record that was lost: the
+ * record's flags and keywords from the journal, when it has none. */
+static void jnl_restore_flags(struct mailbox *mb, uint32_t recno,
+                              struct mailbox_record *rec,
+                              const struct jnl_rent *re)
+{
+    size_t k;
+    int num, any = 0;
+
+    for (k = 0; k < MAILBOX_USER_FLAGS / 32; k++)
+        if (rec->user_flags[k])
+            return;
+    if ((rec->flags & MAILBOX_SYSTEM_FLAGS) || (!re->sysflags && !re->nkeywords))
+        return;
+    rec->flags = (rec->flags & ~MAILBOX_SYSTEM_FLAGS) | re->sysflags;
+    for (k = 0; k < re->nkeywords; k++)
+        if (mailbox_user_flag(mb, re->keywords[k], 1, &num) == STORE_OK) {
+            rec->user_flags[num / 32] |= 1u << (num % 32);
+            any = 1;
+        }
+    if (re->sysflags || any)
+        (void)mailbox_rewrite_record(mb, recno, rec);
+}
+
+/* Put uid back into mb (unlocked handle): reservations until uidnext
+ * reaches it (the ones below it cancelled: lost aborted appends), then
+ * the entry's. */
+static int jnl_add_record(const struct imapconf *conf, struct mailbox *mb,
+                          const char *tmpdir, const struct jnl_rent *re)
+{
+    char tmp[PATH_MAX];
+    uint32_t got = 0;
+    int r, tries;
+
+    if (snprintf(tmp, sizeof(tmp), "%s/replay.%ld", tmpdir,
+                 (long)getpid()) >= (int)sizeof(tmp))
+        return STORE_IOERROR;
+    if ((r = jnl_write_file(tmp, re)) != STORE_OK)
+        return r;
+    (void)conf;
+    for (tries = 0; tries < 1000000; tries++) {
+        r = mailbox_append_reserve_keywords(mb, tmp, &re->info,
+                                            re->internaldate, re->sysflags,
+                                            (const char *const *)re->keywords,
+                                            re->nkeywords, NULL, &got);
+        if (r || got >= re->uid)
+            break;      /* uid 0: the first one given */
+        mailbox_append_cancel(mb, got);
+    }
+    if (!r && re->uid && got != re->uid) {
+        log_error("journal: uid already taken mailbox=<%s> uid=<%u> got=<%u>",
+                  re->mailbox, re->uid, got);
+        mailbox_append_cancel(mb, got);
+        r = STORE_EXISTS;
+    }
+    if (!r)
+        r = mailbox_append_finish(mb, got);
+    unlink(tmp);
+    return r;
+}
+
+/* Replay the entries [i, j) of one mailbox (sorted by uid). */
+static void jnl_replay_mailbox(const struct imapconf *conf,
+                               const char *tmpdir, struct jnl_rent *ents,
+                               size_t n, struct journal_replay_stats *st)
+{
+    const char *name = ents[0].mailbox;
+    struct mailbox *mb = NULL;
+    struct mailbox_header h;
+    struct mailbox_record rec;
+    uint32_t recno;
+    struct buf path = BUF_INITIALIZER;
+    unsigned char *wrote;
+    int r, have_h = 0, rebuilt = 0, f;
+    size_t i;
+
+    wrote = calloc(n ? n : 1, 1);
+    r = mailbox_open(conf, name, ents[0].partition[0] ? ents[0].partition
+                                                      : NULL, &mb);
+    if (r || !wrote) {
+        log_warning("journal: mailbox not replayed mailbox=<%s> error=<%s>",
+                    name, store_strerror(r ? r : STORE_NOMEM));
+        st->skipped += n;
+        goto out;
+    }
+    if (mailbox_lock(mb, MAILBOX_LOCK_SHARED) == STORE_OK) {
+        h = *mailbox_get_header(mb);
+        have_h = 1;
+    }
+
+    /* the files first: the exclusive lock's recovery must find them;
+     * not for a message the mailbox has expunged or aborted */
+    for (i = 0; i < n; i++) {
+        if (have_h && h.uidvalidity != ents[i].uidvalidity)
+            continue;
+        if (have_h) {
+            f = jnl_find(mb, ents[i].uid, &rec, &recno);
+            if (f == 1 && ((rec.flags & (MAILBOX_FLAG_EXPUNGED |
+                                         MAILBOX_FLAG_ABORTED)) ||
+                           memcmp(rec.digest, ents[i].info.digest,
+                                  MAILBOX_DIGEST_LEN) != 0))
+                continue;       /* not ours to write (another message) */
+            if (f == 0 && ents[i].uid < h.uidnext &&
+                h.compactions != ents[i].compactions)
+                continue;
+        }
+        buf_reset(&path);
+        mailbox_message_path(mb, ents[i].uid, &path);
+        if (jnl_file_matches(buf_cstring(&path), &ents[i]))
+            continue;
+        if (!have_h && access(buf_cstring(&path), F_OK) == 0)
+            continue;   /* cannot tell whose it is */
+        if (jnl_write_file(buf_cstring(&path), &ents[i]) == STORE_OK) {
+            wrote[i] = 1;
+            st->files_written++;
+        } else {
+            st->failed++;
+        }
+    }
+    if (have_h)
+        mailbox_unlock(mb);
+
+    for (;;) {
+        r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+        if (r != STORE_CORRUPT || rebuilt)
+            break;
+        /* pages lost in the middle of the index: rebuild it from the
+         * files, which are complete now */
+        mailbox_close(&mb);
+        log_warning("journal: index damaged by the loss, reconstructing "
+                    "mailbox=<%s>", name);
+        r = mailbox_reconstruct(conf, name, ents[0].partition[0] ?
+                                ents[0].partition : NULL, NULL, NULL);
+        st->reconstructs++;
+        rebuilt = 1;
+        if (r || (r = mailbox_open(conf, name, ents[0].partition[0] ?
+                                   ents[0].partition : NULL, &mb)) != 0)
+            break;
+    }
+    if (r) {
+        log_error("journal: mailbox cannot be locked mailbox=<%s> error=<%s>",
+                  name, store_strerror(r));
+        st->failed += n;
+        goto out;
+    }
+    h = *mailbox_get_header(mb);
+    for (i = 0; i < n; i++) {
+        struct jnl_rent *re = &ents[i];
+
+        if (h.uidvalidity != re->uidvalidity) {
+            st->skipped++;      /* another mailbox of the same name */
+            continue;
+        }
+        f = jnl_find(mb, re->uid, &rec, &recno);
+        if (f < 0) {
+            st->failed++;
+            continue;
+        }
+        if (f == 1) {
+            if (memcmp(rec.digest, re->info.digest, MAILBOX_DIGEST_LEN) != 0) {
+                /* the uid was given out again after the loss took the
+                 * index's uidnext (a delivery before this replay): the
+                 * acknowledged message comes back under a new uid */
+                struct jnl_rent moved = *re;
+
+                log_warning("journal: uid holds another message, restoring "
+                            "under a new uid mailbox=<%s> uid=<%u>", name,
+                            re->uid);
+                mailbox_unlock(mb);
+                moved.uid = 0;
+                r = jnl_add_record(conf, mb, tmpdir, &moved);
+                if (r)
+                    st->failed++;
+                else
+                    st->records_added++;
+                if (mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != STORE_OK) {
+                    st->failed += n - i - 1;
+                    goto out;
+                }
+                h = *mailbox_get_header(mb);
+            } else if (rec.flags & MAILBOX_FLAG_ABORTED) {
+                st->skipped++;  /* a failed commit, never acknowledged */
+            } else if (rebuilt) {
+                jnl_restore_flags(mb, recno, &rec, re);
+            }
+            continue;
+        }
+        if (re->uid < h.uidnext && h.compactions != re->compactions) {
+            st->skipped++;      /* expunged and cleaned up since */
+            if (wrote[i]) {
+                buf_reset(&path);
+                mailbox_message_path(mb, re->uid, &path);
+                unlink(buf_cstring(&path));
+            }
+            continue;
+        }
+        if (re->uid < h.uidnext) {
+            /* uidnext reached the disk, the record did not, and later
+             * records exist: only a rebuild puts it back in order */
+            if (rebuilt) {
+                st->failed++;
+                continue;
+            }
+            mailbox_unlock(mb);
+            mailbox_close(&mb);
+            log_warning("journal: record lost inside the index, "
+                        "reconstructing mailbox=<%s> uid=<%u>", name, re->uid);
+            r = mailbox_reconstruct(conf, name, re->partition[0] ?
+                                    re->partition : NULL, NULL, NULL);
+            st->reconstructs++;
+            rebuilt = 1;
+            if (r || mailbox_open(conf, name, re->partition[0] ?
+                                  re->partition : NULL, &mb) != 0 ||
+                mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != 0) {
+                st->failed += n - i;
+                goto out;
+            }
+            h = *mailbox_get_header(mb);
+            i--;                /* look again */
+            continue;
+        }
+        mailbox_unlock(mb);
+        r = jnl_add_record(conf, mb, tmpdir, re);
+        if (r) {
+            log_error("journal: cannot put the record back mailbox=<%s> "
+                      "uid=<%u> error=<%s>", name, re->uid,
+                      store_strerror(r));
+            st->failed++;
+        } else {
+            st->records_added++;
+        }
+        if ((r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE)) != STORE_OK) {
+            st->failed += n - i - 1;
+            goto out;
+        }
+        h = *mailbox_get_header(mb);
+    }
+    mailbox_unlock(mb);
+out:
+    if (mb)
+        mailbox_close(&mb);
+    free(wrote);
+    buf_free(&path);
+}
+
+/* Set the shared state of the journal file fd names. */
+static void jnl_set_state(const struct imapconf *conf, int fd, uint32_t state)
+{
+    struct commit_journal_state *js;
+    struct stat st;
+
+    if (fstat(fd, &st) != 0 ||
+        commit_journal_lock(conf, (uint64_t)st.st_dev, (uint64_t)st.st_ino,
+                            &js) != 0)
+        return;
+    js->state = state;
+    commit_journal_unlock(conf);
+}
+
+int journal_replay(const struct imapconf *conf, const char *partition,
+                   struct journal_replay_stats *st_r)
+{
+    struct journal_replay_stats st;
+    struct buf dir = BUF_INITIALIZER, path = BUF_INITIALIZER;
+    struct jnl_rent *list = NULL;
+    size_t n = 0, alloc = 0, i, j;
+    uint64_t segsize, ckpt, gen[2] = { 0, 0 }, seq[2] = { 0, 0 }, maxgen;
+    unsigned char hdr[JNL_HDR];
+    struct stat sb;
+    unsigned char *map = MAP_FAILED;
+    size_t maplen = 0;
+    int fd = -1, r, valid[2] = { 0, 0 }, s, rc;
+    uint64_t avail[2] = { 0, 0 };
+    unsigned order[2] = { 0, 1 };
+
+    memset(&st, 0, sizeof(st));
+    if ((r = jnl_path(conf, partition, &dir, &path)) != STORE_OK)
+        goto out;
+    fd = open(buf_cstring(&path), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        struct jnl_file *jf;
+
+        r = errno == ENOENT ? STORE_OK : jnl_errno(errno);
+        /* none yet: made now (at the master's start), zeros and all, so
+         * that the first pass of the deliveries writes no zeros */
+        if (r == STORE_OK && journal_mode(conf) &&
+            (r = jnl_open(conf, partition, &jf)) == STORE_OK) {
+            struct commit_journal_state *js;
+            int e;
+
+            if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) == 0) {
+                if (js->filled < JNL_HDR)
+                    js->filled = JNL_HDR;
+                e = jnl_fill(jf, js, JNL_HDR + 2 * jf->segsize);
+                commit_journal_unlock(conf);
+            }
+            if (e) {
+                log_error("journal: cannot fill file=<%s> error=<%s>",
+                          jf->path, strerror(e));
+                r = jnl_errno(e);
+            }
+        }
+        goto out;
+    }
+    jnl_set_state(conf, fd, JNL_STATE_REPLAYING);
+    if (fstat(fd, &sb) != 0 || fs_pread_all(fd, hdr, JNL_HDR, 0) < 0) {
+        r = STORE_IOERROR;
+        goto out;
+    }
+    if (jnl_file_header_parse(hdr, &segsize, &ckpt) < 0 ||
+        segsize < 2 * JNL_SEG_HDR || segsize % JNL_ALIGN) {
+        /* the header is written once at creation and then only in place:
+         * unreadable = damaged; every record may matter */
+        log_error("journal: damaged header, replaying nothing file=<%s>",
+                  buf_cstring(&path));
+        r = STORE_CORRUPT;
+        goto out;
+    }
+    /* the file is as long as it was ever filled (jnl_fill) */
+    maplen = (size_t)sb.st_size;
+    if ((uint64_t)maplen > JNL_HDR + 2 * segsize)
+        maplen = (size_t)(JNL_HDR + 2 * segsize);
+    map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        r = STORE_IOERROR;
+        goto out;
+    }
+    maxgen = ckpt;
+    for (s = 0; s < 2; s++) {
+        uint64_t base = JNL_HDR + (uint64_t)s * segsize;
+
+        avail[s] = maplen > base ? maplen - base : 0;
+        if (avail[s] > segsize)
+            avail[s] = segsize;
+        valid[s] = avail[s] >= JNL_SEG_HDR &&
+                   jnl_seg_header_parse(map + base, &gen[s], &seq[s]) == 0;
+        if (valid[s] && gen[s] > maxgen)
+            maxgen = gen[s];
+    }
+    if (valid[1] && (!valid[0] || gen[1] < gen[0])) {
+        order[0] = 1;
+        order[1] = 0;
+    }
+    for (s = 0; s < 2; s++) {
+        unsigned g = order[s];
+
+        if (!valid[g] || gen[g] <= ckpt)
+            continue;
+        st.records += jnl_scan_segment(map + JNL_HDR + g * segsize, avail[g],
+                                       gen[g], seq[g], &list, &n, &alloc);
+    }
+    st.entries = n;
+    if (n)
+        log_info("journal: replaying file=<%s> records=<%lu> entries=<%zu>",
+                 buf_cstring(&path), st.records, n);
+
+    /* per mailbox, in uid order (qsort is not stable; uids are unique
+     * per mailbox) */
+    if (n)
+        qsort(list, n, sizeof(*list), jnl_rent_cmp);
+    for (i = 0; i < n; i = j) {
+        for (j = i + 1; j < n && strcmp(list[j].mailbox, list[i].mailbox) == 0;
+             j++)
+            ;
+        jnl_replay_mailbox(conf, buf_cstring(&dir), list + i, j - i, &st);
+    }
+
+    /* the checkpoint: everything restored (and everything else) durable,
+     * then every generation so far is done */
+    do
+        rc = syncfs(fd);
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+        jnl_file_header(hdr, segsize, maxgen);
+        if (fs_pwrite_all(fd, hdr, JNL_HDR, 0) != 0 || fdatasync(fd) != 0)
+            rc = -1;
+    }
+    if (rc != 0) {
+        log_error("journal: checkpoint after replay failed file=<%s> "
+                  "error=<%s>", buf_cstring(&path), strerror(errno));
+        r = STORE_IOERROR;
+        goto out;
+    }
+    commit_journal_count(conf, 1);
+    if (n || st.failed)
+        log_info("journal: replayed file=<%s> records=<%lu> entries=<%lu> "
+                 "files=<%lu> added=<%lu> reconstructs=<%lu> skipped=<%lu> "
+                 "failed=<%lu>", buf_cstring(&path), st.records, st.entries,
+                 st.files_written, st.records_added, st.reconstructs,
+                 st.skipped, st.failed);
+    r = STORE_OK;
+out:
+    if (fd >= 0) {
+        /* a new generation at the next commit; a failed replay leaves the
+         * journal unused (NEEDS_REPLAY is what the next start finds) */
+        jnl_set_state(conf, fd, r == STORE_OK ? JNL_STATE_NEW
+                                              : JNL_STATE_NEEDS_REPLAY);
+        close(fd);
+    }
+    if (map != MAP_FAILED)
+        munmap(map, maplen);
+    for (i = 0; i < n; i++)
+        jnl_rent_free(&list[i]);
+    free(list);
+    buf_free(&dir);
+    buf_free(&path);
+    if (st_r)
+        *st_r = st;
+    return r;
+}
+
+struct jnl_parts {
+    const struct imapconf *conf;
+    struct journal_replay_stats sum;
+    int first;
+};
+
+static void jnl_replay_one(void *rock, const char *key, const char *value,
+                           const char *def, unsigned long line)
+{
+    struct jnl_parts *jp = rock;
+    struct journal_replay_stats st;
+    int r;
+
+    (void)value;
+    (void)def;
+    (void)line;
+    if (strncasecmp(key, "partition-", 10) != 0 || !key[10])
+        return;
+    r = journal_replay(jp->conf, key + 10, &st);
+    if (r && !jp->first)
+        jp->first = r;
+    jp->sum.records += st.records;
+    jp->sum.entries += st.entries;
+    jp->sum.files_written += st.files_written;
+    jp->sum.records_added += st.records_added;
+    jp->sum.reconstructs += st.reconstructs;
+    jp->sum.skipped += st.skipped;
+    jp->sum.failed += st.failed;
+}
+
+int journal_replay_all(const struct imapconf *conf,
+                       struct journal_replay_stats *st)
+{
+    struct jnl_parts jp;
+
+    memset(&jp, 0, sizeof(jp));
+    jp.conf = conf;
+    imapconf_foreach(conf, jnl_replay_one, &jp);
+    if (st)
+        *st = jp.sum;
+    return jp.first;
+}
