@@ -57,7 +57,9 @@ packages=(
 # imtest, cyradm, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
 # smtp-source/smtp-sink), openssl (certificates), strace, gnuplot,
 # prometheus (promtool and a private Prometheus scraping metricsd),
-# sieve-connect (a ManageSieve client for timsieved)
+# sieve-connect (a ManageSieve client for timsieved), Pigeonhole's
+# sieve-test (dovecot-sieve, with dovecot-core named so that its service
+# is disabled at boot like the others: the Sieve corpus's reference)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
@@ -65,7 +67,7 @@ test_packages=(
   cyrus-admin
   clang isync swaks libnet-ssleay-perl postfix
   openssl strace gnuplot-nox prometheus
-  sieve-connect
+  sieve-connect dovecot-core dovecot-sieve
 )
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)
