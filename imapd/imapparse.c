@@ -1917,6 +1917,7 @@ static int parse_status_items(struct cur *c, struct imapparse_status *st)
         { "DELETED", IMAPPARSE_STATUS_DELETED },
         { "DELETED-STORAGE", IMAPPARSE_STATUS_DELETED_STORAGE },
         { "SIZE", IMAPPARSE_STATUS_SIZE },
+        { "APPENDLIMIT", IMAPPARSE_STATUS_APPENDLIMIT },
     };
     int r = expect_type(c, IMAPPARSE_TOK_LPAREN, "status item list");
 

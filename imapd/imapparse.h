@@ -348,7 +348,8 @@ enum imapparse_status_item {
     IMAPPARSE_STATUS_HIGHESTMODSEQ,
     IMAPPARSE_STATUS_DELETED,           /* RFC 9051 / RFC 9208 */
     IMAPPARSE_STATUS_DELETED_STORAGE,   /* RFC 9208 */
-    IMAPPARSE_STATUS_SIZE               /* RFC 8438 */
+    IMAPPARSE_STATUS_SIZE,              /* RFC 8438 */
+    IMAPPARSE_STATUS_APPENDLIMIT        /* RFC 7889 */
 };
 
 struct imapparse_status {

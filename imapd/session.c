@@ -432,6 +432,19 @@ static void imap_store_no(struct imap_session *s, int r)
  * the ACL commands (aclcmd.c), as it does. */
 #define IMAP_HAVE_ACL 1
 
+#define IMAP_APPEND_MAX ((size_t)64 << 20)   /* the parser's default */
+
+/* The largest message APPEND takes (RFC 7889 APPENDLIMIT): maxmessagesize
+ * when set and smaller than the parser's bound on a message literal. */
+static size_t imap_appendlimit(const struct imap_server *srv)
+{
+    long long v = imapconf_getint(srv->conf, "maxmessagesize");
+
+    if (v > 0 && (unsigned long long)v < IMAP_APPEND_MAX)
+        return (size_t)v;
+    return IMAP_APPEND_MAX;
+}
+
 static void imap_capabilities(struct imap_session *s, struct buf *out)
 {
     struct buf mechs = BUF_INITIALIZER;
@@ -443,6 +456,7 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
                         "THREAD=ORDEREDSUBJECT THREAD=REFERENCES "
                         "LIST-EXTENDED LIST-STATUS SPECIAL-USE "
                         "CREATE-SPECIAL-USE STATUS=SIZE");
+    buf_printf(out, " APPENDLIMIT=%zu", imap_appendlimit(s->srv));
     if (IMAP_HAVE_ACL)
         buf_appendcstr(out, " LIST-MYRIGHTS");
     /* command families of their own files */
@@ -1613,6 +1627,10 @@ static int imap_status_send(struct imap_session *s, const char *ext,
         case IMAPPARSE_STATUS_SIZE:
             /* RFC 8438: the sum of the messages' RFC822.SIZE */
             prot_printf(s->p, "SIZE %llu", (unsigned long long)size);
+            break;
+        case IMAPPARSE_STATUS_APPENDLIMIT:
+            /* RFC 7889: the same for every mailbox */
+            prot_printf(s->p, "APPENDLIMIT %zu", imap_appendlimit(s->srv));
             break;
         }
     }
@@ -4125,6 +4143,8 @@ void imap_serve(struct imap_server *srv, struct prot *p,
     s.conn = conn;
     s.opts.cont = imap_continue;
     s.opts.rock = &s;
+    /* a message over the limit is refused before its data */
+    s.opts.max_append = imap_appendlimit(srv);
     imapparse_cmd_init(&s.cmd);
     t_start = metrics_now_us();
     prot_settimeout(p, srv->prelogin_timeout);
@@ -4174,7 +4194,12 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         case IMAPPARSE_TOOBIG:
             s.ncommands++;
             imap_search_refused(&s);
-            imap_tagged(&s, "BAD", "%s", s.cmd.error);
+            /* RFC 7889: a message over APPENDLIMIT is NO [TOOBIG] */
+            if (r == IMAPPARSE_TOOBIG && s.cmd.id == IMAPPARSE_CMD_APPEND &&
+                s.cmd.append_seen && s.cmd.append.size > s.opts.max_append)
+                imap_tagged(&s, "NO", "[TOOBIG] %s", s.cmd.error);
+            else
+                imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_REFUSED:
             s.ncommands++;

@@ -4,9 +4,12 @@ real master: ENABLE QRESYNC, SELECT/EXAMINE (QRESYNC (...)) answering
 VANISHED (EARLIER) and FETCH of what changed, UID FETCH (CHANGEDSINCE m
 VANISHED), VANISHED instead of EXPUNGE, the CLOSED response code, and
 the full answer once cleanup forgot expunges newer than the client's
-modseq; with the RFC's examples' shapes and its error cases.
+modseq; and APPENDLIMIT (RFC 7889): the capability and STATUS item from
+maxmessagesize, NO [TOOBIG] before the data; with the RFCs' examples'
+shapes and their error cases.
 
-One instance (see imaphelp.py), users alice and bob, allowplaintext on.
+One instance (see imaphelp.py), user alice, allowplaintext on,
+maxmessagesize 4096.
 The client is imaphelp.Raw: every response is checked against
 imapgrammar.py.  After each bad input the session must go on (NOOP
 answers OK) and at the end the master log must show no crashed worker.
@@ -23,6 +26,7 @@ sys.path.insert(0, HERE)
 from imaphelp import ImapInstance, Raw, check, run_imap_tests  # noqa: E402
 
 ALICE, ALICE_PW = "alice", "s3cret-pw"
+LIMIT = 4096
 
 _inst = None
 
@@ -30,7 +34,8 @@ _inst = None
 def inst():
     global _inst
     if _inst is None:
-        i = ImapInstance("imapmore", conf={"allowplaintext": "yes"},
+        i = ImapInstance("imapmore", conf={"allowplaintext": "yes",
+                                           "maxmessagesize": str(LIMIT)},
                          tls=True, sasl=(ALICE, ALICE_PW))
         try:
             i.create("user.alice")
@@ -258,6 +263,50 @@ def test_resync_after_cleanup():
         ok(a.cmd("b7", "LOGOUT"), "b7")
 
 
+def appended(c, tag, data, nonsync=False):
+    """APPEND INBOX with a literal of data; the tagged reply line."""
+    if nonsync:
+        c.send(b"%s APPEND INBOX {%d+}\r\n" % (tag.encode(), len(data))
+               + data + b"\r\n")
+        return c.until_tagged(tag)[-1]
+    c.send(b"%s APPEND INBOX {%d}\r\n" % (tag.encode(), len(data)))
+    ln = c.line()
+    if not ln.startswith(b"+"):
+        return ln
+    c.send(data + b"\r\n")
+    return c.until_tagged(tag)[-1]
+
+
+def test_appendlimit():
+    """APPENDLIMIT=maxmessagesize in the capabilities and as STATUS
+    APPENDLIMIT; a message of exactly the limit is stored; one byte
+    more is NO [TOOBIG] before the data (synchronizing literal, no
+    continuation) or after dropping it ({n+}); the session goes on."""
+    i = inst()
+    with session(i) as c:
+        r = ok(c.cmd("c1", "CAPABILITY"), "c1")
+        check(b" APPENDLIMIT=%d" % LIMIT in r[0], "no APPENDLIMIT: %r" % r)
+        r = ok(c.cmd("s1", "STATUS INBOX (APPENDLIMIT MESSAGES)"), "s1")
+        check(re.match(rb'\* STATUS "INBOX" \(APPENDLIMIT %d MESSAGES \d+\)$'
+                       % LIMIT, r[0]), "STATUS: %r" % r)
+        body = message(99)
+        exact = body + b"x" * (LIMIT - len(body) - 2) + b"\r\n"
+        check(len(exact) == LIMIT, "test message size")
+        ln = appended(c, "a1", exact)
+        check(ln.startswith(b"a1 OK"), "APPEND of the limit: %r" % ln)
+        big = exact + b"y"
+        c.send(b"a2 APPEND INBOX {%d}\r\n" % len(big))
+        ln = c.line()           # no "+": refused before the data
+        check(ln.startswith(b"a2 NO [TOOBIG]"), "APPEND over: %r" % ln)
+        ok(c.cmd("n2", "NOOP"), "n2")
+        ln = appended(c, "a3", big, nonsync=True)
+        check(ln.startswith(b"a3 NO [TOOBIG]"), "APPEND {n+} over: %r" % ln)
+        ok(c.cmd("n3", "NOOP"), "n3")
+        r = ok(c.cmd("s2", "STATUS INBOX (MESSAGES)"), "s2")
+        check(r[0] == b"* STATUS \"INBOX\" (MESSAGES 1)", "stored: %r" % r)
+        ok(c.cmd("l1", "LOGOUT"), "l1")
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -272,6 +321,7 @@ if __name__ == "__main__":
         test_enable_and_errors,
         test_resync_two_sessions,
         test_resync_after_cleanup,
+        test_appendlimit,
     ])
     try:
         finish()

@@ -248,6 +248,9 @@ static void test_list_extended(void **state)
     assert_int_equal(fx->cmd.use.n, 0);
     assert_int_equal(rd(fx), IMAPPARSE_OK);
     assert_int_equal(fx->cmd.status.items[0], IMAPPARSE_STATUS_SIZE);
+    csend(fx, "s STATUS x (APPENDLIMIT MESSAGES)\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.status.items[0], IMAPPARSE_STATUS_APPENDLIMIT);
 
     expect_bad(fx, "a LIST (RECURSIVEMATCH) \"\" *\r\n", IMAPPARSE_BAD,
                "a", "RECURSIVEMATCH");
