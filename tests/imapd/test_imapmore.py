@@ -169,6 +169,8 @@ def test_resync_two_sessions():
         ok(b.cmd("b1", "SELECT INBOX.QR"), "b1")
         ok(plain.cmd("p1", "SELECT INBOX.QR"), "p1")
         ok(b.cmd("b2", "UID STORE 4 +FLAGS.SILENT (\\Flagged)"), "b2")
+        # the user's \Seen (per user, outside the index) counts too
+        ok(b.cmd("b2s", "UID FETCH 8 BODY[TEXT]"), "b2s")
         ok(b.cmd("b3", "UID STORE 3,5 +FLAGS.SILENT (\\Deleted)"), "b3")
         r = ok(b.cmd("b4", "EXPUNGE"), "b4")
         check(vanished(r, earlier=False) == b"3,5" and
@@ -185,23 +187,24 @@ def test_resync_two_sessions():
                      % (uv, m0)), "a2")
         check(vanished(r) == b"3,5", "VANISHED (EARLIER): %r" % r)
         f = fetches(r)
-        check(list(f) == [4] and b"\\Flagged" in f[4] and
+        check(list(f) == [4, 8] and b"\\Flagged" in f[4] and
+              b"\\Seen" in f[8] and
               re.search(rb"MODSEQ \(\d+\)", f[4]) and
               f[4].startswith(b"* 2 FETCH"), "FETCH: %r" % r)
         # order as in RFC 7162's example: VANISHED, FETCH, tagged OK
         kinds = [ln.split()[1] for ln in r[:-1]
                  if b"VANISHED" in ln or b" FETCH " in ln]
-        check(kinds == [b"VANISHED", b"2"], "order: %r" % r)
+        check(kinds == [b"VANISHED", b"2", b"5"], "order: %r" % r)
         # the same without known-uids, and through UID FETCH
         r = ok(a.cmd("a3", "EXAMINE INBOX.QR (QRESYNC (%d %d))"
                      % (uv, m0)), "a3")
         check(r[0] == b"* OK [CLOSED] Previous mailbox closed",
               "CLOSED first: %r" % r)
-        check(vanished(r) == b"3,5" and list(fetches(r)) == [4],
+        check(vanished(r) == b"3,5" and list(fetches(r)) == [4, 8],
               "EXAMINE QRESYNC: %r" % r)
         r = ok(a.cmd("a4", "UID FETCH 1:* (FLAGS) (CHANGEDSINCE %d VANISHED)"
                      % m0), "a4")
-        check(vanished(r) == b"3,5" and list(fetches(r)) == [4],
+        check(vanished(r) == b"3,5" and list(fetches(r)) == [4, 8],
               "UID FETCH VANISHED: %r" % r)
         r = ok(a.cmd("a5", "UID FETCH 4:10 (FLAGS) (CHANGEDSINCE %d VANISHED)"
                      % m0), "a5")
