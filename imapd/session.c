@@ -11,7 +11,7 @@
  *                  AUTHENTICATE (Cyrus SASL, SASL-IR), LOGIN (checked
  *                  through SASL PLAIN; refused with NO [PRIVACYREQUIRED]
  *                  without TLS unless allowplaintext: yes)
- *   authenticated  ENABLE (CONDSTORE), NAMESPACE, IDLE (waits for DONE),
+ *   authenticated  ENABLE (CONDSTORE, QRESYNC), NAMESPACE, IDLE (waits for DONE),
  *                  COMPRESS DEFLATE (RFC 4978, lib/prot.h),
  *                  LIST, LSUB (list.c: LIST-EXTENDED, LIST-STATUS,
  *                  SPECIAL-USE), CREATE (CREATE-SPECIAL-USE), DELETE,
@@ -19,7 +19,8 @@
  *                  UNSUBSCRIBE, STATUS (STATUS=SIZE), SELECT, EXAMINE
  *                  (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
- *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
+ *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY; QRESYNC's
+ *                  VANISHED (EARLIER) and FETCH, qresync.h; CLOSED)
  *                  ACL (aclcmd.c), QUOTA (quotacmd.c), an admin's DELETE
  *                  of a user's INBOX (admincmd.c), through imapcmd.h
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
@@ -28,6 +29,8 @@
  *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
  *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
+ *                  (APPENDLIMIT: maxmessagesize, NO [TOOBIG] before
+ *                  the data)
  * Outside the selected state the selected-state commands answer "BAD No
  * mailbox selected".
  *
@@ -58,7 +61,8 @@
  * the same user shows its \Seen changes as FETCH FLAGS.  The record is
  * read, changed and written without a lock across the three steps: two
  * sessions of one user changing \Seen at once may lose one change.
- * \Seen changes do not move modseqs.
+ * A \Seen change moves the message's modseq (STORE, FETCH), so
+ * CHANGEDSINCE and QRESYNC see it.
  *
  * Names.  The client sees the user's own mailboxes as INBOX and
  * INBOX<sep>child ("user.U" and "user.U.child" inside), other users'
