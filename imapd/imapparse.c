@@ -1311,6 +1311,51 @@ static int parse_modifiers(struct cur *c, const char *name, int *set_r,
     return expect_type(c, IMAPPARSE_TOK_RPAREN, "')'");
 }
 
+/* FETCH's SP "(" (CHANGEDSINCE n / VANISHED) *(SP ...) ")"; VANISHED
+ * (RFC 7162 3.2.6) only with CHANGEDSINCE (the session checks UID) */
+static int parse_fetch_modifiers(struct cur *c, struct imapparse_fetch *f)
+{
+    int r = expect_type(c, IMAPPARSE_TOK_LPAREN, "modifier list");
+
+    if (r != IMAPPARSE_OK)
+        return r;
+    do {
+        char *s, *v;
+        size_t len, vlen;
+        uint64_t n;
+
+        r = get_atom(c, &s, &len, "modifier");
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (ieq(s, len, "VANISHED")) {
+            if (f->vanished)
+                return cmd_error(c->cmd, IMAPPARSE_BAD, "Repeated VANISHED");
+            f->vanished = 1;
+            continue;
+        }
+        if (!ieq(s, len, "CHANGEDSINCE"))
+            return cmd_errorf(c->cmd, IMAPPARSE_BAD, "Unknown modifier %.40s",
+                              s);
+        if (f->changedsince_set)
+            return cmd_error(c->cmd, IMAPPARSE_BAD, "Repeated CHANGEDSINCE");
+        r = get_atom(c, &v, &vlen, "mod-sequence value");
+        if (r != IMAPPARSE_OK)
+            return r;
+        if (parse_u64(v, vlen, INT64_MAX, &n) < 0 || n < 1)
+            return cmd_error(c->cmd, IMAPPARSE_BAD,
+                             "Invalid mod-sequence value");
+        f->changedsince_set = 1;
+        f->changedsince = n;
+    } while (!peek_type(c, IMAPPARSE_TOK_RPAREN) && !at_end(c));
+    r = expect_type(c, IMAPPARSE_TOK_RPAREN, "')'");
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (f->vanished && !f->changedsince_set)
+        return cmd_error(c->cmd, IMAPPARSE_BAD,
+                         "VANISHED without CHANGEDSINCE");
+    return IMAPPARSE_OK;
+}
+
 static int parse_fetch(struct cur *c)
 {
     struct imapparse_fetch *f = &c->cmd->fetch;
@@ -1335,8 +1380,7 @@ static int parse_fetch(struct cur *c)
             return r;
     }
     if (peek_type(c, IMAPPARSE_TOK_LPAREN)) {
-        r = parse_modifiers(c, "CHANGEDSINCE", &f->changedsince_set,
-                            &f->changedsince, 1);
+        r = parse_fetch_modifiers(c, f);
         if (r != IMAPPARSE_OK)
             return r;
     }
@@ -1873,6 +1917,7 @@ static int parse_status_items(struct cur *c, struct imapparse_status *st)
         { "DELETED", IMAPPARSE_STATUS_DELETED },
         { "DELETED-STORAGE", IMAPPARSE_STATUS_DELETED_STORAGE },
         { "SIZE", IMAPPARSE_STATUS_SIZE },
+        { "APPENDLIMIT", IMAPPARSE_STATUS_APPENDLIMIT },
     };
     int r = expect_type(c, IMAPPARSE_TOK_LPAREN, "status item list");
 
@@ -2073,6 +2118,81 @@ static int parse_create(struct cur *c)
     return expect_end(c);
 }
 
+/* A uid set of QRESYNC: numbers only, no "*" or "$". */
+static int get_uidset(struct cur *c, struct imapparse_seqset *set,
+                      const char *what)
+{
+    int r;
+    size_t i;
+
+    if (peek_type(c, IMAPPARSE_TOK_ATOM)) {
+        const struct imapparse_token *t = &c->cmd->tokens[c->i];
+
+        if (memchr(tok_text(c, t), '*', t->len) ||
+            memchr(tok_text(c, t), '$', t->len))
+            return cmd_errorf(c->cmd, IMAPPARSE_BAD, "Invalid %s", what);
+    }
+    r = get_seqset(c, set);
+    if (r != IMAPPARSE_OK)
+        return r;
+    for (i = 0; i < set->n; i++)
+        if (set->r[i].lo == 0 || set->r[i].hi == 0)
+            return cmd_errorf(c->cmd, IMAPPARSE_BAD, "Invalid %s", what);
+    return IMAPPARSE_OK;
+}
+
+/* RFC 7162 3.2.5: "(" uidvalidity SP mod-sequence-value [SP known-uids]
+ * [SP "(" known-sequence-set SP known-uid-set ")"] ")" after QRESYNC */
+static int parse_qresync(struct cur *c)
+{
+    struct imapparse_qresync *q = &c->cmd->qresync;
+    char *v;
+    size_t vlen;
+    uint64_t n;
+    int r;
+
+    if (q->set)
+        return cmd_error(c->cmd, IMAPPARSE_BAD, "Repeated QRESYNC");
+    r = expect_type(c, IMAPPARSE_TOK_LPAREN, "QRESYNC parameters");
+    if (r != IMAPPARSE_OK)
+        return r;
+    r = get_atom(c, &v, &vlen, "uidvalidity");
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (parse_u64(v, vlen, UINT32_MAX, &n) < 0 || n == 0)
+        return cmd_error(c->cmd, IMAPPARSE_BAD, "Invalid uidvalidity");
+    q->uidvalidity = (uint32_t)n;
+    r = get_atom(c, &v, &vlen, "mod-sequence value");
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (parse_u64(v, vlen, INT64_MAX, &n) < 0 || n == 0)
+        return cmd_error(c->cmd, IMAPPARSE_BAD, "Invalid mod-sequence value");
+    q->modseq = n;
+    if (peek_type(c, IMAPPARSE_TOK_ATOM)) {
+        r = get_uidset(c, &q->known_uids, "known-uids");
+        if (r != IMAPPARSE_OK)
+            return r;
+        q->has_known_uids = 1;
+    }
+    if (peek_type(c, IMAPPARSE_TOK_LPAREN)) {
+        c->i++;
+        r = get_uidset(c, &q->match_seqs, "known-sequence-set");
+        if (r == IMAPPARSE_OK)
+            r = get_uidset(c, &q->match_uids, "known-uid-set");
+        if (r != IMAPPARSE_OK)
+            return r;
+        r = expect_type(c, IMAPPARSE_TOK_RPAREN, "')'");
+        if (r != IMAPPARSE_OK)
+            return r;
+        q->has_match = 1;
+    }
+    r = expect_type(c, IMAPPARSE_TOK_RPAREN, "')'");
+    if (r != IMAPPARSE_OK)
+        return r;
+    q->set = 1;
+    return IMAPPARSE_OK;
+}
+
 static int parse_select(struct cur *c)
 {
     int r = get_mailbox(c, 0);
@@ -2088,6 +2208,12 @@ static int parse_select(struct cur *c)
             r = get_atom(c, &s, &len, "select parameter");
             if (r != IMAPPARSE_OK)
                 return r;
+            if (ieq(s, len, "QRESYNC")) {
+                r = parse_qresync(c);
+                if (r != IMAPPARSE_OK)
+                    return r;
+                continue;
+            }
             if (!ieq(s, len, "CONDSTORE"))
                 return cmd_errorf(c->cmd, IMAPPARSE_BAD,
                                   "Unknown select parameter %.40s", s);

@@ -235,6 +235,21 @@ struct imapparse_fetch {
     struct imapparse_fetch_att *atts;   /* macros expanded */
     int changedsince_set;
     uint64_t changedsince;              /* (CHANGEDSINCE n), n >= 1 */
+    int vanished;                       /* (... VANISHED), QRESYNC: only
+                                           with CHANGEDSINCE */
+};
+
+/* SELECT/EXAMINE's (QRESYNC (uidvalidity modseq [known-uids]
+ * [(known-sequence-set known-uid-set)])) (RFC 7162 3.2.5); the sets hold
+ * no "*", "$" or 0. */
+struct imapparse_qresync {
+    int set;
+    uint32_t uidvalidity;               /* >= 1 */
+    uint64_t modseq;                    /* >= 1 */
+    int has_known_uids;
+    struct imapparse_seqset known_uids;
+    int has_match;
+    struct imapparse_seqset match_seqs, match_uids;
 };
 
 enum imapparse_store_op {
@@ -333,7 +348,8 @@ enum imapparse_status_item {
     IMAPPARSE_STATUS_HIGHESTMODSEQ,
     IMAPPARSE_STATUS_DELETED,           /* RFC 9051 / RFC 9208 */
     IMAPPARSE_STATUS_DELETED_STORAGE,   /* RFC 9208 */
-    IMAPPARSE_STATUS_SIZE               /* RFC 8438 */
+    IMAPPARSE_STATUS_SIZE,              /* RFC 8438 */
+    IMAPPARSE_STATUS_APPENDLIMIT        /* RFC 7889 */
 };
 
 struct imapparse_status {
@@ -468,6 +484,7 @@ struct imapparse_cmd {
     const char *arg[2];
     size_t arg_len[2];
     int condstore;                  /* SELECT/EXAMINE (CONDSTORE) */
+    struct imapparse_qresync qresync;   /* SELECT/EXAMINE (QRESYNC ...) */
     struct imapparse_seqset set;
     struct imapparse_fetch fetch;
     struct imapparse_store store;

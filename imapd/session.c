@@ -11,7 +11,7 @@
  *                  AUTHENTICATE (Cyrus SASL, SASL-IR), LOGIN (checked
  *                  through SASL PLAIN; refused with NO [PRIVACYREQUIRED]
  *                  without TLS unless allowplaintext: yes)
- *   authenticated  ENABLE (CONDSTORE), NAMESPACE, IDLE (waits for DONE),
+ *   authenticated  ENABLE (CONDSTORE, QRESYNC), NAMESPACE, IDLE (waits for DONE),
  *                  COMPRESS DEFLATE (RFC 4978, lib/prot.h),
  *                  LIST, LSUB (list.c: LIST-EXTENDED, LIST-STATUS,
  *                  SPECIAL-USE), CREATE (CREATE-SPECIAL-USE), DELETE,
@@ -19,7 +19,8 @@
  *                  UNSUBSCRIBE, STATUS (STATUS=SIZE), SELECT, EXAMINE
  *                  (FLAGS, EXISTS,
  *                  RECENT 0, UNSEEN, PERMANENTFLAGS, UIDVALIDITY, UIDNEXT,
- *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY)
+ *                  HIGHESTMODSEQ; READ-WRITE / READ-ONLY; QRESYNC's
+ *                  VANISHED (EARLIER) and FETCH, qresync.h; CLOSED)
  *                  ACL (aclcmd.c), QUOTA (quotacmd.c), an admin's DELETE
  *                  of a user's INBOX (admincmd.c), through imapcmd.h
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
@@ -28,6 +29,8 @@
  *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
  *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
+ *                  (APPENDLIMIT: maxmessagesize, NO [TOOBIG] before
+ *                  the data)
  * Outside the selected state the selected-state commands answer "BAD No
  * mailbox selected".
  *
@@ -58,7 +61,8 @@
  * the same user shows its \Seen changes as FETCH FLAGS.  The record is
  * read, changed and written without a lock across the three steps: two
  * sessions of one user changing \Seen at once may lose one change.
- * \Seen changes do not move modseqs.
+ * A \Seen change moves the message's modseq (STORE, FETCH), so
+ * CHANGEDSINCE and QRESYNC see it.
  *
  * Names.  The client sees the user's own mailboxes as INBOX and
  * INBOX<sep>child ("user.U" and "user.U.child" inside), other users'
@@ -117,6 +121,7 @@
 #include "imapd/imapparse.h"
 #include "imapd/list.h"
 #include "imapd/localdomain.h"
+#include "imapd/qresync.h"
 #include "imapd/quotacmd.h"
 #include "imapd/search.h"
 #include "imapd/session.h"
@@ -195,6 +200,8 @@ struct imap_session {
     struct buf serverdomain;     /* the local address's domain, or empty */
     const char *canon_error;     /* why the last login name was refused */
     int condstore;               /* ENABLE CONDSTORE */
+    int qresync;                 /* ENABLE QRESYNC (condstore too):
+                                    VANISHED instead of EXPUNGE */
     struct mailbox *sel;         /* the selected mailbox (no lock held
                                     between commands) */
     int sel_readonly;            /* EXAMINE, or no write rights */
@@ -429,17 +436,31 @@ static void imap_store_no(struct imap_session *s, int r)
  * the ACL commands (aclcmd.c), as it does. */
 #define IMAP_HAVE_ACL 1
 
+#define IMAP_APPEND_MAX ((size_t)64 << 20)   /* the parser's default */
+
+/* The largest message APPEND takes (RFC 7889 APPENDLIMIT): maxmessagesize
+ * when set and smaller than the parser's bound on a message literal. */
+static size_t imap_appendlimit(const struct imap_server *srv)
+{
+    long long v = imapconf_getint(srv->conf, "maxmessagesize");
+
+    if (v > 0 && (unsigned long long)v < IMAP_APPEND_MAX)
+        return (size_t)v;
+    return IMAP_APPEND_MAX;
+}
+
 static void imap_capabilities(struct imap_session *s, struct buf *out)
 {
     struct buf mechs = BUF_INITIALIZER;
 
     buf_reset(out);
     buf_appendcstr(out, "IMAP4rev1 LITERAL+ SASL-IR ID ENABLE NAMESPACE "
-                        "IDLE UIDPLUS MOVE CONDSTORE UNSELECT CHILDREN "
+                        "IDLE UIDPLUS MOVE CONDSTORE QRESYNC UNSELECT CHILDREN "
                         "ESEARCH SEARCHRES WITHIN SORT SORT=DISPLAY ESORT "
                         "THREAD=ORDEREDSUBJECT THREAD=REFERENCES "
                         "LIST-EXTENDED LIST-STATUS SPECIAL-USE "
                         "CREATE-SPECIAL-USE STATUS=SIZE");
+    buf_printf(out, " APPENDLIMIT=%zu", imap_appendlimit(s->srv));
     if (IMAP_HAVE_ACL)
         buf_appendcstr(out, " LIST-MYRIGHTS");
     /* command families of their own files */
@@ -1611,6 +1632,10 @@ static int imap_status_send(struct imap_session *s, const char *ext,
             /* RFC 8438: the sum of the messages' RFC822.SIZE */
             prot_printf(s->p, "SIZE %llu", (unsigned long long)size);
             break;
+        case IMAPPARSE_STATUS_APPENDLIMIT:
+            /* RFC 7889: the same for every mailbox */
+            prot_printf(s->p, "APPENDLIMIT %zu", imap_appendlimit(s->srv));
+            break;
         }
     }
     prot_puts(s->p, ")\r\n");
@@ -1717,16 +1742,33 @@ static int imap_msgs_push(struct imap_session *s,
     return 0;
 }
 
+static void imap_send_flags(struct imap_session *s, size_t seq,
+                            const struct mailbox_record *rec,
+                            struct buf *out);
+
 static void imap_cmd_select(struct imap_session *s, int examine)
 {
     struct buf name = BUF_INITIALIZER;
     struct mboxlist_entry *e = NULL;
     struct mailbox_header h;
     uint32_t firstunseen = 0, seq = 0;
-    int r, rights = 0, locked = 0;
+    const struct imapparse_qresync *q = &s->cmd.qresync;
+    struct buf qr = BUF_INITIALIZER, qrfetch = BUF_INITIALIZER;
+    int r, rights = 0, locked = 0, resync = 0;
 
-    /* a failed SELECT leaves the client unselected (RFC 3501 6.3.1) */
+    /* RFC 7162 3.2.5: QRESYNC only once enabled */
+    if (q->set && !s->qresync) {
+        imap_tagged(s, "BAD", "QRESYNC not enabled");
+        return;
+    }
+    /* a failed SELECT leaves the client unselected (RFC 3501 6.3.1); the
+     * end of the previous mailbox's responses is marked (RFC 7162
+     * 3.2.11) */
+    if (s->sel)
+        prot_puts(s->p, "* OK [CLOSED] Previous mailbox closed\r\n");
     imap_unselect(s, 0);
+    if (q->set)
+        s->condstore = 1;
     if (imap_name_arg(s, 0, &name) != 0)
         goto out;
     r = imap_lookup(s, buf_cstring(&name), ACL_READ, &e);
@@ -1753,6 +1795,13 @@ static void imap_cmd_select(struct imap_session *s, int examine)
     if (r == STORE_OK) {
         locked = 1;
         h = *mailbox_get_header(s->sel);
+        /* a resynchronization against the same uidvalidity: what vanished
+         * and what changed since the client's modseq */
+        resync = q->set && q->uidvalidity == h.uidvalidity;
+        if (resync)
+            r = qresync_vanished(s->sel, q->modseq,
+                                 q->has_known_uids ? &q->known_uids : NULL,
+                                 &qr, NULL);
         for (uint32_t i = 0; i < h.visible && r == STORE_OK; i++) {
             struct mailbox_record rec;
 
@@ -1764,6 +1813,8 @@ static void imap_cmd_select(struct imap_session *s, int examine)
             imap_rec_seen(s, &rec);
             if (!firstunseen && !(rec.flags & MAILBOX_FLAG_SEEN))
                 firstunseen = seq;
+            if (resync && rec.modseq > q->modseq)
+                imap_send_flags(s, seq, &rec, &qrfetch);
             if (imap_msgs_push(s, &rec) != 0)
                 r = STORE_NOMEM;
         }
@@ -1807,11 +1858,17 @@ static void imap_cmd_select(struct imap_session *s, int examine)
     prot_printf(s->p, "* OK [HIGHESTMODSEQ %llu] Ok\r\n",
                 (unsigned long long)(h.highestmodseq ? h.highestmodseq
                                                      : 1));
+    if (resync && qr.len)
+        prot_printf(s->p, "* VANISHED (EARLIER) %s\r\n", buf_cstring(&qr));
+    if (resync && qrfetch.len)
+        prot_write(s->p, qrfetch.s, qrfetch.len);
     s->state = IMAP_SELECTED;
     imap_tagged(s, "OK", "[%s] %s completed",
                 s->sel_readonly ? "READ-ONLY" : "READ-WRITE",
                 examine ? "EXAMINE" : "SELECT");
 out:
+    buf_free(&qr);
+    buf_free(&qrfetch);
     mboxlist_entry_free(&e);
     buf_free(&name);
 }
@@ -2137,10 +2194,28 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
     if (allow_expunge) {
         size_t n = s->nmsgs, w;
 
-        /* descending: each number is right when its line is read */
-        for (size_t k = oldn; k-- > 0;)
-            if (s->msgs[k].gone)
-                buf_printf(out, "* %zu EXPUNGE\r\n", k + 1);
+        if (s->qresync) {
+            /* RFC 7162 3.2.10: one VANISHED with the UIDs */
+            uint32_t *uids = malloc((oldn ? oldn : 1) * sizeof(*uids));
+            size_t nu = 0;
+
+            if (!uids)
+                return STORE_NOMEM;
+            for (size_t k = 0; k < oldn; k++)
+                if (s->msgs[k].gone)
+                    uids[nu++] = s->msgs[k].uid;
+            if (nu) {
+                buf_appendcstr(out, "* VANISHED ");
+                qresync_uidset(out, uids, nu);
+                buf_appendcstr(out, "\r\n");
+            }
+            free(uids);
+        } else {
+            /* descending: each number is right when its line is read */
+            for (size_t k = oldn; k-- > 0;)
+                if (s->msgs[k].gone)
+                    buf_printf(out, "* %zu EXPUNGE\r\n", k + 1);
+        }
         for (w = 0, i = 0; i < n; i++)
             if (!s->msgs[i].gone)
                 s->msgs[w++] = s->msgs[i];
@@ -2456,6 +2531,15 @@ static void imap_cmd_fetch(struct imap_session *s)
 
     if (imap_check_set(s) != 0)
         return;
+    /* RFC 7162 3.2.6: VANISHED is for UID FETCH once QRESYNC is on */
+    if (f->vanished && !s->cmd.uid) {
+        imap_tagged(s, "BAD", "VANISHED needs UID FETCH");
+        return;
+    }
+    if (f->vanished && !s->qresync) {
+        imap_tagged(s, "BAD", "QRESYNC not enabled");
+        return;
+    }
     for (size_t k = 0; k < f->n; k++) {
         const struct imapparse_fetch_att *a = &f->atts[k];
 
@@ -2491,6 +2575,14 @@ static void imap_cmd_fetch(struct imap_session *s)
     /* keywords defined by others since the last update: announced before
      * a FETCH response names them */
     imap_keywords_announce(s, &out);
+    if (f->vanished) {
+        struct buf v = BUF_INITIALIZER;
+
+        r = qresync_vanished(s->sel, f->changedsince, &s->cmd.set, &v, NULL);
+        if (r == STORE_OK && v.len)
+            buf_printf(&out, "* VANISHED (EARLIER) %s\r\n", buf_cstring(&v));
+        buf_free(&v);
+    }
     for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
         struct imap_fetch_item *it = &items[nitems];
         uint32_t recno, idxseen;
@@ -3176,14 +3268,24 @@ static void imap_cmd_enable(struct imap_session *s)
 {
     int enabled = 0;
 
+    /* QRESYNC implies CONDSTORE (RFC 7162 3.2.3); each is reported when
+     * this command turned it on */
     for (size_t i = 0; i < s->cmd.words.n; i++) {
+        if (strcasecmp(s->cmd.words.s[i], "QRESYNC") == 0 && !s->qresync) {
+            s->qresync = 1;
+            enabled |= 2;
+            if (!s->condstore)
+                enabled |= 1;
+            s->condstore = 1;
+        }
         if (strcasecmp(s->cmd.words.s[i], "CONDSTORE") == 0 &&
             !s->condstore) {
             s->condstore = 1;
-            enabled = 1;
+            enabled |= 1;
         }
     }
-    prot_printf(s->p, "* ENABLED%s\r\n", enabled ? " CONDSTORE" : "");
+    prot_printf(s->p, "* ENABLED%s%s\r\n", (enabled & 1) ? " CONDSTORE" : "",
+                (enabled & 2) ? " QRESYNC" : "");
     imap_tagged(s, "OK", "ENABLE completed");
 }
 
@@ -4045,6 +4147,8 @@ void imap_serve(struct imap_server *srv, struct prot *p,
     s.conn = conn;
     s.opts.cont = imap_continue;
     s.opts.rock = &s;
+    /* a message over the limit is refused before its data */
+    s.opts.max_append = imap_appendlimit(srv);
     imapparse_cmd_init(&s.cmd);
     t_start = metrics_now_us();
     prot_settimeout(p, srv->prelogin_timeout);
@@ -4094,7 +4198,12 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         case IMAPPARSE_TOOBIG:
             s.ncommands++;
             imap_search_refused(&s);
-            imap_tagged(&s, "BAD", "%s", s.cmd.error);
+            /* RFC 7889: a message over APPENDLIMIT is NO [TOOBIG] */
+            if (r == IMAPPARSE_TOOBIG && s.cmd.id == IMAPPARSE_CMD_APPEND &&
+                s.cmd.append_seen && s.cmd.append.size > s.opts.max_append)
+                imap_tagged(&s, "NO", "[TOOBIG] %s", s.cmd.error);
+            else
+                imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_REFUSED:
             s.ncommands++;

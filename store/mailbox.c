@@ -19,7 +19,10 @@
  *                    20 uidvalidity  24 uidnext  28 num_records  32 visible
  *                    36 exists  40 highestmodseq u64  48 quota_used u64
  *                    56 last_appenddate i64  64 dirty  68 compactions
- *                    72 synced  76 CRC-32C of bytes [0, 76).
+ *                    72 synced  76 CRC-32C of bytes [0, 76)
+ *                    80 deletedmodseq u64  88 CRC-32C of bytes [0, 88)
+ *                   (a slot whose second CRC fails predates deletedmodseq:
+ *                   it reads as 0, or highestmodseq once compacted).
  *                   The valid slot (magic, version, CRC) with the higher
  *                   generation is current; a header write puts generation+1
  *                   into the OTHER slot, so a torn write leaves the previous
@@ -201,7 +204,7 @@
 #define MBX_IDX_VERSION 1u
 #define MBX_HDR_AREA 4096
 #define MBX_SLOT_SIZE 2048
-#define MBX_SLOT_LEN 80          /* bytes of a slot in use, CRC included */
+#define MBX_SLOT_LEN 92          /* bytes of a slot in use, CRCs included */
 #define MBX_REC_SIZE 128
 
 static int mbx_errno(int e)
@@ -366,6 +369,7 @@ struct mbx_slot {
     int64_t last_appenddate;
     uint32_t dirty, compactions;
     uint32_t synced;
+    uint64_t deletedmodseq;   /* highest modseq of a record compacted away */
 };
 
 static void mbx_slot_encode(const struct mbx_slot *s, unsigned char *p)
@@ -386,6 +390,8 @@ static void mbx_slot_encode(const struct mbx_slot *s, unsigned char *p)
     mbx_put32(p + 68, s->compactions);
     mbx_put32(p + 72, s->synced);
     mbx_put32(p + 76, crc32c(p, 76));
+    mbx_put64(p + 80, s->deletedmodseq);
+    mbx_put32(p + 88, crc32c(p, 88));
 }
 
 /* The text of cyrus.header. */
@@ -753,6 +759,13 @@ static int mbx_slot_decode(const unsigned char *p, struct mbx_slot *s)
     s->dirty = mbx_get32(p + 64);
     s->compactions = mbx_get32(p + 68);
     s->synced = mbx_get32(p + 72);
+    /* the extension (deletedmodseq) has its own CRC: a slot written before
+     * it existed has none, and then any compaction may have dropped
+     * expunged records of any modseq up to the highest */
+    if (mbx_get32(p + 88) == crc32c(p, 88))
+        s->deletedmodseq = mbx_get64(p + 80);
+    else
+        s->deletedmodseq = s->compactions ? s->highestmodseq : 0;
     return 0;
 }
 
@@ -886,6 +899,7 @@ static void mbx_publish(struct mailbox *mb)
     mb->pub.quota_used = mb->slot.quota_used;
     mb->pub.last_appenddate = mb->slot.last_appenddate;
     mb->pub.compactions = mb->slot.compactions;
+    mb->pub.deletedmodseq = mb->slot.deletedmodseq;
 }
 
 static void mbx_free_flags(char **flags)
@@ -2443,6 +2457,7 @@ int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
     struct mbx_slot ns;
     struct buf tmp = BUF_INITIALIZER;
     uint32_t i, n, kept = 0, removable = 0, waiting = 0;
+    uint64_t deletedmodseq;
     unsigned char *take = NULL;
     int pending = 0, nfd, r;
 
@@ -2495,6 +2510,11 @@ int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
     if (more_r)
         *more_r = waiting > 0;
 
+    /* QRESYNC's bound: expunges up to this modseq are no longer listed */
+    deletedmodseq = mb->slot.deletedmodseq;
+    for (i = 0; i < n; i++)
+        if (take[i] && recs[i].modseq > deletedmodseq)
+            deletedmodseq = recs[i].modseq;
     for (i = 0; i < n; i++) {
         if (take[i])
             continue;
@@ -2502,6 +2522,7 @@ int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
         recs[kept++] = recs[i];
     }
     ns = mb->slot;
+    ns.deletedmodseq = deletedmodseq;
     ns.generation = mb->slot.generation + 2;
     ns.num_records = ns.visible = ns.synced = kept;
     ns.compactions++;
@@ -3380,6 +3401,8 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
     }
     ns.num_records = ns.visible = ns.synced = n;
     ns.dirty = MBX_DIRTY_QUOTA;
+    /* records may have been lost: no expunge before now is listed */
+    ns.deletedmodseq = ns.highestmodseq;
 
     buf_printf(&tmp, "%s.NEW.%ld", mb->index_path, (long)pid);
     r = mbx_write_new_index(buf_cstring(&tmp), &ns, recs, n, &nfd);

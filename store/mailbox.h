@@ -22,7 +22,8 @@
  *   dirty (bit 1: records of the visible prefix being changed in place,
  *   counters to be recomputed; bit 2: counters moved, quota not yet told),
  *   compactions, synced (records [0, synced) are known durable in their
- *   resolved state: recovery re-examines only [synced, end)), CRC-32C.
+ *   resolved state: recovery re-examines only [synced, end)), CRC-32C,
+ *   deletedmodseq (see struct mailbox_header) with a CRC of its own.
  *   Exact byte offsets at the top of mailbox.c.
  * Record: uid, flags (system flags, and MAILBOX_FLAG_EXPUNGED / _PENDING /
  *   _ABORTED), internal date, size, header size, 128-bit user flag bitmap,
@@ -84,6 +85,9 @@ struct mailbox_header {
     int64_t last_appenddate;
     uint32_t compactions;    /* bumped each time cleanup rewrote the index:
                                 record numbers from before are stale */
+    uint64_t deletedmodseq;  /* the highest modseq of an expunged record
+                                that cleanup removed: expunges after it are
+                                all still records (QRESYNC's VANISHED) */
 };
 
 struct mailbox_record {

@@ -5,7 +5,8 @@ CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
 and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
 (RFC 2342), ACL (RFC 4314: ACL, LISTRIGHTS, MYRIGHTS), QUOTA (RFC 9208:
 QUOTA, QUOTAROOT), ESEARCH (RFC 4731, also as ESORT's answer, RFC 5267),
-SORT and THREAD (RFC 5256), LIST-EXTENDED (RFC 5258: mbox-list-extended
+SORT and THREAD (RFC 5256), QRESYNC (RFC 7162: VANISHED,
+VANISHED (EARLIER)), LIST-EXTENDED (RFC 5258: mbox-list-extended
 items such as CHILDINFO after the name), LIST-STATUS (RFC 5819, STATUS
 lines) and STATUS=SIZE (RFC 8438, a 63-bit number), and the RFC 5530
 response codes (any atom code with optional text is grammatical).  As in
@@ -369,6 +370,14 @@ class Parser:
         elif w == b"ENABLED":
             while self.opt(b" "):
                 self.atom()
+        elif w == b"VANISHED":
+            # RFC 7162 7: "VANISHED" [SP "(EARLIER)"] SP known-uids
+            self.sp()
+            if self.opt(b"("):
+                self.lit(b"EARLIER")
+                self.lit(b")")
+                self.sp()
+            self.seq_set(False)
         elif w == b"ID":
             self.sp()
             if self.is_nil():
@@ -893,6 +902,8 @@ SELFTEST_GOOD = [
     b'* QUOTAROOT INBOX ""',
     b"* QUOTAROOT comp.mail.mime",
     b"a1 OK [CLOSED] Closed",
+    b"* VANISHED (EARLIER) 41,43:116,118,120:211,214:540",
+    b"* VANISHED 405,407,410,425",
 ]
 SELFTEST_BAD = [
     b'* 12 FETCH (FLAGS (\\Seen) UID 7',
@@ -928,6 +939,11 @@ SELFTEST_BAD = [
     b"* QUOTA root ()",
     b"* QUOTA root (STORAGE 10)",
     b"* QUOTAROOT",
+    b"* VANISHED",
+    b"* VANISHED (EARLIER)",
+    b"* VANISHED (LATER) 1",
+    b"* VANISHED 1:*",
+    b"* VANISHED 0",
 ]
 
 

@@ -248,6 +248,9 @@ static void test_list_extended(void **state)
     assert_int_equal(fx->cmd.use.n, 0);
     assert_int_equal(rd(fx), IMAPPARSE_OK);
     assert_int_equal(fx->cmd.status.items[0], IMAPPARSE_STATUS_SIZE);
+    csend(fx, "s STATUS x (APPENDLIMIT MESSAGES)\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.status.items[0], IMAPPARSE_STATUS_APPENDLIMIT);
 
     expect_bad(fx, "a LIST (RECURSIVEMATCH) \"\" *\r\n", IMAPPARSE_BAD,
                "a", "RECURSIVEMATCH");
@@ -317,8 +320,37 @@ static void test_mailboxes(void **state)
 
     expect_bad(fx, "a SELECT\r\n", IMAPPARSE_BAD, "a", "Missing mailbox");
     expect_bad(fx, "a SELECT a%b\r\n", IMAPPARSE_BAD, "a", "Invalid char");
-    expect_bad(fx, "a SELECT x (QRESYNC)\r\n", IMAPPARSE_BAD, "a",
+    expect_bad(fx, "a SELECT x (QRESYNCX)\r\n", IMAPPARSE_BAD, "a",
                "Unknown select parameter");
+
+    /* QRESYNC (RFC 7162 3.2.5) */
+    csend(fx, "a SELECT x (QRESYNC (67890007 20050715194045000 "
+              "41,43:211,214:541))\r\n"
+              "b EXAMINE x (CONDSTORE QRESYNC (1 2 1:5 (3,7 11:12)))\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.qresync.set, 1);
+    assert_int_equal(fx->cmd.qresync.uidvalidity, 67890007);
+    assert_true(fx->cmd.qresync.modseq == 20050715194045000ULL);
+    assert_int_equal(fx->cmd.qresync.has_known_uids, 1);
+    assert_int_equal(fx->cmd.qresync.known_uids.n, 3);
+    assert_int_equal(fx->cmd.qresync.known_uids.r[2].hi, 541);
+    assert_int_equal(fx->cmd.qresync.has_match, 0);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.condstore, 1);
+    assert_int_equal(fx->cmd.qresync.has_match, 1);
+    assert_int_equal(fx->cmd.qresync.match_seqs.n, 2);
+    assert_int_equal(fx->cmd.qresync.match_uids.r[0].lo, 11);
+    expect_bad(fx, "a SELECT x (QRESYNC)\r\n", IMAPPARSE_BAD, "a", NULL);
+    expect_bad(fx, "a SELECT x (QRESYNC (0 1))\r\n", IMAPPARSE_BAD, "a",
+               "uidvalidity");
+    expect_bad(fx, "a SELECT x (QRESYNC (1 0))\r\n", IMAPPARSE_BAD, "a",
+               "mod-sequence");
+    expect_bad(fx, "a SELECT x (QRESYNC (1 1 1:*))\r\n", IMAPPARSE_BAD,
+               "a", "known-uids");
+    expect_bad(fx, "a SELECT x (QRESYNC (1 1 (1 2 3)))\r\n", IMAPPARSE_BAD,
+               "a", NULL);
+    expect_bad(fx, "a SELECT x (QRESYNC (1 1) QRESYNC (1 1))\r\n",
+               IMAPPARSE_BAD, "a", "Repeated");
     expect_bad(fx, "a CREATE x y\r\n", IMAPPARSE_BAD, "a", "extra");
     expect_bad(fx, "a LIST \"\"\r\n", IMAPPARSE_BAD, "a", "pattern");
 }
@@ -475,6 +507,16 @@ static void test_fetch(void **state)
     assert_int_equal(rd(fx), IMAPPARSE_OK);
     assert_int_equal(fx->cmd.fetch.changedsince_set, 1);
     assert_int_equal(fx->cmd.fetch.changedsince, 12345);
+    assert_int_equal(fx->cmd.fetch.vanished, 0);
+
+    csend(fx, "e UID FETCH 300:500 (FLAGS) (VANISHED CHANGEDSINCE 7)\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.fetch.vanished, 1);
+    assert_int_equal(fx->cmd.fetch.changedsince, 7);
+    expect_bad(fx, "a UID FETCH 1 FLAGS (VANISHED)\r\n", IMAPPARSE_BAD, "a",
+               "VANISHED without CHANGEDSINCE");
+    expect_bad(fx, "a UID FETCH 1 FLAGS (CHANGEDSINCE 1 VANISHED VANISHED)"
+               "\r\n", IMAPPARSE_BAD, "a", "Repeated");
 
     expect_bad(fx, "a FETCH 1 (ALL)\r\n", IMAPPARSE_BAD, "a", "not allowed");
     expect_bad(fx, "a FETCH 1 BODY[4.MIMEX]\r\n", IMAPPARSE_BAD, "a",
@@ -504,7 +546,7 @@ static void test_fetch(void **state)
     expect_bad(fx, "a FETCH FLAGS\r\n", IMAPPARSE_BAD, "a", "sequence set");
     expect_bad(fx, "a FETCH 1 FLAGS (CHANGEDSINCE 0)\r\n", IMAPPARSE_BAD,
                "a", "mod-sequence");
-    expect_bad(fx, "a FETCH 1 FLAGS (VANISHED)\r\n", IMAPPARSE_BAD, "a",
+    expect_bad(fx, "a FETCH 1 FLAGS (X-VANISHED)\r\n", IMAPPARSE_BAD, "a",
                "Unknown modifier");
     expect_bad(fx, "a FETCH 1 FLAGS)\r\n", IMAPPARSE_BAD, "a",
                "Unexpected ')'");
