@@ -3437,6 +3437,8 @@ static int imap_keywords_undefined(struct mailbox *mb,
 {
     int num;
 
+    if (!mb)
+        return 0;
     for (num = 0; num < MAILBOX_USER_FLAGS; num++)
         if (!mailbox_user_flag_name(mb, num))
             return 0;
@@ -3680,7 +3682,8 @@ static void imap_cmd_copy(struct imap_session *s, int move)
             }
             r = append_add_keywords(t, dst, stages[k], recs[k].internaldate,
                                     fl, (const char *const *)kws.data,
-                                    (size_t)kws.count, 0, &newuids[k]);
+                                    (size_t)kws.count,
+                                    APPEND_KEYWORDS_STRICT, &newuids[k]);
         }
     }
     if (r == STORE_OK)
@@ -3749,6 +3752,10 @@ static void imap_cmd_copy(struct imap_session *s, int move)
 fail:
     if (r == STORE_NOTFOUND)
         imap_tagged(s, "NO", "[EXPUNGEISSUED] Some messages were expunged");
+    else if (r == STORE_OVERQUOTA && imap_keywords_undefined(dst, &kws))
+        /* a keyword of the last message tried (kws) has no room in dst:
+         * nothing is copied (never a copy without its keywords) */
+        imap_tagged(s, "NO", "[LIMIT] Too many keywords in this mailbox");
     else
         imap_store_no(s, r);
 out:

@@ -260,8 +260,8 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
  * commit.  A name that is not a valid atom, or beyond the mailbox's 128
  * keywords, is left out (logged) unless `strict`, when it fails the call
  * with STORE_BADNAME or STORE_OVERQUOTA and nothing is reserved (IMAP
- * APPEND: the client is told, never answered OK without a keyword it
- * asked for); NULL entries are skipped.  Errors as
+ * APPEND, COPY, MOVE: the client is told, never answered OK without a
+ * keyword); NULL entries are skipped.  Errors as
  * mailbox_append_reserve(), and the header file's (STORE_IOERROR, ...). */
 int mailbox_append_reserve_keywords(struct mailbox *mb,
                                     const char *stage_path,

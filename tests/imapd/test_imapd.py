@@ -1197,12 +1197,15 @@ def index_flags(directory, recno):
 
 
 def test_append_keyword_limit():
-    """An APPEND with a keyword the mailbox cannot define (all 128 in
-    use) is refused with NO [LIMIT], as a STORE of it is, and adds no
-    message: never OK with the keyword silently left out.  Keywords
-    already defined still go in."""
+    """An APPEND, COPY or MOVE with a keyword the mailbox cannot define
+    (all 128 in use) is refused with NO [LIMIT], as a STORE of it is, and
+    adds no message: never OK with the keyword silently left out.
+    Keywords already defined still go in."""
     i = inst()
     i.create("user.alice.KwFull")
+    i.create("user.alice.KwSrc")
+    i.mbtool("deliver", "-D", "-m", "KwSrc", "alice",
+             input=b"Subject: src\r\n\r\nbody\r\n")
     i.mbtool("deliver", "-D", "-m", "KwFull", "alice",
              input=b"Subject: full\r\n\r\nbody\r\n")
     with Raw(i.addr()) as a:
@@ -1227,7 +1230,21 @@ def test_append_keyword_limit():
         r = ok(a.cmd("a7", "FETCH 2 (FLAGS)"), "a7")
         check(any(re.match(rb"^\* 2 FETCH \(FLAGS \(.*\bkw7\b", ln)
                   for ln in r), "APPEND of a defined keyword %r" % r)
+        # COPY and MOVE of a message with a keyword KwFull lacks: refused,
+        # nothing copied, the source stays
+        ok(a.cmd("a8", "SELECT INBOX.KwSrc"), "a8")
+        ok(a.cmd("a9", "STORE 1 +FLAGS.SILENT (other)"), "a9")
+        for tag, cmd in (("b1", "COPY"), ("b2", "MOVE")):
+            r = a.cmd(tag, "%s 1 INBOX.KwFull" % cmd)
+            check(r[-1] == b"%s NO [LIMIT] Too many keywords in this "
+                  b"mailbox" % tag.encode(), "%s %r" % (cmd, r))
+        r = ok(a.cmd("b3", "STATUS INBOX.KwFull (MESSAGES)"), "b3")
+        check(b"(MESSAGES 2)" in r[0], "a refused COPY added: %r" % r)
+        r = ok(a.cmd("b4", "FETCH 1 (FLAGS)"), "b4")
+        check(r[0].startswith(b"* 1 FETCH (FLAGS (") and b"other" in r[0],
+              "MOVE source %r" % r)
     i.mbtool("check", "user.alice.KwFull")
+    i.mbtool("check", "user.alice.KwSrc")
 
 
 def test_seen_per_user():
