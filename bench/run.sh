@@ -17,6 +17,10 @@
 #               rcpt10    10 recipients per message, 40 connections
 #               big       30,000 messages, 40 connections
 #               mixed     IMAP sessions reading while LMTP delivers (40 + 10)
+#               imap      IMAP session operations (login, select, fetch,
+#                         store, append, expunge, search) at 10 and 50
+#                         sessions while an LMTP storm (10 connections)
+#                         delivers into the same mailboxes
 #               backends  ours: each mboxlist_db, then each duplicate_db
 #               prefork   ours: lmtpunix prefork/maxchild settings, 40 and 100
 #               stage     ours: stage_dirs 1 vs 16, 40 and 100 connections
@@ -57,7 +61,7 @@ users_env=${BENCH_USERS:-}
 runs=
 servers="ours cyrus dovecot"
 concs="1 10 20 40 100"
-all_exps="disk conc rcpt10 big mixed backends prefork stage nosync tool sieve idle"
+all_exps="disk conc rcpt10 big mixed imap backends prefork stage nosync tool sieve idle"
 exps=$all_exps
 quick=no
 base=/var/tmp
@@ -96,13 +100,13 @@ export BENCH_BUILD
 
 if [[ $quick == yes ]]; then
     export BENCH_USERS=${users_env:-200}
-    msgs=400 big=2000 toolmsgs=5000
+    msgs=400 big=2000 toolmsgs=5000 imapmsgs=2000
     cell_timeout=180
     runs=${runs:-1}
     [[ -n $out ]] || out=$base/mailbench-quick
 else
     export BENCH_USERS=${users_env:-2000}
-    msgs=2000 big=30000 toolmsgs=30000
+    msgs=2000 big=30000 toolmsgs=30000 imapmsgs=10000
     cell_timeout=900
     runs=${runs:-3}
 fi
@@ -344,6 +348,63 @@ if g:
                 "-" if s == "ours" else fmt(ratio_med(byv.get("ours", []), rs), 2)))
     w("")
 
+g = cells("imap")
+if g:
+    def iops(r):
+        # session operations: LOGIN and SELECT of every session + the mix
+        j = r["j"]
+        if not j or r["rc"] == 2:
+            return None
+        im = j.get("imap") or {}
+        el = im.get("elapsed_s") or j.get("elapsed_s")
+        if not el:
+            return None
+        return (im.get("ops", 0) + 2 * im.get("sessions", 0)) / el
+    def iratio(ra, rb):
+        b = {r["round"]: iops(r) for r in rb}
+        return med(iops(r) / b[r["round"]] for r in ra
+                   if iops(r) and b.get(r["round"]))
+    vs = [s for s in peers if any(s in v for v in g.values())]
+    w("## IMAP sessions while LMTP delivers (10 LMTP connections)")
+    w("")
+    w("IMAP session operations per second: every session's LOGIN and SELECT "
+      "plus its 20 operations (weights fetch headers 4, fetch a body 2, "
+      "store flags 3, append 1, expunge 1, search 1), LOGOUT not counted; "
+      "the sessions run as long as the LMTP storm (%s messages) lasts. "
+      "Messages counted per user over IMAP afterwards (delivered + appended "
+      "- expunged)." % fmt(meta.get("imapmsgs")))
+    w("")
+    head = "| | " + " | ".join("%s IMAP ops/s" % s for s in vs)
+    rat = [s for s in vs if s != "ours"] if "ours" in vs else []
+    head += "".join(" | ours/%s" % s for s in rat)
+    head += " | " + " | ".join("%s FETCH-BODY p99 ms" % s for s in vs)
+    head += " | " + " | ".join("%s LMTP msgs/s" % s for s in vs) + " |"
+    w(head)
+    w("|---" + "|---:" * (3 * len(vs) + len(rat)) + "|")
+    goals = []
+    for grp, byv in g.items():
+        line = "| %s" % grp
+        for s in vs:
+            rs = byv.get(s, [])
+            line += " | %s%s" % (fmt(med(iops(r) for r in rs)), flag(rs))
+        for s in rat:
+            x = iratio(byv.get("ours", []), byv.get(s, []))
+            line += " | %s" % fmt(x, 2)
+            if s == "dovecot":
+                goals.append("- %s: IMAP ops ours/dovecot = %s (goal >= 1.5x, no "
+                             "errors): %s" % (grp, fmt(x, 2), "met" if x and x >= 1.5
+                             and not flag(byv.get("ours", [])) else "NOT met"))
+        for s in vs:
+            line += " | %s" % fmt(med(lat(r, "FETCH-BODY") for r in byv.get(s, [])), 1)
+        for s in vs:
+            line += " | %s" % fmt(med(rate(r) for r in byv.get(s, [])))
+        w(line + " |")
+    w("")
+    for x in goals:
+        w(x)
+    if goals:
+        w("")
+
 def variant_table(exp, title, note=""):
     g = cells(exp)
     if not g:
@@ -526,7 +587,7 @@ import json, sys
 m = {
   "args": """$args""".strip(),
   "date": """$(date -u '+%Y-%m-%d %H:%M UTC')""",
-  "runs": $runs, "msgs": $msgs, "big": $big, "size": $msgsize, "users": $BENCH_USERS,
+  "runs": $runs, "msgs": $msgs, "big": $big, "imapmsgs": $imapmsgs, "size": $msgsize, "users": $BENCH_USERS,
   "cpu": """$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')""",
   "nproc": """$(nproc)""",
   "memory": """$(free -h | awk '/^Mem:/ { print $2 " total, " $7 " available" }')""",
@@ -630,7 +691,7 @@ has_server() { [[ " $servers " == *" $1 "* ]]; }
 # Templates of the servers' default configurations.
 declare -A base_tpl=()
 for s in $servers; do
-    if has conc || has rcpt10 || has big || has mixed || { [[ $s == ours ]] && { has backends || has prefork || has stage || has nosync; }; }; then
+    if has conc || has rcpt10 || has big || has mixed || has imap || { [[ $s == ours ]] && { has backends || has prefork || has stage || has nosync; }; }; then
         base_tpl[$s]=$(tpl "$s-default" "$s") || die "cannot set up $s"
     fi
 done
@@ -676,6 +737,14 @@ fi
 if has mixed; then
     peer_runs mixed "c=40 sessions=10" 40 mixed -n "$msgs" -m "$BENCH_USERS" \
         --sessions 10 --users "$((BENCH_USERS < 100 ? BENCH_USERS : 100))"
+fi
+if has imap; then
+    # the IMAP sessions last as long as the storm: $imapmsgs messages
+    for c in 10 50; do
+        peer_runs imap "sessions=$c" 10 mixed -n "$imapmsgs" -m "$BENCH_USERS" \
+            --sessions "$c" --users "$((BENCH_USERS < 100 ? BENCH_USERS : 100))" \
+            --ops 20 --mix fetchhdr=4,fetchbody=2,store=3,append=1,expunge=1,search=1
+    done
 fi
 
 # ours only: variants round by round; the first variant is the reference

@@ -3531,6 +3531,25 @@ static int imap_dest_open(struct imap_session *s, int answer,
     return r;
 }
 
+/* Whether mb has all its keywords in use and one of kws is not among
+ * them: after STORE_OVERQUOTA from a strict append, the keyword limit
+ * refused it (the quota check comes first and leaves keywords alone). */
+static int imap_keywords_undefined(struct mailbox *mb,
+                                   const struct strarray *kws)
+{
+    int num;
+
+    if (!mb)
+        return 0;
+    for (num = 0; num < MAILBOX_USER_FLAGS; num++)
+        if (!mailbox_user_flag_name(mb, num))
+            return 0;
+    for (size_t i = 0; i < kws->count; i++)
+        if (mailbox_user_flag(mb, kws->data[i], 0, &num) != STORE_OK)
+            return 1;
+    return 0;
+}
+
 /* APPEND: the message literal is streamed into a staging file, then put
  * in through append_add()/append_commit(), as lmtpd does. */
 static void imap_cmd_append(struct imap_session *s)
@@ -3590,18 +3609,24 @@ static void imap_cmd_append(struct imap_session *s)
         if (seenit)
             fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
         /* keywords go into the record before the commit: the message is
-         * never visible without them */
+         * never visible without them; one that cannot be defined (the
+         * mailbox has 128) refuses the APPEND, as STORE refuses it */
         if (rights & ACL_WRITE)
             imap_keyword_names(ap->flags.s, ap->flags.n, &kws);
         r = append_add_keywords(t, mb, st,
                                 ap->date_set ? (int64_t)ap->date : 0, fl,
                                 (const char *const *)kws.data,
-                                (size_t)kws.count, 0, &uid);
+                                (size_t)kws.count, APPEND_KEYWORDS_STRICT,
+                                &uid);
         if (r == STORE_OK)
             r = append_commit(t);
         else
             append_abort(t);
         uidvalidity = mailbox_get_header(mb)->uidvalidity;
+    }
+    if (r == STORE_OVERQUOTA && imap_keywords_undefined(mb, &kws)) {
+        imap_tagged(s, "NO", "[LIMIT] Too many keywords in this mailbox");
+        goto out;
     }
     if (r != STORE_OK) {
         imap_store_no(s, r);
@@ -3759,7 +3784,8 @@ static void imap_cmd_copy(struct imap_session *s, int move)
             }
             r = append_add_keywords(t, dst, stages[k], recs[k].internaldate,
                                     fl, (const char *const *)kws.data,
-                                    (size_t)kws.count, 0, &newuids[k]);
+                                    (size_t)kws.count,
+                                    APPEND_KEYWORDS_STRICT, &newuids[k]);
         }
     }
     if (r == STORE_OK)
@@ -3828,6 +3854,10 @@ static void imap_cmd_copy(struct imap_session *s, int move)
 fail:
     if (r == STORE_NOTFOUND)
         imap_tagged(s, "NO", "[EXPUNGEISSUED] Some messages were expunged");
+    else if (r == STORE_OVERQUOTA && imap_keywords_undefined(dst, &kws))
+        /* a keyword of the last message tried (kws) has no room in dst:
+         * nothing is copied (never a copy without its keywords) */
+        imap_tagged(s, "NO", "[LIMIT] Too many keywords in this mailbox");
     else
         imap_store_no(s, r);
 out:

@@ -764,7 +764,9 @@ int append_add_keywords(struct append_txn *t, struct mailbox *mb,
         internaldate = (int64_t)time(NULL);
     r = mailbox_append_reserve_keywords(mb, part->path, &st->info,
                                         internaldate, sysflags, keywords,
-                                        nkeywords, t->batch, &uid);
+                                        nkeywords,
+                                        (flags & APPEND_KEYWORDS_STRICT) != 0,
+                                        t->batch, &uid);
     if (r)
         return r;
     r = commit_batch_add_fd(t->batch, part->fd);

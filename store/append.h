@@ -106,6 +106,10 @@ struct append_txn;
 int append_begin(const struct imapconf *conf, struct append_txn **t_r);
 
 #define APPEND_IGNORE_QUOTA 1
+/* append_add_keywords(): a keyword that cannot be defined (beyond the
+ * mailbox's 128, or not an atom) fails the call (STORE_OVERQUOTA,
+ * STORE_BADNAME) instead of being left out */
+#define APPEND_KEYWORDS_STRICT 2
 
 /* Reserve the message in mailbox mb (an open, unlocked handle the caller
  * keeps open until append_free()).  internaldate 0 = now.  sysflags: IMAP

@@ -2638,7 +2638,7 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
 {
     return mailbox_append_reserve_keywords(mb, stage_path, info,
                                            internaldate, sysflags, NULL, 0,
-                                           batch, uid_r);
+                                           0, batch, uid_r);
 }
 
 int mailbox_append_reserve_keywords(struct mailbox *mb,
@@ -2646,7 +2646,7 @@ int mailbox_append_reserve_keywords(struct mailbox *mb,
                                     const struct mailbox_msginfo *info,
                                     int64_t internaldate, uint32_t sysflags,
                                     const char *const *keywords,
-                                    size_t nkeywords,
+                                    size_t nkeywords, int strict,
                                     struct commit_batch *batch,
                                     uint32_t *uid_r)
 {
@@ -2685,7 +2685,8 @@ int mailbox_append_reserve_keywords(struct mailbox *mb,
         kr = mailbox_user_flag(mb, keywords[k], 1, &num);
         if (kr == STORE_OK) {
             user[num / 32] |= 1u << (num % 32);
-        } else if (kr == STORE_BADNAME || kr == STORE_OVERQUOTA) {
+        } else if (!strict
+                   && (kr == STORE_BADNAME || kr == STORE_OVERQUOTA)) {
             log_warning("mailbox: keyword not set mailbox=<%s> "
                         "keyword=<%s> error=<%s>", mb->name,
                         mbx_atom_ok(keywords[k], strnlen(keywords[k], 101))

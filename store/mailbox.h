@@ -262,14 +262,17 @@ int mailbox_append_reserve(struct mailbox *mb, const char *stage_path,
  * exclusive lock, cyrus.header synced) and its bit is in the PENDING
  * record, so the message becomes visible with its keywords in the one
  * commit.  A name that is not a valid atom, or beyond the mailbox's 128
- * keywords, is left out (logged); NULL entries are skipped.  Errors as
+ * keywords, is left out (logged) unless `strict`, when it fails the call
+ * with STORE_BADNAME or STORE_OVERQUOTA and nothing is reserved (IMAP
+ * APPEND, COPY, MOVE: the client is told, never answered OK without a
+ * keyword); NULL entries are skipped.  Errors as
  * mailbox_append_reserve(), and the header file's (STORE_IOERROR, ...). */
 int mailbox_append_reserve_keywords(struct mailbox *mb,
                                     const char *stage_path,
                                     const struct mailbox_msginfo *info,
                                     int64_t internaldate, uint32_t sysflags,
                                     const char *const *keywords,
-                                    size_t nkeywords,
+                                    size_t nkeywords, int strict,
                                     struct commit_batch *batch,
                                     uint32_t *uid_r);
 

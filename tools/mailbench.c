@@ -867,6 +867,7 @@ static void mailbench_usage(FILE *f)
 "  --dup PCT (0)  --lhlo NAME  -k (one connection per message)\n"
 "imap: --sessions N (10)  --imap-n N (100)  --users K (100)  --password P\n"
 "  --auth login|plain  --mix fetchhdr=4,fetchbody=2,store=2,search=1,expunge=1\n"
+"       (and append=W)\n"
 "  --ops N (10)\n"
 "verification: --verify none|imap|cmd:PROGRAM  --dedup yes|no (yes)\n");
 }
@@ -911,7 +912,7 @@ static int mailbench_parse_ulong(const char *s, const char *what,
 static int mailbench_parse_mix(struct mb_options *o, const char *spec)
 {
     static const char *names[MB_OP_COUNT] = {
-        "fetchhdr", "fetchbody", "store", "search", "expunge"
+        "fetchhdr", "fetchbody", "store", "search", "expunge", "append"
     };
     char *copy = mailbench_strdup(spec), *save = NULL, *tok;
     unsigned total = 0;
@@ -935,7 +936,7 @@ static int mailbench_parse_mix(struct mb_options *o, const char *spec)
         if (found < 0) {
             r = mailbench_usage_error("--mix: unknown operation \"%s\" "
                                       "(fetchhdr, fetchbody, store, search, "
-                                      "expunge)", tok);
+                                      "expunge, append)", tok);
             break;
         }
         if (mailbench_parse_ulong(eq + 1, "--mix weight", 0, 1000, &w)) {

@@ -41,7 +41,7 @@ enum mb_verify { MB_VERIFY_NONE, MB_VERIFY_IMAP, MB_VERIFY_CMD };
 /* IMAP operations of --mix, in this order everywhere */
 enum mb_op {
     MB_OP_FETCHHDR, MB_OP_FETCHBODY, MB_OP_STORE, MB_OP_SEARCH,
-    MB_OP_EXPUNGE, MB_OP_COUNT
+    MB_OP_EXPUNGE, MB_OP_APPEND, MB_OP_COUNT
 };
 
 /* latency metrics; the names are in mailbench_report.c */
@@ -50,7 +50,7 @@ enum mb_lat {
     MB_LAT_DELIVERY,
     MB_LAT_IMAP_CONNECT, MB_LAT_LOGIN, MB_LAT_SELECT, MB_LAT_UIDS,
     MB_LAT_FETCH_HDR, MB_LAT_FETCH_BODY, MB_LAT_STORE, MB_LAT_SEARCH,
-    MB_LAT_EXPUNGE, MB_LAT_LOGOUT,
+    MB_LAT_EXPUNGE, MB_LAT_APPEND, MB_LAT_LOGOUT,
     MB_LAT_COUNT
 };
 

@@ -36,7 +36,7 @@
 enum {
     I_GREETING = 1, I_STARTTLS, I_TLS, I_CAPA, I_AUTH_CONT, I_AUTH,
     I_SELECT, I_UIDS, I_OP, I_EXP_STORE, I_EXP_EXPUNGE, I_VSTATUS,
-    I_LOGOUT
+    I_APPEND_CONT, I_LOGOUT
 };
 
 #define MB_MAX_UIDS 10000000
@@ -47,7 +47,21 @@ static const int mailbench_op_lat[MB_OP_COUNT] = {
     [MB_OP_STORE] = MB_LAT_STORE,
     [MB_OP_SEARCH] = MB_LAT_SEARCH,
     [MB_OP_EXPUNGE] = MB_LAT_EXPUNGE,
+    [MB_OP_APPEND] = MB_LAT_APPEND,
 };
+
+/* The message APPEND adds: headers and a small text body. */
+static const char mailbench_append_msg[] =
+    "From: mailbench <bench@example.org>\r\n"
+    "To: mailbench <bench@example.com>\r\n"
+    "Subject: mailbench append\r\n"
+    "Date: Mon, 2 Jan 2006 15:04:05 +0000\r\n"
+    "Message-ID: <append@mailbench.example.org>\r\n"
+    "MIME-Version: 1.0\r\n"
+    "Content-Type: text/plain; charset=us-ascii\r\n"
+    "\r\n"
+    "A message added by IMAP APPEND while the mailbox is in use.\r\n"
+    "The quick brown fox jumps over the lazy dog, again and again.\r\n";
 
 void mailbench_imap_init(struct mb_run *run)
 {
@@ -236,6 +250,8 @@ static void mailbench_imap_next_op(struct mb_conn *c)
         }
         c->ops_left--;
         c->op = mailbench_imap_pick(run);
+        if (c->op == MB_OP_APPEND)
+            break;
         if (c->exists == 0 || (c->op != MB_OP_SEARCH && c->nuids == 0)) {
             run->imap.skipped++;
             continue;
@@ -272,6 +288,12 @@ static void mailbench_imap_next_op(struct mb_conn *c)
         c->op_uid = uid;
         mailbench_imap_cmd(c, "UID STORE %u +FLAGS.SILENT (\\Deleted)", uid);
         c->state = I_EXP_STORE;
+        break;
+    case MB_OP_APPEND:
+        /* a synchronizing literal: every server takes it */
+        mailbench_imap_cmd(c, "APPEND INBOX (\\Seen) {%zu}",
+                           sizeof(mailbench_append_msg) - 1);
+        c->state = I_APPEND_CONT;
         break;
     }
 }
@@ -601,11 +623,15 @@ static void mailbench_imap_tagged(struct mb_conn *c, const char *status,
         qsort(c->uids, c->nuids, sizeof(*c->uids), mailbench_imap_cmp_uid);
         mailbench_imap_next_op(c);
         return;
+    case I_APPEND_CONT:     /* refused before the literal */
     case I_OP:
         if (!ok)
             mailbench_warn(run, "IMAP operation: %s",
                            mailbench_printable(line, len, ptext,
                                                sizeof(ptext)));
+        else if (c->op == MB_OP_APPEND && run->expect_add
+                 && c->user < run->nusers)
+            run->expect_add[c->user]++;     /* verification counts it */
         mailbench_imap_op_done(c);
         return;
     case I_EXP_STORE:
@@ -656,6 +682,11 @@ static void mailbench_imap_response(struct mb_conn *c, const char *line,
             mailbench_conn_printf(c, "%s\r\n", blob);
             free(blob);
             mailbench_imap_after_auth_sent(c);
+        } else if (c->state == I_APPEND_CONT) {
+            mailbench_conn_write(c, mailbench_append_msg,
+                                 sizeof(mailbench_append_msg) - 1);
+            mailbench_conn_write(c, "\r\n", 2);
+            c->state = I_OP;
         }
         return;
     }

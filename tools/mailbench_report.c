@@ -39,6 +39,7 @@ static const char *const mailbench_lat_names[MB_LAT_COUNT] = {
     [MB_LAT_STORE] = "STORE",
     [MB_LAT_SEARCH] = "SEARCH",
     [MB_LAT_EXPUNGE] = "EXPUNGE",
+    [MB_LAT_APPEND] = "APPEND",
     [MB_LAT_LOGOUT] = "LOGOUT",
 };
 

@@ -253,7 +253,7 @@ def test_mixed_with_expunge():
                           imap_target(), "-n", "400", "-m", str(USERS),
                           "--users", str(USERS), "-c", "10", "--sessions",
                           "6", "--mix", "fetchhdr=2,fetchbody=1,store=1,"
-                          "search=1,expunge=4", "--verify", "imap"])
+                          "search=1,expunge=4,append=2", "--verify", "imap"])
     check(j["mode"] == "mixed" and j["delivered_msgs"] == 400,
           "delivered %r" % j)
     check(j["error_total"] == 0, "errors %r" % j["errors"])
@@ -263,10 +263,15 @@ def test_mixed_with_expunge():
           "verify %r" % j["verify"])
     check_latency(j, "IMAP-CONNECT")
     check_latency(j, "EXPUNGE")
+    check_latency(j, "APPEND")
+    # every APPEND succeeded (no errors): counted by verify as expected
+    appended = j["latency_ms"]["APPEND"]["count"]
     after = counts()
-    check(sum(after.values()) == sum(before.values()) + 400 - expunged,
-          "mailboxes hold %d messages, expected %d + 400 - %d"
-          % (sum(after.values()), sum(before.values()), expunged))
+    check(sum(after.values()) == sum(before.values()) + 400 + appended
+          - expunged,
+          "mailboxes hold %d messages, expected %d + 400 + %d - %d"
+          % (sum(after.values()), sum(before.values()), appended,
+             expunged))
 
 
 def test_tls():

@@ -1196,6 +1196,57 @@ def index_flags(directory, recno):
         return struct.unpack_from("<I", f.read(128), 4)[0]
 
 
+def test_append_keyword_limit():
+    """An APPEND, COPY or MOVE with a keyword the mailbox cannot define
+    (all 128 in use) is refused with NO [LIMIT], as a STORE of it is, and
+    adds no message: never OK with the keyword silently left out.
+    Keywords already defined still go in."""
+    i = inst()
+    i.create("user.alice.KwFull")
+    i.create("user.alice.KwSrc")
+    i.mbtool("deliver", "-D", "-m", "KwSrc", "alice",
+             input=b"Subject: src\r\n\r\nbody\r\n")
+    i.mbtool("deliver", "-D", "-m", "KwFull", "alice",
+             input=b"Subject: full\r\n\r\nbody\r\n")
+    with Raw(i.addr()) as a:
+        raw_login(a)
+        ok(a.cmd("a1", "SELECT INBOX.KwFull"), "a1")
+        ok(a.cmd("a2", "STORE 1 +FLAGS.SILENT (%s)"
+                 % " ".join("kw%d" % k for k in range(128))), "a2")
+        r = a.cmd("a3", "STORE 1 +FLAGS.SILENT (kw128)")
+        check(r[-1] == b"a3 NO [LIMIT] Too many keywords in this mailbox",
+              "STORE of a 129th keyword %r" % r)
+        msg = b"Subject: more\r\n\r\nbody\r\n"
+        a.send(b"a4 APPEND INBOX.KwFull (kw128 \\Flagged) {%d+}\r\n%s\r\n"
+               % (len(msg), msg))
+        r = a.until_tagged("a4")
+        check(r[-1] == b"a4 NO [LIMIT] Too many keywords in this mailbox",
+              "APPEND with a 129th keyword %r" % r)
+        r = ok(a.cmd("a5", "STATUS INBOX.KwFull (MESSAGES)"), "a5")
+        check(b"(MESSAGES 1)" in r[0], "a refused APPEND added: %r" % r)
+        a.send(b"a6 APPEND INBOX.KwFull (kw7) {%d+}\r\n%s\r\n"
+               % (len(msg), msg))
+        r = ok(a.until_tagged("a6"), "a6")
+        r = ok(a.cmd("a7", "FETCH 2 (FLAGS)"), "a7")
+        check(any(re.match(rb"^\* 2 FETCH \(FLAGS \(.*\bkw7\b", ln)
+                  for ln in r), "APPEND of a defined keyword %r" % r)
+        # COPY and MOVE of a message with a keyword KwFull lacks: refused,
+        # nothing copied, the source stays
+        ok(a.cmd("a8", "SELECT INBOX.KwSrc"), "a8")
+        ok(a.cmd("a9", "STORE 1 +FLAGS.SILENT (other)"), "a9")
+        for tag, cmd in (("b1", "COPY"), ("b2", "MOVE")):
+            r = a.cmd(tag, "%s 1 INBOX.KwFull" % cmd)
+            check(r[-1] == b"%s NO [LIMIT] Too many keywords in this "
+                  b"mailbox" % tag.encode(), "%s %r" % (cmd, r))
+        r = ok(a.cmd("b3", "STATUS INBOX.KwFull (MESSAGES)"), "b3")
+        check(b"(MESSAGES 2)" in r[0], "a refused COPY added: %r" % r)
+        r = ok(a.cmd("b4", "FETCH 1 (FLAGS)"), "b4")
+        check(r[0].startswith(b"* 1 FETCH (FLAGS (") and b"other" in r[0],
+              "MOVE source %r" % r)
+    i.mbtool("check", "user.alice.KwFull")
+    i.mbtool("check", "user.alice.KwSrc")
+
+
 def test_seen_per_user():
     """\\Seen is per user (the seen-state database), not the index's."""
     i = inst()
@@ -1935,6 +1986,7 @@ if __name__ == "__main__":
         test_store_expunge_two_sessions,
         test_keyword_announced_before_use,
         test_append_keywords_one_commit,
+        test_append_keyword_limit,
         test_seen_per_user,
         test_recent,
         test_seen_concurrent_sessions,
