@@ -1152,7 +1152,7 @@ static int jnl_add_record(const struct imapconf *conf, struct mailbox *mb,
         r = mailbox_append_reserve_keywords(mb, tmp, &re->info,
                                             re->internaldate, re->sysflags,
                                             (const char *const *)re->keywords,
-                                            re->nkeywords, NULL, &got);
+                                            re->nkeywords, 0, NULL, &got);
         if (r || got >= re->uid)
             break;      /* uid 0: the first one given */
         mailbox_append_cancel(mb, got);
