@@ -419,13 +419,47 @@ void etcd_range_free(struct etcd_range *r)
     memset(r, 0, sizeof(*r));
 }
 
+/* Parse a range answer into out; -1 when it is not etcd's. */
+static int etcd_range_parse(json_t *ans, struct etcd_range *out)
+{
+    json_t *kvs;
+    size_t i;
+
+    if (etcd_get_int(json_object_get(ans, "header"), "revision",
+                     &out->revision) < 0 || out->revision <= 0)
+        return -1;
+    out->more = json_is_true(json_object_get(ans, "more"));
+    kvs = json_object_get(ans, "kvs");
+    if (kvs && !json_is_array(kvs))
+        return -1;
+    if (!kvs || json_array_size(kvs) == 0)
+        return 0;
+    out->kvs = calloc(json_array_size(kvs), sizeof(*out->kvs));
+    if (!out->kvs)
+        return -1;
+    for (i = 0; i < json_array_size(kvs); i++) {
+        json_t *kv = json_array_get(kvs, i);
+        struct etcd_kv *o = &out->kvs[out->n];
+        if (!json_is_object(kv) ||
+            etcd_get_bytes(kv, "key", &o->key, &o->keylen) < 0)
+            return -1;
+        out->n++;
+        if (etcd_get_bytes(kv, "value", &o->value, &o->valuelen) < 0 ||
+            etcd_get_int(kv, "mod_revision", &o->mod_revision) < 0 ||
+            etcd_get_int(kv, "create_revision", &o->create_revision) < 0 ||
+            o->mod_revision <= 0 || o->keylen == 0)
+            return -1;
+    }
+    return 0;
+}
+
 int etcd_range(struct etcd_client *c, const char *key, size_t keylen,
                const char *end, size_t endlen, long limit, int64_t revision,
                struct etcd_range *out)
 {
-    json_t *req = json_object(), *ans = NULL, *kvs;
+    json_t *req = json_object(), *ans = NULL;
     int r = ETCD_NOMEM;
-    size_t i;
+    size_t attempt;
 
     memset(out, 0, sizeof(*out));
     if (!req || etcd_set_bytes(req, "key", key, keylen) < 0 ||
@@ -433,43 +467,21 @@ int etcd_range(struct etcd_client *c, const char *key, size_t keylen,
         (limit && etcd_set_int(req, "limit", limit) < 0) ||
         (revision && etcd_set_int(req, "revision", revision) < 0))
         goto done;
-    r = etcd_call(c, "/v3/kv/range", req, 1, &ans);
-    if (r != ETCD_OK)
-        goto done;
-    r = ETCD_UNAVAILABLE;
-    if (etcd_get_int(json_object_get(ans, "header"), "revision",
-                     &out->revision) < 0 || out->revision <= 0)
-        goto bad;
-    out->more = json_is_true(json_object_get(ans, "more"));
-    kvs = json_object_get(ans, "kvs");
-    if (kvs && !json_is_array(kvs))
-        goto bad;
-    if (kvs && json_array_size(kvs) > 0) {
-        out->kvs = calloc(json_array_size(kvs), sizeof(*out->kvs));
-        if (!out->kvs) {
-            r = ETCD_NOMEM;
-            goto done;
-        }
-        for (i = 0; i < json_array_size(kvs); i++) {
-            json_t *kv = json_array_get(kvs, i);
-            struct etcd_kv *o = &out->kvs[out->n];
-            if (!json_is_object(kv) ||
-                etcd_get_bytes(kv, "key", &o->key, &o->keylen) < 0)
-                goto bad;
-            out->n++;
-            if (etcd_get_bytes(kv, "value", &o->value, &o->valuelen) < 0 ||
-                etcd_get_int(kv, "mod_revision", &o->mod_revision) < 0 ||
-                etcd_get_int(kv, "create_revision", &o->create_revision) < 0 ||
-                o->mod_revision <= 0 || o->keylen == 0)
-                goto bad;
-        }
+    /* a read may go to the next member when an answer is malformed */
+    for (attempt = 0; attempt < c->nendpoints; attempt++) {
+        r = etcd_call(c, "/v3/kv/range", req, 1, &ans);
+        if (r != ETCD_OK)
+            break;
+        if (etcd_range_parse(ans, out) == 0)
+            break;
+        etcd_range_free(out);
+        json_decref(ans);
+        ans = NULL;
+        r = ETCD_UNAVAILABLE;
+        etcd_failed(c->endpoints[c->current], "/v3/kv/range",
+                    "answer is not etcd's JSON (bad range result)");
+        c->current = (c->current + 1) % c->nendpoints;
     }
-    r = ETCD_OK;
-    goto done;
-
-bad:
-    etcd_failed(c->endpoints[c->current], "/v3/kv/range",
-                "answer is not etcd's JSON (bad range result)");
 done:
     if (r != ETCD_OK)
         etcd_range_free(out);
