@@ -395,7 +395,7 @@ static int etcd_open(const char *fname, int flags, int variant,
     }
     r = etcd_range(db->c, db->prefix, db->prefixlen, NULL, 0, 0, 0, &rr);
     if (r != ETCD_OK) {
-        *error_r = "etcd cluster unavailable";
+        *error_r = NULL;   /* the code's text; etcd.c logged why */
         etcd_close(&db->hdr);
         return etcd_err(r);
     }
@@ -418,7 +418,7 @@ static int etcd_open(const char *fname, int flags, int variant,
         if (r != ETCD_OK) {
             etcd_range_free(&rr);
             etcd_close(&db->hdr);
-            *error_r = "etcd cluster unavailable";
+            *error_r = NULL;   /* the code's text; etcd.c logged why */
             return etcd_err(r);
         }
     } else if (rr.kvs[0].valuelen != sizeof(ETCD_MARKER) - 1 ||
