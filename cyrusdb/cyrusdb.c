@@ -32,6 +32,7 @@ const struct cyrusdb_registry_entry cyrusdb_registry[] = {
     { .name = "berkeley",        .format = "db3",      .backend = &cyrusdb_db3,      .variant = 0 },
     { .name = "berkeley-nosync", .format = "db3",      .backend = &cyrusdb_db3,      .variant = CYRUSDB_VARIANT_NOSYNC },
     { .name = "lmdb",            .format = "lmdb",     .backend = &cyrusdb_lmdb,     .variant = 0 },
+    { .name = "etcd",            .format = "etcd",     .backend = &cyrusdb_etcd,     .variant = 0, .nofile = 1 },
     { .name = NULL, .format = NULL, .backend = NULL, .variant = 0 }
 };
 
@@ -231,7 +232,9 @@ int cyrusdb_open(const char *backend, const char *fname, int flags,
         log_error("cyrusdb: open failed file=<%s> error=<%s>", fname, cyrusdb_errbuf);
         return CYRUSDB_INTERNAL;
     }
-    if (stat(fname, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    if (e->nofile) {
+        /* nothing at the name to look at: the backend decides */
+    } else if (stat(fname, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
         r = cyrusdb_detect(fname, &format);
         if (r == CYRUSDB_BADFORMAT) {
             snprintf(cyrusdb_errbuf, sizeof(cyrusdb_errbuf),

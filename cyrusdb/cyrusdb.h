@@ -4,7 +4,11 @@
  * Every database of the system (mailbox list, duplicate suppression, seen
  * state, subscriptions) is kept through this interface.  A database is a
  * file; it is opened by backend name ("flat", "skiplist", "db3",
- * "db3-nosync", "lmdb") and file name.  Keys and values are byte strings
+ * "db3-nosync", "lmdb") and file name.  The "etcd" backend keeps a
+ * database in an etcd cluster instead, under a key prefix made from the
+ * name (cyrusdb_etcd.c); its transactions are optimistic: commit may
+ * return CYRUSDB_AGAIN when another writer changed what the transaction
+ * read, and nothing of it is then written.  Keys and values are byte strings
  * given as (pointer, length): they may contain NUL bytes; a key is at least
  * one byte, a value may be empty and may be at least 1 MiB long.
  *
@@ -39,7 +43,8 @@ enum {
     CYRUSDB_OK = 0,
     CYRUSDB_DONE = 1,             /* walk stopped early / nothing to do */
     CYRUSDB_IOERROR = -1,         /* the file system failed or the file is damaged */
-    CYRUSDB_AGAIN = -2,           /* temporary: deadlock or busy, retry the transaction */
+    CYRUSDB_AGAIN = -2,           /* temporary: deadlock or busy, retry the transaction
+                                   * (etcd: commit conflict, nothing written) */
     CYRUSDB_EXISTS = -3,          /* cyrusdb_create() on an existing key */
     CYRUSDB_INTERNAL = -4,        /* misuse of the API or an engine failure */
     CYRUSDB_NOTFOUND = -5,        /* no such key (or no such file without CREATE) */
@@ -175,6 +180,9 @@ struct cyrusdb_registry_entry {
     const char *format;
     const struct cyrusdb_backend *backend;
     int variant;
+    int nofile;     /* keeps no file at the name (etcd): cyrusdb_open()
+                     * neither looks at nor creates a file there, and the
+                     * test suites run it only when named in $TEST_BACKENDS */
 };
 
 /* The table, terminated by an entry with name == NULL. */

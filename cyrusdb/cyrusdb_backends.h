@@ -12,6 +12,7 @@ extern const struct cyrusdb_backend cyrusdb_flat;
 extern const struct cyrusdb_backend cyrusdb_skiplist;
 extern const struct cyrusdb_backend cyrusdb_db3;
 extern const struct cyrusdb_backend cyrusdb_lmdb;
+extern const struct cyrusdb_backend cyrusdb_etcd;
 
 /* Returns CYRUSDB_NOTIMPLEMENTED; for table slots a backend lacks. */
 int cyrusdb_notimplemented(struct cyrusdb *db);

@@ -126,6 +126,27 @@ static const struct imapconf_option imapconf_options[] = {
     { .name = "quota_db", .type = IMAPCONF_DBNAME,
       .def = IMAPCONF_DEFAULT_QUOTA_DB,
       .desc = "cyrusdb backend of the quota database" },
+    { .name = "etcd_endpoints", .type = IMAPCONF_STRING,
+      .def = "http://127.0.0.1:2379",
+      .desc = "cyrusdb etcd backend: comma-separated http(s)://host:port "
+              "of the cluster's members; the next is tried when one "
+              "cannot be reached" },
+    { .name = "etcd_prefix", .type = IMAPCONF_STRING, .def = "/cyrusdeliver/",
+      .desc = "cyrusdb etcd backend: key prefix; a database FILE lives "
+              "under PREFIX + FILE + \"/\"" },
+    { .name = "etcd_timeout", .type = IMAPCONF_INT, .def = "5000",
+      .min = 1, .max = 3600000,
+      .desc = "cyrusdb etcd backend: time limit of one request to the "
+              "cluster, in milliseconds; past it the call fails with an "
+              "I/O error" },
+    { .name = "etcd_cacert", .type = IMAPCONF_STRING, .def = "",
+      .desc = "cyrusdb etcd backend: CA certificate file (PEM) for https "
+              "endpoints; empty = the system's" },
+    { .name = "etcd_cert", .type = IMAPCONF_STRING, .def = "",
+      .desc = "cyrusdb etcd backend: client certificate file (PEM); "
+              "empty = none" },
+    { .name = "etcd_key", .type = IMAPCONF_STRING, .def = "",
+      .desc = "cyrusdb etcd backend: private key file (PEM) of etcd_cert" },
     { .name = "hashimapspool", .type = IMAPCONF_SWITCH, .def = "no",
       .desc = "spread mailbox directories over hashed subdirectories "
               "of each partition" },
@@ -465,6 +486,15 @@ static int imapconf_parse_value(const struct imapconf_option *opt,
             buf_appendcstr(why, "unknown database backend ");
             imapconf_quote(why, val);
             buf_printf(why, " (known: %s)", cyrusdb_names());
+            return -1;
+        }
+        if (e->nofile) {
+            /* the servers' databases are files beside each other (copies,
+             * renames, per-user files): not for a remote backend yet */
+            buf_appendcstr(why, "database backend ");
+            imapconf_quote(why, val);
+            buf_appendcstr(why, " is for cyr_dbtool and cvt_cyrusdb only; "
+                           "the servers cannot keep their databases in it yet");
             return -1;
         }
         canon = e->name;

@@ -18,7 +18,7 @@
 #   - packages installed here never start a service: a policy-rc.d forbids
 #     it during the install, and the services of packages this script
 #     installed itself (cyrus-common's cyrus-imapd, postfix, dovecot,
-#     prometheus) are
+#     prometheus, etcd-server) are
 #     disabled at boot, so a test-only install never becomes a running
 #     rival server after the next reboot.  Services of packages that were
 #     already installed are not touched.
@@ -50,7 +50,7 @@ bench_cache=${BENCH_CACHE:-/var/cache/mailbench}
 packages=(
   build-essential autoconf automake libtool pkg-config
   libdb5.3-dev liblmdb-dev libssl-dev libsasl2-dev libmicrohttpd-dev libsystemd-dev
-  zlib1g-dev
+  zlib1g-dev libcurl4-openssl-dev libjansson-dev
   sasl2-bin libsasl2-modules python3
 )
 # tests: cmocka, the engines' own tools, Cyrus 3.6's tools (byte compatibility) and
@@ -60,6 +60,7 @@ packages=(
 # sieve-connect (a ManageSieve client for timsieved), Pigeonhole's
 # sieve-test (dovecot-sieve, with dovecot-core named so that its service
 # is disabled at boot like the others: the Sieve corpus's reference)
+# etcd (a private 3-member cluster for the cyrusdb etcd backend)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
@@ -68,6 +69,7 @@ test_packages=(
   clang isync swaks libnet-ssleay-perl postfix
   openssl strace gnuplot-nox prometheus
   sieve-connect dovecot-core dovecot-sieve
+  etcd-server etcd-client
 )
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)

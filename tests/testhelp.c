@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "cyrusdb/cyrusdb.h"
+#include "cyrusdb/cyrusdb_etcd.h"
 #include "lib/buf.h"
 #include "lib/fsutil.h"
 #include "lib/imapconf.h"
@@ -84,6 +85,32 @@ char *th_path(const char *dir, const char *name)
     return p;
 }
 
+/* The etcd backend's settings from $TEST_ETCD_ENDPOINTS (and
+ * $TEST_ETCD_PREFIX, $TEST_ETCD_TIMEOUT), as imapd.conf would give them. */
+static void th_etcd_configure(void)
+{
+    const char *ep = getenv("TEST_ETCD_ENDPOINTS");
+    const char *pfx = getenv("TEST_ETCD_PREFIX");
+    const char *tmo = getenv("TEST_ETCD_TIMEOUT");
+    struct imapconf *conf = NULL;
+    char *err = NULL, *text = NULL;
+    int n;
+
+    if (!ep || !*ep)
+        return;
+    n = asprintf(&text, "etcd_endpoints: %s\netcd_prefix: %s\netcd_timeout: %s\n",
+                 ep, pfx && *pfx ? pfx : "/cyrusdeliver-test/",
+                 tmo && *tmo ? tmo : "5000");
+    if (n < 0 || imapconf_load_string("TEST_ETCD_ENDPOINTS", text, (size_t)n,
+                                      &conf, &err) < 0) {
+        fprintf(stderr, "testhelp: bad $TEST_ETCD_*: %s\n", err ? err : "?");
+        exit(2);
+    }
+    cyrusdb_etcd_configure(conf);
+    imapconf_free(&conf);
+    free(text);
+}
+
 const char *const *th_backends(void)
 {
     static const char *list[32];
@@ -104,10 +131,13 @@ const char *const *th_backends(void)
         for (e = cyrusdb_registry; e->name && n < 31; e++) {
             if (!strncmp(e->name, "berkeley", 8))
                 continue;   /* aliases of db3 */
+            if (e->nofile)
+                continue;   /* needs a server: only when named */
             list[n++] = e->name;
         }
     }
     list[n] = NULL;
+    th_etcd_configure();
     return list;
 }
 

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "cyrusdb/cyrusdb.h"
+#include "cyrusdb/cyrusdb_etcd.h"
 #include "lib/buf.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
@@ -614,6 +615,7 @@ int main(int argc, char **argv)
             free(cerr);
             return DBTOOL_EXIT_ERROR;
         }
+        cyrusdb_etcd_configure(conf);
         imapconf_free(&conf);
     }
 

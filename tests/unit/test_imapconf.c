@@ -199,6 +199,12 @@ static const struct {
     { "seenstate_db", IMAPCONF_DBNAME, "skiplist" },
     { "subscription_db", IMAPCONF_DBNAME, "flat" },
     { "quota_db", IMAPCONF_DBNAME, "lmdb" },
+    { "etcd_endpoints", IMAPCONF_STRING, "http://127.0.0.1:2379" },
+    { "etcd_prefix", IMAPCONF_STRING, "/cyrusdeliver/" },
+    { "etcd_timeout", IMAPCONF_INT, "5000" },
+    { "etcd_cacert", IMAPCONF_STRING, "" },
+    { "etcd_cert", IMAPCONF_STRING, "" },
+    { "etcd_key", IMAPCONF_STRING, "" },
     { "hashimapspool", IMAPCONF_SWITCH, "no" },
     { "unixhierarchysep", IMAPCONF_SWITCH, "no" },
     { "duplicatesuppression", IMAPCONF_SWITCH, "yes" },
@@ -461,8 +467,16 @@ static void test_dbnames(void **state)
     char *text, *error, *expect;
     (void)state;
 
-    /* every registry name is accepted for every *_db key */
+    /* every registry name of a file backend is accepted for every *_db
+     * key; a backend without files (etcd) is refused, naming the tools */
     for (e = cyrusdb_registry; e->name; e++) {
+        if (e->nofile) {
+            assert_true(asprintf(&text, "quota_db: %s\n", e->name) > 0);
+            load_fails(text, 1, "key quota_db: database backend 'etcd' is for "
+                       "cyr_dbtool and cvt_cyrusdb only");
+            free(text);
+            continue;
+        }
         assert_true(asprintf(&text, "mboxlist_db: %s\nduplicate_db: %s\n"
                              "seenstate_db: %s\nsubscription_db: %s\n"
                              "quota_db: %s\n", e->name, e->name, e->name,
