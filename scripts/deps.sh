@@ -21,7 +21,9 @@
 #     prometheus) are
 #     disabled at boot, so a test-only install never becomes a running
 #     rival server after the next reboot.  Services of packages that were
-#     already installed are not touched.
+#     already installed are not touched.  Roundcube (tests only) is
+#     installed without a web server (no recommends: no apache2), and
+#     debconf tells it to configure none and no system database.
 #
 # --bench also downloads the dovecot-imapd package (apt-get download, NOT
 # installed: it conflicts with cyrus-imapd) into $BENCH_CACHE (default
@@ -57,7 +59,10 @@ packages=(
 # imtest, cyradm, clang (libFuzzer), mbsync, swaks, Postfix (upstream MTA and
 # smtp-source/smtp-sink), openssl (certificates), strace, gnuplot,
 # prometheus (promtool and a private Prometheus scraping metricsd),
-# sieve-connect (a ManageSieve client for timsieved)
+# sieve-connect (a ManageSieve client for timsieved), Roundcube with its
+# managesieve plugin, PHP's CLI (its built-in web server serves a private
+# Roundcube; no Apache) and headless Chromium driven by Selenium
+# (tests/webmail/test_roundcube.py)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
@@ -66,6 +71,8 @@ test_packages=(
   clang isync swaks libnet-ssleay-perl postfix
   openssl strace gnuplot-nox prometheus
   sieve-connect
+  roundcube-core roundcube-sqlite3 roundcube-plugins php-cli php-sqlite3
+  chromium chromium-driver python3-selenium
 )
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)
@@ -156,6 +163,17 @@ trap '[[ $made_policy == yes ]] && rm -f "$policy"' EXIT
 apt-get update -q
 # postfix: only its programs are wanted (tests run private instances)
 echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+# roundcube-core: only its code is wanted (the test serves a private copy
+# with php -S): no web server configured or restarted, no system database
+# (with --no-install-recommends it pulls no apache2 service, only
+# apache2-bin through php's first alternative, which has no service)
+if [[ " ${missing[*]} " == *" roundcube-core "* ]]; then
+  debconf-set-selections <<'EOF'
+roundcube-core roundcube/reconfigure-webserver multiselect
+roundcube-core roundcube/restart-webserver boolean false
+roundcube-core roundcube/dbconfig-install boolean false
+EOF
+fi
 apt-get install -y -q --no-install-recommends --no-remove "${missing[@]}"
 
 # the services of what was installed here stay off at boot
