@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """test_roundcube.py - Roundcube webmail end to end over our servers.
 
-A private master runs imapd (127.0.0.1), timsieved (127.0.0.1, plaintext
-allowed on loopback) and lmtpd (UNIX socket), one user in a sasldb, the
-`sendmail` key pointing at the test's fake sendmail (it records its
-arguments and input).  A private Roundcube (Debian's roundcube-core 1.6:
+A private master runs imapd (127.0.0.1), timsieved (127.0.0.1) and
+lmtpd (UNIX socket), one user in a sasldb, the `sendmail` key pointing
+at the test's fake sendmail (it records its arguments and input).  A private Roundcube (Debian's roundcube-core 1.6:
 code in /usr/share/roundcube, never /etc/roundcube) is assembled under
 the test's directory as a tree of symbolic links with its own config
 directory, SQLite database (from SQL/sqlite.initial.sql), temp and log
@@ -20,14 +19,21 @@ through Selenium and chromedriver:
 4. then, outside the browser: the user's script is active (LISTSCRIPTS
    over timsieved and the defaultbc link in the sievedir) and holds
    both rules; a message with "invoice" in its subject, delivered over
-   LMTP, is filed into Invoices (IMAP); another one stays in INBOX and
-   its sender gets the vacation reply (the fake sendmail's record).
+   LMTP, is filed into Invoices (IMAP, and Roundcube lists it there);
+   another one, from another sender, stays in INBOX and its sender
+   gets the vacation reply (the fake sendmail's record).
+
+Run twice: test_roundcube with plaintext allowed on loopback, and
+test_roundcube_starttls with allowplaintext off, where Roundcube reaches
+imapd and timsieved through STARTTLS (tls://), verifying the test's
+certificate; both servers' login lines must then name TLS.
 
 A screenshot is taken at each step into a directory of its own under
 TEST_TMPDIR, kept when the test fails or WEBMAIL_KEEP=1 (its path is
 printed), removed otherwise.  Roundcube's IMAP and ManageSieve debug
-logs (imap_debug, managesieve_debug) are in the instance's rc/logs
-(kept with LMTP_KEEP=1 or on failure).  Every process started (master,
+logs (imap_debug, managesieve_debug: the protocol exchanges) are in the
+instance's rc/logs, kept with LMTP_KEEP=1 and copied beside the
+screenshots on failure.  Every process started (master,
 php, chromedriver, chromium) is stopped by its PID.
 
 Skips when a package is missing: chromium, chromium-driver,
@@ -56,6 +62,7 @@ import secrets  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import sqlite3  # noqa: E402
+import ssl  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
@@ -126,10 +133,14 @@ def need():
 # ---- the mail servers ------------------------------------------------------
 
 class MailInstance(ImapInstance):
-    """imapd + timsieved on 127.0.0.1, lmtpd on a UNIX socket, one user."""
+    """imapd + timsieved on 127.0.0.1, lmtpd on a UNIX socket, one user.
+    tls: a certificate and allowplaintext off (clients must STARTTLS);
+    otherwise plaintext is allowed."""
 
-    def __init__(self):
-        ImapInstance.__init__(self, "webmail", sasl=(USER, PASSWORD))
+    def __init__(self, tls):
+        ImapInstance.__init__(self, "webmail", tls=tls,
+                              sasl=(USER, PASSWORD))
+        self.tls = tls
         self.sievedir = self.path("sieve")
         os.mkdir(self.sievedir)
         chown_run_as(self.sievedir)
@@ -142,7 +153,7 @@ class MailInstance(ImapInstance):
         chown_run_as(self.mail_out)
         os.chmod(self.mail_out, 0o666)
         self.write_imapd_conf({"sievedir": self.sievedir, "sendmail": fake,
-                               "allowplaintext": "yes"})
+                               "allowplaintext": "no" if tls else "yes"})
         self.create("user." + USER)
         self.tcp_port = free_port()
         self.sieve_port = free_port()
@@ -173,6 +184,8 @@ class MailInstance(ImapInstance):
 
     def imap(self):
         c = IMAP4("127.0.0.1", self.tcp_port)
+        if self.tls:
+            c.starttls(unverified())
         c.login(USER, PASSWORD)
         return c
 
@@ -185,6 +198,13 @@ class MailInstance(ImapInstance):
 
     def user_sievedir(self):
         return os.path.join(self.sievedir, USER[0], USER)
+
+
+def unverified():
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def count(imap, mailbox):
@@ -201,12 +221,15 @@ def subjects(imap, mailbox):
             if isinstance(part, tuple)]
 
 
-def sieve_listscripts(addr):
-    """LISTSCRIPTS over timsieved (AUTHENTICATE PLAIN, plaintext)."""
+def sieve_listscripts(addr, tls):
+    """LISTSCRIPTS over timsieved (AUTHENTICATE PLAIN, after STARTTLS
+    with tls)."""
     from test_timsieved import MS, lit
     import base64
     with MS(addr) as c:
         c.response()                                   # capabilities
+        if tls:
+            c.starttls()
         token = base64.b64encode(("\0%s\0%s" % (USER, PASSWORD)).encode())
         items, st, _, text = c.cmd(b'AUTHENTICATE "PLAIN" ' + lit(token))
         check(st == "OK", "timsieved AUTHENTICATE: %s %s" % (st, text))
@@ -222,7 +245,8 @@ RC_CONFIG = """<?php
 // the test's private Roundcube (tests/webmail/test_roundcube.py)
 $config = [];
 $config['db_dsnw'] = 'sqlite:///%(db)s?mode=0640';
-$config['imap_host'] = '127.0.0.1:%(imap_port)d';
+$config['imap_host'] = '%(imap_host)s';
+$config['imap_conn_options'] = %(conn_options)s;
 $config['imap_debug'] = true;
 $config['imap_cache'] = null;
 $config['smtp_host'] = '127.0.0.1:%(smtp_port)d';
@@ -242,8 +266,8 @@ $config['session_lifetime'] = 60;
 """
 
 RC_SIEVE_CONFIG = """<?php
-$config['managesieve_host'] = '127.0.0.1:%(sieve_port)d';
-$config['managesieve_usetls'] = false;
+$config['managesieve_host'] = '%(sieve_host)s';
+$config['managesieve_conn_options'] = %(conn_options)s;
 $config['managesieve_auth_type'] = 'PLAIN';
 $config['managesieve_debug'] = true;
 $config['managesieve_default'] = '';
@@ -251,6 +275,12 @@ $config['managesieve_script_name'] = 'roundcube';
 $config['managesieve_vacation'] = 1;
 $config['managesieve_raw_editor'] = true;
 """
+
+# STARTTLS (tls://) with the test's certificate as the trust anchor
+RC_TLS_OPTIONS = """[
+  'ssl' => ['verify_peer' => true, 'verify_peer_name' => true,
+            'peer_name' => 'localhost', 'cafile' => '%s'],
+]"""
 
 # INSTALL_PATH is this directory; index.php of the package does the rest
 RC_INDEX = """<?php
@@ -264,6 +294,8 @@ class Roundcube:
     """A private Roundcube tree under directory, served by php -S."""
 
     def __init__(self, directory, mail):
+        scheme = "tls://" if mail.tls else ""
+        conn_options = RC_TLS_OPTIONS % mail.cert if mail.tls else "null"
         self.root = os.path.join(directory, "rc")
         os.mkdir(self.root)
         for name in ("program", "SQL", "skins"):
@@ -289,7 +321,10 @@ class Roundcube:
                     os.symlink(os.path.join(src, entry),
                                os.path.join(ms, entry))
             with open(os.path.join(ms, "config.inc.php"), "w") as f:
-                f.write(RC_SIEVE_CONFIG % {"sieve_port": mail.sieve_port})
+                f.write(RC_SIEVE_CONFIG % {
+                    "sieve_host": "%s127.0.0.1:%d" % (scheme,
+                                                      mail.sieve_port),
+                    "conn_options": conn_options})
         # config: the package's defaults and MIME table, our settings
         self.config = os.path.join(self.root, "config")
         os.mkdir(self.config)
@@ -309,7 +344,8 @@ class Roundcube:
             db.executescript(schema)
         with open(os.path.join(self.config, "config.inc.php"), "w") as f:
             f.write(RC_CONFIG % {
-                "db": self.db, "imap_port": mail.tcp_port,
+                "db": self.db, "conn_options": conn_options,
+                "imap_host": "%s127.0.0.1:%d" % (scheme, mail.tcp_port),
                 "smtp_port": free_port(),      # nothing listens: not used
                 "des_key": secrets.token_hex(12), "temp": self.temp,
                 "logs": self.logs})
@@ -556,7 +592,7 @@ def set_vacation(b, rc):
 def check_script(mail):
     """The active script (timsieved's LISTSCRIPTS, the defaultbc link)
     holds the filter and the vacation rule."""
-    items = sieve_listscripts(("127.0.0.1", mail.sieve_port))
+    items = sieve_listscripts(("127.0.0.1", mail.sieve_port), mail.tls)
     check(b'"roundcube" ACTIVE' in items,
           "roundcube not the ACTIVE script in LISTSCRIPTS: %r" % (items,))
     link = os.path.join(mail.user_sievedir(), "defaultbc")
@@ -619,12 +655,23 @@ def deliver_and_check(b, rc, mail):
 
 
 def test_roundcube():
+    """Plaintext on loopback (allowplaintext: yes)."""
+    run(tls=False)
+
+
+def test_roundcube_starttls():
+    """allowplaintext: no; Roundcube's IMAP and ManageSieve connections
+    use STARTTLS and verify the test's certificate."""
+    run(tls=True)
+
+
+def run(tls):
     need()
     shots = tempfile.mkdtemp(prefix="webmail-screens.", dir=TMPDIR)
     passed = False
     b = rc = None
     problems = []
-    mail = MailInstance()
+    mail = MailInstance(tls)
     try:
         with mail:
             mail.start()
@@ -642,12 +689,21 @@ def test_roundcube():
                 set_vacation(b, rc)
                 check_script(mail)
                 deliver_and_check(b, rc, mail)
+                logins = re.findall(r"(imap|timsieved): login user=<%s> "
+                                    r".*tls=<([^>]*)>" % USER, mail.log())
+                check({"imap", "timsieved"} <= {k for k, _ in logins},
+                      "no imap and timsieved logins logged: %r" % logins)
+                plain = [k for k, t in logins if t == "none"]
+                check(not tls or not plain,
+                      "logins without TLS: %r" % logins)
                 passed = True
             finally:
                 problems += b.quit()
                 rc.stop()
                 if not passed:
                     sys.stdout.write("# Roundcube logs: %s\n" % rc.php_log())
+                    shutil.copytree(rc.logs, os.path.join(shots, "rc-logs"),
+                                    dirs_exist_ok=True)
             check(not problems, "; ".join(problems))
     finally:
         if rc is not None:
@@ -659,5 +715,6 @@ def test_roundcube():
 
 
 if __name__ == "__main__":
-    sys.exit(run_tests([test_roundcube], "WEBMAIL_TESTS",
+    sys.exit(run_tests([test_roundcube, test_roundcube_starttls],
+                       "WEBMAIL_TESTS",
                        (MASTER, IMAPD, TIMSIEVED, LMTPD, MBTOOL)))
