@@ -13,8 +13,9 @@ through Selenium and chromedriver:
 
 1. logs in over our imapd and reads a message delivered over LMTP
    before the login (subject in the list, subject and body when shown);
-2. creates a filter in Settings > Filters (Subject contains "invoice":
-   move to the folder Invoices, made over IMAP first);
+2. creates the folder Invoices in Settings > Folders (INBOX.Invoices,
+   subscribed) and a filter in Settings > Filters (Subject contains
+   "invoice": move to Invoices);
 3. sets an out-of-office reply in Settings > Out of Office;
 4. then, outside the browser: the user's script is active (LISTSCRIPTS
    over timsieved and the defaultbc link in the sievedir) and holds
@@ -535,6 +536,37 @@ def select(element, value):
     Select(element).select_by_value(value)
 
 
+def in_frame(b, frame, element_id, what):
+    """Wait until the frame shows element_id; stay in the frame."""
+    from selenium.webdriver.common.by import By
+
+    def there(d):
+        # forms are loaded into a frame whose src attribute stays
+        d.switch_to.default_content()
+        d.switch_to.frame(frame)
+        return d.find_elements(By.ID, element_id)
+    b.wait(there, what)
+
+
+def add_folder(b, rc):
+    """Settings > Folders > Create: Invoices (IMAP: INBOX.Invoices)."""
+    b.get(rc.url("?_task=settings&_action=folders"))
+    b.element('a.create[onclick*="create-folder"]',
+              "the Create (folder) button").click()
+    in_frame(b, "preferences-frame", "_name", "the folder form")
+    try:
+        b.element("#_name").send_keys("Invoices")
+        # the parent stays "---": the personal namespace (prefix
+        # "INBOX.", as Cyrus's) makes a top folder INBOX.Invoices
+        b.shot("folder-form")
+        b.element('button.submit[onclick*="save"]',
+                  "the folder form's Save button").click()
+    finally:
+        b.driver.switch_to.default_content()
+    b.text_in("#subscription-table", "Invoices", "the new folder in the list")
+    b.shot("folder-saved")
+
+
 def add_filter(b, rc):
     """Settings > Filters > Create: Subject contains "invoice" -> move to
     Invoices; saved, the filter is in the list."""
@@ -548,13 +580,7 @@ def add_filter(b, rc):
     b.shot("filters")
     b.element('a.create[onclick*="plugin.managesieve-add"]',
               "the Create (filter) button").click()
-
-    def form_in_frame(d):
-        # the form is loaded into the frame filter-box (its src stays)
-        d.switch_to.default_content()
-        d.switch_to.frame("filter-box")
-        return d.find_elements(By.ID, "_name")
-    b.wait(form_in_frame, "the filter form in its frame")
+    in_frame(b, "filter-box", "_name", "the filter form")
     try:
         b.element("#_name", "the filter name field").send_keys(
             "Invoices filter")
@@ -627,6 +653,10 @@ def deliver_and_check(b, rc, mail):
     deliver(mail, SENDER, "Lunch tomorrow?")
     imap = mail.imap()
     try:
+        typ, lsub = imap.lsub('""', "INBOX.Invoices")
+        check(typ == "OK" and lsub and lsub[0] is not None
+              and b"INBOX.Invoices" in lsub[0],
+              "Invoices not subscribed: %r" % lsub)
         inv = subjects(imap, "INBOX.Invoices")
         inbox = subjects(imap, "INBOX")
     finally:
@@ -676,15 +706,12 @@ def run(tls):
         with mail:
             mail.start()
             deliver(mail, SENDER, FIRST_SUBJECT, FIRST_BODY + "\r\n")
-            imap = mail.imap()
-            check(imap.create("INBOX.Invoices")[0] == "OK", "CREATE")
-            check(imap.subscribe("INBOX.Invoices")[0] == "OK", "SUBSCRIBE")
-            imap.logout()
             rc = Roundcube(mail.dir, mail).start()
             b = Browser(mail.dir, shots)
             try:
                 login(b, rc)
                 read_first_message(b, rc)
+                add_folder(b, rc)
                 add_filter(b, rc)
                 set_vacation(b, rc)
                 check_script(mail)
