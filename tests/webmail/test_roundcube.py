@@ -75,8 +75,9 @@ sys.path[:0] = [os.path.join(TESTS, "imapd"), os.path.join(TESTS, "sieve")]
 from imaphelp import (IMAP4, IMAPD, LMTPD, MBTOOL, Conn,  # noqa: E402
                       ImapInstance, make_message, transaction)
 from testlib import (MASTER, TMPDIR, TOP_BUILDDIR, Fail, Skip,  # noqa: E402
-                     alive, check, children_of, chown_run_as, free_port,
-                     kill_all, run_tests, service_line, wait_until)
+                     alive, check, children_of, chown_run_as, cmdline,
+                     free_port, kill_all, run_tests, service_line,
+                     tagged_processes, wait_until)
 
 TIMSIEVED = os.path.join(TOP_BUILDDIR, "timsieved", "timsieved")
 ROUNDCUBE = "/usr/share/roundcube"
@@ -408,6 +409,8 @@ class Roundcube:
 class Browser:
     """Headless Chromium through chromedriver; screenshots into shots."""
 
+    TAG = "WEBMAIL_TEST_TAG"
+
     def __init__(self, directory, shots):
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -420,8 +423,12 @@ class Browser:
                   "--no-first-run", "--disable-extensions",
                   "--user-data-dir=" + os.path.join(directory, "chromium")):
             opts.add_argument(a)
+        # chromedriver and every process it starts (chromium and its
+        # helpers, whoever their parent is by then) carry TAG=directory
+        self.tag = directory
         self.service = Service(CHROMEDRIVER, log_path=os.path.join(
-            directory, "chromedriver.log"))
+            directory, "chromedriver.log"),
+            env=dict(os.environ, **{self.TAG: directory}))
         self.driver = None
         self.service.start()
         self.driver_pid = self.service.process.pid
@@ -491,12 +498,15 @@ class Browser:
             self.service.stop()
         except Exception as e:  # noqa: BLE001
             sys.stdout.write("# chromedriver stop: %r\n" % e)
-        left = [p for p in self.pids if alive(p)]
-        if left and not wait_until(lambda: not any(alive(p) for p in left),
-                                   15):
-            kill_all([p for p in left if alive(p)])
-            return ["browser processes left: %s" % left]
-        return []
+        def left():
+            return sorted(set([p for p in self.pids if alive(p)]
+                              + tagged_processes(self.TAG, self.tag)))
+        if wait_until(lambda: not left(), 15):
+            return []
+        rest = left()
+        kill_all(rest)
+        return ["browser processes left after quit: %s"
+                % ", ".join("%d(%s)" % (p, cmdline(p)[:80]) for p in rest)]
 
 
 # ---- the test --------------------------------------------------------------
