@@ -21,7 +21,9 @@
 #     prometheus, etcd-server) are
 #     disabled at boot, so a test-only install never becomes a running
 #     rival server after the next reboot.  Services of packages that were
-#     already installed are not touched.
+#     already installed are not touched.  Roundcube (tests only) is
+#     installed without a web server (no recommends: no apache2), and
+#     debconf tells it to configure none and no system database.
 #
 # --bench also downloads the dovecot-imapd package (apt-get download, NOT
 # installed: it conflicts with cyrus-imapd) into $BENCH_CACHE (default
@@ -61,6 +63,9 @@ packages=(
 # sieve-test (dovecot-sieve, with dovecot-core named so that its service
 # is disabled at boot like the others: the Sieve corpus's reference)
 # etcd (a private 3-member cluster for the cyrusdb etcd backend)
+# Roundcube with its managesieve plugin, PHP's CLI (its built-in web
+# server serves a private Roundcube; no Apache) and headless Chromium
+# driven by Selenium (tests/webmail/test_roundcube.py)
 test_packages=(
   libcmocka-dev
   db5.3-util lmdb-utils
@@ -70,6 +75,8 @@ test_packages=(
   openssl strace gnuplot-nox prometheus
   sieve-connect dovecot-core dovecot-sieve
   etcd-server etcd-client
+  roundcube-core roundcube-sqlite3 roundcube-plugins php-cli php-sqlite3
+  chromium chromium-driver python3-selenium
 )
 # benchmarks: the peers (Cyrus's imapd, Dovecot's LMTP) and perf
 bench_packages=(cyrus-imapd dovecot-core dovecot-lmtpd linux-perf)
@@ -160,6 +167,17 @@ trap '[[ $made_policy == yes ]] && rm -f "$policy"' EXIT
 apt-get update -q
 # postfix: only its programs are wanted (tests run private instances)
 echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+# roundcube-core: only its code is wanted (the test serves a private copy
+# with php -S): no web server configured or restarted, no system database
+# (with --no-install-recommends it pulls no apache2 service, only
+# apache2-bin through php's first alternative, which has no service)
+if [[ " ${missing[*]} " == *" roundcube-core "* ]]; then
+  debconf-set-selections <<'EOF'
+roundcube-core roundcube/reconfigure-webserver multiselect
+roundcube-core roundcube/restart-webserver boolean false
+roundcube-core roundcube/dbconfig-install boolean false
+EOF
+fi
 apt-get install -y -q --no-install-recommends --no-remove "${missing[@]}"
 
 # the services of what was installed here stay off at boot
