@@ -64,20 +64,6 @@ IMAPD_DEFAULT_CONF ")\n"
 "  -h, --help  this text\n");
 }
 
-/* Where log lines go: stderr when it leads somewhere (master -l, a
- * terminal, a file), else syslog. */
-static enum log_target imapd_log_target(void)
-{
-    struct stat st, nul;
-
-    if (fstat(2, &st) != 0)
-        return LOG_TO_SYSLOG;
-    if (S_ISCHR(st.st_mode) && stat("/dev/null", &nul) == 0 &&
-        st.st_rdev == nul.st_rdev)
-        return LOG_TO_SYSLOG;
-    return LOG_TO_STDERR;
-}
-
 static int imapd_init(int argc, char **argv, void *rock)
 {
     struct imapd_state *ls = rock;
@@ -159,7 +145,7 @@ int main(int argc, char **argv)
     int flag, status;
 
     memset(&ls, 0, sizeof(ls));
-    log_init("imapd", imapd_log_target());
+    log_init("imapd", log_worker_target());
     status = service_parse_args(argc, argv, 's', &flag,
                                 IMAPD_DEFAULT_CONF, &ls.confpath,
                                 imapd_usage);

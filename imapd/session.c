@@ -757,47 +757,19 @@ static const char *imap_serverdomain(struct imap_session *s)
  * SASL says, the login is refused with "Invalid user name".  Failing
  * here instead would make SASL's LOGIN mechanism leak the password
  * buffer it allocated before canonicalizing. */
+static const char *imap_sasl_serverdomain(void *rock)
+{
+    return imap_serverdomain(rock);
+}
+
 static int imap_sasl_canon(void *rock, const char *in, size_t len,
-                           struct buf *out, const char **error_r)
+                         struct buf *out, const char **error_r)
 {
     struct imap_session *s = rock;
-    struct buf raw = BUF_INITIALIZER;
-    const char *sd = NULL, *err = NULL;
-    int r;
 
-    *error_r = NULL;
-    if (buf_setmap(&raw, in, len) < 0) {
-        *error_r = "out of memory";
-        return -1;
-    }
-    if (memchr(in, '\0', len)) {
-        err = "NUL in user id";
-        for (size_t i = 0; i < raw.len; i++)
-            if (raw.s[i] == '\0')
-                raw.s[i] = '?';
-    } else {
-        if (s->srv->policy.virtdomains == USERID_VIRTDOMAINS_ON &&
-            !memchr(in, '@', len))
-            sd = imap_serverdomain(s);
-        r = userid_canon(&s->srv->policy, buf_cstring(&raw), sd, out, &err);
-        if (r == STORE_NOMEM) {
-            buf_free(&raw);
-            *error_r = "out of memory";
-            return -1;
-        }
-        if (r == STORE_OK) {
-            buf_free(&raw);
-            return 0;
-        }
-    }
-    s->canon_error = err ? err : "invalid user id";
-    r = buf_setmap(out, raw.s, raw.len);
-    buf_free(&raw);
-    if (r < 0) {
-        *error_r = "out of memory";
-        return -1;
-    }
-    return 0;
+    return userid_canon_login(&s->srv->policy, in, len,
+                              imap_sasl_serverdomain, s, out,
+                              &s->canon_error, error_r);
 }
 
 static void imap_sasl_reset(struct imap_session *s)

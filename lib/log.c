@@ -381,3 +381,15 @@ char *log_sanitize(const char *s, size_t len, char *out, size_t outlen)
     out[n] = '\0';
     return out;
 }
+
+enum log_target log_worker_target(void)
+{
+    struct stat st, nul;
+
+    if (fstat(2, &st) != 0)
+        return LOG_TO_SYSLOG;
+    if (S_ISCHR(st.st_mode) && stat("/dev/null", &nul) == 0 &&
+        st.st_rdev == nul.st_rdev)
+        return LOG_TO_SYSLOG;
+    return LOG_TO_STDERR;
+}

@@ -37,6 +37,11 @@ enum log_target {
     LOG_TO_FILE = 3      /* set by log_set_file() */
 };
 
+/* The workers' rule for where their lines go: LOG_TO_STDERR when
+ * descriptor 2 leads somewhere (master -l, a terminal, a file),
+ * LOG_TO_SYSLOG when it is closed or /dev/null. */
+enum log_target log_worker_target(void);
+
 /* Set the program name shown in each line and where lines go.
  * LOG_TO_SYSLOG first checks that /dev/log accepts a connection; when it
  * does not, the target is LOG_TO_STDERR (log_syslog_missing() then

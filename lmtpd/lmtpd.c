@@ -70,20 +70,6 @@ LMTPD_DEFAULT_CONF ")\n"
 "  -h, --help  this text\n");
 }
 
-/* Where log lines go: stderr when it leads somewhere (master -l, a
- * terminal, a file), else syslog. */
-static enum log_target lmtpd_log_target(void)
-{
-    struct stat st, nul;
-
-    if (fstat(2, &st) != 0)
-        return LOG_TO_SYSLOG;
-    if (S_ISCHR(st.st_mode) && stat("/dev/null", &nul) == 0 &&
-        st.st_rdev == nul.st_rdev)
-        return LOG_TO_SYSLOG;
-    return LOG_TO_STDERR;
-}
-
 static int lmtpd_init(int argc, char **argv, void *rock)
 {
     struct lmtpd_state *ls = rock;
@@ -238,7 +224,7 @@ int main(int argc, char **argv)
     int flag, status;
 
     memset(&ls, 0, sizeof(ls));
-    log_init("lmtpd", lmtpd_log_target());
+    log_init("lmtpd", log_worker_target());
     status = service_parse_args(argc, argv, 'a', &flag,
                                 LMTPD_DEFAULT_CONF, &ls.confpath,
                                 lmtpd_usage);

@@ -48,20 +48,6 @@ METRICSD_DEFAULT_CONF ")\n"
     exit(code);
 }
 
-/* Where log lines go: stderr when it leads somewhere (master -l, a
- * terminal, a file), else syslog (the workers' rule). */
-static enum log_target metricsd_log_target(void)
-{
-    struct stat st, nul;
-
-    if (fstat(2, &st) != 0)
-        return LOG_TO_SYSLOG;
-    if (S_ISCHR(st.st_mode) && stat("/dev/null", &nul) == 0 &&
-        st.st_rdev == nul.st_rdev)
-        return LOG_TO_SYSLOG;
-    return LOG_TO_STDERR;
-}
-
 static void head(struct buf *b, const char *name, const char *type,
                  const char *help)
 {
@@ -356,7 +342,7 @@ int main(int argc, char **argv)
         usage(stderr, 64);
     if (!confpath || !*confpath)
         confpath = METRICSD_DEFAULT_CONF;
-    log_init("metricsd", to_stderr ? LOG_TO_STDERR : metricsd_log_target());
+    log_init("metricsd", to_stderr ? LOG_TO_STDERR : log_worker_target());
     if (imapconf_load(confpath, &metricsd_conf, &cerr) != 0)
         log_fatal(78, "metricsd: cannot load the configuration file=<%s> "
                   "error=<%s>", confpath, cerr ? cerr : "out of memory");

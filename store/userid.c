@@ -201,3 +201,47 @@ int userid_inbox(const char *userid, struct buf *out)
     buf_free(&tmp);
     return r;
 }
+
+int userid_canon_login(const struct userid_policy *p, const char *in,
+                       size_t len, const char *(*serverdomain)(void *rock),
+                       void *rock, struct buf *out, const char **canon_error,
+                       const char **error_r)
+{
+    struct buf raw = BUF_INITIALIZER;
+    const char *sd = NULL, *err = NULL;
+    int r;
+
+    *error_r = NULL;
+    if (buf_setmap(&raw, in, len) < 0) {
+        *error_r = "out of memory";
+        return -1;
+    }
+    if (memchr(in, '\0', len)) {
+        err = "NUL in user id";
+        for (size_t i = 0; i < raw.len; i++)
+            if (raw.s[i] == '\0')
+                raw.s[i] = '?';
+    } else {
+        if (p->virtdomains == USERID_VIRTDOMAINS_ON && serverdomain &&
+            !memchr(in, '@', len))
+            sd = serverdomain(rock);
+        r = userid_canon(p, buf_cstring(&raw), sd, out, &err);
+        if (r == STORE_NOMEM) {
+            buf_free(&raw);
+            *error_r = "out of memory";
+            return -1;
+        }
+        if (r == STORE_OK) {
+            buf_free(&raw);
+            return 0;
+        }
+    }
+    *canon_error = err ? err : "invalid user id";
+    r = buf_setmap(out, raw.s, raw.len);
+    buf_free(&raw);
+    if (r < 0) {
+        *error_r = "out of memory";
+        return -1;
+    }
+    return 0;
+}

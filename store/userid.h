@@ -63,6 +63,19 @@ int userid_canon(const struct userid_policy *p, const char *raw,
                  const char *serverdomain, struct buf *out,
                  const char **error_r);
 
+/* The canonicalisation step of a login (SASL's canon callback, for imapd
+ * and timsieved alike): the login name (in, len) becomes the internal
+ * user id in out.  serverdomain (may be NULL) is asked for the server's
+ * domain only when virtdomains is "on" and the name has no '@'.  A name
+ * that is no valid user id (userid_canon's reasons, or a NUL byte) sets
+ * *canon_error and is passed on unchanged (NULs as '?'), so that the
+ * caller refuses the login whatever the password check says.  0, or -1
+ * with *error_r set (out of memory): SASL's convention. */
+int userid_canon_login(const struct userid_policy *p, const char *in,
+                       size_t len, const char *(*serverdomain)(void *rock),
+                       void *rock, struct buf *out, const char **canon_error,
+                       const char **error_r);
+
 /* The domain of an internal user id: the part after its '@', or NULL for
  * a domain-less one. */
 const char *userid_domain(const char *userid);

@@ -59,20 +59,6 @@ TIMSIEVED_DEFAULT_CONF ")\n"
 "  -h, --help  this text\n");
 }
 
-/* Where log lines go: stderr when it leads somewhere (master -l, a
- * terminal, a file), else syslog. */
-static enum log_target timsieved_log_target(void)
-{
-    struct stat st, nul;
-
-    if (fstat(2, &st) != 0)
-        return LOG_TO_SYSLOG;
-    if (S_ISCHR(st.st_mode) && stat("/dev/null", &nul) == 0 &&
-        st.st_rdev == nul.st_rdev)
-        return LOG_TO_SYSLOG;
-    return LOG_TO_STDERR;
-}
-
 static int timsieved_init(int argc, char **argv, void *rock)
 {
     struct timsieved_state *ls = rock;
@@ -155,7 +141,7 @@ int main(int argc, char **argv)
     int status;
 
     memset(&ls, 0, sizeof(ls));
-    log_init("timsieved", timsieved_log_target());
+    log_init("timsieved", log_worker_target());
     status = service_parse_args(argc, argv, 0, NULL,
                                 TIMSIEVED_DEFAULT_CONF, &ls.confpath,
                                 timsieved_usage);
