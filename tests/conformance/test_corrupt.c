@@ -1065,7 +1065,8 @@ static void test_magic(void **state)
             printf("magic backend=<%s> magic_len<=%zu file_bytes=%zu\n", backend, plen, len);
             /* every other format must refuse it */
             for (o = cyrusdb_registry; o->name; o++) {
-                if (!strcmp(o->format, e->format))
+                /* a backend that keeps no file (etcd) never reads it */
+                if (!strcmp(o->format, e->format) || o->nofile)
                     continue;
                 status = corr_run_child(corr_probe, o->name, fname, 10, c.res,
                                         CORR_CHILD_ALARM + 5);

@@ -35,7 +35,7 @@ cd "$srcdir"
 "$clang" -g -O1 -fsanitize=fuzzer,address,undefined \
   -fno-sanitize-recover=undefined -I. -I"$builddir" \
   tests/fuzz/fuzz_sieve.c sieve/*.c imapd/search.c imapd/imapparse.c lib/*.c cyrusdb/*.c store/*.c \
-  -ldb-5.3 -llmdb -lsasl2 -lssl -lcrypto -lz -o "$work/fuzz_sieve"
+  -ldb-5.3 -llmdb -lsasl2 -lssl -lcrypto -lz -lcurl -ljansson -o "$work/fuzz_sieve"
 
 fail=0
 # every seed once, then a bounded run
