@@ -44,38 +44,60 @@ RCPTS = {"alice": "user.alice", "bob": "user.bob", "carol": "user.carol",
          "+shared.news": "shared.news"}
 
 HOOK = r'''
-import os, socket, sys
+import os, socket, sys, time
 sock, tag = sys.argv[1], sys.argv[2]
 box = os.environ["CYR_HOTBACKUP_MAILBOX"]
 rcpt = box[5:] if box.startswith("user.") else "+" + box
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(60)
-s.connect(sock)
-f = s.makefile("rb")
-def reply():
-    while True:
-        line = f.readline()
-        if not line:
-            sys.exit("connection closed")
-        if line[3:4] != b"-":
-            return line
-def cmd(text, code):
-    s.sendall(text + b"\r\n")
-    line = reply()
-    if not line.startswith(code):
-        sys.exit("%r: %r" % (text, line))
-reply()
-cmd(b"LHLO hook.example", b"250")
-cmd(b"MAIL FROM:<hook@example.org>", b"250")
-cmd(b"RCPT TO:<" + rcpt.encode() + b">", b"250")
-cmd(b"DATA", b"354")
 mid = "hook.%s.%s.%d@test.example" % (tag, box, os.getpid())
-s.sendall(b"Message-ID: <" + mid.encode() + b">\r\nSubject: hook\r\n\r\n"
-          b"delivered inside the backup\r\n.\r\n")
-line = reply()
-if not line.startswith(b"250"):
-    sys.exit("DATA: %r" % line)
-s.sendall(b"QUIT\r\n")
+
+
+class Temp(Exception):
+    pass
+
+
+def attempt():
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(60)
+    s.connect(sock)
+    f = s.makefile("rb")
+
+    def reply():
+        while True:
+            line = f.readline()
+            if not line:
+                raise Temp("connection closed")
+            if line[3:4] != b"-":
+                return line
+
+    def cmd(text, code):
+        if text is not None:
+            s.sendall(text + b"\r\n")
+        line = reply()
+        if line.startswith(b"4"):
+            raise Temp("%r: %r" % (text, line))   # an MTA would retry
+        if not line.startswith(code):
+            sys.exit("%r: %r" % (text, line))
+    try:
+        cmd(None, b"220")
+        cmd(b"LHLO hook.example", b"250")
+        cmd(b"MAIL FROM:<hook@example.org>", b"250")
+        cmd(b"RCPT TO:<" + rcpt.encode() + b">", b"250")
+        cmd(b"DATA", b"354")
+        cmd(b"Message-ID: <" + mid.encode() + b">\r\nSubject: hook\r\n\r\n"
+            b"delivered inside the backup\r\n.", b"250")
+        s.sendall(b"QUIT\r\n")
+    finally:
+        s.close()
+
+
+for n in range(20):
+    try:
+        attempt()
+        sys.exit(0)
+    except (Temp, OSError) as e:
+        sys.stderr.write("hook: try %d: %s\n" % (n + 1, e))
+        time.sleep(0.5)
+sys.exit("hook: no delivery to %s after 20 tries" % box)
 '''
 
 
@@ -213,9 +235,11 @@ def test_storm():
                   "120 s" % len(storm.acks))
             check(not storm.errors, "storm: %s" % storm.errors[:3])
             t0 = time.monotonic()
-            _, out, _ = run([CYR_HOTBACKUP, "-C", inst.imapd_conf,
-                             "--test-hook", hook_script(inst, "ok"),
-                             backup_dir])
+            _, out, err = run([CYR_HOTBACKUP, "-C", inst.imapd_conf,
+                               "--test-hook", hook_script(inst, "ok"),
+                               backup_dir])
+            check("test hook exited" not in err,
+                  "a hook delivery failed: %s" % err[-800:])
             t1 = time.monotonic()
             n_end = len(storm.acks)
             # some more after the backup, then stop
