@@ -2371,6 +2371,8 @@ static int imap_att_needs_msg(const struct imapparse_fetch_att *a)
     case IMAPPARSE_FETCH_RFC822_HEADER:
     case IMAPPARSE_FETCH_RFC822_TEXT:
     case IMAPPARSE_FETCH_SECTION:
+    case IMAPPARSE_FETCH_BINARY:
+    case IMAPPARSE_FETCH_BINARY_SIZE:
         return 1;
     default:
         return 0;
@@ -2379,9 +2381,50 @@ static int imap_att_needs_msg(const struct imapparse_fetch_att *a)
 
 static int imap_att_sets_seen(const struct imapparse_fetch_att *a)
 {
-    return (a->kind == IMAPPARSE_FETCH_SECTION && !a->peek) ||
+    return ((a->kind == IMAPPARSE_FETCH_SECTION ||
+             a->kind == IMAPPARSE_FETCH_BINARY) && !a->peek) ||
            a->kind == IMAPPARSE_FETCH_RFC822 ||
            a->kind == IMAPPARSE_FETCH_RFC822_TEXT;
+}
+
+/* imap_fetch_att()'s answer for a BINARY item whose transfer encoding
+ * cannot be undone (RFC 3516: NO [UNKNOWN-CTE]); no STORE_* code. */
+#define IMAP_UNKNOWN_CTE (-100)
+
+/* BINARY[...]<o> and BINARY.SIZE[...] (RFC 3516) into out.  The data is
+ * a literal8 ~{n} when the bytes sent hold NUL, else a literal; NIL (size
+ * 0) for a section that does not exist. */
+static int imap_fetch_binary(const struct imapparse_fetch_att *a,
+                             const struct message *msg, struct buf *out)
+{
+    struct buf dec = BUF_INITIALIZER;
+    int exists = 0;
+    int r = message_get_binary(msg, a->parts, a->nparts, &dec, &exists);
+
+    if (r == MESSAGE_OK && a->kind == IMAPPARSE_FETCH_BINARY_SIZE) {
+        buf_printf(out, "BINARY.SIZE[%s] %zu", a->section, dec.len);
+    } else if (r == MESSAGE_OK) {
+        size_t origin = a->partial ? a->origin : 0, n = 0;
+
+        buf_printf(out, "BINARY[%s]", a->section);
+        if (a->partial)
+            buf_printf(out, "<%u>", (unsigned)a->origin);
+        if (!exists) {
+            buf_appendcstr(out, " NIL");
+        } else {
+            if (origin < dec.len) {
+                n = dec.len - origin;
+                if (a->partial && a->count < n)
+                    n = a->count;
+            }
+            buf_printf(out, " %s{%zu}\r\n",
+                       n && memchr(dec.s + origin, '\0', n) ? "~" : "", n);
+            if (n)
+                buf_append(out, dec.s + origin, n);
+        }
+    }
+    buf_free(&dec);
+    return r;
 }
 
 /* One FETCH item into out. */
@@ -2474,9 +2517,42 @@ static int imap_fetch_att(struct imap_session *s,
                                   a->partial ? a->origin : 0,
                                   a->partial ? a->count : SIZE_MAX, out);
         break;
+    case IMAPPARSE_FETCH_BINARY:
+    case IMAPPARSE_FETCH_BINARY_SIZE:
+        r = imap_fetch_binary(a, mf->msg, out);
+        break;
     }
     return r == MESSAGE_OK ? STORE_OK
+           : r == MESSAGE_UNKNOWN_CTE ? IMAP_UNKNOWN_CTE
            : r == MESSAGE_NOMEM ? STORE_NOMEM : STORE_BADMESSAGE;
+}
+
+/* May message uid be answered for every BINARY item of the FETCH that
+ * sets \Seen?  0 when one of them names a transfer encoding that cannot
+ * be undone (the command fails for it: its \Seen stays as it was), else
+ * 1 (also when the file cannot be read: the second phase reports it). */
+static int imap_binary_decodable(struct imap_session *s, uint32_t uid)
+{
+    const struct imapparse_fetch *f = &s->cmd.fetch;
+    struct imap_msgfile mf;
+    struct buf tmp = BUF_INITIALIZER;
+    int ok = 1;
+
+    if (imap_msgfile_open(s->sel, uid, &mf) != STORE_OK)
+        return 1;
+    for (size_t k = 0; k < f->n && ok; k++) {
+        const struct imapparse_fetch_att *a = &f->atts[k];
+
+        if (a->kind != IMAPPARSE_FETCH_BINARY || a->peek)
+            continue;
+        buf_reset(&tmp);
+        if (message_get_binary(mf.msg, a->parts, a->nparts, &tmp, NULL) ==
+            MESSAGE_UNKNOWN_CTE)
+            ok = 0;
+    }
+    buf_free(&tmp);
+    imap_msgfile_close(&mf);
+    return ok;
 }
 
 /* One message a FETCH answers for, collected under the lock. */
@@ -2497,6 +2573,7 @@ static void imap_cmd_fetch(struct imap_session *s)
     const struct imapparse_fetch *f = &s->cmd.fetch;
     int needmsg = 0, setseen = 0, wantflags = 0, wantuid = 0;
     int wantmodseq = 0, failed = 0, seenchanged = 0, r, ur;
+    int binseen = 0, unknown_cte = 0;
     struct imap_fetch_item *items = NULL;
     size_t nitems = 0;
     struct buf out = BUF_INITIALIZER;
@@ -2520,6 +2597,7 @@ static void imap_cmd_fetch(struct imap_session *s)
         wantflags |= a->kind == IMAPPARSE_FETCH_FLAGS;
         wantuid |= a->kind == IMAPPARSE_FETCH_UID;
         wantmodseq |= a->kind == IMAPPARSE_FETCH_MODSEQ;
+        binseen |= a->kind == IMAPPARSE_FETCH_BINARY && !a->peek;
     }
     if (wantmodseq || f->changedsince_set)
         s->condstore = 1;       /* CONDSTORE-enabling (RFC 7162 3.1) */
@@ -2558,7 +2636,7 @@ static void imap_cmd_fetch(struct imap_session *s)
     for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
         struct imap_fetch_item *it = &items[nitems];
         uint32_t recno, idxseen;
-        int rr;
+        int rr, markseen;
 
         if (s->msgs[i].gone || !imap_in_set(s, &s->cmd.set, i))
             continue;
@@ -2574,8 +2652,10 @@ static void imap_cmd_fetch(struct imap_session *s)
         it->idx = i;
         idxseen = it->rec.flags & MAILBOX_FLAG_SEEN;
         imap_rec_seen(s, &it->rec);
-        if (setseen && s->sel_useseen &&
-            !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+        markseen = setseen && !(it->rec.flags & MAILBOX_FLAG_SEEN);
+        if (markseen && binseen && !imap_binary_decodable(s, it->rec.uid))
+            markseen = 0;
+        if (markseen && s->sel_useseen) {
             struct mailbox_record raw = it->rec;
 
             r = imap_seen_set(s, it->rec.uid, 1);
@@ -2589,7 +2669,7 @@ static void imap_cmd_fetch(struct imap_session *s)
             it->rec.flags |= MAILBOX_FLAG_SEEN;
             it->markseen = 1;
             seenchanged = 1;
-        } else if (setseen && !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+        } else if (markseen) {
             it->rec.flags |= MAILBOX_FLAG_SEEN;
             r = mailbox_rewrite_record(s->sel, recno, &it->rec);
             if (r == STORE_OK)
@@ -2634,6 +2714,14 @@ static void imap_cmd_fetch(struct imap_session *s)
                 buf_putc(&out, ' ');
             r = imap_fetch_att(s, &f->atts[k], &it->rec, &mf, &out);
         }
+        if (r == IMAP_UNKNOWN_CTE) {
+            /* RFC 3516 4.3: the command fails; this message's response
+             * is not sent */
+            unknown_cte = 1;
+            r = STORE_OK;
+            imap_msgfile_close(&mf);
+            continue;
+        }
         if (it->markseen && !wantflags) {
             buf_appendcstr(&out, " FLAGS ");
             imap_flags_text(s, &it->rec, &out);
@@ -2659,6 +2747,9 @@ static void imap_cmd_fetch(struct imap_session *s)
     s->no_expunge = !s->cmd.uid;
     if (r != STORE_OK)
         imap_store_no(s, r);
+    else if (unknown_cte)
+        imap_tagged(s, "NO", "[UNKNOWN-CTE] Cannot undo the "
+                             "Content-Transfer-Encoding of a section");
     else if (failed)
         imap_tagged(s, "NO", "[UNAVAILABLE] Some messages could not be "
                              "read");

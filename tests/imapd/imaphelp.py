@@ -161,12 +161,13 @@ class Raw:
         self.buf = b""
         self.asm = Assembler()
         self.greeted = False
+        self.utf8 = False       # set after ENABLE UTF8=ACCEPT (RFC 6855)
 
     def _check(self, resp):
         if self.greeted:
-            why = validate(resp)
+            why = validate(resp, self.utf8)
         else:
-            why = validate_greeting(resp)
+            why = validate_greeting(resp, self.utf8)
             self.greeted = True
         check(why is None, "response violates the IMAP grammar: %s\n"
               "response: %r" % (why, resp))

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""test_imapbinary.py - FETCH BINARY (RFC 3516) and UTF8=ACCEPT (RFC
+6855) end to end under the real master, as exact exchanges.
+
+BINARY: BINARY[part] of a base64 part holding NUL bytes is a literal8
+~{n} with exactly the decoded bytes; BINARY.SIZE is the decoded length;
+quoted-printable (soft line breaks, transport padding) is decoded and
+sent as a literal; a partial <o.n> counts decoded bytes; an unknown
+Content-Transfer-Encoding answers NO [UNKNOWN-CTE] (and does not set
+\\Seen); BINARY.PEEK leaves \\Seen alone, BINARY sets it; a message/rfc822
+part and BINARY[] are sent as stored; a part that does not exist is NIL
+(size 0); malformed BINARY items are BAD and the session goes on.
+
+UTF8=ACCEPT: ENABLE UTF8=ACCEPT is answered "* ENABLED UTF8=ACCEPT";
+then mailbox names are UTF-8 in CREATE/LIST/LSUB/STATUS/SELECT/RENAME,
+while a session without ENABLE sees and uses the modified UTF-7 form;
+SEARCH with CHARSET after ENABLE is BAD, SEARCH of a UTF-8 string
+without CHARSET works; a name that is not valid UTF-8 is refused.
+
+One instance (see imaphelp.py), user alice, allowplaintext on.  The
+client is imaphelp.Raw: every response is checked against
+imapgrammar.py (UTF-8 in quoted strings only once enabled).  At the end
+the master log must show no crashed worker.
+
+Environment: see imaphelp.py.
+"""
+import base64
+import os
+import re
+import sys
+
+sys.dont_write_bytecode = True     # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from imaphelp import ImapInstance, Raw, check, run_imap_tests  # noqa: E402
+
+ALICE, ALICE_PW = "alice", "s3cret-pw"
+
+_inst = None
+
+
+def inst():
+    global _inst
+    if _inst is None:
+        i = ImapInstance("imapbinary", conf={"allowplaintext": "yes"},
+                         tls=True, sasl=(ALICE, ALICE_PW))
+        try:
+            i.create("user.alice")
+            i.write_cyrus_conf()
+            i.start()
+        except BaseException:
+            i.stop()
+            i.cleanup()
+            raise
+        _inst = i
+    return _inst
+
+
+def session(i):
+    c = Raw(i.addr())
+    c.line()
+    r = c.cmd("L0", "LOGIN %s %s" % (ALICE, ALICE_PW))
+    check(r[-1].startswith(b"L0 OK"), "LOGIN %r" % r)
+    return c
+
+
+def ok(r, tag):
+    check(r[-1].startswith(tag.encode() + b" OK"), "%s: %r" % (tag, r))
+    return r
+
+
+def bad(c, tag, text):
+    r = c.cmd(tag, text)
+    check(r[-1].startswith(tag.encode() + b" BAD"),
+          "%s should be BAD: %r" % (text, r))
+    ok(c.cmd(tag + "n", "NOOP"), tag + "n")
+    return r
+
+
+# ---- BINARY -----------------------------------------------------------
+
+PAYLOAD = bytes(range(256)) * 2 + b"\0end"          # NUL bytes inside
+QP_BODY = b"caf=C3=A9 =3D ok   \r\nsoft=\r\nbreak=20\r\nlast"
+QP_DECODED = b"caf\xc3\xa9 = ok\r\nsoftbreak \r\nlast"
+INNER = (b"From: <bob@example.com>\r\nSubject: inner\r\n\r\n"
+         b"inner body\r\n")
+
+
+def b64lines(data):
+    enc = base64.b64encode(data)
+    return b"\r\n".join(enc[k:k + 76] for k in range(0, len(enc), 76))
+
+
+MULTI = (b"From: <ann@example.com>\r\nTo: alice@example.org\r\n"
+         b"Subject: binary parts\r\nMIME-Version: 1.0\r\n"
+         b"Content-Type: multipart/mixed; boundary=\"b1\"\r\n\r\n"
+         b"--b1\r\nContent-Type: application/octet-stream\r\n"
+         b"Content-Transfer-Encoding: BASE64\r\n\r\n"
+         + b64lines(PAYLOAD) + b"\r\n"
+         b"--b1\r\nContent-Type: text/plain; charset=utf-8\r\n"
+         b"Content-Transfer-Encoding: quoted-printable\r\n\r\n"
+         + QP_BODY + b"\r\n"
+         b"--b1\r\nContent-Type: application/octet-stream\r\n"
+         b"Content-Transfer-Encoding: x-uuencode\r\n\r\n"
+         b"begin 644 x\r\n+2&5L;&\\`\r\n`\r\nend\r\n"
+         b"--b1\r\nContent-Type: message/rfc822\r\n\r\n" + INNER +
+         b"--b1--\r\n")
+
+SINGLE_BODY = b"just one part\0with a NUL\r\n"
+SINGLE = (b"From: <ann@example.com>\r\nTo: alice@example.org\r\n"
+          b"Subject: single\r\nMIME-Version: 1.0\r\n"
+          b"Content-Type: application/octet-stream\r\n"
+          b"Content-Transfer-Encoding: base64\r\n\r\n"
+          + b64lines(SINGLE_BODY) + b"\r\n")
+
+
+def binary_box(i, name):
+    i.create("user.alice." + name)
+    for m in (MULTI, SINGLE):
+        i.mbtool("deliver", "-m", name, ALICE, input=m)
+
+
+def fetch1(c, tag, text):
+    """The responses of one FETCH (literals inline), the tagged last."""
+    return c.lcmd(tag, text)
+
+
+def flags(c, tag, n):
+    r = ok(c.cmd(tag, "FETCH %d (FLAGS)" % n), tag)
+    m = re.match(rb"\* %d FETCH \(FLAGS \(([^)]*)\)\)" % n, r[0])
+    check(m is not None, "FLAGS: %r" % r)
+    return m.group(1).split()
+
+
+def test_binary_base64_nul():
+    """BINARY.PEEK[1] of a base64 part with NUL bytes: a literal8 with
+    exactly the decoded bytes; BINARY.SIZE[1] is their number."""
+    i = inst()
+    binary_box(i, "B64")
+    with session(i) as c:
+        ok(c.cmd("s1", "SELECT INBOX.B64"), "s1")
+        r = ok(fetch1(c, "f1", "FETCH 1 (BINARY.PEEK[1])"), "f1")
+        want = (b"* 1 FETCH (BINARY[1] ~{%d}\r\n" % len(PAYLOAD) + PAYLOAD
+                + b")")
+        check(r[0] == want, "BINARY[1]: %r" % r[0][:80])
+        r = ok(c.cmd("f2", "FETCH 1 (BINARY.SIZE[1])"), "f2")
+        check(r[0] == b"* 1 FETCH (BINARY.SIZE[1] %d)" % len(PAYLOAD),
+              "BINARY.SIZE[1]: %r" % r)
+        # a single-part message: part 1 is its body, decoded
+        r = ok(fetch1(c, "f3", "UID FETCH 2 (BINARY.PEEK[1] "
+                                "BINARY.SIZE[1])"), "f3")
+        want = (b"* 2 FETCH (UID 2 BINARY[1] ~{%d}\r\n" % len(SINGLE_BODY)
+                + SINGLE_BODY + b" BINARY.SIZE[1] %d)" % len(SINGLE_BODY))
+        check(r[0] == want, "single part: %r" % r[0])
+        ok(c.cmd("l1", "LOGOUT"), "l1")
+
+
+def test_binary_qp_and_partial():
+    """Quoted-printable is decoded (no NUL: a plain literal); a partial
+    range counts decoded bytes and is a literal8 only when the bytes
+    sent hold NUL."""
+    i = inst()
+    binary_box(i, "QP")
+    with session(i) as c:
+        ok(c.cmd("s1", "EXAMINE INBOX.QP"), "s1")
+        r = ok(fetch1(c, "f1", "FETCH 1 (BINARY.PEEK[2] BINARY.SIZE[2])"),
+               "f1")
+        want = (b"* 1 FETCH (BINARY[2] {%d}\r\n" % len(QP_DECODED)
+                + QP_DECODED + b" BINARY.SIZE[2] %d)" % len(QP_DECODED))
+        check(r[0] == want, "quoted-printable: %r" % r[0])
+        r = ok(fetch1(c, "f2", "FETCH 1 (BINARY.PEEK[1]<0.10>)"), "f2")
+        check(r[0] == b"* 1 FETCH (BINARY[1]<0> ~{10}\r\n" + PAYLOAD[:10]
+              + b")", "partial <0.10>: %r" % r[0])
+        r = ok(fetch1(c, "f3", "FETCH 1 (BINARY.PEEK[1]<5.10>)"), "f3")
+        check(r[0] == b"* 1 FETCH (BINARY[1]<5> {10}\r\n" + PAYLOAD[5:15]
+              + b")", "partial <5.10>: %r" % r[0])
+        r = ok(fetch1(c, "f4", "FETCH 1 (BINARY.PEEK[2]<4.1000>)"), "f4")
+        check(r[0] == b"* 1 FETCH (BINARY[2]<4> {%d}\r\n"
+              % (len(QP_DECODED) - 4) + QP_DECODED[4:] + b")",
+              "partial past the end: %r" % r[0])
+        r = ok(fetch1(c, "f5", "FETCH 1 (BINARY.PEEK[2]<9999.5>)"), "f5")
+        check(r[0] == b"* 1 FETCH (BINARY[2]<9999> {0}\r\n)",
+              "origin past the end: %r" % r[0])
+        ok(c.cmd("l1", "LOGOUT"), "l1")
+
+
+def test_binary_unknown_cte():
+    """An encoding the server cannot undo: NO [UNKNOWN-CTE] and no FETCH
+    response for the message; with BINARY (not PEEK) its \\Seen is not
+    set; BINARY.SIZE fails the same way; the session goes on."""
+    i = inst()
+    binary_box(i, "CTE")
+    with session(i) as c:
+        ok(c.cmd("s1", "SELECT INBOX.CTE"), "s1")
+        for tag, item in (("u1", "BINARY.PEEK[3]"), ("u2", "BINARY[3]"),
+                          ("u3", "BINARY.SIZE[3]")):
+            r = fetch1(c, tag, "FETCH 1 (%s)" % item)
+            check(len(r) == 1 and r[0].startswith(
+                  tag.encode() + b" NO [UNKNOWN-CTE] "),
+                  "%s: %r" % (item, r))
+        check(b"\\Seen" not in flags(c, "g1", 1),
+              "a failed BINARY[3] set \\Seen")
+        # the other message of the set is still answered
+        r = fetch1(c, "u4", "FETCH 1:2 (BINARY.SIZE[1] BINARY.SIZE[3])")
+        check(r[-1].startswith(b"u4 NO [UNKNOWN-CTE]"), "u4: %r" % r)
+        check(r[:-1] == [b"* 2 FETCH (BINARY.SIZE[1] %d BINARY.SIZE[3] 0)"
+                         % len(SINGLE_BODY)], "u4: %r" % r)
+        ok(c.cmd("n1", "NOOP"), "n1")
+        ok(c.cmd("l1", "LOGOUT"), "l1")
+
+
+def test_binary_seen():
+    """BINARY.PEEK does not set \\Seen; BINARY does (and the response
+    says so with FLAGS)."""
+    i = inst()
+    binary_box(i, "SEEN")
+    with session(i) as c:
+        ok(c.cmd("s1", "SELECT INBOX.SEEN"), "s1")
+        ok(fetch1(c, "f1", "FETCH 1 (BINARY.PEEK[2])"), "f1")
+        ok(c.cmd("f2", "FETCH 1 (BINARY.SIZE[1])"), "f2")
+        check(b"\\Seen" not in flags(c, "g1", 1), "BINARY.PEEK set \\Seen")
+        r = ok(fetch1(c, "f3", "FETCH 1 (BINARY[2])"), "f3")
+        check(r[0] == b"* 1 FETCH (BINARY[2] {%d}\r\n" % len(QP_DECODED)
+              + QP_DECODED + b" FLAGS (\\Seen \\Recent))",
+              "BINARY[2]: %r" % r[0])
+        check(b"\\Seen" in flags(c, "g2", 1), "BINARY did not set \\Seen")
+        ok(c.cmd("l1", "LOGOUT"), "l1")
+
+
+def test_binary_composite_and_missing():
+    """A message/rfc822 part and BINARY[] are sent as stored (a message
+    has only an identity encoding); a part that does not exist is NIL
+    with size 0; malformed BINARY items are BAD."""
+    i = inst()
+    binary_box(i, "COMP")
+    with session(i) as c:
+        ok(c.cmd("s1", "EXAMINE INBOX.COMP"), "s1")
+        r = ok(fetch1(c, "f1", "FETCH 1 (BINARY.PEEK[4] BINARY.SIZE[4])"),
+               "f1")
+        # the part ends before the CRLF of the delimiter line
+        inner = INNER[:-2]
+        check(r[0] == b"* 1 FETCH (BINARY[4] {%d}\r\n" % len(inner) + inner
+              + b" BINARY.SIZE[4] %d)" % len(inner), "[4]: %r" % r[0])
+        r = ok(fetch1(c, "f2", "FETCH 1 (BINARY.PEEK[] BINARY.SIZE[])"),
+               "f2")
+        check(r[0] == b"* 1 FETCH (BINARY[] {%d}\r\n" % len(MULTI) + MULTI
+              + b" BINARY.SIZE[] %d)" % len(MULTI), "[]: %r" % r[0][:80])
+        r = ok(fetch1(c, "f3", "FETCH 1 (BINARY.PEEK[9] BINARY.SIZE[9] "
+                                "BINARY.PEEK[4.1])"), "f3")
+        check(r[0] == b"* 1 FETCH (BINARY[9] NIL BINARY.SIZE[9] 0 "
+              b"BINARY[4.1] {10}\r\ninner body)", "missing: %r" % r[0])
+        for n, item in enumerate(("BINARY[1.TEXT]", "BINARY[1.MIME]",
+                                  "BINARY[HEADER]", "BINARY[0]",
+                                  "BINARY.SIZE[1]<0.5>", "BINARY[1",
+                                  "BINARY.PEEK[1]<5>", "BINARY[1.]")):
+            bad(c, "b%d" % n, "FETCH 1 (%s)" % item)
+        ok(c.cmd("l1", "LOGOUT"), "l1")
+
+
+def finish():
+    global _inst
+    if _inst is not None:
+        check(not _inst.worker_trouble(),
+              "worker trouble: %s" % _inst.worker_trouble())
+        _inst.__exit__(None, None, None)
+        _inst = None
+
+
+if __name__ == "__main__":
+    rc = run_imap_tests([
+        test_binary_base64_nul,
+        test_binary_qp_and_partial,
+        test_binary_unknown_cte,
+        test_binary_seen,
+        test_binary_composite_and_missing,
+    ])
+    try:
+        finish()
+    except Exception as e:  # noqa: BLE001
+        print("FAIL: cleanup: %s" % e)
+        rc = 1
+    sys.exit(rc)
