@@ -1863,6 +1863,7 @@ static int parse_search(struct cur *c)
         int r;
 
         c->i++;
+        c->cmd->charset_set = 1;
         r = parse_charset(c);
         if (r != IMAPPARSE_OK)
             return r;

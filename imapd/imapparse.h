@@ -496,6 +496,9 @@ struct imapparse_cmd {
     struct imapparse_store store;
     struct imapparse_search *search;
     int utf8;                       /* SEARCH CHARSET UTF-8 */
+    int charset_set;                /* SEARCH CHARSET ... was written
+                                       (RFC 6855: refused once UTF8=ACCEPT
+                                       is enabled) */
     int esearch;                    /* SEARCH/SORT RETURN (...) given */
     unsigned search_ret;            /* its IMAPPARSE_RET_* options (no
                                        SAVE for SORT) */

@@ -134,6 +134,7 @@
 #include "lib/saslserver.h"
 #include "lib/service.h"
 #include "lib/strarray.h"
+#include "lib/utf8.h"
 #include "store/acl.h"
 #include "store/append.h"
 #include "store/idlenotify.h"
@@ -202,6 +203,10 @@ struct imap_session {
     int condstore;               /* ENABLE CONDSTORE */
     int qresync;                 /* ENABLE QRESYNC (condstore too):
                                     VANISHED instead of EXPUNGE */
+    int utf8_accept;             /* ENABLE UTF8=ACCEPT (RFC 6855): names
+                                    are UTF-8 both ways, quoted strings
+                                    must be valid UTF-8, SEARCH takes no
+                                    CHARSET; for APPEND's UTF8 (~{n}) */
     struct mailbox *sel;         /* the selected mailbox (no lock held
                                     between commands) */
     int sel_readonly;            /* EXAMINE, or no write rights */
@@ -459,7 +464,7 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
                         "ESEARCH SEARCHRES WITHIN SORT SORT=DISPLAY ESORT "
                         "THREAD=ORDEREDSUBJECT THREAD=REFERENCES "
                         "LIST-EXTENDED LIST-STATUS SPECIAL-USE "
-                        "CREATE-SPECIAL-USE STATUS=SIZE");
+                        "CREATE-SPECIAL-USE STATUS=SIZE UTF8=ACCEPT");
     buf_printf(out, " APPENDLIMIT=%zu", imap_appendlimit(s->srv));
     if (IMAP_HAVE_ACL)
         buf_appendcstr(out, " LIST-MYRIGHTS");
@@ -533,8 +538,8 @@ int imap_reachable(const struct imap_session *s, const char *name)
  * "user<sep>bob" of alice@example.com are example.com!user.alice and
  * example.com!user.bob); only a global admin reaches another domain, by
  * "user<sep>bob@example.org" (store/mboxname.h). */
-static int imap_to_internal(struct imap_session *s, const char *ext,
-                            struct buf *out, const char **err_r)
+static int imap_to_internal_ascii(struct imap_session *s, const char *ext,
+                                  struct buf *out, const char **err_r)
 {
     char sep = s->srv->sep;
     struct buf tmp = BUF_INITIALIZER;
@@ -588,11 +593,57 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
                                     s->global_admin, out, err_r);
 }
 
+/* imap_to_internal_ascii() of a name as the client writes it: after
+ * ENABLE UTF8=ACCEPT a UTF-8 name, turned into the modified UTF-7 the
+ * store keeps (RFC 6855 3: "Entwürfe" is "Entw&APw-rfe" inside, as a
+ * client without UTF8=ACCEPT writes it); a name that is not valid UTF-8
+ * or holds a control character is STORE_BADNAME. */
+static int imap_to_internal(struct imap_session *s, const char *ext,
+                            struct buf *out, const char **err_r)
+{
+    struct buf m7 = BUF_INITIALIZER;
+    int r;
+
+    if (!s->utf8_accept)
+        return imap_to_internal_ascii(s, ext, out, err_r);
+    r = utf8_to_mutf7(ext, strlen(ext), &m7);
+    if (r != 0) {
+        buf_free(&m7);
+        buf_reset(out);
+        *err_r = r == -2 ? "out of memory" : "invalid UTF-8 in name";
+        return r == -2 ? STORE_NOMEM : STORE_BADNAME;
+    }
+    r = imap_to_internal_ascii(s, buf_cstring(&m7), out, err_r);
+    buf_free(&m7);
+    return r;
+}
+
+/* Internal name -> client name into out: imap_to_external_ascii(), and
+ * after ENABLE UTF8=ACCEPT its modified UTF-7 as UTF-8.  A stored name
+ * that is no canonical modified UTF-7 ("AT&T", written by a client that
+ * did not encode it) is sent as it is. */
+static int imap_to_external_ascii(struct imap_session *s, const char *name,
+                                  struct buf *out);
+
+int imap_to_external(struct imap_session *s, const char *name,
+                     struct buf *out)
+{
+    struct buf u8 = BUF_INITIALIZER;
+    int r = imap_to_external_ascii(s, name, out);
+
+    if (r != STORE_OK || !s->utf8_accept || !memchr(out->s, '&', out->len))
+        return r;
+    if (utf8_from_mutf7(out->s, out->len, &u8) == 0)
+        buf_setmap(out, u8.s, u8.len);
+    buf_free(&u8);
+    return r;
+}
+
 /* Internal name -> client name into out.  STORE_OK, or STORE_BADNAME (a
  * name the session cannot see: another domain's for all but a global
  * admin). */
-int imap_to_external(struct imap_session *s, const char *name,
-                            struct buf *out)
+static int imap_to_external_ascii(struct imap_session *s, const char *name,
+                                  struct buf *out)
 {
     size_t il = s->inbox.len;
 
@@ -3124,6 +3175,15 @@ static void imap_cmd_search(struct imap_session *s)
     size_t i;
     int r;
 
+    /* RFC 6855 3: after ENABLE UTF8=ACCEPT strings are UTF-8, and a
+     * CHARSET is a conflicting label */
+    if (s->utf8_accept && c->charset_set) {
+        imap_search_refused(s);
+        imap_tagged(s, "BAD", "SEARCH takes no CHARSET after ENABLE "
+                              "UTF8=ACCEPT");
+        return;
+    }
+
     memset(&res, 0, sizeof(res));
     uids = malloc((s->nmsgs ? s->nmsgs : 1) * sizeof(*uids));
     if (!uids) {
@@ -3136,7 +3196,7 @@ static void imap_cmd_search(struct imap_session *s)
     sp.mb = s->sel;
     sp.uids = uids;
     sp.nmsgs = (uint32_t)s->nmsgs;
-    sp.utf8 = c->utf8;
+    sp.utf8 = c->utf8 || s->utf8_accept;
     sp.return_uids = c->uid;
     sp.rock = s;
     sp.recent = imap_search_recent;
@@ -3346,9 +3406,18 @@ static void imap_cmd_enable(struct imap_session *s)
             s->condstore = 1;
             enabled |= 1;
         }
+        /* RFC 6855 3: in the authenticated state only; in the selected
+         * state it is not enabled (and not reported) */
+        if (strcasecmp(s->cmd.words.s[i], "UTF8=ACCEPT") == 0 &&
+            !s->utf8_accept && s->state == IMAP_AUTH) {
+            s->utf8_accept = 1;
+            enabled |= 4;
+        }
     }
-    prot_printf(s->p, "* ENABLED%s%s\r\n", (enabled & 1) ? " CONDSTORE" : "",
-                (enabled & 2) ? " QRESYNC" : "");
+    prot_printf(s->p, "* ENABLED%s%s%s\r\n",
+                (enabled & 1) ? " CONDSTORE" : "",
+                (enabled & 2) ? " QRESYNC" : "",
+                (enabled & 4) ? " UTF8=ACCEPT" : "");
     imap_tagged(s, "OK", "ENABLE completed");
 }
 
@@ -4028,6 +4097,33 @@ static int imap_continue(void *rock, struct prot *p, size_t size, int append,
     return 0;
 }
 
+/* After ENABLE UTF8=ACCEPT: is every quoted string of the command
+ * well-formed UTF-8 (RFC 6855 3: the server rejects one that is not)?
+ * APPEND is not checked here: its message literal follows (its mailbox
+ * name is checked when it is turned into the internal name). */
+static int imap_quoted_utf8_ok(const struct imap_session *s)
+{
+    const struct imapparse_cmd *c = &s->cmd;
+
+    if (!s->utf8_accept || c->id == IMAPPARSE_CMD_APPEND)
+        return 1;
+    for (size_t k = 0; k < c->ntokens; k++) {
+        const struct imapparse_token *t = &c->tokens[k];
+        const unsigned char *q = (const unsigned char *)c->text.s + t->off;
+        size_t i = 0, n;
+        uint32_t cp;
+
+        if (t->type != IMAPPARSE_TOK_QUOTED)
+            continue;
+        while (i < t->len) {
+            if (utf8_decode(q + i, t->len - i, &cp, &n) < 0)
+                return 0;
+            i += n;
+        }
+    }
+    return 1;
+}
+
 static void imap_command(struct imap_session *s)
 {
     struct imapparse_cmd *c = &s->cmd;
@@ -4036,6 +4132,11 @@ static void imap_command(struct imap_session *s)
     /* ACL changes reach the selected mailbox before any command */
     if (s->state == IMAP_SELECTED && imap_sel_rights_refresh(s))
         return;
+    if (!imap_quoted_utf8_ok(s)) {
+        imap_search_refused(s);
+        imap_tagged(s, "BAD", "Invalid UTF-8 in a quoted string");
+        return;
+    }
     /* any state */
     switch (c->id) {
     case IMAPPARSE_CMD_CAPABILITY:
@@ -4308,8 +4409,12 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         case IMAPPARSE_BADCHARSET:
             s.ncommands++;
             imap_search_refused(&s);
-            imap_tagged(&s, "NO", "[BADCHARSET (US-ASCII UTF-8)] %s",
-                        s.cmd.error);
+            if (s.utf8_accept && s.cmd.id == IMAPPARSE_CMD_SEARCH)
+                imap_tagged(&s, "BAD", "SEARCH takes no CHARSET after "
+                                       "ENABLE UTF8=ACCEPT");
+            else
+                imap_tagged(&s, "NO", "[BADCHARSET (US-ASCII UTF-8)] %s",
+                            s.cmd.error);
             break;
         case IMAPPARSE_TIMEOUT:
             prot_puts(p, "* BYE Autologout; idle for too long\r\n");

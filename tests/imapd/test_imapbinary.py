@@ -257,6 +257,164 @@ def test_binary_composite_and_missing():
         ok(c.cmd("l1", "LOGOUT"), "l1")
 
 
+# ---- UTF8=ACCEPT ------------------------------------------------------
+
+def utf8_session(i):
+    c = session(i)
+    r = ok(c.cmd("e0", "ENABLE UTF8=ACCEPT"), "e0")
+    check(r == [b"* ENABLED UTF8=ACCEPT", r[-1]], "ENABLE: %r" % r)
+    c.utf8 = True           # from now on UTF-8 in quoted strings is fine
+    return c
+
+
+def lines(r, what):
+    return sorted(ln for ln in r if ln.startswith(what))
+
+
+def test_utf8_names():
+    """After ENABLE UTF8=ACCEPT names are UTF-8 in CREATE, LIST, LSUB,
+    STATUS, SELECT, RENAME and SUBSCRIBE; a session without it sees and
+    uses the modified UTF-7 form the store keeps; the two are different
+    names for a UTF-8 session ("&" is itself there)."""
+    i = inst()
+    with session(i) as c:
+        r = ok(c.cmd("c1", "CAPABILITY"), "c1")
+        check(b" UTF8=ACCEPT" in r[0], "no UTF8=ACCEPT: %r" % r)
+    with utf8_session(i) as u, session(i) as a:
+        ok(u.cmd("u1", 'CREATE "INBOX.Entwürfe"'), "u1")
+        ok(u.cmd("u2", 'CREATE "INBOX.R&D"'), "u2")
+        ok(u.cmd("u3", 'CREATE "INBOX.Ünï"'), "u3")
+        ok(u.cmd("u3b", 'CREATE "INBOX.Ünï.😀"'), "u3b")
+        r = ok(u.cmd("u4", 'LIST "" ("INBOX.Entw*" "INBOX.R&D" '
+                           '"INBOX.Ünï*")'), "u4")
+        check(lines(r, b"* LIST") == sorted([
+            '* LIST (\\HasNoChildren) "." "INBOX.Entwürfe"'.encode(),
+            b'* LIST (\\HasNoChildren) "." "INBOX.R&D"',
+            '* LIST (\\HasChildren) "." "INBOX.Ünï"'.encode(),
+            '* LIST (\\HasNoChildren) "." "INBOX.Ünï.😀"'.encode()]),
+            "UTF-8 LIST: %r" % r)
+        r = ok(a.cmd("a1", 'LIST "" ("INBOX.Entw*" "INBOX.R&-D" '
+                           '"INBOX.&ANw-n&AO8-*")'), "a1")
+        check(lines(r, b"* LIST") == sorted([
+            b'* LIST (\\HasNoChildren) "." "INBOX.Entw&APw-rfe"',
+            b'* LIST (\\HasNoChildren) "." "INBOX.R&-D"',
+            b'* LIST (\\HasChildren) "." "INBOX.&ANw-n&AO8-"',
+            b'* LIST (\\HasNoChildren) "." "INBOX.&ANw-n&AO8-.&2D3eAA-"']),
+            "modified UTF-7 LIST: %r" % r)
+        # a pattern in UTF-8
+        r = ok(u.cmd("u5", 'LIST "INBOX." "Ünï.%"'), "u5")
+        check(lines(r, b"* LIST") == [
+            '* LIST (\\HasNoChildren) "." "INBOX.Ünï.😀"'.encode()],
+            "UTF-8 pattern: %r" % r)
+        r = ok(u.cmd("u6", 'STATUS "INBOX.Entwürfe" (MESSAGES)'), "u6")
+        check(r[0] == '* STATUS "INBOX.Entwürfe" (MESSAGES 0)'.encode(),
+              "STATUS: %r" % r)
+        r = ok(a.cmd("a2", 'STATUS "INBOX.Entw&APw-rfe" (MESSAGES)'), "a2")
+        check(r[0] == b'* STATUS "INBOX.Entw&APw-rfe" (MESSAGES 0)',
+              "STATUS mUTF-7: %r" % r)
+        # SELECT by either form, each in its own session
+        ok(u.cmd("u7", 'SELECT "INBOX.Entwürfe"'), "u7")
+        ok(a.cmd("a3", 'SELECT "INBOX.Entw&APw-rfe"'), "a3")
+        ok(u.cmd("u8", "CLOSE"), "u8")
+        ok(a.cmd("a4", "CLOSE"), "a4")
+        # in the UTF-8 session the modified UTF-7 spelling is another name
+        r = u.cmd("u9", 'SELECT "INBOX.Entw&APw-rfe"')
+        check(r[-1].startswith(b"u9 NO [NONEXISTENT]"), "u9: %r" % r)
+        # 8-bit names are refused without ENABLE
+        r = a.cmd("a5", 'CREATE "INBOX.Grüße"')
+        check(r[-1].startswith(b"a5 NO [CANNOT]"), "a5: %r" % r)
+        # RENAME and SUBSCRIBE/LSUB in UTF-8
+        ok(u.cmd("r1", 'RENAME "INBOX.Entwürfe" "INBOX.Brouillons été"'),
+           "r1")
+        ok(u.cmd("r2", 'SUBSCRIBE "INBOX.Brouillons été"'), "r2")
+        r = ok(u.cmd("r3", 'LSUB "" "INBOX.B*"'), "r3")
+        check(lines(r, b"* LSUB") == [
+            '* LSUB () "." "INBOX.Brouillons été"'.encode()],
+            "UTF-8 LSUB: %r" % r)
+        r = ok(a.cmd("r4", 'LSUB "" "INBOX.B*"'), "r4")
+        check(lines(r, b"* LSUB") == [
+            b'* LSUB () "." "INBOX.Brouillons &AOk-t&AOk-"'],
+            "modified UTF-7 LSUB: %r" % r)
+        ok(a.cmd("r5", 'SELECT "INBOX.Brouillons &AOk-t&AOk-"'), "r5")
+        # names that are not UTF-8: a literal is NO, a quoted string BAD
+        u.send(b"x1 CREATE {11+}\r\nINBOX.b\xffad\r\n")
+        r = u.until_tagged("x1")
+        check(r[-1].startswith(b"x1 NO [CANNOT]"), "x1: %r" % r)
+        u.send(b'x2 CREATE "INBOX.b\xc3ad"\r\n')
+        r = u.until_tagged("x2")
+        check(r[-1].startswith(b"x2 BAD"), "x2: %r" % r)
+        r = u.cmd("x3", 'CREATE "INBOX.tab\x7f"')
+        check(r[-1].startswith(b"x3 NO [CANNOT]"), "x3: %r" % r)
+        ok(u.cmd("x4", "NOOP"), "x4")
+        ok(u.cmd("l1", "LOGOUT"), "l1")
+        ok(a.cmd("l2", "LOGOUT"), "l2")
+
+
+def test_utf8_enable_selected():
+    """ENABLE UTF8=ACCEPT is for the authenticated state: in the selected
+    state it is not enabled, and names stay modified UTF-7."""
+    i = inst()
+    i.create("user.alice.Caf&AOk-")
+    with session(i) as c:
+        ok(c.cmd("s1", "SELECT INBOX"), "s1")
+        r = ok(c.cmd("e1", "ENABLE UTF8=ACCEPT"), "e1")
+        check(r[0] == b"* ENABLED", "ENABLE in selected: %r" % r)
+        r = ok(c.cmd("l1", 'LIST "" "INBOX.Caf*"'), "l1")
+        check(lines(r, b"* LIST") == [
+            b'* LIST (\\HasNoChildren) "." "INBOX.Caf&AOk-"'], "%r" % r)
+        ok(c.cmd("c1", "CLOSE"), "c1")
+        r = ok(c.cmd("e2", "ENABLE UTF8=ACCEPT CONDSTORE"), "e2")
+        check(r[0] == b"* ENABLED CONDSTORE UTF8=ACCEPT", "%r" % r)
+        c.utf8 = True
+        r = ok(c.cmd("e3", "ENABLE UTF8=ACCEPT"), "e3")
+        check(r[0] == b"* ENABLED", "enabled twice: %r" % r)
+        r = ok(c.cmd("l2", 'LIST "" "INBOX.Caf*"'), "l2")
+        check(lines(r, b"* LIST") == [
+            '* LIST (\\HasNoChildren) "." "INBOX.Café"'.encode()], "%r" % r)
+        ok(c.cmd("l3", "LOGOUT"), "l3")
+
+
+UMSG = ("From: <ann@example.com>\r\nTo: alice@example.org\r\n"
+        "Subject: =?utf-8?q?Gr=C3=BC=C3=9Fe?=\r\nMIME-Version: 1.0\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        "Content-Transfer-Encoding: 8bit\r\n\r\n"
+        "Schöne Grüße aus Köln\r\n").encode()
+
+
+def test_utf8_search():
+    """After ENABLE UTF8=ACCEPT: SEARCH of UTF-8 strings without CHARSET
+    finds them; any CHARSET (known or not) is BAD (RFC 6855 3); without
+    ENABLE, SEARCH CHARSET UTF-8 works as before."""
+    i = inst()
+    i.create("user.alice.U8")
+    i.mbtool("deliver", "-m", "U8", ALICE, input=UMSG)
+    with utf8_session(i) as u:
+        ok(u.cmd("s1", 'EXAMINE "INBOX.U8"'), "s1")
+        r = ok(u.cmd("q1", 'SEARCH SUBJECT "grüße"'), "q1")
+        check(r[0] == b"* SEARCH 1", "SUBJECT: %r" % r)
+        r = ok(u.cmd("q2", 'SEARCH BODY "KÖLN"'), "q2")
+        check(r[0] == b"* SEARCH 1", "BODY: %r" % r)
+        r = ok(u.cmd("q3", 'UID SEARCH TEXT "Grüße aus"'), "q3")
+        check(r[0] == b"* SEARCH 1", "TEXT: %r" % r)
+        for tag, text in (("b1", 'SEARCH CHARSET UTF-8 SUBJECT "grüße"'),
+                          ("b2", "SEARCH CHARSET US-ASCII ALL"),
+                          ("b3", "SEARCH CHARSET KOI8-R ALL"),
+                          ("b4", 'SEARCH RETURN (COUNT) CHARSET UTF-8 ALL')):
+            bad(u, tag, text)
+        ok(u.cmd("l1", "LOGOUT"), "l1")
+    with session(i) as a:
+        ok(a.cmd("s1", 'EXAMINE "INBOX.U8"'), "s1")
+        word = "grüße".encode()
+        a.send(b"q1 SEARCH CHARSET UTF-8 SUBJECT {%d+}\r\n%s\r\n"
+               % (len(word), word))
+        r = a.until_tagged("q1")
+        check(r == [b"* SEARCH 1", r[-1]] and r[-1].startswith(b"q1 OK"),
+              "CHARSET UTF-8 without ENABLE: %r" % r)
+        r = a.cmd("q2", "SEARCH CHARSET KOI8-R ALL")
+        check(r[-1].startswith(b"q2 NO [BADCHARSET"), "q2: %r" % r)
+        ok(a.cmd("l1", "LOGOUT"), "l1")
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -273,6 +431,9 @@ if __name__ == "__main__":
         test_binary_unknown_cte,
         test_binary_seen,
         test_binary_composite_and_missing,
+        test_utf8_names,
+        test_utf8_enable_selected,
+        test_utf8_search,
     ])
     try:
         finish()
