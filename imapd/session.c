@@ -11,7 +11,9 @@
  *                  AUTHENTICATE (Cyrus SASL, SASL-IR), LOGIN (checked
  *                  through SASL PLAIN; refused with NO [PRIVACYREQUIRED]
  *                  without TLS unless allowplaintext: yes)
- *   authenticated  ENABLE (CONDSTORE, QRESYNC), NAMESPACE, IDLE (waits for DONE),
+ *   authenticated  ENABLE (CONDSTORE, QRESYNC, UTF8=ACCEPT: RFC 6855 UTF-8
+ *                  mailbox names, kept as modified UTF-7 in the store,
+ *                  see imap_to_internal()), NAMESPACE, IDLE (waits for DONE),
  *                  COMPRESS DEFLATE (RFC 4978, lib/prot.h),
  *                  LIST, LSUB (list.c: LIST-EXTENDED, LIST-STATUS,
  *                  SPECIAL-USE), CREATE (CREATE-SPECIAL-USE), DELETE,
@@ -24,7 +26,9 @@
  *                  ACL (aclcmd.c), QUOTA (quotacmd.c), an admin's DELETE
  *                  of a user's INBOX (admincmd.c), through imapcmd.h
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
- *                  read-write and the user has e), UNSELECT, FETCH, STORE,
+ *                  read-write and the user has e), UNSELECT, FETCH (with
+ *                  RFC 3516's BINARY items; the capability waits for
+ *                  BINARY APPEND), STORE,
  *                  EXPUNGE, COPY, MOVE, SEARCH (ESEARCH, SEARCHRES,
  *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
  *                  (imapd/sort.c) and their UID forms;
@@ -595,7 +599,7 @@ static int imap_to_internal_ascii(struct imap_session *s, const char *ext,
 
 /* imap_to_internal_ascii() of a name as the client writes it: after
  * ENABLE UTF8=ACCEPT a UTF-8 name, turned into the modified UTF-7 the
- * store keeps (RFC 6855 3: "Entwürfe" is "Entw&APw-rfe" inside, as a
+ * store keeps (RFC 6855 3: "Entw\xc3\xbcrfe" is "Entw&APw-rfe" inside, as a
  * client without UTF8=ACCEPT writes it); a name that is not valid UTF-8
  * or holds a control character is STORE_BADNAME. */
 static int imap_to_internal(struct imap_session *s, const char *ext,
