@@ -635,7 +635,8 @@ int imap_to_external(struct imap_session *s, const char *name,
     struct buf u8 = BUF_INITIALIZER;
     int r = imap_to_external_ascii(s, name, out);
 
-    if (r != STORE_OK || !s->utf8_accept || !memchr(out->s, '&', out->len))
+    if (r != STORE_OK || !s->utf8_accept || out->len == 0 ||
+        !memchr(out->s, '&', out->len))
         return r;
     if (utf8_from_mutf7(out->s, out->len, &u8) == 0)
         buf_setmap(out, u8.s, u8.len);
@@ -2472,10 +2473,11 @@ static int imap_fetch_binary(const struct imapparse_fetch_att *a,
                 if (a->partial && a->count < n)
                     n = a->count;
             }
-            buf_printf(out, " %s{%zu}\r\n",
-                       n && memchr(dec.s + origin, '\0', n) ? "~" : "", n);
-            if (n)
-                buf_append(out, dec.s + origin, n);
+            if (buf_printf(out, " %s{%zu}\r\n",
+                           n && memchr(dec.s + origin, '\0', n) ? "~" : "",
+                           n) < 0 ||
+                (n && buf_append(out, dec.s + origin, n) < 0))
+                r = MESSAGE_NOMEM;
         }
     }
     buf_free(&dec);

@@ -117,10 +117,12 @@ class _GrammarTee:
                 self._gcur += b"\r\n"
                 continue
             resp, self._gcur = self._gcur, b""
+            # grammar_utf8: the test enabled UTF8=ACCEPT (RFC 6855)
+            utf8 = getattr(self, "grammar_utf8", False)
             if self._ggreeted:
-                why = validate(resp)
+                why = validate(resp, utf8)
             else:
-                why = validate_greeting(resp)
+                why = validate_greeting(resp, utf8)
                 self._ggreeted = True
             self.responses_checked += 1
             check(why is None, "imaplib: response violates the IMAP "

@@ -32,7 +32,8 @@ import sys
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from imaphelp import ImapInstance, Raw, check, run_imap_tests  # noqa: E402
+from imaphelp import (IMAP4, ImapInstance, Raw, check,  # noqa: E402
+                      run_imap_tests)
 
 ALICE, ALICE_PW = "alice", "s3cret-pw"
 
@@ -415,6 +416,41 @@ def test_utf8_search():
         ok(a.cmd("l1", "LOGOUT"), "l1")
 
 
+def test_imaplib():
+    """Python's imaplib as a real client: FETCH BINARY.PEEK of the base64
+    part arrives as the exact decoded bytes (imaplib reads the literal8);
+    after imaplib's enable("UTF8=ACCEPT") it creates, lists and selects a
+    UTF-8 name."""
+    i = inst()
+    binary_box(i, "LIB")
+    m = IMAP4(*i.addr())
+    try:
+        m.login(ALICE, ALICE_PW)
+        typ, data = m.select('"INBOX.LIB"', readonly=True)
+        check(typ == "OK", "select: %r %r" % (typ, data))
+        typ, data = m.fetch("1", "(BINARY.PEEK[1] BINARY.SIZE[1])")
+        check(typ == "OK" and data[0] == (b"1 (BINARY[1] ~{%d}"
+                                          % len(PAYLOAD), PAYLOAD)
+              and data[1] == b" BINARY.SIZE[1] %d)" % len(PAYLOAD),
+              "imaplib BINARY: %r" % (data,))
+        m.close()
+        typ, data = m.enable("UTF8=ACCEPT")
+        check(typ == "OK", "enable: %r %r" % (typ, data))
+        m.grammar_utf8 = True
+        typ, data = m.create('"INBOX.Straße"')
+        check(typ == "OK", "create: %r %r" % (typ, data))
+        typ, data = m.list('""', '"INBOX.Stra*"')
+        check(typ == "OK" and data == [
+            '(\\HasNoChildren) "." "INBOX.Straße"'.encode()],
+            "imaplib LIST: %r" % (data,))
+        typ, data = m.select('"INBOX.Straße"')
+        check(typ == "OK", "select UTF-8: %r %r" % (typ, data))
+        m.logout()
+    finally:
+        if m.state != "LOGOUT":
+            m.shutdown()
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -434,6 +470,7 @@ if __name__ == "__main__":
         test_utf8_names,
         test_utf8_enable_selected,
         test_utf8_search,
+        test_imaplib,
     ])
     try:
         finish()
