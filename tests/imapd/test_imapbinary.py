@@ -16,6 +16,7 @@ then mailbox names are UTF-8 in CREATE/LIST/LSUB/STATUS/SELECT/RENAME,
 while a session without ENABLE sees and uses the modified UTF-7 form;
 SEARCH with CHARSET after ENABLE is BAD, SEARCH of a UTF-8 string
 without CHARSET works; a name that is not valid UTF-8 is refused.
+Python's imaplib does both as a real client (literal8, enable()).
 
 One instance (see imaphelp.py), user alice, allowplaintext on.  The
 client is imaphelp.Raw: every response is checked against
