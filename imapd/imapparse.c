@@ -1209,6 +1209,62 @@ static int parse_body_section(struct cur *c, struct imapparse_fetch_att *a,
     return IMAPPARSE_OK;
 }
 
+/* BINARY[...]<partial> / BINARY.PEEK[...]<partial> / BINARY.SIZE[...]
+ * (RFC 3516): section-binary = "[" [section-part] "]"; s is the atom,
+ * upper-cased */
+static int parse_binary_section(struct cur *c, struct imapparse_fetch_att *a,
+                                char *s, size_t len)
+{
+    struct imapparse_cmd *cmd = c->cmd;
+    size_t pre, seclen, k;
+    char *close, *after, *sec;
+    int wants_list, r;
+
+    if (strncmp(s, "BINARY.PEEK[", 12) == 0) {
+        pre = 12;
+        a->kind = IMAPPARSE_FETCH_BINARY;
+        a->peek = 1;
+    } else if (strncmp(s, "BINARY.SIZE[", 12) == 0) {
+        pre = 12;
+        a->kind = IMAPPARSE_FETCH_BINARY_SIZE;
+    } else {
+        pre = 7;
+        a->kind = IMAPPARSE_FETCH_BINARY;
+    }
+    close = memchr(s + pre, ']', len - pre);
+    if (!close)
+        return cmd_error(cmd, IMAPPARSE_BAD, "Missing ']' after section");
+    seclen = (size_t)(close - s) - pre;
+    for (k = 0; k < seclen; k++)
+        if (!isdigit((unsigned char)s[pre + k]) && s[pre + k] != '.')
+            return cmd_error(cmd, IMAPPARSE_BAD,
+                             "Invalid binary section (part numbers only)");
+    r = parse_section(cmd, a, s + pre, seclen, &wants_list);
+    if (r != IMAPPARSE_OK)
+        return r;
+    if (a->text != IMAPPARSE_SECTION_ALL)
+        return cmd_error(cmd, IMAPPARSE_BAD,
+                         "Invalid binary section (part numbers only)");
+    after = close + 1;
+    if (a->kind == IMAPPARSE_FETCH_BINARY_SIZE) {
+        if (after != s + len)
+            return cmd_error(cmd, IMAPPARSE_BAD,
+                             "BINARY.SIZE takes no partial range");
+    } else {
+        r = parse_partial(cmd, a, after, len - (size_t)(after - s));
+        if (r != IMAPPARSE_OK)
+            return r;
+    }
+    sec = arena_alloc(cmd, seclen + 1, 1);
+    if (!sec)
+        return cmd_error(cmd, IMAPPARSE_NOMEM, "Out of memory");
+    if (seclen)
+        memcpy(sec, s + pre, seclen);
+    sec[seclen] = '\0';
+    a->section = sec;
+    return IMAPPARSE_OK;
+}
+
 static int fetch_push(struct cur *c, size_t *alloc,
                       struct imapparse_fetch_att **a_r)
 {
@@ -1274,6 +1330,9 @@ static int parse_fetch_att(struct cur *c, size_t *alloc, int alone)
     }
     if (strncmp(s, "BODY[", 5) == 0 || strncmp(s, "BODY.PEEK[", 10) == 0)
         return parse_body_section(c, a, s, len);
+    if (strncmp(s, "BINARY[", 7) == 0 || strncmp(s, "BINARY.PEEK[", 12) == 0
+        || strncmp(s, "BINARY.SIZE[", 12) == 0)
+        return parse_binary_section(c, a, s, len);
     return cmd_errorf(c->cmd, IMAPPARSE_BAD, "Invalid fetch attribute %.40s",
                       s);
 }
@@ -1804,6 +1863,7 @@ static int parse_search(struct cur *c)
         int r;
 
         c->i++;
+        c->cmd->charset_set = 1;
         r = parse_charset(c);
         if (r != IMAPPARSE_OK)
             return r;

@@ -3,7 +3,8 @@
  * struct prot (RFC 3501 section 9 grammar, with LITERAL+ (RFC 7888),
  * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, ACL, QUOTA,
  * LIST-EXTENDED (RFC 5258), LIST-STATUS (RFC 5819), CREATE-SPECIAL-USE
- * (RFC 6154), STATUS=SIZE (RFC 8438)) and turns its arguments into the
+ * (RFC 6154), STATUS=SIZE (RFC 8438), BINARY's FETCH items (RFC 3516))
+ * and turns its arguments into the
  * structures below, ready for imapd to execute.
  *
  * Use:
@@ -200,7 +201,10 @@ enum imapparse_fetch_kind {
     IMAPPARSE_FETCH_RFC822_HEADER,
     IMAPPARSE_FETCH_RFC822_TEXT,
     IMAPPARSE_FETCH_MODSEQ,
-    IMAPPARSE_FETCH_SECTION         /* BODY[...] / BODY.PEEK[...] */
+    IMAPPARSE_FETCH_SECTION,        /* BODY[...] / BODY.PEEK[...] */
+    IMAPPARSE_FETCH_BINARY,         /* BINARY[...] / BINARY.PEEK[...]
+                                       (RFC 3516): parts only, partial */
+    IMAPPARSE_FETCH_BINARY_SIZE     /* BINARY.SIZE[...]: parts only */
 };
 
 enum imapparse_section_text {
@@ -216,8 +220,10 @@ enum imapparse_section_text {
 
 struct imapparse_fetch_att {
     enum imapparse_fetch_kind kind;
-    /* IMAPPARSE_FETCH_SECTION only: */
-    int peek;                       /* BODY.PEEK */
+    /* IMAPPARSE_FETCH_SECTION, and for IMAPPARSE_FETCH_BINARY[_SIZE]
+     * peek, nparts, parts, section ("1.2", "" for BINARY[]) and the
+     * partial range (not for BINARY.SIZE): */
+    int peek;                       /* BODY.PEEK, BINARY.PEEK */
     size_t nparts;                  /* part numbers 1.2.3, each >= 1 */
     uint32_t parts[IMAPPARSE_MAX_PARTS];
     enum imapparse_section_text text;
@@ -490,6 +496,9 @@ struct imapparse_cmd {
     struct imapparse_store store;
     struct imapparse_search *search;
     int utf8;                       /* SEARCH CHARSET UTF-8 */
+    int charset_set;                /* SEARCH CHARSET ... was written
+                                       (RFC 6855: refused once UTF8=ACCEPT
+                                       is enabled) */
     int esearch;                    /* SEARCH/SORT RETURN (...) given */
     unsigned search_ret;            /* its IMAPPARSE_RET_* options (no
                                        SAVE for SORT) */

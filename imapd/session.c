@@ -11,7 +11,9 @@
  *                  AUTHENTICATE (Cyrus SASL, SASL-IR), LOGIN (checked
  *                  through SASL PLAIN; refused with NO [PRIVACYREQUIRED]
  *                  without TLS unless allowplaintext: yes)
- *   authenticated  ENABLE (CONDSTORE, QRESYNC), NAMESPACE, IDLE (waits for DONE),
+ *   authenticated  ENABLE (CONDSTORE, QRESYNC, UTF8=ACCEPT: RFC 6855 UTF-8
+ *                  mailbox names, kept as modified UTF-7 in the store,
+ *                  see imap_to_internal()), NAMESPACE, IDLE (waits for DONE),
  *                  COMPRESS DEFLATE (RFC 4978, lib/prot.h),
  *                  LIST, LSUB (list.c: LIST-EXTENDED, LIST-STATUS,
  *                  SPECIAL-USE), CREATE (CREATE-SPECIAL-USE), DELETE,
@@ -24,7 +26,9 @@
  *                  ACL (aclcmd.c), QUOTA (quotacmd.c), an admin's DELETE
  *                  of a user's INBOX (admincmd.c), through imapcmd.h
  *   selected       CHECK, CLOSE (expunges \Deleted messages when
- *                  read-write and the user has e), UNSELECT, FETCH, STORE,
+ *                  read-write and the user has e), UNSELECT, FETCH (with
+ *                  RFC 3516's BINARY items; the capability waits for
+ *                  BINARY APPEND), STORE,
  *                  EXPUNGE, COPY, MOVE, SEARCH (ESEARCH, SEARCHRES,
  *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
  *                  (imapd/sort.c) and their UID forms;
@@ -134,6 +138,7 @@
 #include "lib/saslserver.h"
 #include "lib/service.h"
 #include "lib/strarray.h"
+#include "lib/utf8.h"
 #include "store/acl.h"
 #include "store/append.h"
 #include "store/idlenotify.h"
@@ -202,6 +207,10 @@ struct imap_session {
     int condstore;               /* ENABLE CONDSTORE */
     int qresync;                 /* ENABLE QRESYNC (condstore too):
                                     VANISHED instead of EXPUNGE */
+    int utf8_accept;             /* ENABLE UTF8=ACCEPT (RFC 6855): names
+                                    are UTF-8 both ways, quoted strings
+                                    must be valid UTF-8, SEARCH takes no
+                                    CHARSET; for APPEND's UTF8 (~{n}) */
     struct mailbox *sel;         /* the selected mailbox (no lock held
                                     between commands) */
     int sel_readonly;            /* EXAMINE, or no write rights */
@@ -459,7 +468,7 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
                         "ESEARCH SEARCHRES WITHIN SORT SORT=DISPLAY ESORT "
                         "THREAD=ORDEREDSUBJECT THREAD=REFERENCES "
                         "LIST-EXTENDED LIST-STATUS SPECIAL-USE "
-                        "CREATE-SPECIAL-USE STATUS=SIZE");
+                        "CREATE-SPECIAL-USE STATUS=SIZE UTF8=ACCEPT");
     buf_printf(out, " APPENDLIMIT=%zu", imap_appendlimit(s->srv));
     if (IMAP_HAVE_ACL)
         buf_appendcstr(out, " LIST-MYRIGHTS");
@@ -533,8 +542,8 @@ int imap_reachable(const struct imap_session *s, const char *name)
  * "user<sep>bob" of alice@example.com are example.com!user.alice and
  * example.com!user.bob); only a global admin reaches another domain, by
  * "user<sep>bob@example.org" (store/mboxname.h). */
-static int imap_to_internal(struct imap_session *s, const char *ext,
-                            struct buf *out, const char **err_r)
+static int imap_to_internal_ascii(struct imap_session *s, const char *ext,
+                                  struct buf *out, const char **err_r)
 {
     char sep = s->srv->sep;
     struct buf tmp = BUF_INITIALIZER;
@@ -588,11 +597,58 @@ static int imap_to_internal(struct imap_session *s, const char *ext,
                                     s->global_admin, out, err_r);
 }
 
+/* imap_to_internal_ascii() of a name as the client writes it: after
+ * ENABLE UTF8=ACCEPT a UTF-8 name, turned into the modified UTF-7 the
+ * store keeps (RFC 6855 3: "Entw\xc3\xbcrfe" is "Entw&APw-rfe" inside, as a
+ * client without UTF8=ACCEPT writes it); a name that is not valid UTF-8
+ * or holds a control character is STORE_BADNAME. */
+static int imap_to_internal(struct imap_session *s, const char *ext,
+                            struct buf *out, const char **err_r)
+{
+    struct buf m7 = BUF_INITIALIZER;
+    int r;
+
+    if (!s->utf8_accept)
+        return imap_to_internal_ascii(s, ext, out, err_r);
+    r = utf8_to_mutf7(ext, strlen(ext), &m7);
+    if (r != 0) {
+        buf_free(&m7);
+        buf_reset(out);
+        *err_r = r == -2 ? "out of memory" : "invalid UTF-8 in name";
+        return r == -2 ? STORE_NOMEM : STORE_BADNAME;
+    }
+    r = imap_to_internal_ascii(s, buf_cstring(&m7), out, err_r);
+    buf_free(&m7);
+    return r;
+}
+
+/* Internal name -> client name into out: imap_to_external_ascii(), and
+ * after ENABLE UTF8=ACCEPT its modified UTF-7 as UTF-8.  A stored name
+ * that is no canonical modified UTF-7 ("AT&T", written by a client that
+ * did not encode it) is sent as it is. */
+static int imap_to_external_ascii(struct imap_session *s, const char *name,
+                                  struct buf *out);
+
+int imap_to_external(struct imap_session *s, const char *name,
+                     struct buf *out)
+{
+    struct buf u8 = BUF_INITIALIZER;
+    int r = imap_to_external_ascii(s, name, out);
+
+    if (r != STORE_OK || !s->utf8_accept || out->len == 0 ||
+        !memchr(out->s, '&', out->len))
+        return r;
+    if (utf8_from_mutf7(out->s, out->len, &u8) == 0)
+        buf_setmap(out, u8.s, u8.len);
+    buf_free(&u8);
+    return r;
+}
+
 /* Internal name -> client name into out.  STORE_OK, or STORE_BADNAME (a
  * name the session cannot see: another domain's for all but a global
  * admin). */
-int imap_to_external(struct imap_session *s, const char *name,
-                            struct buf *out)
+static int imap_to_external_ascii(struct imap_session *s, const char *name,
+                                  struct buf *out)
 {
     size_t il = s->inbox.len;
 
@@ -2371,6 +2427,8 @@ static int imap_att_needs_msg(const struct imapparse_fetch_att *a)
     case IMAPPARSE_FETCH_RFC822_HEADER:
     case IMAPPARSE_FETCH_RFC822_TEXT:
     case IMAPPARSE_FETCH_SECTION:
+    case IMAPPARSE_FETCH_BINARY:
+    case IMAPPARSE_FETCH_BINARY_SIZE:
         return 1;
     default:
         return 0;
@@ -2379,9 +2437,51 @@ static int imap_att_needs_msg(const struct imapparse_fetch_att *a)
 
 static int imap_att_sets_seen(const struct imapparse_fetch_att *a)
 {
-    return (a->kind == IMAPPARSE_FETCH_SECTION && !a->peek) ||
+    return ((a->kind == IMAPPARSE_FETCH_SECTION ||
+             a->kind == IMAPPARSE_FETCH_BINARY) && !a->peek) ||
            a->kind == IMAPPARSE_FETCH_RFC822 ||
            a->kind == IMAPPARSE_FETCH_RFC822_TEXT;
+}
+
+/* imap_fetch_att()'s answer for a BINARY item whose transfer encoding
+ * cannot be undone (RFC 3516: NO [UNKNOWN-CTE]); no STORE_* code. */
+#define IMAP_UNKNOWN_CTE (-100)
+
+/* BINARY[...]<o> and BINARY.SIZE[...] (RFC 3516) into out.  The data is
+ * a literal8 ~{n} when the bytes sent hold NUL, else a literal; NIL (size
+ * 0) for a section that does not exist. */
+static int imap_fetch_binary(const struct imapparse_fetch_att *a,
+                             const struct message *msg, struct buf *out)
+{
+    struct buf dec = BUF_INITIALIZER;
+    int exists = 0;
+    int r = message_get_binary(msg, a->parts, a->nparts, &dec, &exists);
+
+    if (r == MESSAGE_OK && a->kind == IMAPPARSE_FETCH_BINARY_SIZE) {
+        buf_printf(out, "BINARY.SIZE[%s] %zu", a->section, dec.len);
+    } else if (r == MESSAGE_OK) {
+        size_t origin = a->partial ? a->origin : 0, n = 0;
+
+        buf_printf(out, "BINARY[%s]", a->section);
+        if (a->partial)
+            buf_printf(out, "<%u>", (unsigned)a->origin);
+        if (!exists) {
+            buf_appendcstr(out, " NIL");
+        } else {
+            if (origin < dec.len) {
+                n = dec.len - origin;
+                if (a->partial && a->count < n)
+                    n = a->count;
+            }
+            if (buf_printf(out, " %s{%zu}\r\n",
+                           n && memchr(dec.s + origin, '\0', n) ? "~" : "",
+                           n) < 0 ||
+                (n && buf_append(out, dec.s + origin, n) < 0))
+                r = MESSAGE_NOMEM;
+        }
+    }
+    buf_free(&dec);
+    return r;
 }
 
 /* One FETCH item into out. */
@@ -2474,9 +2574,42 @@ static int imap_fetch_att(struct imap_session *s,
                                   a->partial ? a->origin : 0,
                                   a->partial ? a->count : SIZE_MAX, out);
         break;
+    case IMAPPARSE_FETCH_BINARY:
+    case IMAPPARSE_FETCH_BINARY_SIZE:
+        r = imap_fetch_binary(a, mf->msg, out);
+        break;
     }
     return r == MESSAGE_OK ? STORE_OK
+           : r == MESSAGE_UNKNOWN_CTE ? IMAP_UNKNOWN_CTE
            : r == MESSAGE_NOMEM ? STORE_NOMEM : STORE_BADMESSAGE;
+}
+
+/* May message uid be answered for every BINARY item of the FETCH that
+ * sets \Seen?  0 when one of them names a transfer encoding that cannot
+ * be undone (the command fails for it: its \Seen stays as it was), else
+ * 1 (also when the file cannot be read: the second phase reports it). */
+static int imap_binary_decodable(struct imap_session *s, uint32_t uid)
+{
+    const struct imapparse_fetch *f = &s->cmd.fetch;
+    struct imap_msgfile mf;
+    struct buf tmp = BUF_INITIALIZER;
+    int ok = 1;
+
+    if (imap_msgfile_open(s->sel, uid, &mf) != STORE_OK)
+        return 1;
+    for (size_t k = 0; k < f->n && ok; k++) {
+        const struct imapparse_fetch_att *a = &f->atts[k];
+
+        if (a->kind != IMAPPARSE_FETCH_BINARY || a->peek)
+            continue;
+        buf_reset(&tmp);
+        if (message_get_binary(mf.msg, a->parts, a->nparts, &tmp, NULL) ==
+            MESSAGE_UNKNOWN_CTE)
+            ok = 0;
+    }
+    buf_free(&tmp);
+    imap_msgfile_close(&mf);
+    return ok;
 }
 
 /* One message a FETCH answers for, collected under the lock. */
@@ -2497,6 +2630,7 @@ static void imap_cmd_fetch(struct imap_session *s)
     const struct imapparse_fetch *f = &s->cmd.fetch;
     int needmsg = 0, setseen = 0, wantflags = 0, wantuid = 0;
     int wantmodseq = 0, failed = 0, seenchanged = 0, r, ur;
+    int binseen = 0, unknown_cte = 0;
     struct imap_fetch_item *items = NULL;
     size_t nitems = 0;
     struct buf out = BUF_INITIALIZER;
@@ -2520,6 +2654,7 @@ static void imap_cmd_fetch(struct imap_session *s)
         wantflags |= a->kind == IMAPPARSE_FETCH_FLAGS;
         wantuid |= a->kind == IMAPPARSE_FETCH_UID;
         wantmodseq |= a->kind == IMAPPARSE_FETCH_MODSEQ;
+        binseen |= a->kind == IMAPPARSE_FETCH_BINARY && !a->peek;
     }
     if (wantmodseq || f->changedsince_set)
         s->condstore = 1;       /* CONDSTORE-enabling (RFC 7162 3.1) */
@@ -2558,7 +2693,7 @@ static void imap_cmd_fetch(struct imap_session *s)
     for (size_t i = 0; i < s->nmsgs && r == STORE_OK; i++) {
         struct imap_fetch_item *it = &items[nitems];
         uint32_t recno, idxseen;
-        int rr;
+        int rr, markseen;
 
         if (s->msgs[i].gone || !imap_in_set(s, &s->cmd.set, i))
             continue;
@@ -2574,8 +2709,10 @@ static void imap_cmd_fetch(struct imap_session *s)
         it->idx = i;
         idxseen = it->rec.flags & MAILBOX_FLAG_SEEN;
         imap_rec_seen(s, &it->rec);
-        if (setseen && s->sel_useseen &&
-            !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+        markseen = setseen && !(it->rec.flags & MAILBOX_FLAG_SEEN);
+        if (markseen && binseen && !imap_binary_decodable(s, it->rec.uid))
+            markseen = 0;
+        if (markseen && s->sel_useseen) {
             struct mailbox_record raw = it->rec;
 
             r = imap_seen_set(s, it->rec.uid, 1);
@@ -2589,7 +2726,7 @@ static void imap_cmd_fetch(struct imap_session *s)
             it->rec.flags |= MAILBOX_FLAG_SEEN;
             it->markseen = 1;
             seenchanged = 1;
-        } else if (setseen && !(it->rec.flags & MAILBOX_FLAG_SEEN)) {
+        } else if (markseen) {
             it->rec.flags |= MAILBOX_FLAG_SEEN;
             r = mailbox_rewrite_record(s->sel, recno, &it->rec);
             if (r == STORE_OK)
@@ -2634,6 +2771,14 @@ static void imap_cmd_fetch(struct imap_session *s)
                 buf_putc(&out, ' ');
             r = imap_fetch_att(s, &f->atts[k], &it->rec, &mf, &out);
         }
+        if (r == IMAP_UNKNOWN_CTE) {
+            /* RFC 3516 4.3: the command fails; this message's response
+             * is not sent */
+            unknown_cte = 1;
+            r = STORE_OK;
+            imap_msgfile_close(&mf);
+            continue;
+        }
         if (it->markseen && !wantflags) {
             buf_appendcstr(&out, " FLAGS ");
             imap_flags_text(s, &it->rec, &out);
@@ -2659,6 +2804,9 @@ static void imap_cmd_fetch(struct imap_session *s)
     s->no_expunge = !s->cmd.uid;
     if (r != STORE_OK)
         imap_store_no(s, r);
+    else if (unknown_cte)
+        imap_tagged(s, "NO", "[UNKNOWN-CTE] Cannot undo the "
+                             "Content-Transfer-Encoding of a section");
     else if (failed)
         imap_tagged(s, "NO", "[UNAVAILABLE] Some messages could not be "
                              "read");
@@ -3033,6 +3181,15 @@ static void imap_cmd_search(struct imap_session *s)
     size_t i;
     int r;
 
+    /* RFC 6855 3: after ENABLE UTF8=ACCEPT strings are UTF-8, and a
+     * CHARSET is a conflicting label */
+    if (s->utf8_accept && c->charset_set) {
+        imap_search_refused(s);
+        imap_tagged(s, "BAD", "SEARCH takes no CHARSET after ENABLE "
+                              "UTF8=ACCEPT");
+        return;
+    }
+
     memset(&res, 0, sizeof(res));
     uids = malloc((s->nmsgs ? s->nmsgs : 1) * sizeof(*uids));
     if (!uids) {
@@ -3045,7 +3202,7 @@ static void imap_cmd_search(struct imap_session *s)
     sp.mb = s->sel;
     sp.uids = uids;
     sp.nmsgs = (uint32_t)s->nmsgs;
-    sp.utf8 = c->utf8;
+    sp.utf8 = c->utf8 || s->utf8_accept;
     sp.return_uids = c->uid;
     sp.rock = s;
     sp.recent = imap_search_recent;
@@ -3255,9 +3412,18 @@ static void imap_cmd_enable(struct imap_session *s)
             s->condstore = 1;
             enabled |= 1;
         }
+        /* RFC 6855 3: in the authenticated state only; in the selected
+         * state it is not enabled (and not reported) */
+        if (strcasecmp(s->cmd.words.s[i], "UTF8=ACCEPT") == 0 &&
+            !s->utf8_accept && s->state == IMAP_AUTH) {
+            s->utf8_accept = 1;
+            enabled |= 4;
+        }
     }
-    prot_printf(s->p, "* ENABLED%s%s\r\n", (enabled & 1) ? " CONDSTORE" : "",
-                (enabled & 2) ? " QRESYNC" : "");
+    prot_printf(s->p, "* ENABLED%s%s%s\r\n",
+                (enabled & 1) ? " CONDSTORE" : "",
+                (enabled & 2) ? " QRESYNC" : "",
+                (enabled & 4) ? " UTF8=ACCEPT" : "");
     imap_tagged(s, "OK", "ENABLE completed");
 }
 
@@ -3937,6 +4103,33 @@ static int imap_continue(void *rock, struct prot *p, size_t size, int append,
     return 0;
 }
 
+/* After ENABLE UTF8=ACCEPT: is every quoted string of the command
+ * well-formed UTF-8 (RFC 6855 3: the server rejects one that is not)?
+ * APPEND is not checked here: its message literal follows (its mailbox
+ * name is checked when it is turned into the internal name). */
+static int imap_quoted_utf8_ok(const struct imap_session *s)
+{
+    const struct imapparse_cmd *c = &s->cmd;
+
+    if (!s->utf8_accept || c->id == IMAPPARSE_CMD_APPEND)
+        return 1;
+    for (size_t k = 0; k < c->ntokens; k++) {
+        const struct imapparse_token *t = &c->tokens[k];
+        const unsigned char *q = (const unsigned char *)c->text.s + t->off;
+        size_t i = 0, n;
+        uint32_t cp;
+
+        if (t->type != IMAPPARSE_TOK_QUOTED)
+            continue;
+        while (i < t->len) {
+            if (utf8_decode(q + i, t->len - i, &cp, &n) < 0)
+                return 0;
+            i += n;
+        }
+    }
+    return 1;
+}
+
 static void imap_command(struct imap_session *s)
 {
     struct imapparse_cmd *c = &s->cmd;
@@ -3945,6 +4138,11 @@ static void imap_command(struct imap_session *s)
     /* ACL changes reach the selected mailbox before any command */
     if (s->state == IMAP_SELECTED && imap_sel_rights_refresh(s))
         return;
+    if (!imap_quoted_utf8_ok(s)) {
+        imap_search_refused(s);
+        imap_tagged(s, "BAD", "Invalid UTF-8 in a quoted string");
+        return;
+    }
     /* any state */
     switch (c->id) {
     case IMAPPARSE_CMD_CAPABILITY:
@@ -4217,8 +4415,12 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         case IMAPPARSE_BADCHARSET:
             s.ncommands++;
             imap_search_refused(&s);
-            imap_tagged(&s, "NO", "[BADCHARSET (US-ASCII UTF-8)] %s",
-                        s.cmd.error);
+            if (s.utf8_accept && s.cmd.id == IMAPPARSE_CMD_SEARCH)
+                imap_tagged(&s, "BAD", "SEARCH takes no CHARSET after "
+                                       "ENABLE UTF8=ACCEPT");
+            else
+                imap_tagged(&s, "NO", "[BADCHARSET (US-ASCII UTF-8)] %s",
+                            s.cmd.error);
             break;
         case IMAPPARSE_TIMEOUT:
             prot_puts(p, "* BYE Autologout; idle for too long\r\n");

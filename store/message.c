@@ -1457,3 +1457,198 @@ int message_write_section(const struct message *msg,
     buf_free(&tmp);
     return r;
 }
+
+/* ---- BINARY (RFC 3516): transfer decoding ---- */
+
+static int b64_value(int c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if (c == '+')
+        return 62;
+    if (c == '/')
+        return 63;
+    return -1;
+}
+
+int message_decode_base64(const char *s, size_t len, struct buf *out)
+{
+    uint32_t acc = 0;
+    int bits = 0;
+    size_t i;
+
+    for (i = 0; i < len; i++) {
+        int v;
+
+        if (s[i] == '=')
+            break;
+        v = b64_value((unsigned char)s[i]);
+        if (v < 0)
+            continue;
+        acc = ((acc << 6) | (uint32_t)v) & 0xffffff;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (buf_putc(out, (int)((acc >> bits) & 0xff)) < 0)
+                return MESSAGE_NOMEM;
+        }
+    }
+    return MESSAGE_OK;
+}
+
+static int hex_value(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+int message_decode_qp(const char *s, size_t len, struct buf *out)
+{
+    size_t i = 0, keep = out->len;   /* bytes before keep are not padding */
+
+    while (i < len) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c == '=') {
+            size_t j = i + 1;
+
+            if (i + 2 < len && hex_value((unsigned char)s[i + 1]) >= 0
+                && hex_value((unsigned char)s[i + 2]) >= 0) {
+                if (buf_putc(out, hex_value((unsigned char)s[i + 1]) * 16
+                                  + hex_value((unsigned char)s[i + 2])) < 0)
+                    return MESSAGE_NOMEM;
+                keep = out->len;
+                i += 3;
+                continue;
+            }
+            /* a soft line break: '=', transport padding, the line end */
+            while (j < len && (s[j] == ' ' || s[j] == '\t'))
+                j++;
+            if (j + 1 < len && s[j] == '\r' && s[j + 1] == '\n') {
+                i = j + 2;
+                keep = out->len;
+                continue;
+            }
+            if (j < len && s[j] == '\n') {
+                i = j + 1;
+                keep = out->len;
+                continue;
+            }
+            if (j == len) {
+                i = j;
+                continue;
+            }
+            /* a malformed '=' stays as it is */
+        } else if (c == '\n' || (c == '\r' && i + 1 < len
+                                 && s[i + 1] == '\n')) {
+            /* a hard line break: white space before it was added in
+             * transport (RFC 2045 6.7 rule 3) */
+            while (out->len > keep && (out->s[out->len - 1] == ' '
+                                       || out->s[out->len - 1] == '\t'))
+                out->len--;
+            if (c == '\r') {
+                if (buf_append(out, "\r\n", 2) < 0)
+                    return MESSAGE_NOMEM;
+                i += 2;
+            } else {
+                if (buf_putc(out, '\n') < 0)
+                    return MESSAGE_NOMEM;
+                i++;
+            }
+            keep = out->len;
+            continue;
+        }
+        if (buf_putc(out, c) < 0)
+            return MESSAGE_NOMEM;
+        i++;
+    }
+    while (out->len > keep && (out->s[out->len - 1] == ' '
+                               || out->s[out->len - 1] == '\t'))
+        out->len--;
+    return MESSAGE_OK;
+}
+
+/* The Content-Transfer-Encoding of a part: 0 identity (absent, 7bit,
+ * 8bit, binary), 1 base64, 2 quoted-printable, -1 unknown, -2 out of
+ * memory. */
+static int part_cte(const struct message *msg, const struct part *part)
+{
+    struct buf v = BUF_INITIALIZER;
+    struct cursor c;
+    const char *t = NULL;
+    size_t n = 0;
+    int r = header_get(msg->base + part->hdr_off, part->hdr_len,
+                       "Content-Transfer-Encoding", &v);
+
+    if (r < 0) {
+        buf_free(&v);
+        return -2;
+    }
+    if (r > 0) {
+        /* as BODYSTRUCTURE shows it: the first token, 7BIT when none */
+        c.p = v.s;
+        c.end = v.s + v.len;
+        n = token_get(&c, &t);
+    }
+    if (n == 0 || name_eq(t, n, "7bit") || name_eq(t, n, "8bit")
+        || name_eq(t, n, "binary"))
+        r = 0;
+    else if (name_eq(t, n, "base64"))
+        r = 1;
+    else if (name_eq(t, n, "quoted-printable"))
+        r = 2;
+    else
+        r = -1;
+    buf_free(&v);
+    return r;
+}
+
+int message_get_binary(const struct message *msg, const uint32_t *part,
+                       size_t npart, struct buf *out, int *exists_r)
+{
+    const struct part *node;
+    const char *body;
+    int cte;
+
+    if (exists_r)
+        *exists_r = 0;
+    if (msg == NULL || out == NULL || (npart > 0 && part == NULL))
+        return MESSAGE_BADARG;
+    if (npart == 0) {
+        /* the whole message: a message has no transfer encoding of its
+         * own, it is sent as stored */
+        if (exists_r)
+            *exists_r = 1;
+        return buf_append(out, msg->base, msg->len) < 0 ? MESSAGE_NOMEM
+                                                       : MESSAGE_OK;
+    }
+    node = section_resolve(msg, part, npart);
+    if (node == NULL)
+        return MESSAGE_OK;
+    if (exists_r)
+        *exists_r = 1;
+    cte = part_cte(msg, node);
+    if (cte == -2)
+        return MESSAGE_NOMEM;
+    /* a multipart or message/rfc822 part may only have an identity
+     * encoding (RFC 2045 6.4): it is sent as stored, the parts inside
+     * it are not decoded */
+    if (cte < 0 || ((node->multipart || node->encap) && cte != 0))
+        return MESSAGE_UNKNOWN_CTE;
+    body = msg->base + node->body_off;
+    if (cte == 1)
+        return message_decode_base64(body, node->body_len, out);
+    if (cte == 2)
+        return message_decode_qp(body, node->body_len, out);
+    return buf_append(out, body, node->body_len) < 0 ? MESSAGE_NOMEM
+                                                     : MESSAGE_OK;
+}

@@ -10,6 +10,8 @@
  *   BODY / BODYSTRUCTURE message_write_body(), extended = 0 / 1
  *   BODY[section]<o.n>   message_write_section() (a literal), or
  *                        message_get_section() for the raw bytes
+ *   BINARY[section]      message_get_binary() (RFC 3516: the section with
+ *                        its Content-Transfer-Encoding undone)
  *   RFC822.SIZE          message_size()
  *
  * The parser never fails on malformed input: it degrades the way Cyrus and
@@ -61,6 +63,8 @@
 #define MESSAGE_BADARG  (-2)   /* a section or argument that cannot be
                                 * honoured (NULL pointers, a field list
                                 * without HEADER.FIELDS, ...) */
+#define MESSAGE_UNKNOWN_CTE (-3)  /* message_get_binary(): a transfer
+                                * encoding it cannot undo */
 
 struct message;   /* a parsed message: opaque */
 
@@ -156,6 +160,36 @@ int message_get_section(const struct message *msg,
 int message_write_section(const struct message *msg,
                           const struct message_section *sec,
                           size_t origin, size_t count, struct buf *out);
+
+/* BINARY[part] (RFC 3516): append the content of the section the part
+ * numbers name (as message_get_section() with MESSAGE_SECTION_CONTENT)
+ * with its Content-Transfer-Encoding undone.  The encoding is read from
+ * the part's MIME header as BODYSTRUCTURE shows it: absent, empty,
+ * "7bit", "8bit" and "binary" send the bytes as stored; "base64" and
+ * "quoted-printable" (any case) are decoded (message_decode_base64(),
+ * message_decode_qp()); anything else is MESSAGE_UNKNOWN_CTE with
+ * nothing appended.  A multipart or message/rfc822 part may only have
+ * an identity encoding (RFC 2045 6.4): it is sent as stored (the parts
+ * inside are not decoded), and another encoding on it is
+ * MESSAGE_UNKNOWN_CTE.  npart == 0 (BINARY[]) is the whole message as
+ * stored: a message has no transfer encoding of its own.  *exists_r (may
+ * be NULL) is 1 when the section exists, 0 when it does not (nothing
+ * appended, MESSAGE_OK: IMAP answers NIL).  Returns MESSAGE_OK,
+ * MESSAGE_UNKNOWN_CTE, MESSAGE_NOMEM, or MESSAGE_BADARG (NULL msg or
+ * out, part NULL with npart > 0). */
+int message_get_binary(const struct message *msg, const uint32_t *part,
+                       size_t npart, struct buf *out, int *exists_r);
+
+/* Transfer decoding (RFC 2045 6.7 and 6.8), appending to out.  Base64:
+ * bytes outside the alphabet (line breaks) are skipped, '=' ends the
+ * data, a trailing partial quantum is dropped.  Quoted-printable: "=XX"
+ * (either case) is the byte, "=" before the line end (after optional
+ * white space) is a soft line break, white space before a hard line
+ * end is dropped (transport padding, rule 3), a malformed "=" is kept
+ * as it is; line ends (CRLF or LF) are kept as they are.  MESSAGE_OK or
+ * MESSAGE_NOMEM. */
+int message_decode_base64(const char *s, size_t len, struct buf *out);
+int message_decode_qp(const char *s, size_t len, struct buf *out);
 
 /* Append `len` bytes as an IMAP string (quoted, or a literal when needed,
  * see above); data NULL writes NIL.  MESSAGE_OK or MESSAGE_NOMEM. */

@@ -8,8 +8,10 @@ QUOTA, QUOTAROOT), ESEARCH (RFC 4731, also as ESORT's answer, RFC 5267),
 SORT and THREAD (RFC 5256), QRESYNC (RFC 7162: VANISHED,
 VANISHED (EARLIER)), LIST-EXTENDED (RFC 5258: mbox-list-extended
 items such as CHILDINFO after the name), LIST-STATUS (RFC 5819, STATUS
-lines) and STATUS=SIZE (RFC 8438, a 63-bit number), and the RFC 5530
-response codes (any atom code with optional text is grammatical).  As in
+lines), STATUS=SIZE (RFC 8438, a 63-bit number), BINARY (RFC 3516:
+FETCH BINARY[...]<n> as nstring or literal8 ~{n}, BINARY.SIZE[...]), UTF-8
+in quoted strings only when the caller says UTF8=ACCEPT (RFC 6855) is
+enabled (validate(data, utf8=True)), and the RFC 5530 response codes (any atom code with optional text is grammatical).  As in
 RFC 9051 the human-readable text after a status or continuation may be
 empty.
 
@@ -41,9 +43,10 @@ def _astring_char(c):
 
 
 class Parser:
-    def __init__(self, data):
+    def __init__(self, data, utf8=False):
         self.d = data
         self.i = 0
+        self.utf8 = utf8
 
     # -- primitives ---------------------------------------------------
     def fail(self, why):
@@ -108,6 +111,11 @@ class Parser:
             c = self.d[self.i]
             if c == 0x22:
                 self.i += 1
+                if self.utf8:
+                    try:
+                        bytes(out).decode("utf-8")
+                    except UnicodeDecodeError:
+                        self.fail("invalid UTF-8 in quoted string")
                 return bytes(out)
             if c == 0x5c:
                 n = self.d[self.i + 1:self.i + 2]
@@ -116,7 +124,7 @@ class Parser:
                 out += n
                 self.i += 2
                 continue
-            if c in (0x0d, 0x0a) or c == 0 or c > 0x7f:
+            if c in (0x0d, 0x0a) or c == 0 or (c > 0x7f and not self.utf8):
                 self.fail("bad character in quoted string")
             out.append(c)
             self.i += 1
@@ -130,6 +138,16 @@ class Parser:
         data = self.d[self.i:self.i + n]
         if b"\0" in data:
             self.fail("NUL in literal")
+        self.i += n
+        return data
+
+    def literal8(self):
+        self.lit(b"~{")
+        n = self.number(maximum=MAX63)
+        self.lit(b"}\r\n", ci=False)
+        if self.i + n > len(self.d):
+            self.fail("literal8 of %d octets runs past the response" % n)
+        data = self.d[self.i:self.i + n]
         self.i += n
         return data
 
@@ -591,6 +609,20 @@ class Parser:
             else:
                 self.sp()
                 self.body()
+        elif name == b"BINARY":
+            self.section_binary()
+            if self.opt(b"<"):
+                self.number()
+                self.lit(b">")
+            self.sp()
+            if self.peek() == b"~":
+                self.literal8()
+            else:
+                self.nstring()
+        elif name == b"BINARY.SIZE":
+            self.section_binary()
+            self.sp()
+            self.number()
         elif name == b"UID":
             self.sp()
             self.number(nz=True)
@@ -602,6 +634,15 @@ class Parser:
         else:
             self.i -= len(name)
             self.fail("unknown FETCH item %r" % name)
+
+    def section_binary(self):
+        self.lit(b"[")
+        if self.opt(b"]"):
+            return
+        self.number(nz=True)
+        while self.opt(b"."):
+            self.number(nz=True)
+        self.lit(b"]")
 
     def section(self):
         self.lit(b"[")
@@ -777,12 +818,12 @@ class Parser:
         self.plist(pair, allow_empty=False)
 
 
-def validate(data):
+def validate(data, utf8=False):
     """None if data (one response, literals inlined) is grammatical, else
-    why not."""
+    why not.  utf8: UTF8=ACCEPT is enabled (UTF-8 in quoted strings)."""
     if isinstance(data, str):
         data = data.encode()
-    p = Parser(data)
+    p = Parser(data, utf8)
     try:
         p.response()
         p.end()
@@ -791,14 +832,14 @@ def validate(data):
     return None
 
 
-def validate_greeting(data):
+def validate_greeting(data, utf8=False):
     """The greeting: "*" SP (resp-cond-auth / resp-cond-bye)."""
     if isinstance(data, str):
         data = data.encode()
     if not (data[:5].upper() in (b"* OK ", b"* BYE")
             or data[:10].upper() == b"* PREAUTH "):
         return "greeting must be * OK, * PREAUTH or * BYE: %r" % data[:40]
-    return validate(data)
+    return validate(data, utf8)
 
 
 class Assembler:
@@ -904,6 +945,9 @@ SELFTEST_GOOD = [
     b"a1 OK [CLOSED] Closed",
     b"* VANISHED (EARLIER) 41,43:116,118,120:211,214:540",
     b"* VANISHED 405,407,410,425",
+    b'* 1 FETCH (BINARY[1] ~{3}\r\na\0b BINARY.SIZE[1] 3 UID 1)',
+    b'* 1 FETCH (BINARY[1.2]<0> {2}\r\nab BINARY[] NIL BINARY[3] "")',
+    b"a1 NO [UNKNOWN-CTE] Cannot decode",
 ]
 SELFTEST_BAD = [
     b'* 12 FETCH (FLAGS (\\Seen) UID 7',
@@ -944,6 +988,10 @@ SELFTEST_BAD = [
     b"* VANISHED (LATER) 1",
     b"* VANISHED 1:*",
     b"* VANISHED 0",
+    b'* 1 FETCH (BINARY[1] {3}\r\na\0b)',
+    b'* 1 FETCH (BINARY[1.TEXT] "")',
+    b'* 1 FETCH (BINARY.SIZE[1]<0> 3)',
+    b'* LIST () "." "Entw\xc3\xbcrfe"',
 ]
 
 
@@ -956,6 +1004,10 @@ def selftest():
     for r in SELFTEST_BAD:
         if validate(r) is None:
             raise AssertionError("invalid response accepted: %r" % r)
+    if validate(b'* LIST () "." "Entw\xc3\xbcrfe"', utf8=True) is not None:
+        raise AssertionError("UTF-8 quoted string refused with utf8")
+    if validate(b'* LIST () "." "Entw\xfcrfe"', utf8=True) is None:
+        raise AssertionError("invalid UTF-8 accepted")
     a = Assembler()
     got = [a.feed(x) for x in (b"* 1 FETCH (BODY[] {7}", b"ab", b"c) UID 1)")]
     if got != [None, None, b"* 1 FETCH (BODY[] {7}\r\nab\r\nc) UID 1)"]:

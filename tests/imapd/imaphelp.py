@@ -117,10 +117,12 @@ class _GrammarTee:
                 self._gcur += b"\r\n"
                 continue
             resp, self._gcur = self._gcur, b""
+            # grammar_utf8: the test enabled UTF8=ACCEPT (RFC 6855)
+            utf8 = getattr(self, "grammar_utf8", False)
             if self._ggreeted:
-                why = validate(resp)
+                why = validate(resp, utf8)
             else:
-                why = validate_greeting(resp)
+                why = validate_greeting(resp, utf8)
                 self._ggreeted = True
             self.responses_checked += 1
             check(why is None, "imaplib: response violates the IMAP "
@@ -161,12 +163,13 @@ class Raw:
         self.buf = b""
         self.asm = Assembler()
         self.greeted = False
+        self.utf8 = False       # set after ENABLE UTF8=ACCEPT (RFC 6855)
 
     def _check(self, resp):
         if self.greeted:
-            why = validate(resp)
+            why = validate(resp, self.utf8)
         else:
-            why = validate_greeting(resp)
+            why = validate_greeting(resp, self.utf8)
             self.greeted = True
         check(why is None, "response violates the IMAP grammar: %s\n"
               "response: %r" % (why, resp))

@@ -668,6 +668,85 @@ static void test_limits(void **state)
     buf_free(&text);
 }
 
+/* ---- BINARY (RFC 3516) ---- */
+
+static void check_binary(const struct message *m, const char *nums,
+                         int want_r, int want_exists, const char *want,
+                         size_t want_len)
+{
+    uint32_t part[16];
+    size_t n = 0;
+    int exists = -1;
+    struct buf out = BUF_INITIALIZER;
+    const char *p = nums;
+
+    while (*p) {
+        part[n++] = (uint32_t)strtoul(p, (char **)&p, 10);
+        if (*p == '.')
+            p++;
+    }
+    buf_setcstr(&out, "X");             /* output is appended */
+    assert_int_equal(message_get_binary(m, part, n, &out, &exists), want_r);
+    assert_int_equal(exists, want_exists);
+    assert_int_equal(out.len, 1 + want_len);
+    assert_memory_equal(out.s + 1, want, want_len);
+    buf_free(&out);
+}
+
+static void test_binary(void **state)
+{
+    static const char msg[] =
+        "From: a@b\r\nMIME-Version: 1.0\r\n"
+        "Content-Type: multipart/mixed; boundary=\"x\"\r\n\r\n"
+        "--x\r\nContent-Transfer-Encoding: Base64 (comment)\r\n\r\n"
+        "AAEC\r\n/w==\r\n"
+        "--x\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\n"
+        "a=3Db  \r\nc=\r\nd =20\t\r\n=4x=\r\n"
+        "--x\r\nContent-Transfer-Encoding: x-gzip\r\n\r\nzz\r\n"
+        "--x\r\nContent-Type: message/rfc822\r\n"
+        "Content-Transfer-Encoding: base64\r\n\r\nSubject: s\r\n\r\nb\r\n"
+        "--x\r\nContent-Type: message/rfc822\r\n"
+        "Content-Transfer-Encoding: 8BIT\r\n\r\nSubject: t\r\n\r\nbody\r\n"
+        "--x\r\nContent-Transfer-Encoding:\r\n\r\nplain\r\n"
+        "--x--\r\n";
+    struct message *m = parse(msg);
+    struct buf out = BUF_INITIALIZER;
+    (void)state;
+
+    check_binary(m, "1", MESSAGE_OK, 1, "\0\1\2\377", 4);
+    check_binary(m, "2", MESSAGE_OK, 1, "a=b\r\ncd  \r\n=4x", 14);
+    check_binary(m, "3", MESSAGE_UNKNOWN_CTE, 1, "", 0);
+    /* a message/rfc822 part: only identity encodings */
+    check_binary(m, "4", MESSAGE_UNKNOWN_CTE, 1, "", 0);
+    check_binary(m, "5", MESSAGE_OK, 1, "Subject: t\r\n\r\nbody", 18);
+    check_binary(m, "5.1", MESSAGE_OK, 1, "body", 4);
+    check_binary(m, "6", MESSAGE_OK, 1, "plain", 5);
+    check_binary(m, "7", MESSAGE_OK, 0, "", 0);
+    check_binary(m, "1.1", MESSAGE_OK, 0, "", 0);
+    check_binary(m, "", MESSAGE_OK, 1, msg, sizeof(msg) - 1);
+    assert_int_equal(message_get_binary(NULL, NULL, 0, &out, NULL),
+                     MESSAGE_BADARG);
+    assert_int_equal(message_get_binary(m, NULL, 1, &out, NULL),
+                     MESSAGE_BADARG);
+    message_free(&m);
+
+    /* the decoders on their own: base64 skips what is not in the
+     * alphabet and stops at '='; a quantum cut short is dropped */
+    assert_int_equal(message_decode_base64("Zm9v\nYm Fy!YQ", 14, &out),
+                     MESSAGE_OK);
+    assert_int_equal(out.len, 7);
+    assert_memory_equal(out.s, "foobara", 7);
+    buf_reset(&out);
+    assert_int_equal(message_decode_qp("x=\n=41 \ny=", 10, &out), MESSAGE_OK);
+    assert_int_equal(out.len, 4);
+    assert_memory_equal(out.s, "xA\ny", 4);
+    buf_reset(&out);
+    assert_int_equal(message_decode_qp("t =\r\n  ", 7, &out), MESSAGE_OK);
+    assert_int_equal(out.len, 2);
+    assert_memory_equal(out.s, "t ", 2);
+    buf_free(&out);
+}
+
 /* ---- fuzz-ish: truncations and mutations ---- */
 
 static void exercise(const char *data, size_t len)
@@ -697,6 +776,14 @@ static void exercise(const char *data, size_t len)
     assert_memory_equal(out.s ? out.s : "", copy, len);
     assert_true(message_header_size(m) <= len);
     assert_true(message_part_count(m) >= 1);
+    for (p = 0; p < sizeof(paths) / sizeof(paths[0]); p++) {
+        int r;
+
+        buf_reset(&out);
+        r = message_get_binary(m, paths[p], paths[p][2] ? 3
+                               : paths[p][1] ? 2 : 1, &out, NULL);
+        assert_true(r == MESSAGE_OK || r == MESSAGE_UNKNOWN_CTE);
+    }
     for (p = 0; p <= sizeof(paths) / sizeof(paths[0]); p++) {
         for (k = MESSAGE_SECTION_CONTENT; k <= MESSAGE_SECTION_MIME; k++) {
             memset(&sec, 0, sizeof(sec));
@@ -799,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_digest),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_binary),
         cmocka_unit_test(test_fuzz),
     };
     return cmocka_run_group_tests_name("message", tests, NULL, NULL);

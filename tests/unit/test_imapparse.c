@@ -434,6 +434,67 @@ static void test_dates(void **state)
 
 /* ---- FETCH --------------------------------------------------------- */
 
+/* BINARY[...]<o.n>, BINARY.PEEK[...], BINARY.SIZE[...] (RFC 3516) */
+static void test_fetch_binary(void **state)
+{
+    struct fx *fx = *state;
+    const struct imapparse_fetch_att *a;
+
+    csend(fx, "a FETCH 1 (BINARY[1.2] binary.peek[]<0.10> BINARY.SIZE[3] "
+              "BINARY[4]<7.1>)\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.fetch.n, 4);
+    a = fx->cmd.fetch.atts;
+    assert_int_equal(a[0].kind, IMAPPARSE_FETCH_BINARY);
+    assert_int_equal(a[0].peek, 0);
+    assert_int_equal(a[0].nparts, 2);
+    assert_int_equal(a[0].parts[1], 2);
+    assert_string_equal(a[0].section, "1.2");
+    assert_int_equal(a[0].partial, 0);
+    assert_int_equal(a[1].kind, IMAPPARSE_FETCH_BINARY);
+    assert_int_equal(a[1].peek, 1);
+    assert_int_equal(a[1].nparts, 0);
+    assert_string_equal(a[1].section, "");
+    assert_int_equal(a[1].partial, 1);
+    assert_int_equal(a[1].origin, 0);
+    assert_int_equal(a[1].count, 10);
+    assert_int_equal(a[2].kind, IMAPPARSE_FETCH_BINARY_SIZE);
+    assert_int_equal(a[2].peek, 0);
+    assert_string_equal(a[2].section, "3");
+    assert_int_equal(a[3].origin, 7);
+    assert_int_equal(a[3].count, 1);
+
+    expect_bad(fx, "b FETCH 1 (BINARY[1.TEXT])\r\n", IMAPPARSE_BAD, "b",
+               "part numbers only");
+    expect_bad(fx, "b FETCH 1 (BINARY[HEADER])\r\n", IMAPPARSE_BAD, "b",
+               "part numbers only");
+    expect_bad(fx, "b FETCH 1 (BINARY[1.MIME])\r\n", IMAPPARSE_BAD, "b",
+               "part numbers only");
+    expect_bad(fx, "b FETCH 1 (BINARY[0])\r\n", IMAPPARSE_BAD, "b",
+               "part number");
+    expect_bad(fx, "b FETCH 1 (BINARY[1.])\r\n", IMAPPARSE_BAD, "b",
+               "Invalid section");
+    expect_bad(fx, "b FETCH 1 (BINARY[1)\r\n", IMAPPARSE_BAD, "b", "']'");
+    expect_bad(fx, "b FETCH 1 (BINARY.SIZE[1]<0.5>)\r\n", IMAPPARSE_BAD, "b",
+               "no partial");
+    expect_bad(fx, "b FETCH 1 (BINARY[1]<5>)\r\n", IMAPPARSE_BAD, "b",
+               "partial");
+    expect_bad(fx, "b FETCH 1 (BINARY[1]<0.0>)\r\n", IMAPPARSE_BAD, "b",
+               "partial");
+    expect_bad(fx, "b FETCH 1 (BINARY.PEEK)\r\n", IMAPPARSE_BAD, "b",
+               "Invalid fetch attribute");
+
+    /* SEARCH CHARSET is recorded (RFC 6855 refuses it once UTF8=ACCEPT
+     * is enabled) */
+    csend(fx, "c SEARCH CHARSET UTF-8 ALL\r\nd SEARCH ALL\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.charset_set, 1);
+    assert_int_equal(fx->cmd.utf8, 1);
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.charset_set, 0);
+}
+
+
 static void test_fetch(void **state)
 {
     struct fx *fx = *state;
@@ -1311,6 +1372,7 @@ int main(void)
         cmocka_unit_test(test_seqset),
         cmocka_unit_test(test_dates),
         cmocka_unit_test_setup_teardown(test_fetch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fetch_binary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store, setup, teardown),
         cmocka_unit_test_setup_teardown(test_search, setup, teardown),
         cmocka_unit_test_setup_teardown(test_misc_commands, setup, teardown),
