@@ -3,8 +3,10 @@
  * struct prot (RFC 3501 section 9 grammar, with LITERAL+ (RFC 7888),
  * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, ACL, QUOTA,
  * LIST-EXTENDED (RFC 5258), LIST-STATUS (RFC 5819), CREATE-SPECIAL-USE
- * (RFC 6154), STATUS=SIZE (RFC 8438)) and turns its arguments into the
- * structures below, ready for imapd to execute.
+ * (RFC 6154), STATUS=SIZE (RFC 8438), MULTIAPPEND (RFC 3502), CATENATE
+ * (RFC 4469), APPEND's literal8 (RFC 3516) and UTF8 data (RFC 6855)) and
+ * turns its arguments into the structures below, ready for imapd to
+ * execute.
  *
  * Use:
  *

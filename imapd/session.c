@@ -30,7 +30,8 @@
  *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
  *                  (APPENDLIMIT: maxmessagesize, NO [TOOBIG] before
- *                  the data)
+ *                  the data; MULTIAPPEND and CATENATE in one append
+ *                  transaction; literal8 and UTF8 (...) data)
  * Outside the selected state the selected-state commands answer "BAD No
  * mailbox selected".
  *
@@ -49,7 +50,9 @@
  * mailbox_unlock()); responses are built in memory and written after the
  * lock is released, so a client slow to read holds no lock.  APPEND,
  * COPY and MOVE put messages in through store/append.h (staging file,
- * append_add(), one append_commit()), like lmtpd.
+ * append_add(), one append_commit()), like lmtpd; an APPEND's messages
+ * are staged while the client sends and reserved only at the end of the
+ * command, so no lock is held across client reads either.
  *
  * \Seen is per user (store/seen.h; Cyrus's non-shared-seen mailboxes):
  * SELECT/EXAMINE read the user's record of the mailbox (keyed by its
@@ -3542,6 +3545,10 @@ static int imap_keywords_undefined(struct mailbox *mb,
  * a bad URL, a client that goes away mid-command), none.  No lock is held
  * while the client sends. */
 
+/* Messages in one APPEND: each holds a staging file open until the
+ * commit. */
+#define IMAP_APPEND_MAX_MESSAGES 200
+
 /* One message of an APPEND, staged. */
 struct imap_appendmsg {
     struct append_stage *st;
@@ -3625,6 +3632,9 @@ static void imap_app_begin(struct imap_session *s, struct imap_append *a)
     if (ap->utf8 && !s->utf8_accept)
         imap_app_fail(a, "BAD", "UTF8 message data needs ENABLE "
                                 "UTF8=ACCEPT");
+    if (!a->failed && a->n >= IMAP_APPEND_MAX_MESSAGES)
+        imap_app_fail(a, "NO", "[LIMIT] Too many messages in one APPEND "
+                               "(limit %d)", IMAP_APPEND_MAX_MESSAGES);
     if (a->failed)
         return;
     if (a->n == a->alloc) {
@@ -4303,6 +4313,11 @@ static int imap_continue(void *rock, struct prot *p, size_t size, int append,
             size > a->limit - a->cursize)
             imap_app_fail(a, "NO", "[TOOBIG] Message too large (limit %zu "
                                    "bytes)", a->limit);
+        if (!a->failed &&
+            s->cmd.append.event == IMAPPARSE_APPEND_MESSAGE &&
+            a->n >= IMAP_APPEND_MAX_MESSAGES)
+            imap_app_fail(a, "NO", "[LIMIT] Too many messages in one APPEND "
+                                   "(limit %d)", IMAP_APPEND_MAX_MESSAGES);
         if (!a->failed && s->cmd.append.utf8 && !s->utf8_accept)
             imap_app_fail(a, "BAD", "UTF8 message data needs ENABLE "
                                     "UTF8=ACCEPT");

@@ -203,7 +203,8 @@ def test_multiappend_toobig_second():
 def test_multiappend_quota_and_keywords():
     """Each message alone fits the quota, the three together do not: NO
     [OVERQUOTA] and none stored; a batch whose second message brings the
-    129th keyword: NO [LIMIT] and none stored."""
+    129th keyword: NO [LIMIT] and none stored; 201 messages in one APPEND:
+    NO [LIMIT] and none stored."""
     i = inst()
     i.create("user.alice.MQ")
     i.quota("user.alice.MQ", 100000, 2)
@@ -225,6 +226,15 @@ def test_multiappend_quota_and_keywords():
         ok(c.cmd("n2", "NOOP"), "n2")
     check(count(i, "INBOX.MK") == 0, "messages stored over the keyword "
           "limit")
+    # more messages than one APPEND takes (200): NO [LIMIT], none stored
+    with session(i) as c:
+        c.send(b"k2 APPEND INBOX.MK" + b"".join(
+            b" {%d+}\r\n" % len(m[0]) + m[0] for _ in range(201)) + b"\r\n")
+        r = c.until_tagged("k2")
+        check(r[-1].startswith(b"k2 NO [LIMIT]"), "201 messages: %r" % r)
+        ok(c.cmd("n3", "NOOP"), "n3")
+    check(count(i, "INBOX.MK") == 0, "messages of a batch over the "
+          "message limit stored")
     no_stage_files(i)
 
 
