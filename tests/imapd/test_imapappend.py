@@ -176,8 +176,9 @@ def test_multiappend_three():
 def test_multiappend_toobig_second():
     """The second message over APPENDLIMIT: a synchronizing literal is
     refused with NO [TOOBIG] before its data (no "+"), a LITERAL+ one
-    after its data is dropped; either way the first message is not
-    stored (checked from a second session) and the session goes on."""
+    after its data is dropped; a malformed second message is BAD; in
+    every case the first message is not stored (checked from a second
+    session) and the session goes on."""
     i = inst()
     i.create("user.alice.MB")
     m1 = message(1)
@@ -197,6 +198,14 @@ def test_multiappend_toobig_second():
               "nonsync over: %r" % r)
         ok(c.cmd("n2", "NOOP"), "n2")
     check(count(i, "INBOX.MB") == 0, "first message stored (nonsync)")
+    # a malformed second message: BAD, the first not stored either
+    with session(i) as c:
+        c.send(b"b3 APPEND INBOX.MB {%d+}\r\n" % len(m1) + m1
+               + b" (\\Seen junk {%d+}\r\n" % len(m1) + m1 + b"\r\n")
+        r = c.until_tagged("b3")
+        check(len(r) == 1 and r[0].startswith(b"b3 BAD "), "junk: %r" % r)
+        ok(c.cmd("n3", "NOOP"), "n3")
+    check(count(i, "INBOX.MB") == 0, "first message stored (junk)")
     no_stage_files(i)
 
 
