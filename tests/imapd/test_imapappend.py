@@ -7,7 +7,9 @@ literal; CATENATE (RFC 4469) of TEXT literals and IMAP URLs (RFC 5092) of
 parts of messages the user can read, with BADURL and TOOBIG; the APPEND
 side of BINARY (RFC 3516): a literal8 ~{n} carrying a NUL, and a NUL in
 a plain literal refused; UTF8 (~{n}) (RFC 6855) refused without ENABLE
-UTF8=ACCEPT; and a MULTIAPPEND written by Cyrus's imtest.
+UTF8=ACCEPT; a MULTIAPPEND written by Cyrus's imtest; and, under
+strace, one sync round for a three-message MULTIAPPEND, as for one
+message.
 
 One instance (see imaphelp.py), users alice and bob, allowplaintext on,
 maxmessagesize 4096.  Exchanges are exact (imaphelp.Raw sends the bytes
@@ -37,6 +39,7 @@ ALICE, ALICE_PW = "alice", "s3cret-pw"
 BOB, BOB_PW = "bob", "b0b-pw"
 LIMIT = 4096
 IMTEST = "/usr/lib/cyrus/bin/imtest"
+STRACE = "/usr/bin/strace"
 
 _inst = None
 
@@ -439,6 +442,82 @@ def test_utf8_without_enable():
     check(count(i, "INBOX.U8") == 0, "UTF8 message stored")
 
 
+def worker_pid(i, c):
+    """The pid of the imapd serving Raw session c (ss -p)."""
+    lport = c.sock.getsockname()[1]
+    r = subprocess.run(["ss", "-tnpH", "state", "established",
+                        "( sport = :%d and dport = :%d )"
+                        % (i.tcp_port, lport)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=60)
+    m = re.search(rb"pid=(\d+)", r.stdout)
+    if not m:
+        raise Skip("ss shows no process for the session: %r" % r.stdout)
+    return int(m.group(1))
+
+
+def sync_calls(pid, fn):
+    """The fsync/fdatasync/syncfs calls process pid makes while fn() runs
+    (strace attached first: /proc/PID/status names it as tracer)."""
+    out = os.path.join(inst().dir, "strace.%d" % pid)
+    p = subprocess.Popen([STRACE, "-qq", "-e",
+                          "trace=fsync,fdatasync,syncfs", "-o", out,
+                          "-p", str(pid)], stderr=subprocess.PIPE)
+    try:
+        def traced():
+            with open("/proc/%d/status" % pid) as f:
+                m = re.search(r"^TracerPid:\s+(\d+)", f.read(), re.M)
+            return m is not None and int(m.group(1)) == p.pid
+        if not wait_until(lambda: traced() or p.poll() is not None, 60) \
+                or p.poll() is not None:
+            raise Skip("strace cannot attach: %s"
+                       % p.stderr.read().decode(errors="replace"))
+        fn()
+    finally:
+        if p.poll() is None:
+            p.terminate()
+        p.wait(timeout=60)
+    with open(out) as f:
+        calls = [ln for ln in f if re.match(r"(fsync|fdatasync|syncfs)\(",
+                                            ln)]
+    os.unlink(out)
+    return calls
+
+
+def test_one_sync_round():
+    """A MULTIAPPEND of three messages makes the same sync calls as an
+    APPEND of one (spool_sync group: one syncfs per commit round): the
+    batch is one commit, not one per message."""
+    if not os.access(STRACE, os.X_OK):
+        raise Skip("%s not installed" % STRACE)
+    i = inst()
+    i.create("user.alice.SY")
+    m = [message(k) for k in (1, 2, 3, 4)]
+    with session(i) as c:
+        pid = worker_pid(i, c)
+
+        def one(tag="y1"):
+            c.send(b"%s APPEND INBOX.SY {%d+}\r\n" % (tag.encode(),
+                                                       len(m[0])) + m[0]
+                   + b"\r\n")
+            ok(c.until_tagged(tag), tag)
+
+        def three():
+            c.send(b"y2 APPEND INBOX.SY" + b"".join(
+                b" {%d+}\r\n" % len(x) + x for x in m[1:]) + b"\r\n")
+            r = ok(c.until_tagged("y2"), "y2")
+            check(b"[APPENDUID " in r[-1] and b" 3:5]" in r[-1],
+                  "y2: %r" % r)
+        one("y0")       # first-use work (databases opened) out of the way
+        s1 = sync_calls(pid, one)
+        s3 = sync_calls(pid, three)
+    if not any(x.startswith("syncfs(") for x in s1):
+        raise Skip("no group commit round here (fallback?): %r" % s1)
+    check(len(s3) == len(s1), "sync calls: one message %d %r, three "
+          "messages %d %r" % (len(s1), s1, len(s3), s3))
+    check(count(i, "INBOX.SY") == 5, "messages stored")
+
+
 def test_imtest_multiappend():
     """Cyrus's imtest sends a scripted MULTIAPPEND (LITERAL+ literals, as
     imtest passes a command file through): two messages, one APPENDUID."""
@@ -488,6 +567,7 @@ if __name__ == "__main__":
         test_literal8_and_nul,
         test_utf8_without_enable,
         test_imtest_multiappend,
+        test_one_sync_round,
     ])
     try:
         finish()
