@@ -103,8 +103,11 @@ void imapparse_cmd_init(struct imapparse_cmd *cmd)
     memset(cmd, 0, sizeof(*cmd));
 }
 
+static void appst_free(struct imapparse_cmd *cmd);
+
 void imapparse_cmd_free(struct imapparse_cmd *cmd)
 {
+    appst_free(cmd);
     arena_free(cmd);
     free(cmd->tokens);
     buf_free(&cmd->text);
@@ -118,6 +121,7 @@ static void cmd_reset(struct imapparse_cmd *cmd)
     size_t tokalloc = cmd->tokalloc;
     struct buf text = cmd->text;
 
+    appst_free(cmd);
     arena_free(cmd);
     memset(cmd, 0, sizeof(*cmd));
     cmd->tokens = tokens;
@@ -195,6 +199,10 @@ struct lexer {
     size_t pos;
     size_t used;            /* bytes of the command so far */
     int append;             /* the command is APPEND */
+    unsigned depth;         /* open parentheses */
+    int stopped;            /* lex_args() stopped before a data literal */
+    size_t data_size;       /* ... of this size */
+    int data_nonsync, data_binary;
     int truncated;          /* line was over the limit: its end unknown */
     int resynced;           /* resync() ran: the command is behind us */
 };
@@ -388,15 +396,46 @@ static int send_continue(struct lexer *lx, size_t n, int append)
     return IMAPPARSE_OK;
 }
 
-/* A literal header at lx->pos ("{" ... "}" ending the line): read the
- * literal (or, for the APPEND message, stop before it: *stop_r = 1). */
-static int lex_literal(struct lexer *lx, int glued, int *stop_r)
+static int ieq(const char *s, size_t len, const char *word);
+
+/* Whether a literal starting now is APPEND data (a message, a CATENATE
+ * TEXT part, the literal8 of UTF8 (...)) rather than an argument: a
+ * literal at the top level after the mailbox, one after the atom TEXT, one
+ * right after "UTF8 (". */
+static int append_data_here(const struct lexer *lx)
+{
+    const struct imapparse_cmd *cmd = lx->cmd;
+    const struct imapparse_token *t;
+
+    if (!lx->append || cmd->ntokens < 1)
+        return 0;
+    if (lx->depth == 0)
+        return 1;
+    t = &cmd->tokens[cmd->ntokens - 1];
+    if (t->type == IMAPPARSE_TOK_ATOM && ieq(cmd->text.s + t->off, t->len,
+                                             "TEXT"))
+        return 1;
+    if (t->type == IMAPPARSE_TOK_LPAREN && cmd->ntokens >= 2) {
+        t = &cmd->tokens[cmd->ntokens - 2];
+        if (t->type == IMAPPARSE_TOK_ATOM
+            && ieq(cmd->text.s + t->off, t->len, "UTF8"))
+            return 1;
+    }
+    return 0;
+}
+
+/* A literal header at lx->pos ("{" ... "}" ending the line; binary: a
+ * literal8, lx->pos at its "~"): read the literal, or for APPEND data
+ * stop before it (*stop_r = 1, a DATA token, lx->data_*). */
+static int lex_literal(struct lexer *lx, int glued, int binary, int *stop_r)
 {
     struct imapparse_cmd *cmd = lx->cmd;
     uint64_t n;
     int nonsync, r;
     size_t limit, before;
 
+    if (binary)
+        lx->pos++;
     /* "{" digits ["+"] "}" must be all that is left of the line */
     {
         size_t i = lx->pos + 1;
@@ -410,24 +449,23 @@ static int lex_literal(struct lexer *lx, int glued, int *stop_r)
             return cmd_error(cmd, IMAPPARSE_BAD, "Invalid literal");
     }
 
-    /* the APPEND message: any literal after the mailbox at top level;
-     * checked and announced by imapparse_read() once the arguments
-     * before it are known to be good */
-    if (lx->append && cmd->ntokens >= 1) {
-        int depth = 0;
-        size_t i;
-
-        for (i = 0; i < cmd->ntokens; i++)
-            depth += cmd->tokens[i].type == IMAPPARSE_TOK_LPAREN ? 1
-                   : cmd->tokens[i].type == IMAPPARSE_TOK_RPAREN ? -1 : 0;
-        if (depth == 0) {
-            cmd->append.size = (size_t)n;
-            cmd->append.nonsync = nonsync;
-            cmd->append_seen = 1;
-            *stop_r = 1;
-            return IMAPPARSE_OK;
-        }
+    /* APPEND data: checked and announced by the event parser once the
+     * arguments before it are known to be good */
+    if (append_data_here(lx)) {
+        if (n > SIZE_MAX)
+            n = SIZE_MAX;
+        r = add_token(lx, IMAPPARSE_TOK_DATA, NULL, 0, glued);
+        if (r != IMAPPARSE_OK)
+            return r;
+        lx->data_size = (size_t)n;
+        lx->data_nonsync = nonsync;
+        lx->data_binary = binary;
+        lx->stopped = 1;
+        *stop_r = 1;
+        return IMAPPARSE_OK;
     }
+    if (binary)
+        return cmd_error(cmd, IMAPPARSE_BAD, "literal8 not allowed here");
 
     limit = lx->lim.max_literal;
     if (n > limit)
@@ -463,8 +501,7 @@ static int lex_literal(struct lexer *lx, int glued, int *stop_r)
 static int lex_args(struct lexer *lx)
 {
     struct imapparse_cmd *cmd = lx->cmd;
-    unsigned depth = 0;
-    int after_token = 1;        /* the command name */
+    int after_token = 1;        /* the command name, or a literal */
     int after_rparen = 0;
     int glued = 0;
 
@@ -475,7 +512,7 @@ static int lex_args(struct lexer *lx)
         int r = IMAPPARSE_OK, stop = 0;
 
         if (lx->pos >= len) {
-            if (depth > 0)
+            if (lx->depth > 0)
                 return cmd_error(cmd, IMAPPARSE_BAD,
                                  "Missing ')' in argument list");
             return IMAPPARSE_OK;
@@ -501,7 +538,7 @@ static int lex_args(struct lexer *lx)
         after_rparen = 0;
         switch (c) {
         case '(':
-            if (++depth > lx->lim.max_depth)
+            if (++lx->depth > lx->lim.max_depth)
                 return cmd_error(cmd, IMAPPARSE_TOOBIG,
                                  "Lists nested too deeply");
             r = add_token(lx, IMAPPARSE_TOK_LPAREN, "(", 1, 0);
@@ -509,9 +546,9 @@ static int lex_args(struct lexer *lx)
             after_token = 0;
             break;
         case ')':
-            if (depth == 0)
+            if (lx->depth == 0)
                 return cmd_error(cmd, IMAPPARSE_BAD, "Unexpected ')'");
-            depth--;
+            lx->depth--;
             r = add_token(lx, IMAPPARSE_TOK_RPAREN, ")", 1, 0);
             lx->pos++;
             after_token = 1;
@@ -521,15 +558,20 @@ static int lex_args(struct lexer *lx)
             r = lex_quoted(lx, 0);
             after_token = 1;
             break;
+        case '~':
+            if (!lx->append || lx->pos + 1 >= len || s[lx->pos + 1] != '{')
+                goto atom;
+            /* FALLTHROUGH */
         case '{':
-            r = lex_literal(lx, 0, &stop);
+            r = lex_literal(lx, 0, c == '~', &stop);
             after_token = 1;
             if (r == IMAPPARSE_OK && stop)
                 return IMAPPARSE_OK;
             if (r != IMAPPARSE_OK)
                 return r;
             continue;
-        default: {
+        default:
+        atom: {
             size_t start = lx->pos;
 
             while (lx->pos < len && s[lx->pos] != ' ' && s[lx->pos] != ')') {
@@ -2284,28 +2326,266 @@ static int parse_select(struct cur *c)
     return expect_end(c);
 }
 
+/* APPEND's arguments before its first event: the mailbox.  The rest is
+ * parsed event by event (append_event()). */
 static int parse_append(struct cur *c)
 {
-    struct imapparse_append *ap = &c->cmd->append;
-    int r = get_mailbox(c, 0);
+    return get_mailbox(c, 0);
+}
 
+/* ---- APPEND events ---------------------------------------------------
+ *
+ * The tokens of an APPEND grow line by line: lex_args() stops before each
+ * data literal (a DATA token ends the tokens so far), the caller reads
+ * the data, and the next line is lexed onto the same token list.  The
+ * cursor `i` walks them through this grammar (RFC 3502, 4469, 3516,
+ * 6855):
+ *
+ *   append-message = [SP flag-list] [SP date-time] SP append-data
+ *   append-data    = literal / literal8 / "UTF8" SP "(" literal8 ")"
+ *                    / "CATENATE" SP "(" cat-part *(SP cat-part) ")"
+ *   cat-part       = "TEXT" SP (literal / literal8) / "URL" SP astring
+ */
+
+enum { AS_MSG, AS_CAT, AS_UTF8_CLOSE, AS_DONE };
+
+struct appst {
+    struct lexer lx;
+    size_t i;               /* the next token to interpret */
+    int state;              /* AS_* */
+    unsigned nparts;        /* parts of the current CATENATE */
+};
+
+/* A copy in the arena: the token text of an APPEND moves as later lines
+ * are lexed, what the caller holds must not.  NULL out of memory. */
+static char *arena_dup(struct imapparse_cmd *cmd, const char *s, size_t len)
+{
+    char *d = arena_alloc(cmd, len + 1, 1);
+
+    if (d) {
+        memcpy(d, s, len);
+        d[len] = '\0';
+    }
+    return d;
+}
+
+static void appst_free(struct imapparse_cmd *cmd)
+{
+    struct appst *as = cmd->appst;
+
+    if (!as)
+        return;
+    buf_free(&as->lx.line);
+    free(as);
+    cmd->appst = NULL;
+}
+
+/* A data literal is next: announce it (limit, continuation).  The DATA
+ * token is the last one lexed. */
+static int append_data(struct appst *as, enum imapparse_append_event ev)
+{
+    struct lexer *lx = &as->lx;
+    struct imapparse_append *ap = &lx->cmd->append;
+
+    ap->event = ev;
+    ap->size = lx->data_size;
+    ap->nonsync = lx->data_nonsync;
+    ap->binary = lx->data_binary;
+    if (ap->size > lx->lim.max_append)
+        return cmd_errorf(lx->cmd, IMAPPARSE_TOOBIG,
+                          "%s too large (limit %zu bytes)",
+                          ev == IMAPPARSE_APPEND_TEXT ? "TEXT part"
+                                                      : "Message",
+                          lx->lim.max_append);
+    if (!ap->nonsync)
+        return send_continue(lx, ap->size, 1);
+    return IMAPPARSE_OK;
+}
+
+/* Interpret tokens up to the next event.  end_only: the next event must
+ * be END (imapparse_append_end()). */
+static int append_event(struct appst *as, int end_only)
+{
+    struct lexer *lx = &as->lx;
+    struct imapparse_cmd *cmd = lx->cmd;
+    struct imapparse_append *ap = &cmd->append;
+    struct cur c;
+    const struct imapparse_token *t;
+    int r, opts = 0;
+
+    memset(&c, 0, sizeof(c));
+    c.cmd = cmd;
+    c.max_depth = lx->lim.max_depth;
+    for (;;) {
+        c.i = as->i;
+        if (c.i >= cmd->ntokens) {
+            if (lx->stopped) {
+                /* the caller has read the data: on to the next line */
+                lx->stopped = 0;
+                r = next_line(lx);
+                if (r == IMAPPARSE_OK)
+                    r = lex_args(lx);
+                if (r != IMAPPARSE_OK)
+                    return r;
+                continue;
+            }
+            if (as->state == AS_MSG && !opts && ap->nmsg > 0) {
+                ap->event = IMAPPARSE_APPEND_END;
+                as->state = AS_DONE;
+                return IMAPPARSE_OK;
+            }
+            return cmd_error(cmd, IMAPPARSE_BAD,
+                             as->state == AS_CAT ? "Missing ')' after CATENATE"
+                             : "Missing message literal");
+        }
+        t = peek(&c);
+        if (end_only && as->state == AS_MSG)
+            return cmd_error(cmd, IMAPPARSE_BAD, "Junk after message literal");
+        switch (as->state) {
+        case AS_MSG:
+            if (!opts) {
+                /* a new message */
+                memset(&ap->flags, 0, sizeof(ap->flags));
+                ap->flags_set = ap->date_set = ap->utf8 = 0;
+                ap->date = 0;
+                opts = 1;
+            }
+            if (t->type == IMAPPARSE_TOK_LPAREN && !ap->flags_set
+                && !ap->date_set) {
+                r = get_flag_list(&c, &ap->flags);
+                if (r != IMAPPARSE_OK)
+                    return r;
+                for (size_t k = 0; k < ap->flags.n; k++) {
+                    ap->flags.s[k] = arena_dup(cmd, ap->flags.s[k],
+                                               strlen(ap->flags.s[k]));
+                    if (!ap->flags.s[k])
+                        return cmd_error(cmd, IMAPPARSE_NOMEM,
+                                         "Out of memory");
+                }
+                ap->flags_set = 1;
+                as->i = c.i;
+                continue;
+            }
+            if (t->type == IMAPPARSE_TOK_QUOTED && !ap->date_set) {
+                if (imapparse_datetime_parse(tok_text(&c, t), t->len,
+                                             &ap->date) < 0)
+                    return cmd_error(cmd, IMAPPARSE_BAD, "Invalid date-time");
+                ap->date_set = 1;
+                as->i++;
+                continue;
+            }
+            if (t->type == IMAPPARSE_TOK_DATA) {
+                as->i++;
+                ap->nmsg++;
+                return append_data(as, IMAPPARSE_APPEND_MESSAGE);
+            }
+            if (t->type == IMAPPARSE_TOK_ATOM
+                && ieq(tok_text(&c, t), t->len, "CATENATE")
+                && as->i + 1 < cmd->ntokens
+                && cmd->tokens[as->i + 1].type == IMAPPARSE_TOK_LPAREN) {
+                if (as->i + 2 < cmd->ntokens
+                    && cmd->tokens[as->i + 2].type == IMAPPARSE_TOK_RPAREN)
+                    return cmd_error(cmd, IMAPPARSE_BAD,
+                                     "Empty CATENATE list");
+                as->i += 2;
+                as->state = AS_CAT;
+                as->nparts = 0;
+                ap->nmsg++;
+                ap->event = IMAPPARSE_APPEND_CATENATE;
+                return IMAPPARSE_OK;
+            }
+            if (t->type == IMAPPARSE_TOK_ATOM
+                && ieq(tok_text(&c, t), t->len, "UTF8")
+                && as->i + 2 < cmd->ntokens
+                && cmd->tokens[as->i + 1].type == IMAPPARSE_TOK_LPAREN
+                && cmd->tokens[as->i + 2].type == IMAPPARSE_TOK_DATA) {
+                if (!lx->data_binary)
+                    return cmd_error(cmd, IMAPPARSE_BAD,
+                                     "UTF8 data must be a literal8");
+                as->i += 3;
+                as->state = AS_UTF8_CLOSE;
+                ap->utf8 = 1;
+                ap->nmsg++;
+                return append_data(as, IMAPPARSE_APPEND_MESSAGE);
+            }
+            return cmd_error(cmd, IMAPPARSE_BAD,
+                             ap->nmsg ? "Invalid message after message "
+                                        "literal"
+                                      : "Invalid APPEND arguments");
+        case AS_UTF8_CLOSE:
+            if (t->type != IMAPPARSE_TOK_RPAREN)
+                return cmd_error(cmd, IMAPPARSE_BAD, "Missing ')' after UTF8");
+            as->i++;
+            as->state = AS_MSG;
+            continue;
+        case AS_CAT:
+            if (t->type == IMAPPARSE_TOK_RPAREN) {
+                if (as->nparts == 0)
+                    return cmd_error(cmd, IMAPPARSE_BAD,
+                                     "Empty CATENATE list");
+                as->i++;
+                as->state = AS_MSG;
+                ap->event = IMAPPARSE_APPEND_CATEND;
+                return IMAPPARSE_OK;
+            }
+            if (t->type == IMAPPARSE_TOK_ATOM
+                && ieq(tok_text(&c, t), t->len, "TEXT")
+                && as->i + 1 < cmd->ntokens
+                && cmd->tokens[as->i + 1].type == IMAPPARSE_TOK_DATA) {
+                as->i += 2;
+                as->nparts++;
+                return append_data(as, IMAPPARSE_APPEND_TEXT);
+            }
+            if (t->type == IMAPPARSE_TOK_ATOM
+                && ieq(tok_text(&c, t), t->len, "URL")) {
+                char *u;
+                size_t ulen;
+
+                c.i++;
+                r = get_astring(&c, &u, &ulen, "URL");
+                if (r != IMAPPARSE_OK)
+                    return r;
+                as->i = c.i;
+                as->nparts++;
+                u = arena_dup(cmd, u, ulen);
+                if (!u)
+                    return cmd_error(cmd, IMAPPARSE_NOMEM, "Out of memory");
+                ap->url = u;
+                ap->url_len = ulen;
+                ap->event = IMAPPARSE_APPEND_URL;
+                return IMAPPARSE_OK;
+            }
+            return cmd_error(cmd, IMAPPARSE_BAD, "Invalid CATENATE part");
+        default:
+            return cmd_error(cmd, IMAPPARSE_BAD, "No APPEND in progress");
+        }
+    }
+}
+
+/* One step of an APPEND in progress, with the error handling of
+ * imapparse_read(): an error drops the rest of the command. */
+static int append_step(struct prot *p, const struct imapparse_options *opts,
+                       struct imapparse_cmd *cmd, int end_only)
+{
+    struct appst *as = cmd->appst;
+    int r;
+
+    if (!as || as->state == AS_DONE)
+        return cmd_error(cmd, IMAPPARSE_BAD, "No APPEND in progress");
+    as->lx.p = p;
+    limits_from(opts, &as->lx.lim);
+    r = append_event(as, end_only);
+    if (r > 0)
+        r = resync(&as->lx, r, 0);
     if (r != IMAPPARSE_OK)
-        return r;
-    if (peek_type(c, IMAPPARSE_TOK_LPAREN)) {
-        r = get_flag_list(c, &ap->flags);
-        if (r != IMAPPARSE_OK)
-            return r;
-        ap->flags_set = 1;
-    }
-    if (peek_type(c, IMAPPARSE_TOK_QUOTED)) {
-        const struct imapparse_token *t = peek(c);
+        appst_free(cmd);
+    return r;
+}
 
-        if (imapparse_datetime_parse(tok_text(c, t), t->len, &ap->date) < 0)
-            return cmd_error(c->cmd, IMAPPARSE_BAD, "Invalid date-time");
-        ap->date_set = 1;
-        c->i++;
-    }
-    return expect_end(c);
+int imapparse_append_next(struct prot *p, const struct imapparse_options *opts,
+                          struct imapparse_cmd *cmd)
+{
+    return append_step(p, opts, cmd, 0);
 }
 
 static int parse_id(struct cur *c)
@@ -2776,18 +3056,30 @@ int imapparse_read(struct prot *p, const struct imapparse_options *opts,
     c.cmd = cmd;
     c.max_depth = lx.lim.max_depth;
     r = parse_args(&c, commands[idx].args);
-    if (cmd->id == IMAPPARSE_CMD_APPEND) {
-        if (r == IMAPPARSE_OK && !cmd->append_seen)
-            r = cmd_error(cmd, IMAPPARSE_BAD, "Missing message literal");
-        if (r == IMAPPARSE_OK && cmd->append.size > lx.lim.max_append)
-            r = cmd_errorf(cmd, IMAPPARSE_TOOBIG,
-                           "Message too large (limit %zu bytes)",
-                           lx.lim.max_append);
-        if (r == IMAPPARSE_OK && !cmd->append.nonsync)
-            r = send_continue(&lx, cmd->append.size, 1);
-        if (r > 0 && cmd->append_seen)
-            r = resync(&lx, r, 0);  /* drops a {n+} message */
+    if (cmd->id == IMAPPARSE_CMD_APPEND && r == IMAPPARSE_OK) {
+        /* the first event; the lexer lives on between events */
+        struct appst *as = calloc(1, sizeof(*as));
+
+        if (!as) {
+            r = cmd_error(cmd, IMAPPARSE_NOMEM, "Out of memory");
+            goto out;
+        }
+        cmd->arg[0] = arena_dup(cmd, cmd->arg[0], cmd->arg_len[0]);
+        if (!cmd->arg[0]) {
+            free(as);
+            r = cmd_error(cmd, IMAPPARSE_NOMEM, "Out of memory");
+            goto out;
+        }
+        as->lx = lx;
+        as->i = c.i;
+        as->state = AS_MSG;
+        memset(&lx.line, 0, sizeof(lx.line));
+        cmd->appst = as;
+        r = append_step(p, opts, cmd, 0);
+        goto out;
     }
+    if (r > 0 && cmd->id == IMAPPARSE_CMD_APPEND)
+        r = resync(&lx, r, 0);      /* drops a {n+} message */
 out:
     buf_free(&lx.line);
     return r;
@@ -2796,22 +3088,5 @@ out:
 int imapparse_append_end(struct prot *p, const struct imapparse_options *opts,
                          struct imapparse_cmd *cmd)
 {
-    struct lexer lx;
-    int r;
-
-    memset(&lx, 0, sizeof(lx));
-    limits_from(opts, &lx.lim);
-    lx.p = p;
-    lx.cmd = cmd;
-    r = prot_getline(p, &lx.line, lx.lim.max_line, NULL);
-    if (r == PROT_TOOLONG)
-        r = cmd_error(cmd, IMAPPARSE_BAD, "Junk after message literal");
-    else if (r != PROT_OK)
-        r = map_prot(cmd, r);
-    else if (lx.line.len != 0) {
-        cmd->error = "Junk after message literal";
-        r = resync(&lx, IMAPPARSE_BAD, 0);
-    }
-    buf_free(&lx.line);
-    return r;
+    return append_step(p, opts, cmd, 1);
 }

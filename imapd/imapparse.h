@@ -3,8 +3,9 @@
  * struct prot (RFC 3501 section 9 grammar, with LITERAL+ (RFC 7888),
  * UIDPLUS, MOVE, CONDSTORE, ENABLE, ID, IDLE, NAMESPACE, ACL, QUOTA,
  * LIST-EXTENDED (RFC 5258), LIST-STATUS (RFC 5819), CREATE-SPECIAL-USE
- * (RFC 6154), STATUS=SIZE (RFC 8438), BINARY's FETCH items (RFC 3516))
- * and turns its arguments into the
+ * (RFC 6154), STATUS=SIZE (RFC 8438), BINARY's FETCH items (RFC 3516),
+ * MULTIAPPEND (RFC 3502), CATENATE (RFC 4469), APPEND's literal8 (RFC
+ * 3516) and UTF8 data (RFC 6855)) and turns its arguments into the
  * structures below, ready for imapd to execute.
  *
  * Use:
@@ -44,17 +45,39 @@
  * non-synchronizing literal stops after max_skip bytes with
  * IMAPPARSE_DESYNC: answer BYE and close.
  *
- * APPEND.  The message literal is NOT read: imapparse_read() stops after
- * its header (having called the continuation callback for a
- * synchronizing one, with append = 1), and returns IMAPPARSE_OK with
- * cmd->append.size set.  The caller then reads exactly that many bytes
- * with prot_read()/prot_read_some() and calls imapparse_append_end(),
- * which reads the end of the command line.  (One message per APPEND:
- * MULTIAPPEND is not supported.)
+ * APPEND (with MULTIAPPEND, RFC 3502; CATENATE, RFC 4469; the literal8
+ * of BINARY, RFC 3516; UTF8 (...) of UTF8=ACCEPT, RFC 6855).  Data
+ * literals (a message, a CATENATE TEXT part) are NOT read by the parser:
+ * the command is a series of events, each in cmd->append.event.
+ * imapparse_read() returns the first (IMAPPARSE_APPEND_MESSAGE or
+ * IMAPPARSE_APPEND_CATENATE), imapparse_append_next() each further one,
+ * until IMAPPARSE_APPEND_END:
+ *
+ *     MESSAGE   a message literal: flags/date/utf8 of the message, size,
+ *               nonsync, binary (literal8).  The continuation callback has
+ *               been called for a synchronizing one (append = 1); the
+ *               caller reads exactly `size` bytes (prot_read_some()),
+ *               keeping or dropping them, before the next call.
+ *     CATENATE  a CATENATE message begins (its flags and date are set);
+ *               its parts follow:
+ *     TEXT      a TEXT part literal: as MESSAGE (read its bytes)
+ *     URL       a URL part: url, url_len (an astring)
+ *     CATEND    the end of the CATENATE part list
+ *     END       the end of the command line: nothing more to read
+ *
+ * Any result but IMAPPARSE_OK ends the command as imapparse_read()'s
+ * would (in sync or not, imapparse_in_sync()); a data literal over
+ * max_append is IMAPPARSE_TOOBIG.  A literal8 ~{n} is accepted only
+ * where data goes; the caller refuses NULs in a non-literal8 literal
+ * itself (it reads the bytes).  imapparse_append_end() is the
+ * one-message form: the next event must be END, anything else is a BAD
+ * "Junk after message literal" (with no continuation sent).
  *
  * Memory.  Everything a command refers to (strings, sets, lists, the
  * search tree) is owned by the struct imapparse_cmd and valid until the
- * next imapparse_read() on it or imapparse_cmd_free().  Strings are
+ * next imapparse_read() on it or imapparse_cmd_free() (an APPEND's
+ * mailbox, flags and URLs too: they are copied out of the token text,
+ * which later events' lines may move; cmd->tokens are not).  Strings are
  * NUL-terminated; a string never contains NUL (a NUL inside a quoted
  * string or a literal is a BAD), so strlen() on them is safe, but the
  * length is given too.
@@ -143,7 +166,9 @@ enum imapparse_toktype {
     IMAPPARSE_TOK_QUOTED,       /* "..." with \" and \\ undone */
     IMAPPARSE_TOK_LITERAL,      /* {n} or {n+} and its data */
     IMAPPARSE_TOK_LPAREN,
-    IMAPPARSE_TOK_RPAREN
+    IMAPPARSE_TOK_RPAREN,
+    IMAPPARSE_TOK_DATA          /* an APPEND data literal header ({n},
+                                   ~{n}); its bytes are the caller's */
 };
 
 struct imapparse_token {
@@ -385,13 +410,32 @@ struct imapparse_list {
     struct imapparse_status status;     /* RETURN (STATUS (...)) items */
 };
 
+enum imapparse_append_event {
+    IMAPPARSE_APPEND_MESSAGE = 1,
+    IMAPPARSE_APPEND_CATENATE,
+    IMAPPARSE_APPEND_TEXT,
+    IMAPPARSE_APPEND_URL,
+    IMAPPARSE_APPEND_CATEND,
+    IMAPPARSE_APPEND_END
+};
+
+/* The current event of an APPEND and the message it belongs to. */
 struct imapparse_append {
+    enum imapparse_append_event event;
+    unsigned nmsg;              /* messages begun so far (1 = the first) */
+    /* the message: set at MESSAGE and CATENATE */
     struct imapparse_strlist flags;
     int flags_set;              /* a flag list was given (maybe empty) */
     int date_set;
     time_t date;                /* the date-time, as UTC seconds */
-    size_t size;                /* the message literal's length */
-    int nonsync;                /* it was {n+} */
+    int utf8;                   /* UTF8 (~{n}) message data (RFC 6855) */
+    /* the data literal of MESSAGE and TEXT */
+    size_t size;                /* its length */
+    int nonsync;                /* it was {n+} / ~{n+} */
+    int binary;                 /* it was a literal8 ~{n} (RFC 3516) */
+    /* URL: the part's URL as sent (NUL-terminated, no NUL inside) */
+    const char *url;
+    size_t url_len;
 };
 
 /* ID: NIL (n = 0, nil = 1) or field/value pairs; a NIL value is NULL. */
@@ -516,7 +560,7 @@ struct imapparse_cmd {
     /* private */
     void *arena;
     size_t tokalloc;
-    int append_seen;
+    void *appst;                    /* APPEND's lexer between events */
     char errbuf[160];
 };
 
@@ -531,8 +575,16 @@ void imapparse_cmd_free(struct imapparse_cmd *cmd);
 int imapparse_read(struct prot *p, const struct imapparse_options *opts,
                    struct imapparse_cmd *cmd);
 
-/* After the caller has read the cmd->append.size bytes of an APPEND
- * message: read the rest of the command line.  IMAPPARSE_OK when it is
+/* The next event of an APPEND (see the top of this file), after the
+ * caller has read the data of a MESSAGE or TEXT event.  IMAPPARSE_OK and
+ * cmd->append.event, or an error result as imapparse_read()'s.  Calling
+ * it for a command that is not an APPEND in progress, or after END or an
+ * error: IMAPPARSE_BAD ("No APPEND in progress"). */
+int imapparse_append_next(struct prot *p, const struct imapparse_options *opts,
+                          struct imapparse_cmd *cmd);
+
+/* After the caller has read the cmd->append.size bytes of a one-message
+ * APPEND: read the rest of the command line.  IMAPPARSE_OK when it is
  * empty; IMAPPARSE_BAD ("Junk after message literal", the rest dropped
  * as described above) otherwise; IMAPPARSE_EOF, IMAPPARSE_IOERROR,
  * IMAPPARSE_TIMEOUT, IMAPPARSE_DESYNC as imapparse_read(). */

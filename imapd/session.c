@@ -34,7 +34,8 @@
  *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
  *                  (APPENDLIMIT: maxmessagesize, NO [TOOBIG] before
- *                  the data)
+ *                  the data; MULTIAPPEND and CATENATE in one append
+ *                  transaction; literal8 and UTF8 (...) data)
  * Outside the selected state the selected-state commands answer "BAD No
  * mailbox selected".
  *
@@ -53,7 +54,9 @@
  * mailbox_unlock()); responses are built in memory and written after the
  * lock is released, so a client slow to read holds no lock.  APPEND,
  * COPY and MOVE put messages in through store/append.h (staging file,
- * append_add(), one append_commit()), like lmtpd.
+ * append_add(), one append_commit()), like lmtpd; an APPEND's messages
+ * are staged while the client sends and reserved only at the end of the
+ * command, so no lock is held across client reads either.
  *
  * \Seen is per user (store/seen.h; Cyrus's non-shared-seen mailboxes):
  * SELECT/EXAMINE read the user's record of the mailbox (keyed by its
@@ -123,6 +126,7 @@
 #include "imapd/admincmd.h"
 #include "imapd/imapcmd.h"
 #include "imapd/imapparse.h"
+#include "imapd/imapurl.h"
 #include "imapd/list.h"
 #include "imapd/localdomain.h"
 #include "imapd/qresync.h"
@@ -217,8 +221,10 @@ struct imap_session {
     int sel_rights;
     int quit;
     int append_refused;          /* the continuation callback refused an
-                                    APPEND literal: answer NO */
+                                    APPEND literal: answer NO (1) or BAD
+                                    (2) */
     char errbuf[128];            /* the continuation callback's text */
+    struct imap_append *app;     /* the APPEND whose data is being read */
     struct imap_msg *msgs;       /* the client's view of the mailbox */
     size_t nmsgs, msgalloc;
     uint32_t lastuid;            /* highest uid in the view */
@@ -468,7 +474,8 @@ static void imap_capabilities(struct imap_session *s, struct buf *out)
                         "ESEARCH SEARCHRES WITHIN SORT SORT=DISPLAY ESORT "
                         "THREAD=ORDEREDSUBJECT THREAD=REFERENCES "
                         "LIST-EXTENDED LIST-STATUS SPECIAL-USE "
-                        "CREATE-SPECIAL-USE STATUS=SIZE UTF8=ACCEPT");
+                        "CREATE-SPECIAL-USE STATUS=SIZE UTF8=ACCEPT "
+                        "MULTIAPPEND CATENATE BINARY");
     buf_printf(out, " APPENDLIMIT=%zu", imap_appendlimit(s->srv));
     if (IMAP_HAVE_ACL)
         buf_appendcstr(out, " LIST-MYRIGHTS");
@@ -3688,81 +3695,365 @@ static int imap_keywords_undefined(struct mailbox *mb,
     return 0;
 }
 
-/* APPEND: the message literal is streamed into a staging file, then put
- * in through append_add()/append_commit(), as lmtpd does. */
-static void imap_cmd_append(struct imap_session *s)
+/* ---- APPEND (MULTIAPPEND, CATENATE, literal8, UTF8) -------------------
+ *
+ * One APPEND command may carry several messages (RFC 3502), each a
+ * literal, a literal8 (RFC 3516), UTF8 (literal8) (RFC 6855, once
+ * enabled) or CATENATE (RFC 4469) of TEXT literals and URLs of messages
+ * the user can read.  Each message is streamed into its own staging file
+ * while the command is read; nothing touches the mailbox until the
+ * command line has ended.  Then the messages are reserved in ONE
+ * append transaction (the quota check for their sum first, keywords
+ * defined strictly) and made durable and visible by ONE append_commit():
+ * all of them or, on any failure (a refused literal, a size limit, quota,
+ * a bad URL, a client that goes away mid-command), none.  No lock is held
+ * while the client sends. */
+
+/* Messages in one APPEND: each holds a staging file open until the
+ * commit. */
+#define IMAP_APPEND_MAX_MESSAGES 200
+
+/* One message of an APPEND, staged. */
+struct imap_appendmsg {
+    struct append_stage *st;
+    uint32_t sysflags;          /* without \Seen when it goes to the
+                                   user's seen state */
+    int seen;                   /* the user's \Seen */
+    int64_t date;               /* 0: now */
+    struct strarray kws;
+};
+
+/* The APPEND in progress (s->app while its data is read). */
+struct imap_append {
+    struct mboxlist_entry *e;
+    struct mailbox *mb;
+    int rights;
+    size_t limit;               /* APPENDLIMIT */
+    struct imap_appendmsg *msgs;
+    size_t n, alloc;
+    struct imap_appendmsg *cur; /* the message being read, or NULL */
+    size_t cursize;             /* its bytes so far (CATENATE) */
+    int failed;                 /* the command fails: status and text */
+    const char *status;         /* "NO" or "BAD" */
+    char text[256];
+    size_t total;               /* bytes of every message */
+};
+
+/* Record the command's first failure; later ones are left out. */
+static void imap_app_fail(struct imap_append *a, const char *status,
+                          const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void imap_app_fail(struct imap_append *a, const char *status,
+                          const char *fmt, ...)
+{
+    va_list ap;
+
+    if (a->failed)
+        return;
+    a->failed = 1;
+    a->status = status;
+    va_start(ap, fmt);
+    vsnprintf(a->text, sizeof(a->text), fmt, ap);
+    va_end(ap);
+}
+
+/* A store error as the NO imap_store_no() would give. */
+static void imap_app_fail_store(struct imap_append *a, int r)
+{
+    const char *code;
+
+    switch (r) {
+    case STORE_NOTFOUND: code = "[TRYCREATE] "; break;
+    case STORE_BADNAME: code = "[CANNOT] "; break;
+    case STORE_PERMISSION: code = "[NOPERM] "; break;
+    case STORE_OVERQUOTA: code = "[OVERQUOTA] "; break;
+    case STORE_TOOBIG: code = "[TOOBIG] "; break;
+    case STORE_INTERNAL: code = "[SERVERBUG] "; break;
+    default: code = "[UNAVAILABLE] "; break;
+    }
+    imap_app_fail(a, "NO", "%s%s", code,
+                  r == STORE_NOTFOUND ? "Mailbox does not exist"
+                                      : store_strerror(r));
+}
+
+static void imap_app_msg_free(struct imap_appendmsg *m)
+{
+    append_stage_free(&m->st);
+    strarray_fini(&m->kws);
+}
+
+/* A new message (MESSAGE, CATENATE): flags, date, a staging file. */
+static void imap_app_begin(struct imap_session *s, struct imap_append *a)
 {
     const struct imapparse_append *ap = &s->cmd.append;
-    struct mboxlist_entry *e = NULL;
-    struct mailbox *mb = NULL;
-    struct append_stage *st = NULL;
-    struct append_txn *t = NULL;
-    struct buf chunk = BUF_INITIALIZER;
-    struct strarray kws = STRARRAY_INITIALIZER;
-    size_t left = ap->size;
-    uint32_t uid = 0, uidvalidity = 0;
-    int r, werr, pr, seenit = 0;
+    struct imap_appendmsg *m;
+    uint32_t fl;
+    int r;
 
-    r = imap_dest_open(s, 0, &e, &mb);
-    if (r == STORE_OK)
-        r = append_stage_open(s->srv->conf, e->partition, &st);
-    werr = r;
+    a->cur = NULL;
+    a->cursize = 0;
+    if (ap->utf8 && !s->utf8_accept)
+        imap_app_fail(a, "BAD", "UTF8 message data needs ENABLE "
+                                "UTF8=ACCEPT");
+    if (!a->failed && a->n >= IMAP_APPEND_MAX_MESSAGES)
+        imap_app_fail(a, "NO", "[LIMIT] Too many messages in one APPEND "
+                               "(limit %d)", IMAP_APPEND_MAX_MESSAGES);
+    if (a->failed)
+        return;
+    if (a->n == a->alloc) {
+        size_t na = a->alloc ? a->alloc * 2 : 4;
+        struct imap_appendmsg *nm = realloc(a->msgs, na * sizeof(*nm));
+
+        if (!nm) {
+            imap_app_fail_store(a, STORE_NOMEM);
+            return;
+        }
+        a->msgs = nm;
+        a->alloc = na;
+    }
+    m = &a->msgs[a->n];
+    memset(m, 0, sizeof(*m));
+    r = append_stage_open(s->srv->conf, a->e->partition, &m->st);
+    if (r != STORE_OK) {
+        imap_app_fail_store(a, r);
+        return;
+    }
+    a->n++;
+    fl = imap_sysflags_of(&ap->flags) & imap_settable(a->rights);
+    /* the user's \Seen goes to the seen state, not the index */
+    m->seen = imap_mb_useseen(a->mb) && (fl & MAILBOX_FLAG_SEEN);
+    if (m->seen)
+        fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
+    m->sysflags = fl;
+    m->date = ap->date_set ? (int64_t)ap->date : 0;
+    if (a->rights & ACL_WRITE)
+        imap_keyword_names(ap->flags.s, ap->flags.n, &m->kws);
+    a->cur = m;
+}
+
+/* Bytes of the current message (a literal, a TEXT part, a URL's part). */
+static void imap_app_write(struct imap_append *a, const char *data, size_t n)
+{
+    int r;
+
+    if (a->failed || !a->cur)
+        return;
+    if (n > a->limit - a->cursize) {
+        imap_app_fail(a, "NO", "[TOOBIG] Message too large (limit %zu "
+                               "bytes)", a->limit);
+        return;
+    }
+    a->cursize += n;
+    r = append_stage_write(a->cur->st, data, n);
+    if (r != STORE_OK)
+        imap_app_fail_store(a, r);
+}
+
+/* The data of a MESSAGE or TEXT event: read all of it (kept while the
+ * command has not failed).  0, or -1 when the connection is gone. */
+static int imap_app_read(struct imap_session *s, struct imap_append *a)
+{
+    struct buf chunk = BUF_INITIALIZER;
+    size_t left = s->cmd.append.size;
+    int binary = s->cmd.append.binary;
+
     while (left > 0) {
         size_t n = 0;
 
         buf_reset(&chunk);
-        pr = prot_read_some(s->p, &chunk, left < 65536 ? left : 65536, &n);
-        if (pr != PROT_OK) {
-            s->quit = 1;
-            goto out;
+        if (prot_read_some(s->p, &chunk, left < 65536 ? left : 65536, &n)
+            != PROT_OK) {
+            buf_free(&chunk);
+            return -1;
         }
-        if (werr == STORE_OK)
-            werr = append_stage_write(st, chunk.s, n);
+        if (!binary && memchr(chunk.s, '\0', n))
+            imap_app_fail(a, "BAD", "NUL in a literal (send binary data "
+                                    "as a literal8 ~{n})");
+        imap_app_write(a, chunk.s, n);
         left -= n;
     }
-    pr = imapparse_append_end(s->p, &s->opts, &s->cmd);
-    if (!imapparse_in_sync(pr)) {
-        s->quit = 1;
-        goto out;
-    }
-    if (pr != IMAPPARSE_OK) {
-        imap_tagged(s, "BAD", "%s", s->cmd.error);
-        goto out;
-    }
-    if (r == STORE_NOTFOUND) {
-        imap_tagged(s, "NO", "[TRYCREATE] Mailbox does not exist");
-        goto out;
-    }
-    r = werr;
-    if (r == STORE_OK)
-        r = append_stage_close(st);
-    if (r == STORE_OK)
-        r = append_begin(s->srv->conf, &t);
-    if (r == STORE_OK) {
-        int rights = imap_rights(s, e->name, e->acl);
-        uint32_t fl = imap_sysflags_of(&ap->flags) & imap_settable(rights);
+    buf_free(&chunk);
+    return 0;
+}
 
-        /* the user's \Seen goes to the seen state, not the index */
-        seenit = imap_mb_useseen(mb) && (fl & MAILBOX_FLAG_SEEN);
-        if (seenit)
-            fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
+/* The end of the current message. */
+static void imap_app_end(struct imap_append *a)
+{
+    int r;
+
+    if (a->failed || !a->cur)
+        return;
+    r = append_stage_close(a->cur->st);
+    if (r != STORE_OK)
+        imap_app_fail_store(a, r);
+    else
+        a->total += append_stage_info(a->cur->st)->size;
+    a->cur = NULL;
+}
+
+/* A BADURL answer (RFC 4469): the URL in the code, with what an
+ * url-resp-text cannot hold left out. */
+static void imap_app_badurl(struct imap_append *a, const char *url,
+                            const char *why)
+{
+    char u[160];
+    size_t k = 0;
+
+    for (; *url && k + 1 < sizeof(u); url++)
+        if (*url != ']' && (unsigned char)*url >= 0x20 &&
+            (unsigned char)*url < 0x7f)
+            u[k++] = *url;
+    u[k] = '\0';
+    imap_app_fail(a, "NO", "[BADURL %s] %s", u, why);
+}
+
+/* Is the URL's host this server? */
+static int imap_url_host_ours(struct imap_session *s, const char *host)
+{
+    return strcasecmp(host, s->srv->servername) == 0 ||
+           strcasecmp(host, "localhost") == 0 ||
+           strcmp(host, "127.0.0.1") == 0 || strcmp(host, "[::1]") == 0;
+}
+
+/* A URL part of a CATENATE: the bytes it names are written to the
+ * current message, or the command fails with BADURL. */
+static void imap_app_url(struct imap_session *s, struct imap_append *a)
+{
+    const char *text = s->cmd.append.url, *err = NULL;
+    struct imapurl u;
+    struct buf name = BUF_INITIALIZER, tmp = BUF_INITIALIZER;
+    struct buf part = BUF_INITIALIZER;
+    struct mboxlist_entry *e = NULL;
+    struct mailbox *mb = NULL;
+    struct mailbox_record rec;
+    struct imap_msgfile mf;
+    struct message_section sec;
+    uint32_t recno;
+    int r;
+
+    if (a->failed || !a->cur)
+        return;
+    memset(&mf, 0, sizeof(mf));
+    mf.fd = -1;
+    if (imapurl_parse(text, s->cmd.append.url_len, &u, &err) < 0) {
+        imap_app_badurl(a, text, err);
+        goto out;
+    }
+    if (u.host && !imap_url_host_ours(s, u.host)) {
+        imap_app_badurl(a, text, "Not a URL of this server");
+        goto out;
+    }
+    if (u.user && strcmp(u.user, s->userid) != 0) {
+        imap_app_badurl(a, text, "The URL is for another user");
+        goto out;
+    }
+    if (u.mailbox) {
+        r = imap_to_internal(s, imap_strip_sep(s, u.mailbox, &tmp), &name,
+                             &err);
+        if (r == STORE_OK)
+            r = imap_lookup(s, buf_cstring(&name), ACL_READ, &e);
+        if (r == STORE_OK)
+            r = mailbox_open(s->srv->conf, e->name, e->partition, &mb);
+    } else if (s->state == IMAP_SELECTED && s->sel) {
+        r = imap_lookup(s, mailbox_name(s->sel), ACL_READ, &e);
+        if (r == STORE_OK)
+            r = mailbox_open(s->srv->conf, e->name, e->partition, &mb);
+    } else {
+        r = STORE_NOTFOUND;
+    }
+    if (r != STORE_OK) {
+        imap_app_badurl(a, text, r == STORE_NOTFOUND || r == STORE_BADNAME
+                                 || r == STORE_PERMISSION
+                                 ? "No such mailbox" : store_strerror(r));
+        goto out;
+    }
+    if (u.uidvalidity &&
+        u.uidvalidity != mailbox_get_header(mb)->uidvalidity) {
+        imap_app_badurl(a, text, "UIDVALIDITY does not match");
+        goto out;
+    }
+    r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);
+    if (r == STORE_OK) {
+        r = imap_read_uid(s, mb, u.uid, &recno, &rec);
+        mailbox_unlock(mb);
+    }
+    if (r == STORE_OK)
+        r = imap_msgfile_open(mb, u.uid, &mf);
+    if (r != STORE_OK) {
+        imap_app_badurl(a, text, r == STORE_NOTFOUND ? "No such message"
+                                                     : store_strerror(r));
+        goto out;
+    }
+    memset(&sec, 0, sizeof(sec));
+    sec.part = u.part;
+    sec.npart = u.npart;
+    sec.kind = u.kind;
+    if (message_get_section(mf.msg, &sec, &part) != MESSAGE_OK) {
+        imap_app_fail_store(a, STORE_NOMEM);
+        goto out;
+    }
+    if (u.section_set && part.len == 0) {
+        imap_app_badurl(a, text, "No such section");
+        goto out;
+    }
+    {
+        size_t off = u.partial ? u.origin : 0, n;
+
+        if (off > part.len)
+            off = part.len;
+        n = part.len - off;
+        if (u.partial && u.count && u.count < n)
+            n = u.count;
+        imap_app_write(a, part.s + off, n);
+    }
+out:
+    imap_msgfile_close(&mf);
+    mailbox_close(&mb);
+    mboxlist_entry_free(&e);
+    imapurl_fini(&u);
+    buf_free(&name);
+    buf_free(&tmp);
+    buf_free(&part);
+}
+
+/* The line's end: every staged message in, in one transaction. */
+static void imap_app_commit(struct imap_session *s, struct imap_append *a)
+{
+    struct append_txn *t = NULL;
+    struct strarray allkws = STRARRAY_INITIALIZER;
+    struct buf set = BUF_INITIALIZER;
+    uint32_t *uids = NULL, *seenuids = NULL, prev = 0, uidvalidity;
+    size_t i, nseen = 0;
+    int r, run = 0;
+
+    uids = calloc(a->n, sizeof(*uids));
+    seenuids = calloc(a->n, sizeof(*seenuids));
+    r = uids && seenuids ? append_begin(s->srv->conf, &t) : STORE_NOMEM;
+    if (r == STORE_OK)
+        r = append_check_quota(t, a->mb, a->total, a->n);
+    for (i = 0; i < a->n && r == STORE_OK; i++) {
+        struct imap_appendmsg *m = &a->msgs[i];
+
+        for (size_t k = 0; k < m->kws.count; k++)
+            strarray_append(&allkws, m->kws.data[k]);
         /* keywords go into the record before the commit: the message is
          * never visible without them; one that cannot be defined (the
          * mailbox has 128) refuses the APPEND, as STORE refuses it */
-        if (rights & ACL_WRITE)
-            imap_keyword_names(ap->flags.s, ap->flags.n, &kws);
-        r = append_add_keywords(t, mb, st,
-                                ap->date_set ? (int64_t)ap->date : 0, fl,
-                                (const char *const *)kws.data,
-                                (size_t)kws.count, APPEND_KEYWORDS_STRICT,
-                                &uid);
-        if (r == STORE_OK)
-            r = append_commit(t);
-        else
-            append_abort(t);
-        uidvalidity = mailbox_get_header(mb)->uidvalidity;
+        r = append_add_keywords(t, a->mb, m->st, m->date, m->sysflags,
+                                (const char *const *)m->kws.data,
+                                (size_t)m->kws.count,
+                                APPEND_KEYWORDS_STRICT | APPEND_IGNORE_QUOTA,
+                                &uids[i]);
+        if (r == STORE_OK && m->seen)
+            seenuids[nseen++] = uids[i];
     }
-    if (r == STORE_OVERQUOTA && imap_keywords_undefined(mb, &kws)) {
+    if (r == STORE_OK)
+        r = append_commit(t);
+    else if (t)
+        append_abort(t);
+    uidvalidity = mailbox_get_header(a->mb)->uidvalidity;
+    if (r == STORE_OVERQUOTA && imap_keywords_undefined(a->mb, &allkws)) {
         imap_tagged(s, "NO", "[LIMIT] Too many keywords in this mailbox");
         goto out;
     }
@@ -3770,20 +4061,127 @@ static void imap_cmd_append(struct imap_session *s)
         imap_store_no(s, r);
         goto out;
     }
-    if (seenit)
-        imap_seen_add_uids(s, mb, &uid, 1);
-    log_info("imap: append user=<%s> mailbox=<%s> uid=<%u> size=<%zu>",
-             s->userid, e->name, (unsigned)uid, ap->size);
-    s->nappended++;
-    imap_tagged(s, "OK", "[APPENDUID %u %u] APPEND completed",
-                (unsigned)uidvalidity, (unsigned)uid);
+    imap_seen_add_uids(s, a->mb, seenuids, nseen);
+    for (i = 0; i < a->n; i++) {
+        log_info("imap: append user=<%s> mailbox=<%s> uid=<%u> size=<%u>",
+                 s->userid, a->e->name, (unsigned)uids[i],
+                 (unsigned)append_stage_info(a->msgs[i].st)->size);
+        imap_set_add(&set, uids[i], &prev, &run);
+    }
+    imap_set_end(&set, prev, run);
+    s->nappended += a->n;
+    imap_tagged(s, "OK", "[APPENDUID %u %s] APPEND completed",
+                (unsigned)uidvalidity, buf_cstring(&set));
 out:
     append_free(&t);
-    append_stage_free(&st);
-    mailbox_close(&mb);
-    mboxlist_entry_free(&e);
-    buf_free(&chunk);
-    strarray_fini(&kws);
+    free(uids);
+    free(seenuids);
+    strarray_fini(&allkws);
+    buf_free(&set);
+}
+
+/* The answer for a parser result that ended the command early. */
+static void imap_app_parse_error(struct imap_session *s,
+                                 struct imap_append *a, int pr)
+{
+    switch (pr) {
+    case IMAPPARSE_REFUSED:
+        if (a->failed)
+            imap_tagged(s, a->status, "%s", a->text);
+        else
+            imap_tagged(s, s->append_refused == 1 ? "NO" : "BAD", "%s",
+                        s->cmd.error);
+        break;
+    case IMAPPARSE_TOOBIG:
+        if (s->cmd.append.size > s->opts.max_append)
+            imap_tagged(s, "NO", "[TOOBIG] %s", s->cmd.error);
+        else
+            imap_tagged(s, "BAD", "%s", s->cmd.error);
+        break;
+    case IMAPPARSE_BAD:
+    case IMAPPARSE_BADCHARSET:
+        imap_tagged(s, "BAD", "%s", s->cmd.error);
+        break;
+    case IMAPPARSE_TIMEOUT:
+        prot_puts(s->p, "* BYE Autologout; idle for too long\r\n");
+        s->end_reason = "autologout";
+        s->quit = 1;
+        break;
+    case IMAPPARSE_DESYNC:
+    case IMAPPARSE_NOMEM:
+        prot_printf(s->p, "* BYE %s\r\n", s->cmd.error ? s->cmd.error
+                                                       : "Protocol error");
+        s->end_reason = "error";
+        s->quit = 1;
+        break;
+    default:        /* EOF, IOERROR, INTERRUPTED: the client is gone */
+        s->quit = 1;
+        break;
+    }
+}
+
+/* APPEND: the command's events (imapparse.h) one by one; the first was
+ * read with the command. */
+static void imap_cmd_append(struct imap_session *s)
+{
+    struct imap_append a;
+    int r, pr = IMAPPARSE_OK;
+    size_t i;
+
+    memset(&a, 0, sizeof(a));
+    a.limit = imap_appendlimit(s->srv);
+    r = imap_dest_open(s, 0, &a.e, &a.mb);
+    if (r != STORE_OK)
+        imap_app_fail_store(&a, r);
+    else
+        a.rights = imap_rights(s, a.e->name, a.e->acl);
+    s->app = &a;
+    for (;;) {
+        switch (s->cmd.append.event) {
+        case IMAPPARSE_APPEND_MESSAGE:
+            imap_app_begin(s, &a);
+            if (imap_app_read(s, &a) != 0) {
+                s->quit = 1;
+                goto out;
+            }
+            imap_app_end(&a);
+            break;
+        case IMAPPARSE_APPEND_CATENATE:
+            imap_app_begin(s, &a);
+            break;
+        case IMAPPARSE_APPEND_TEXT:
+            if (imap_app_read(s, &a) != 0) {
+                s->quit = 1;
+                goto out;
+            }
+            break;
+        case IMAPPARSE_APPEND_URL:
+            imap_app_url(s, &a);
+            break;
+        case IMAPPARSE_APPEND_CATEND:
+            imap_app_end(&a);
+            break;
+        case IMAPPARSE_APPEND_END:
+            goto done;
+        }
+        pr = imapparse_append_next(s->p, &s->opts, &s->cmd);
+        if (pr != IMAPPARSE_OK) {
+            imap_app_parse_error(s, &a, pr);
+            goto out;
+        }
+    }
+done:
+    if (a.failed)
+        imap_tagged(s, a.status, "%s", a.text);
+    else
+        imap_app_commit(s, &a);
+out:
+    s->app = NULL;
+    for (i = 0; i < a.n; i++)
+        imap_app_msg_free(&a.msgs[i]);
+    free(a.msgs);
+    mailbox_close(&a.mb);
+    mboxlist_entry_free(&a.e);
 }
 
 /* A stage for message `rec` of the selected mailbox on `partition`: a
@@ -4068,8 +4466,31 @@ static int imap_continue(void *rock, struct prot *p, size_t size, int append,
 {
     struct imap_session *s = rock;
 
-    (void)size;
-    if (append) {
+    if (append && s->app) {
+        /* the second and later data literals of an APPEND: a failed
+         * command takes no more data; a CATENATE message stays in the
+         * limit as a whole */
+        struct imap_append *a = s->app;
+
+        if (!a->failed && a->cur &&
+            s->cmd.append.event == IMAPPARSE_APPEND_TEXT &&
+            size > a->limit - a->cursize)
+            imap_app_fail(a, "NO", "[TOOBIG] Message too large (limit %zu "
+                                   "bytes)", a->limit);
+        if (!a->failed &&
+            s->cmd.append.event == IMAPPARSE_APPEND_MESSAGE &&
+            a->n >= IMAP_APPEND_MAX_MESSAGES)
+            imap_app_fail(a, "NO", "[LIMIT] Too many messages in one APPEND "
+                                   "(limit %d)", IMAP_APPEND_MAX_MESSAGES);
+        if (!a->failed && s->cmd.append.utf8 && !s->utf8_accept)
+            imap_app_fail(a, "BAD", "UTF8 message data needs ENABLE "
+                                    "UTF8=ACCEPT");
+        if (a->failed) {
+            s->append_refused = strcmp(a->status, "BAD") == 0 ? 2 : 1;
+            *error_r = a->text;
+            return -1;
+        }
+    } else if (append) {
         struct mboxlist_entry *e = NULL;
         struct mailbox *mb = NULL;
         int r;
@@ -4077,6 +4498,11 @@ static int imap_continue(void *rock, struct prot *p, size_t size, int append,
         if (s->state == IMAP_NOTAUTH) {
             s->append_refused = 1;
             *error_r = "Please log in first";
+            return -1;
+        }
+        if (s->cmd.append.utf8 && !s->utf8_accept) {
+            s->append_refused = 2;
+            *error_r = "UTF8 message data needs ENABLE UTF8=ACCEPT";
             return -1;
         }
         /* a missing or forbidden mailbox is refused before the data */
@@ -4181,20 +4607,29 @@ static void imap_command(struct imap_session *s)
         case IMAPPARSE_CMD_LOGIN:
             imap_cmd_login(s);
             return;
-        case IMAPPARSE_CMD_APPEND:
-            /* a LITERAL+ message: drop it to stay in sync */
-            if (c->append.size &&
-                prot_read(s->p, NULL, c->append.size) != PROT_OK) {
-                s->quit = 1;
-                return;
+        case IMAPPARSE_CMD_APPEND: {
+            /* LITERAL+ data: drop it to stay in sync (a synchronizing
+             * literal is refused by imap_continue()) */
+            int pr = IMAPPARSE_OK;
+
+            while (pr == IMAPPARSE_OK &&
+                   c->append.event != IMAPPARSE_APPEND_END) {
+                if ((c->append.event == IMAPPARSE_APPEND_MESSAGE ||
+                     c->append.event == IMAPPARSE_APPEND_TEXT) &&
+                    c->append.size &&
+                    prot_read(s->p, NULL, c->append.size) != PROT_OK) {
+                    s->quit = 1;
+                    return;
+                }
+                pr = imapparse_append_next(s->p, &s->opts, c);
             }
-            if (!imapparse_in_sync(imapparse_append_end(s->p, &s->opts,
-                                                        c))) {
+            if (!imapparse_in_sync(pr)) {
                 s->quit = 1;
                 return;
             }
             imap_tagged(s, "BAD", "Please log in first");
             return;
+        }
         default:
             imap_tagged(s, "BAD", "Please log in first");
             return;
@@ -4400,14 +4835,16 @@ void imap_serve(struct imap_server *srv, struct prot *p,
             imap_search_refused(&s);
             /* RFC 7889: a message over APPENDLIMIT is NO [TOOBIG] */
             if (r == IMAPPARSE_TOOBIG && s.cmd.id == IMAPPARSE_CMD_APPEND &&
-                s.cmd.append_seen && s.cmd.append.size > s.opts.max_append)
+                (s.cmd.append.event == IMAPPARSE_APPEND_MESSAGE ||
+                 s.cmd.append.event == IMAPPARSE_APPEND_TEXT) &&
+                s.cmd.append.size > s.opts.max_append)
                 imap_tagged(&s, "NO", "[TOOBIG] %s", s.cmd.error);
             else
                 imap_tagged(&s, "BAD", "%s", s.cmd.error);
             break;
         case IMAPPARSE_REFUSED:
             s.ncommands++;
-            if (s.append_refused && s.state != IMAP_NOTAUTH)
+            if (s.append_refused == 1 && s.state != IMAP_NOTAUTH)
                 imap_tagged(&s, "NO", "%s", s.cmd.error);
             else
                 imap_tagged(&s, "BAD", "%s", s.cmd.error);

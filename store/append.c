@@ -794,6 +794,23 @@ int append_add_keywords(struct append_txn *t, struct mailbox *mb,
     return STORE_OK;
 }
 
+int append_check_quota(struct append_txn *t, struct mailbox *mb,
+                       uint64_t bytes, uint64_t messages)
+{
+    struct quota_db *q;
+    int r;
+
+    if (!t || !mb)
+        return STORE_INTERNAL;
+    r = quota_shared(t->conf, &q);
+    if (r) {
+        log_error("append: quota database unavailable error=<%s>",
+                  store_strerror(r));
+        return r;
+    }
+    return quota_check(q, mailbox_name(mb), bytes, messages, NULL);
+}
+
 int append_commit(struct append_txn *t)
 {
     struct mailbox **mbs = NULL;

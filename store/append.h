@@ -139,6 +139,14 @@ int append_add_keywords(struct append_txn *t, struct mailbox *mb,
                         uint32_t sysflags, const char *const *keywords,
                         size_t nkeywords, int flags, uint32_t *uid_r);
 
+/* The quota check of append_add() for several messages at once (IMAP
+ * MULTIAPPEND): the root covering mb must take `bytes` and `messages`
+ * more.  STORE_OK (also when no root covers mb), STORE_OVERQUOTA, or the
+ * quota database's error (logged).  The caller then adds the messages
+ * with APPEND_IGNORE_QUOTA.  Advisory as append_add()'s check. */
+int append_check_quota(struct append_txn *t, struct mailbox *mb,
+                       uint64_t bytes, uint64_t messages);
+
 /* One sync round, then every reserved record made visible.  STORE_OK, or
  * the sync's error, after which every reservation has been cancelled (the
  * caller answers 4xx).  Nothing reserved: STORE_OK without a round.  If

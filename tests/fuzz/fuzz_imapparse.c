@@ -123,13 +123,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     do {
         r = imapparse_read(p, (size & 1) ? NULL : &opts, &cmd);
         sink += walk(&cmd);
-        if (r == IMAPPARSE_OK && cmd.id == IMAPPARSE_CMD_APPEND) {
-            if (prot_read(p, NULL, cmd.append.size) != PROT_OK)
-                break;
-            r = imapparse_append_end(p, (size & 1) ? NULL : &opts, &cmd);
+        /* every APPEND event, its data read and dropped */
+        while (r == IMAPPARSE_OK && cmd.id == IMAPPARSE_CMD_APPEND &&
+               cmd.append.event != IMAPPARSE_APPEND_END) {
+            if ((cmd.append.event == IMAPPARSE_APPEND_MESSAGE ||
+                 cmd.append.event == IMAPPARSE_APPEND_TEXT) &&
+                prot_read(p, NULL, cmd.append.size) != PROT_OK)
+                goto done;
+            if (cmd.append.event == IMAPPARSE_APPEND_URL)
+                sink += strlen(cmd.append.url) + cmd.append.url_len;
+            r = imapparse_append_next(p, (size & 1) ? NULL : &opts, &cmd);
             sink += walk(&cmd);
         }
     } while (imapparse_in_sync(r) && ++rounds < 10000);
+done:
     (void)sink;
     imapparse_cmd_free(&cmd);
     prot_free(&p);

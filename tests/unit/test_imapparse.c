@@ -120,7 +120,8 @@ static void expect_bad(struct fx *fx, const char *line, int result,
 {
     csend(fx, line);
     csend(fx, "Z NOOP\r\n");
-    assert_int_equal(rd(fx), result);
+    if (rd(fx) != result)
+        fail_msg("command %s: result %d", line, result);
     if (tag)
         assert_string_equal(fx->cmd.tag, tag);
     else
@@ -1056,6 +1057,185 @@ static void test_append(void **state)
     buf_free(&out);
 }
 
+/* MULTIAPPEND, CATENATE, literal8 and UTF8 as events */
+static void next_ok(struct fx *fx, int event)
+{
+    assert_int_equal(imapparse_append_next(fx->p, &fx->opts, &fx->cmd),
+                     IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.append.event, event);
+}
+
+static void read_datan(struct fx *fx, const char *want, size_t len)
+{
+    struct buf d = BUF_INITIALIZER;
+
+    assert_int_equal(fx->cmd.append.size, len);
+    assert_int_equal(prot_read(fx->p, &d, fx->cmd.append.size), PROT_OK);
+    assert_memory_equal(d.s, want, len);
+    buf_free(&d);
+}
+
+static void read_data(struct fx *fx, const char *want)
+{
+    struct buf d = BUF_INITIALIZER;
+
+    assert_int_equal(fx->cmd.append.size, strlen(want));
+    assert_int_equal(prot_read(fx->p, &d, fx->cmd.append.size), PROT_OK);
+    assert_memory_equal(d.s, want, strlen(want));
+    buf_free(&d);
+}
+
+/* an APPEND whose error shows after its first event(s) */
+static void expect_bad_later(struct fx *fx, const char *line, int result,
+                             const char *text)
+{
+    int r;
+
+    csend(fx, line);
+    csend(fx, "Z NOOP\r\n");
+    r = rd(fx);
+    while (r == IMAPPARSE_OK) {
+        if ((fx->cmd.append.event == IMAPPARSE_APPEND_MESSAGE
+             || fx->cmd.append.event == IMAPPARSE_APPEND_TEXT)
+            && fx->cmd.append.size)
+            assert_int_equal(prot_read(fx->p, NULL, fx->cmd.append.size),
+                             PROT_OK);
+        assert_int_not_equal(fx->cmd.append.event, IMAPPARSE_APPEND_END);
+        r = imapparse_append_next(fx->p, &fx->opts, &fx->cmd);
+    }
+    if (r != result || !strstr(fx->cmd.error, text))
+        fail_msg("command %s: result %d (%s)", line, r, fx->cmd.error);
+    expect_noop(fx, "Z");
+}
+
+static void test_append_events(void **state)
+{
+    struct fx *fx = *state;
+    struct buf out = BUF_INITIALIZER;
+    size_t quota = 100;
+
+    fx->opts.cont = cont_cb;
+    fx->opts.rock = &quota;
+    /* three messages, the second with flags and a date, the third a
+     * literal8 with a NUL */
+    {
+        static const char cmd[] = "a APPEND x {2+}\r\nm1 (\\Seen) "
+            "\"7-Feb-1994 21:52:25 -0800\" {2}\r\nm2 ~{3+}\r\nm\0003\r\n";
+
+        assert_int_equal(write_all(fx->sv[1], cmd, sizeof(cmd) - 1), 0);
+    }
+    cont_calls = 0;
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.append.event, IMAPPARSE_APPEND_MESSAGE);
+    assert_int_equal(fx->cmd.append.nmsg, 1);
+    assert_int_equal(fx->cmd.append.flags_set, 0);
+    assert_int_equal(fx->cmd.append.binary, 0);
+    read_data(fx, "m1");
+    next_ok(fx, IMAPPARSE_APPEND_MESSAGE);
+    assert_int_equal(fx->cmd.append.nmsg, 2);
+    assert_int_equal(fx->cmd.append.flags.n, 1);
+    assert_string_equal(fx->cmd.append.flags.s[0], "\\Seen");
+    assert_int_equal(fx->cmd.append.date_set, 1);
+    assert_int_equal(cont_calls, 1);
+    read_data(fx, "m2");
+    next_ok(fx, IMAPPARSE_APPEND_MESSAGE);
+    assert_int_equal(fx->cmd.append.nmsg, 3);
+    assert_int_equal(fx->cmd.append.flags_set, 0);
+    assert_int_equal(fx->cmd.append.date_set, 0);
+    assert_int_equal(fx->cmd.append.binary, 1);
+    assert_int_equal(fx->cmd.append.nonsync, 1);
+    read_datan(fx, "m\0003", 3);
+    next_ok(fx, IMAPPARSE_APPEND_END);
+    assert_int_equal(imapparse_append_next(fx->p, &fx->opts, &fx->cmd),
+                     IMAPPARSE_BAD);
+
+    /* CATENATE with TEXT, URL (quoted and literal), then a plain one */
+    csend(fx, "b APPEND x (\\Draft) CATENATE (TEXT {3+}\r\nabc URL "
+              "\"/INBOX;UIDVALIDITY=5/;UID=2/;SECTION=1\" URL {6+}\r\n"
+              ";UID=1 TEXT ~{1+}\r\nz) {1+}\r\nq\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.append.event, IMAPPARSE_APPEND_CATENATE);
+    assert_int_equal(fx->cmd.append.flags.n, 1);
+    next_ok(fx, IMAPPARSE_APPEND_TEXT);
+    read_data(fx, "abc");
+    next_ok(fx, IMAPPARSE_APPEND_URL);
+    assert_string_equal(fx->cmd.append.url,
+                        "/INBOX;UIDVALIDITY=5/;UID=2/;SECTION=1");
+    next_ok(fx, IMAPPARSE_APPEND_URL);
+    assert_string_equal(fx->cmd.append.url, ";UID=1");
+    next_ok(fx, IMAPPARSE_APPEND_TEXT);
+    assert_int_equal(fx->cmd.append.binary, 1);
+    read_data(fx, "z");
+    next_ok(fx, IMAPPARSE_APPEND_CATEND);
+    next_ok(fx, IMAPPARSE_APPEND_MESSAGE);
+    assert_int_equal(fx->cmd.append.nmsg, 2);
+    read_data(fx, "q");
+    next_ok(fx, IMAPPARSE_APPEND_END);
+
+    /* UTF8 (~{n}) */
+    csend(fx, "c APPEND x UTF8 (~{2+}\r\nab)\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    assert_int_equal(fx->cmd.append.utf8, 1);
+    read_data(fx, "ab");
+    next_ok(fx, IMAPPARSE_APPEND_END);
+
+    /* errors in the middle drop the rest and stay in sync */
+    csend(fx, "d APPEND x {1+}\r\na junk {3+}\r\nabc\r\nZ NOOP\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    read_data(fx, "a");
+    assert_int_equal(imapparse_append_next(fx->p, &fx->opts, &fx->cmd),
+                     IMAPPARSE_BAD);
+    expect_noop(fx, "Z");
+    /* a second message over max_append: TOOBIG, its {n+} data dropped */
+    fx->opts.max_append = 10;
+    csend(fx, "e APPEND x {1+}\r\na {11+}\r\n01234567890\r\nZ NOOP\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    read_data(fx, "a");
+    assert_int_equal(imapparse_append_next(fx->p, &fx->opts, &fx->cmd),
+                     IMAPPARSE_TOOBIG);
+    assert_int_equal(fx->cmd.append.size, 11);
+    expect_noop(fx, "Z");
+    fx->opts.max_append = 0;
+    /* a synchronizing second message refused: no "+", the command ends */
+    quota = 5;
+    csend(fx, "f APPEND x {1+}\r\na {6}\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    read_data(fx, "a");
+    client_output(fx, &out);
+    assert_int_equal(imapparse_append_next(fx->p, &fx->opts, &fx->cmd),
+                     IMAPPARSE_REFUSED);
+    client_output(fx, &out);
+    assert_int_equal(out.len, 0);
+    csend(fx, "Z NOOP\r\n");
+    expect_noop(fx, "Z");
+    quota = 100;
+    expect_bad(fx, "g APPEND x CATENATE ()\r\n", IMAPPARSE_BAD, "g",
+               "Empty CATENATE");
+    csend(fx, "g APPEND x CATENATE (TEXT {1+}\r\na\r\nZ NOOP\r\n");
+    assert_int_equal(rd(fx), IMAPPARSE_OK);
+    next_ok(fx, IMAPPARSE_APPEND_TEXT);
+    read_data(fx, "a");
+    assert_int_equal(imapparse_append_next(fx->p, &fx->opts, &fx->cmd),
+                     IMAPPARSE_BAD);
+    assert_non_null(strstr(fx->cmd.error, "Missing ')'"));
+    expect_noop(fx, "Z");
+    expect_bad_later(fx, "h APPEND x CATENATE (FOO)\r\n", IMAPPARSE_BAD,
+                     "CATENATE part");
+    expect_bad_later(fx, "h APPEND x CATENATE (URL)\r\n", IMAPPARSE_BAD,
+                     "URL");
+    expect_bad_later(fx, "h APPEND x {1+}\r\na CATENATE (TEXT {1+}\r\nb "
+                         "URL \"u\" TEXT {2+}\r\ncd\r\n", IMAPPARSE_BAD,
+                     "Missing ')'");
+    expect_bad_later(fx, "h APPEND x {1+}\r\na (\\Seen)\r\n", IMAPPARSE_BAD,
+                     "Missing message literal");
+    expect_bad(fx, "h APPEND x UTF8 ({2+}\r\nab)\r\n", IMAPPARSE_BAD, "h",
+               "literal8");
+    expect_bad(fx, "i APPEND x (~{2+}\r\nab) {1+}\r\na\r\n", IMAPPARSE_BAD,
+               "i", NULL);
+    expect_bad(fx, "j FETCH 1 ~{2+}\r\nab\r\n", IMAPPARSE_BAD, "j", NULL);
+    buf_free(&out);
+}
+
 /* ---- lexical errors and resynchronization -------------------------- */
 
 static void test_malformed(void **state)
@@ -1378,6 +1558,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_misc_commands, setup, teardown),
         cmocka_unit_test_setup_teardown(test_acl_quota, setup, teardown),
         cmocka_unit_test_setup_teardown(test_append, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_append_events, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_malformed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits_command, setup, teardown),
