@@ -61,6 +61,9 @@ struct lmtp_sieve_target {
     char *mailbox;
     uint32_t sysflags;
     struct strarray keywords;
+    struct append_stage *stage;   /* the message as this recipient's
+                                     script edited it (editheader), owned
+                                     by the result; NULL: the original */
 };
 
 enum lmtp_sieve_outcome {
@@ -78,6 +81,10 @@ struct lmtp_sieve_result {
     char *userid;
     struct strarray dupmarks;   /* "id" of duplicate actions ... */
     unsigned long *dupsecs;     /* ... and their seconds */
+    struct append_stage **stages; /* edited copies of the message (closed
+                                     stages), freed by
+                                     lmtp_sieve_result_fini() */
+    size_t nstages;
 };
 
 /* Run the recipient's script.  rcpt: the envelope recipient as written
