@@ -1695,7 +1695,10 @@ static int cmd_include(struct exec *ex, struct frame *fr,
             goto fail;
         }
     }
-    if (n->once && strarray_append(&ex->once, buf_cstring(&key)) < 0) {
+    /* every include counts for a later :once (RFC 6609 3.2: "only if it
+     * has not already been included at any other point") */
+    if (strarray_find(&ex->once, buf_cstring(&key)) < 0 &&
+        strarray_append(&ex->once, buf_cstring(&key)) < 0) {
         rt_nomem(ex);
         goto fail;
     }
