@@ -1434,7 +1434,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     ssize_t n;
     size_t i;
     struct lmtp_sieve_hdr hdr;
-    int fd = -1, r, tempfail = 0, hdr_set = 0;
+    int fd = -1, r, tempfail = 0, hdr_set = 0, hdr_parsed = 0;
 
     memset(res, 0, sizeof(*res));
     res->outcome = LMTP_SIEVE_NONE;
@@ -1519,9 +1519,8 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
         status = "runtime-error";
     }
 
-    if (lmtp_sieve_hdr_init(&hdr, m->map, m->maplen) != 0)
-        log_warning("lmtp: sieve header not editable user=<%s>",
-                    res->userid);
+    /* the header is split into fields at the first edit only */
+    memset(&hdr, 0, sizeof(hdr));
     hdr_set = 1;
     for (i = 0; i < acts.count && !tempfail; i++) {
         struct sieve_action *a = &acts.v[i];
@@ -1650,6 +1649,12 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
         }
         case SIEVE_ACTION_ADDHEADER:
         case SIEVE_ACTION_DELETEHEADER:
+            if (!hdr_parsed) {
+                hdr_parsed = 1;
+                if (lmtp_sieve_hdr_init(&hdr, m->map, m->maplen) != 0)
+                    log_warning("lmtp: sieve header not editable "
+                                "user=<%s>", res->userid);
+            }
             lmtp_sieve_hdr_edit(&hdr, a, &why);
             buf_printf(&one, "%s \"%s\"%s%s%s",
                        a->type == SIEVE_ACTION_ADDHEADER ? "addheader"
