@@ -250,7 +250,6 @@ struct lmtp_sieve_run {
     const char *userid;
     const char *inbox;
     const char *rcpt;
-    unsigned nincluded;           /* include callbacks answered */
 };
 
 static int lmtp_sieve_map(struct lmtp_sieve_msg *m)
@@ -416,8 +415,12 @@ static int lmtp_sieve_specialuse(struct lmtp_sieve_run *run, const char *use,
     r = mboxlist_list(deliver_mboxlist(run->ls->dctx), buf_cstring(&pat),
                       lmtp_sieve_su_cb, &su);
     buf_free(&pat);
-    if (r == 1)
-        return lmtp_sieve_postable(run, buf_cstring(out)) < 0 ? -1 : 1;
+    if (r == 1) {
+        r = lmtp_sieve_postable(run, buf_cstring(out));
+        if (r == 0)
+            buf_reset(out);
+        return r;
+    }
     return r == STORE_OK ? 0 : -1;
 }
 
@@ -552,7 +555,6 @@ static int lmtp_sieve_cb_include(void *rock, int global, const char *name,
         buf_printf(errmsg, "does not compile: %s", c->error ? c->error : "");
         goto out;
     }
-    run->nincluded++;
     *script_r = c->script;
     r = 1;
 out:
