@@ -1041,17 +1041,14 @@ static void lmtp_sieve_hdr_fini(struct lmtp_sieve_hdr *h)
     strarray_fini(&h->fields);
 }
 
-/* Does field f (raw bytes) have name `name`? */
+/* Does field f (raw bytes) have name `name`?  The name as the script's
+ * header tests see it (sieve_msg.c): exactly the bytes before the
+ * colon, so that deleteheader's index counts the same fields. */
 static int lmtp_sieve_field_is(const char *f, const char *name)
 {
     size_t n = strlen(name);
 
-    if (strncasecmp(f, name, n) != 0)
-        return 0;
-    f += n;
-    while (*f == ' ' || *f == '\t')
-        f++;
-    return *f == ':';
+    return strncasecmp(f, name, n) == 0 && f[n] == ':';
 }
 
 static void lmtp_sieve_b64(struct buf *out, const unsigned char *p, size_t n)

@@ -223,8 +223,10 @@ def test_include_loops_and_depth():
 
 # ---- editheader ------------------------------------------------------------
 
-EDIT = r'''require ["editheader"];
+EDIT = r'''require ["editheader", "index"];
 addheader "X-Sieve-Tag" "tagged";
+deleteheader :index 2 "X-Dup";
+deleteheader :contains "X-Dup" "nomatch";
 addheader :last "X-Note" "Grüße aus München, übermorgen";
 deleteheader "X-Remove";
 deleteheader "Received";
@@ -253,6 +255,7 @@ def test_editheader():
         inst.start()
         msg = make_message(msgid(), subject="edit me",
                            extra_headers=["X-Remove: gone",
+                                          "X-Dup: one", "X-Dup: two",
                                           "Auto-Submitted: no"])
         per = send(inst, ["alice@test.example", "bob@test.example",
                           "carol@test.example", "dave@test.example",
@@ -267,6 +270,8 @@ def test_editheader():
         check(names[0] == "X-Sieve-Tag", "addheader not first: %r" % names)
         check(names[-1] == "X-Note", "addheader :last not last: %r" % names)
         check("X-Remove" not in names, "deleteheader did not delete")
+        check(field(ra, "X-Dup") == ["one"], "deleteheader :index 2: %r"
+              % field(ra, "X-Dup"))
         check(names.count("Received") == header_names(rb).count("Received")
               and "from nowhere" not in ra.decode("utf-8", "replace"),
               "Received fields changed: %r" % names)
