@@ -1079,15 +1079,19 @@ static void lmtp_sieve_b64(struct buf *out, const unsigned char *p, size_t n)
  * become spaces; a printable US-ASCII value is folded at its spaces
  * (lines of about 78 bytes); any other value is written as RFC 2047
  * encoded words (UTF-8, B), at most 45 octets of the value each, cut at
- * character boundaries, one per line.  0, or -1 when the field would be
- * longer than LMTP_SIEVE_FIELD_MAX. */
-static int lmtp_sieve_field(const char *name, const char *value, struct buf *out)
+ * character boundaries, one per line of at most 76 characters.  0, or -1
+ * when the field would be longer than LMTP_SIEVE_FIELD_MAX or its name
+ * alone would make a line too long (RFC 5322 2.1.1: 998). */
+static int lmtp_sieve_field(const char *name, const char *value,
+                            struct buf *out)
 {
     struct buf v = BUF_INITIALIZER;
     size_t i, col, word = 0, longest = 0;
     int ascii = 1;
 
     buf_reset(out);
+    if (strlen(name) > 900)
+        return -1;
     for (i = 0; value[i]; i++) {
         unsigned char c = (unsigned char)value[i];
 
@@ -1122,14 +1126,25 @@ static int lmtp_sieve_field(const char *name, const char *value, struct buf *out
         }
     } else {
         const unsigned char *p = (const unsigned char *)(v.s ? v.s : "");
-        size_t len = v.len, n;
+        size_t len = v.len, n, max;
 
+        /* lines of at most 76 characters (RFC 2047 2): " =?UTF-8?B?"
+         * and "?=" take 13, 60 base64 characters carry 45 octets; the
+         * first word shares its line with "Name:" */
+        max = col + 13 + 4 <= 76 ? (76 - col - 13) / 4 * 3 : 0;
+        if (max > 45)
+            max = 45;
+        if (max == 0) {
+            buf_appendcstr(out, "\r\n");
+            max = 45;
+        }
         for (i = 0; i < len; i += n) {
-            n = len - i > 45 ? 45 : len - i;
+            n = len - i > max ? max : len - i;
             while (n > 1 && i + n < len && (p[i + n] & 0xc0) == 0x80)
                 n--;   /* not inside a UTF-8 sequence */
             if (i)
                 buf_appendcstr(out, "\r\n");
+            max = 45;
             buf_appendcstr(out, " =?UTF-8?B?");
             lmtp_sieve_b64(out, p + i, n);
             buf_appendcstr(out, "?=");

@@ -227,6 +227,7 @@ EDIT = r'''require ["editheader", "index"];
 addheader "X-Sieve-Tag" "tagged";
 deleteheader :index 2 "X-Dup";
 deleteheader :contains "X-Dup" "nomatch";
+addheader :last "X-Long" "ääääääääääääääääääääääääääääääääääääääää und €  und €  und €  und €  und €  und €";
 addheader :last "X-Note" "Grüße aus München, übermorgen";
 deleteheader "X-Remove";
 deleteheader "Received";
@@ -268,7 +269,8 @@ def test_editheader():
         ra, rb = inst.messages("user.alice")[0], inst.messages("user.bob")[0]
         names = header_names(ra)
         check(names[0] == "X-Sieve-Tag", "addheader not first: %r" % names)
-        check(names[-1] == "X-Note", "addheader :last not last: %r" % names)
+        check(names[-2:] == ["X-Long", "X-Note"],
+              "addheader :last not last: %r" % names)
         check("X-Remove" not in names, "deleteheader did not delete")
         check(field(ra, "X-Dup") == ["one"], "deleteheader :index 2: %r"
               % field(ra, "X-Dup"))
@@ -281,6 +283,13 @@ def test_editheader():
         check(len(note) == 1 and "=?UTF-8?B?" in note[0] and
               decoded(note[0]) == "Grüße aus München, übermorgen",
               "non-ASCII value not RFC 2047 encoded: %r" % note)
+        long_ = field(ra, "X-Long")
+        check(len(long_) == 1 and
+              decoded(long_[0]) == 'ääääääääääääääääääääääääääääääääääääääää und €  und €  und €  und €  und €  und €',
+              "long non-ASCII value: %r" % long_)
+        check(all(len(l) <= 76 for l in ra.split(b"\r\n\r\n")[0]
+                  .split(b"\r\n") if b"=?UTF-8?B?" in l),
+              "lines with encoded words longer than 76 (RFC 2047 2)")
         check(all(b < 128 for b in ra.split(b"\r\n\r\n")[0]),
               "8-bit bytes in the edited header")
         check(ra.split(b"\r\n\r\n", 1)[1] == rb.split(b"\r\n\r\n", 1)[1],
