@@ -325,8 +325,8 @@ static const struct imapconf_option imapconf_options[] = {
     { .name = "sendmail", .type = IMAPCONF_STRING,
       .def = "/usr/sbin/sendmail",
       .desc = "program that sends Sieve's redirects, vacation replies "
-              "and rejections: a path, optionally followed by arguments separated by "
-              "spaces (run as PATH ARGS -i -f SENDER -- RCPT)" },
+              "and rejections: a path, optionally followed by arguments "
+              "separated by spaces (run as PATH ARGS -i -f SENDER -- RCPT)" },
     { .name = "metrics_listen", .type = IMAPCONF_STRING, .def = "",
       .desc = "HOST:PORT ([ADDRESS]:PORT for IPv6) where metricsd serves "
               "Prometheus metrics on /metrics; the master runs metricsd "
