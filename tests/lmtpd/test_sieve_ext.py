@@ -26,7 +26,9 @@ special-use: fileinto :specialuse files into the user's mailbox with
 that use (an autocreated folder, given \\Junk by xlist-junk) even when
 the named one exists; without such a mailbox the named one; with
 :create the named one is created with the use (mbtool info shows it)
-and is then found by its use; neither: INBOX and a log line.
+and is then found by its use; neither: INBOX and a log line.  A user
+of a virtual domain: scripts from the domain's layout, special-use
+within the domain.
 
 Environment: see lmtphelp.py (top_builddir, TEST_TMPDIR, LMTP_TESTS,
 LMTP_KEEP).
@@ -403,11 +405,49 @@ def test_specialuse():
               "missing target not logged")
 
 
+def test_domain_user():
+    """A user of a virtual domain: :personal scripts from the domain's
+    script layout, the global directory shared, special-use within the
+    domain's mailboxes."""
+    conf = {"virtdomains": "userid", "defaultdomain": "test.example"}
+    with SieveInstance("sv-dom", conf=conf) as inst:
+        inst.create("example.com!user.hank")
+        inst.create("user.hank")
+        d = os.path.join(inst.sievedir, "domain", "e", "example.com", "h",
+                         "hank")
+        os.makedirs(d)
+        with open(os.path.join(d, "arch.script"), "w") as f:
+            f.write('require ["fileinto", "special-use", "mailbox"];\n'
+                    'fileinto :specialuse "\\\\Archive" :create '
+                    '"INBOX.Arch";\n')
+        with open(os.path.join(d, "main.script"), "w") as f:
+            f.write('require "include";\ninclude :personal "arch";\n')
+        os.symlink("main.script", os.path.join(d, "defaultbc"))
+        for root, dirs, files in os.walk(inst.sievedir):
+            for n in dirs + files:
+                chown_run_as(os.path.join(root, n))
+        # the domain-less hank has a folder of the same name
+        inst.create("user.hank.Arch")
+        inst.start()
+        per = send(inst, ["hank@example.com"], make_message(msgid()))
+        check(per[0].code == 250, "first: %r" % per)
+        info = inst.mbtool("info", "example.com!user.hank.Arch")[1]
+        check("specialuse: \\Archive" in info, "not created with the "
+              "use: %s" % info)
+        # found by its use again; the domain-less namesake never used
+        per = send(inst, ["hank@example.com"], make_message(msgid()))
+        check(per[0].code == 250 and
+              len(inst.messages("example.com!user.hank.Arch")) == 2 and
+              len(inst.messages("user.hank.Arch")) == 0,
+              "domain user's special-use mailbox")
+
+
 TESTS = [
     test_include,
     test_include_loops_and_depth,
     test_editheader,
     test_specialuse,
+    test_domain_user,
 ]
 
 if __name__ == "__main__":
