@@ -10,6 +10,11 @@
  *   "sieve-duplicate:" ID                 NUL USERID   (RFC 7352)
  * They cannot collide with the delivery records (whose ids are
  * Message-IDs, "<...>").
+ *
+ * The compiled-script cache holds active and included scripts alike;
+ * an entry used by the execution in progress is never evicted, so the
+ * scripts on the library's include stack stay valid (and the library
+ * can tell a loop by their identity).
  */
 #include "config.h"
 
