@@ -279,6 +279,9 @@ static const struct imapconf_option imapconf_options[] = {
     { .name = "sieve_extensions", .type = IMAPCONF_STRING, .def = "",
       .desc = "space-separated Sieve extensions scripts may require; "
               "empty = every supported one" },
+    { .name = "sieve_globaldir", .type = IMAPCONF_STRING, .def = "",
+      .desc = "directory of the global Sieve scripts (include :global "
+              "\"NAME\" reads NAME.script there); empty = SIEVEDIR/global" },
     { .name = "timeout", .type = IMAPCONF_INT, .def = "32",
       .min = 30, .max = 1440,
       .desc = "minutes an IMAP client may stay idle before the autologout "
@@ -322,7 +325,8 @@ static const struct imapconf_option imapconf_options[] = {
     { .name = "sendmail", .type = IMAPCONF_STRING,
       .def = "/usr/sbin/sendmail",
       .desc = "program that sends Sieve's redirects, vacation replies "
-              "and rejections (sendmail -i -f SENDER -- RCPT)" },
+              "and rejections: a path, optionally followed by arguments "
+              "separated by spaces (run as PATH ARGS -i -f SENDER -- RCPT)" },
     { .name = "metrics_listen", .type = IMAPCONF_STRING, .def = "",
       .desc = "HOST:PORT ([ADDRESS]:PORT for IPv6) where metricsd serves "
               "Prometheus metrics on /metrics; the master runs metricsd "

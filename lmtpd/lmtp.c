@@ -902,6 +902,7 @@ static void lmtp_deliver_all(struct lmtp_session *s, const char *msgid,
                 all[n].sysflags = t->sysflags;
                 all[n].keywords = (const char *const *)t->keywords.data;
                 all[n].nkeywords = t->keywords.count;
+                all[n].stage = t->stage;
                 owner[n++] = i;
             }
         }

@@ -10,6 +10,11 @@
  *   "sieve-duplicate:" ID                 NUL USERID   (RFC 7352)
  * They cannot collide with the delivery records (whose ids are
  * Message-IDs, "<...>").
+ *
+ * The compiled-script cache holds active and included scripts alike;
+ * an entry used by the execution in progress is never evicted, so the
+ * scripts on the library's include stack stay valid (and the library
+ * can tell a loop by their identity).
  */
 #include "config.h"
 
@@ -44,6 +49,7 @@
 
 #define LMTP_SIEVE_TRACE "X-Sieve-Redirected-By"
 #define LMTP_SIEVE_KEY_MAX 400
+#define LMTP_SIEVE_SENDMAIL_ARGS 16   /* words of the sendmail key */
 
 struct lmtp_sieve_cached {
     dev_t dev;
@@ -63,14 +69,16 @@ struct lmtp_sieve {
     struct strarray allowed;
     struct lmtp_sieve_cached cache[LMTP_SIEVE_CACHE];
     unsigned long tick;
+    unsigned long run_tick;        /* tick when the current run began:
+                                      entries used since are in use */
     unsigned long compiles;
     unsigned long seq;
 };
 
 /* Extensions whose actions this delivery path does not carry out: never
- * offered to scripts. */
+ * offered to scripts (none today; the list stays for the next one). */
 static const char *const lmtp_sieve_unsupported[] = {
-    "editheader", "include", "special-use", NULL
+    NULL
 };
 
 static int lmtp_sieve_ext_ok(const char *name)
@@ -178,8 +186,14 @@ static struct lmtp_sieve_cached *lmtp_sieve_load(struct lmtp_sieve *ls,
             c->used = ls->tick;
             return c;
         }
+        if (c->valid && c->used > ls->run_tick)
+            continue;   /* a script of the running execution */
         if (!victim || !c->valid || (victim->valid && c->used < victim->used))
             victim = c;
+    }
+    if (!victim) {
+        errno = ENOMEM;
+        return NULL;
     }
     if ((size_t)sb.st_size > ls->limits.max_script_size + 1) {
         /* do not read more than the limit allows */
@@ -336,6 +350,85 @@ static int lmtp_sieve_postable(struct lmtp_sieve_run *run, const char *name)
     return r;
 }
 
+/* special-use (RFC 8579): the first of the user's mailboxes (INBOX and
+ * below, in mailbox order) whose special-use list (RFC 6154, kept in
+ * its mailbox list entry) names `use`, case-insensitively. */
+struct lmtp_sieve_su {
+    const char *use;
+    struct buf *out;
+};
+
+static int lmtp_sieve_su_cb(void *rock, const struct mboxlist_entry *e)
+{
+    struct lmtp_sieve_su *su = rock;
+    const char *p = e->specialuse;
+    size_t n = strlen(su->use);
+
+    while (p && *p) {
+        const char *end = strchr(p, ' ');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+
+        if (len == n && strncasecmp(p, su->use, n) == 0)
+            return buf_setcstr(su->out, e->name) == 0 ? 1 : -1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+/* The canonical spelling of an RFC 6154 attribute (as imapd stores the
+ * attributes of CREATE (USE ...)), or NULL for one not known: a mailbox
+ * created by :create :specialuse then gets no attribute. */
+static const char *lmtp_sieve_specialuse_canon(const char *use)
+{
+    static const char *const known[] = {
+        "\\All", "\\Archive", "\\Drafts", "\\Flagged", "\\Junk",
+        "\\Sent", "\\Trash", NULL
+    };
+    size_t i;
+
+    for (i = 0; known[i]; i++)
+        if (strcasecmp(use, known[i]) == 0)
+            return known[i];
+    return NULL;
+}
+
+/* 1 found with its name in out, 0 none the user may post to, -1
+ * database trouble. */
+static int lmtp_sieve_specialuse(struct lmtp_sieve_run *run, const char *use,
+                                 struct buf *out)
+{
+    struct lmtp_sieve_su su = { use, out };
+    struct buf pat = BUF_INITIALIZER;
+    struct mboxlist_entry *e = NULL;
+    int r;
+
+    buf_reset(out);
+    if (!use || use[0] != '\\' || mboxlist_specialuse_check(use) < 0 ||
+        strchr(use, ' '))
+        return 0;
+    r = mboxlist_lookup(deliver_mboxlist(run->ls->dctx), run->inbox, &e);
+    if (r == STORE_OK) {
+        r = lmtp_sieve_su_cb(&su, e);
+        mboxlist_entry_free(&e);
+        if (r != 0)
+            return r;
+    } else if (r != STORE_NOTFOUND) {
+        return -1;
+    }
+    if (buf_printf(&pat, "%s.*", run->inbox) < 0)
+        return -1;
+    r = mboxlist_list(deliver_mboxlist(run->ls->dctx), buf_cstring(&pat),
+                      lmtp_sieve_su_cb, &su);
+    buf_free(&pat);
+    if (r == 1) {
+        r = lmtp_sieve_postable(run, buf_cstring(out));
+        if (r == 0)
+            buf_reset(out);
+        return r;
+    }
+    return r == STORE_OK ? 0 : -1;
+}
+
 static int lmtp_sieve_cb_mailbox_exists(void *rock, const char *mailbox)
 {
     struct lmtp_sieve_run *run = rock;
@@ -417,6 +510,64 @@ static int lmtp_sieve_cb_environment(void *rock, const char *name,
     return 0;
 }
 
+/* include (RFC 6609): NAME.script of the user's directory (:personal) or
+ * of the global directory (:global), compiled through the same cache as
+ * the active script.  Each execution looks at the files again (fstat),
+ * so a changed included script is compiled again even when the script
+ * including it did not change.  The library finds loops: an include of
+ * a script already executing gives the cache entry, hence the compiled
+ * script, it is running. */
+static int lmtp_sieve_cb_include(void *rock, int global, const char *name,
+                                 const struct sieve_script **script_r,
+                                 struct buf *errmsg)
+{
+    struct lmtp_sieve_run *run = rock;
+    struct lmtp_sieve_cached *c;
+    struct buf dir = BUF_INITIALIZER, path = BUF_INITIALIZER;
+    int fd, r = 0;
+
+    *script_r = NULL;
+    if (!sievedir_name_valid(name, strlen(name))) {
+        buf_printf(errmsg, "invalid script name");
+        return 0;
+    }
+    if ((global ? sievedir_global_path(run->ls->conf, &dir)
+                : sievedir_user_path(run->ls->conf, run->userid, &dir)) !=
+            SIEVEDIR_OK ||
+        sievedir_script_path(buf_cstring(&dir), name, &path) != SIEVEDIR_OK) {
+        r = -1;
+        goto out;
+    }
+    fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno != ENOENT && errno != ENOTDIR) {
+            log_warning("lmtp: sieve included script unreadable "
+                        "script=<%s> error=<%s>", buf_cstring(&path),
+                        strerror(errno));
+            buf_printf(errmsg, "script unreadable");
+        }
+        goto out;   /* not found: :optional decides */
+    }
+    c = lmtp_sieve_load(run->ls, fd, buf_cstring(&path));
+    close(fd);
+    if (!c) {
+        log_error("lmtp: sieve included script unreadable script=<%s> "
+                  "error=<%s>", buf_cstring(&path), strerror(errno));
+        r = -1;
+        goto out;
+    }
+    if (!c->script) {
+        buf_printf(errmsg, "does not compile: %s", c->error ? c->error : "");
+        goto out;
+    }
+    *script_r = c->script;
+    r = 1;
+out:
+    buf_free(&dir);
+    buf_free(&path);
+    return r;
+}
+
 /* ---- sendmail ----------------------------------------------------------- */
 
 /* Milliseconds left until deadline (monotonic, ms), at least 0. */
@@ -474,6 +625,7 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
 {
     const char *prog = imapconf_getstring(ls->conf, "sendmail");
     long timeout = imapconf_getint(ls->conf, "lmtp_timeout");
+    struct strarray words = STRARRAY_INITIALIZER;
     int pfd[2], status = -1, ok = 1, late = 0;
     uint64_t deadline;
     pid_t pid;
@@ -488,9 +640,17 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
         deadline = (uint64_t)ts.tv_sec * 1000 +
                    (uint64_t)ts.tv_nsec / 1000000 + (uint64_t)timeout * 1000;
     }
+    strarray_split(&words, prog ? prog : "", " \t");
+    if (words.count == 0 || words.count > LMTP_SIEVE_SENDMAIL_ARGS) {
+        log_error("lmtp: sieve sendmail key unusable key=<sendmail> "
+                  "words=<%zu>", words.count);
+        strarray_fini(&words);
+        return -1;
+    }
     if (pipe(pfd) != 0) {
         log_error("lmtp: sieve cannot run sendmail error=<%s>",
                   strerror(errno));
+        strarray_fini(&words);
         return -1;
     }
     pid = fork();
@@ -499,10 +659,13 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
                   strerror(errno));
         close(pfd[0]);
         close(pfd[1]);
+        strarray_fini(&words);
         return -1;
     }
     if (pid == 0) {
         int devnull = open("/dev/null", O_WRONLY), fd;
+        char *argv[LMTP_SIEVE_SENDMAIL_ARGS + 8];
+        size_t na = 0, k;
         long maxfd = sysconf(_SC_OPEN_MAX);
 
         setpgid(0, 0);
@@ -522,10 +685,23 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
             for (fd = 3; fd < maxfd; fd++)
                 close(fd);
         signal(SIGPIPE, SIG_DFL);
-        execl(prog, "sendmail", "-i", "-f", from, "--", to, (char *)NULL);
+        /* the key: a path and maybe arguments ("/usr/sbin/sendmail -C
+         * /etc/postfix-out"), split at spaces */
+        for (k = 0; k < words.count && k < LMTP_SIEVE_SENDMAIL_ARGS; k++)
+            argv[na++] = words.data[k];
+        if (na == 0)
+            _exit(127);
+        argv[na++] = "-i";
+        argv[na++] = "-f";
+        argv[na++] = (char *)from;
+        argv[na++] = "--";
+        argv[na++] = (char *)to;
+        argv[na] = NULL;
+        execv(argv[0], argv);
         _exit(127);
     }
     setpgid(pid, pid);
+    strarray_fini(&words);
     close(pfd[0]);
     if (fcntl(pfd[1], F_SETFL, O_NONBLOCK) != 0 ||
         (headlen && lmtp_sieve_write(pfd[1], head, headlen, deadline,
@@ -797,12 +973,325 @@ out:
     return r;
 }
 
+/* ---- editheader (RFC 5293) --------------------------------------------
+ *
+ * The recipient's header as its script edited it, one field per entry
+ * (continuation lines and CRLF included), over the staged message.  The
+ * edits are applied in script order; a local target or a redirect gets
+ * the header as it stands at that action.  A state that a local target
+ * needs becomes a stage of its own (a new message file: the other
+ * recipients keep the single-instance original), added to the same
+ * deliver_message() call, hence to the same durable commit.
+ */
+#define LMTP_SIEVE_EDIT_GROWTH (64 * 1024)  /* bytes edits may add in all */
+#define LMTP_SIEVE_FIELD_MAX 8192           /* bytes of one added field */
+
+struct lmtp_sieve_hdr {
+    struct strarray fields;
+    const char *body;          /* after the header's empty line */
+    size_t bodylen;
+    const char *blank;         /* the empty line ("\r\n", or "" when the
+                                  message is all header) */
+    size_t added;              /* bytes the edits added */
+    int usable;                /* parsed: edits can apply */
+    int edits;                 /* edits applied so far */
+    int staged_at;             /* edits when `st` was made; -1 none */
+    struct append_stage *st;
+};
+
+/* Split the staged message's header into fields.  0, or -1 when it
+ * cannot be edited (NUL bytes, no memory): the edits are then ignored. */
+static int lmtp_sieve_hdr_init(struct lmtp_sieve_hdr *h, const char *map,
+                               size_t len)
+{
+    size_t i = 0, start;
+
+    memset(h, 0, sizeof(*h));
+    h->staged_at = -1;
+    h->blank = "";
+    if (len && memchr(map, '\0', len))
+        return -1;
+    while (i < len) {
+        if (map[i] == '\r' && i + 1 < len && map[i + 1] == '\n') {
+            h->blank = "\r\n";
+            i += 2;
+            break;
+        }
+        if (map[i] == '\n') {
+            h->blank = "\r\n";
+            i += 1;
+            break;
+        }
+        start = i;
+        do {   /* one field with its continuation lines */
+            const char *nl = memchr(map + i, '\n', len - i);
+            i = nl ? (size_t)(nl - map) + 1 : len;
+        } while (i < len && (map[i] == ' ' || map[i] == '\t'));
+        {
+            char *f = strndup(map + start, i - start);
+            if (!f || strarray_appendm(&h->fields, f) < 0) {
+                free(f);
+                return -1;
+            }
+        }
+    }
+    h->body = map + i;
+    h->bodylen = len - i;
+    h->usable = 1;
+    return 0;
+}
+
+static void lmtp_sieve_hdr_fini(struct lmtp_sieve_hdr *h)
+{
+    strarray_fini(&h->fields);
+}
+
+/* Does field f (raw bytes) have name `name`?  The name as the script's
+ * header tests see it (sieve_msg.c): exactly the bytes before the
+ * colon, so that deleteheader's index counts the same fields. */
+static int lmtp_sieve_field_is(const char *f, const char *name)
+{
+    size_t n = strlen(name);
+
+    return strncasecmp(f, name, n) == 0 && f[n] == ':';
+}
+
+static void lmtp_sieve_b64(struct buf *out, const unsigned char *p, size_t n)
+{
+    static const char tab[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t i;
+
+    for (i = 0; i + 2 < n; i += 3) {
+        buf_putc(out, tab[p[i] >> 2]);
+        buf_putc(out, tab[((p[i] & 3) << 4) | (p[i + 1] >> 4)]);
+        buf_putc(out, tab[((p[i + 1] & 15) << 2) | (p[i + 2] >> 6)]);
+        buf_putc(out, tab[p[i + 2] & 63]);
+    }
+    if (n - i == 1) {
+        buf_putc(out, tab[p[i] >> 2]);
+        buf_putc(out, tab[(p[i] & 3) << 4]);
+        buf_appendcstr(out, "==");
+    } else if (n - i == 2) {
+        buf_putc(out, tab[p[i] >> 2]);
+        buf_putc(out, tab[((p[i] & 3) << 4) | (p[i + 1] >> 4)]);
+        buf_putc(out, tab[(p[i + 1] & 15) << 2]);
+        buf_putc(out, '=');
+    }
+}
+
+/* "Name: value\r\n" for addheader: line ends and tabs in the value
+ * become spaces; a printable US-ASCII value is folded at its spaces
+ * (lines of about 78 bytes); any other value is written as RFC 2047
+ * encoded words (UTF-8, B), at most 45 octets of the value each, cut at
+ * character boundaries, one per line of at most 76 characters.  0, or -1
+ * when the field would be longer than LMTP_SIEVE_FIELD_MAX or its name
+ * alone would make a line too long (RFC 5322 2.1.1: 998). */
+static int lmtp_sieve_field(const char *name, const char *value,
+                            struct buf *out)
+{
+    struct buf v = BUF_INITIALIZER;
+    size_t i, col, word = 0, longest = 0;
+    int ascii = 1;
+
+    buf_reset(out);
+    if (strlen(name) > 900)
+        return -1;
+    for (i = 0; value[i]; i++) {
+        unsigned char c = (unsigned char)value[i];
+
+        if (c == '\r' || c == '\n' || c == '\t')
+            c = ' ';
+        if (c < 32 || c > 126)
+            ascii = 0;
+        word = c == ' ' ? 0 : word + 1;
+        if (word > longest)
+            longest = word;
+        buf_putc(&v, (char)c);
+    }
+    buf_printf(out, "%s:", name);
+    col = out->len;
+    if (ascii && longest < 900) {
+        const char *p = v.s ? buf_cstring(&v) : "";
+
+        for (;;) {
+            const char *sp = strchr(p, ' ');
+            size_t n = sp ? (size_t)(sp - p) : strlen(p);
+
+            if (col + 1 + n > 78 && col > strlen(name) + 1) {
+                buf_appendcstr(out, "\r\n");
+                col = 0;
+            }
+            buf_putc(out, ' ');
+            buf_append(out, p, n);
+            col += 1 + n;
+            if (!sp)
+                break;
+            p = sp + 1;
+        }
+    } else {
+        const unsigned char *p = (const unsigned char *)(v.s ? v.s : "");
+        size_t len = v.len, n, max;
+
+        /* lines of at most 76 characters (RFC 2047 2): " =?UTF-8?B?"
+         * and "?=" take 13, 60 base64 characters carry 45 octets; the
+         * first word shares its line with "Name:" */
+        max = col + 13 + 4 <= 76 ? (76 - col - 13) / 4 * 3 : 0;
+        if (max > 45)
+            max = 45;
+        if (max == 0) {
+            buf_appendcstr(out, "\r\n");
+            max = 45;
+        }
+        for (i = 0; i < len; i += n) {
+            n = len - i > max ? max : len - i;
+            while (n > 1 && i + n < len && (p[i + n] & 0xc0) == 0x80)
+                n--;   /* not inside a UTF-8 sequence */
+            if (i)
+                buf_appendcstr(out, "\r\n");
+            max = 45;
+            buf_appendcstr(out, " =?UTF-8?B?");
+            lmtp_sieve_b64(out, p + i, n);
+            buf_appendcstr(out, "?=");
+        }
+    }
+    buf_appendcstr(out, "\r\n");
+    buf_free(&v);
+    if (!out->s || out->len > LMTP_SIEVE_FIELD_MAX) {
+        buf_reset(out);
+        return -1;
+    }
+    return 0;
+}
+
+/* Apply one ADDHEADER / DELETEHEADER action.  Received and
+ * Auto-Submitted fields are never added or deleted (RFC 5293 section 7:
+ * the library already ignores such commands; this is the store's own
+ * guard).  *why_r says why an edit was not applied. */
+static void lmtp_sieve_hdr_edit(struct lmtp_sieve_hdr *h,
+                                const struct sieve_action *a,
+                                const char **why_r)
+{
+    struct buf f = BUF_INITIALIZER;
+    size_t i, seen = 0;
+
+    *why_r = NULL;
+    if (!h->usable) {
+        *why_r = "header not editable";
+        return;
+    }
+    if (!a->name || strcasecmp(a->name, "received") == 0 ||
+        strcasecmp(a->name, "auto-submitted") == 0) {
+        *why_r = "protected field";
+        return;
+    }
+    if (a->type == SIEVE_ACTION_ADDHEADER) {
+        if (lmtp_sieve_field(a->name, a->text ? a->text : "", &f) != 0) {
+            *why_r = "field too long";
+            goto out;
+        }
+        if (h->added + f.len > LMTP_SIEVE_EDIT_GROWTH) {
+            *why_r = "edits too large";
+            goto out;
+        }
+        if (strarray_append(&h->fields, buf_cstring(&f)) < 0) {
+            *why_r = "out of memory";
+            goto out;
+        }
+        if (!a->last)   /* RFC 5293 4: first by default */
+            for (i = h->fields.count - 1; i > 0; i--) {
+                char *t = h->fields.data[i];
+                h->fields.data[i] = h->fields.data[i - 1];
+                h->fields.data[i - 1] = t;
+            }
+        h->added += f.len;
+        h->edits++;
+        goto out;
+    }
+    for (i = 0; i < h->fields.count; i++)
+        if (lmtp_sieve_field_is(h->fields.data[i], a->name) &&
+            ++seen == a->index) {
+            strarray_remove(&h->fields, i);
+            h->edits++;
+            goto out;
+        }
+    *why_r = "no such field";
+out:
+    buf_free(&f);
+}
+
+/* The edited header's bytes (fields and the empty line) into out. */
+static int lmtp_sieve_hdr_bytes(const struct lmtp_sieve_hdr *h,
+                                struct buf *out)
+{
+    size_t i;
+
+    buf_reset(out);
+    for (i = 0; i < h->fields.count; i++)
+        buf_appendcstr(out, h->fields.data[i]);
+    buf_appendcstr(out, h->blank);
+    return out->s ? 0 : -1;
+}
+
+/* The stage holding the message as edited so far, for a local target:
+ * NULL when nothing was edited (the original stage serves).  A new stage
+ * is made when the header changed since the last one; it is kept in
+ * res->stages.  0, or -1 (I/O: a temporary failure). */
+static int lmtp_sieve_hdr_stage(struct lmtp_sieve *ls,
+                                struct lmtp_sieve_hdr *h,
+                                struct lmtp_sieve_result *res,
+                                struct append_stage **st_r)
+{
+    struct append_stage *st = NULL, **nv;
+    struct buf head = BUF_INITIALIZER;
+    int r;
+
+    *st_r = NULL;
+    if (h->edits == 0)
+        return 0;
+    if (h->staged_at == h->edits) {
+        *st_r = h->st;
+        return 0;
+    }
+    nv = realloc(res->stages, (res->nstages + 1) * sizeof(*nv));
+    if (!nv)
+        return -1;
+    res->stages = nv;
+    if (lmtp_sieve_hdr_bytes(h, &head) != 0) {
+        buf_free(&head);
+        return -1;
+    }
+    r = append_stage_open(ls->conf, NULL, &st);
+    if (r == STORE_OK) {
+        /* the edits are the server's: maxmessagesize is the client's */
+        append_stage_allow_extra(st, h->added);
+        r = append_stage_write(st, head.s, head.len);
+    }
+    if (r == STORE_OK && h->bodylen)
+        r = append_stage_write(st, h->body, h->bodylen);
+    if (r == STORE_OK)
+        r = append_stage_close(st);
+    buf_free(&head);
+    if (r != STORE_OK) {
+        log_error("lmtp: sieve cannot stage the edited message error=<%s>",
+                  store_strerror(r));
+        append_stage_free(&st);
+        return -1;
+    }
+    res->stages[res->nstages++] = st;
+    h->st = st;
+    h->staged_at = h->edits;
+    *st_r = st;
+    return 0;
+}
+
 /* ---- redirect ---------------------------------------------------------- */
 
 /* 1 sent or rightly skipped (*why_r), -1 sendmail or database failure. */
 static int lmtp_sieve_redirect(struct lmtp_sieve_run *run,
                                struct sieve_message_ctx *ctx,
                                const struct sieve_action *a,
+                               const struct lmtp_sieve_hdr *hdr,
                                const char **why_r)
 {
     struct lmtp_sieve *ls = run->ls;
@@ -834,10 +1323,23 @@ static int lmtp_sieve_redirect(struct lmtp_sieve_run *run,
     {
         struct buf head = BUF_INITIALIZER;
 
+        struct buf edited = BUF_INITIALIZER;
+        const char *body = m->map;
+        size_t bodylen = m->maplen;
+
         buf_printf(&head, LMTP_SIEVE_TRACE ": %s\r\n", buf_cstring(&trace));
+        if (hdr->edits) {   /* the header as the script left it so far */
+            if (lmtp_sieve_hdr_bytes(hdr, &edited) == 0)
+                buf_append(&head, edited.s, edited.len);
+            else
+                buf_free(&head);
+            body = hdr->body;
+            bodylen = hdr->bodylen;
+        }
         r = head.s ? lmtp_sieve_sendmail(ls, sender, a->address, head.s,
-                                         head.len, m->map, m->maplen) : -1;
+                                         head.len, body, bodylen) : -1;
         buf_free(&head);
+        buf_free(&edited);
     }
     if (r != 0) {
         *why_r = "sendmail failed";
@@ -892,7 +1394,8 @@ static int lmtp_sieve_keyword_ok(const char *f)
 
 static int lmtp_sieve_add_target(struct lmtp_sieve_result *res,
                                  const char *mailbox,
-                                 const struct strarray *flags)
+                                 const struct strarray *flags,
+                                 struct append_stage *stage)
 {
     struct lmtp_sieve_target *t, *nt;
     size_t i;
@@ -910,6 +1413,7 @@ static int lmtp_sieve_add_target(struct lmtp_sieve_result *res,
         t->mailbox = strdup(mailbox);
         if (!t->mailbox)
             return -1;
+        t->stage = stage;   /* a second action for it keeps the first's */
         res->ntargets++;
     } else {
         t = &res->targets[i];
@@ -948,7 +1452,8 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     const char *status = "ok";
     ssize_t n;
     size_t i;
-    int fd = -1, r, tempfail = 0;
+    struct lmtp_sieve_hdr hdr;
+    int fd = -1, r, tempfail = 0, hdr_set = 0, hdr_parsed = 0;
 
     memset(res, 0, sizeof(*res));
     res->outcome = LMTP_SIEVE_NONE;
@@ -975,6 +1480,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     if (!res->userid)
         goto tempfail;
     res->outcome = LMTP_SIEVE_DONE;
+    ls->run_tick = ls->tick;
     c = lmtp_sieve_load(ls, fd, buf_cstring(&path));
     if (!c) {
         log_error("lmtp: sieve script unreadable script=<%s> error=<%s>",
@@ -1007,7 +1513,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     ctx.mailbox_exists = lmtp_sieve_cb_mailbox_exists;
     ctx.duplicate_check = lmtp_sieve_cb_duplicate;
     ctx.environment = lmtp_sieve_cb_environment;
-    ctx.include = NULL;
+    ctx.include = lmtp_sieve_cb_include;
     ctx.now = time(NULL);
     {
         struct tm tm;
@@ -1032,14 +1538,22 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
         status = "runtime-error";
     }
 
+    /* the header is split into fields at the first edit only */
+    memset(&hdr, 0, sizeof(hdr));
+    hdr_set = 1;
     for (i = 0; i < acts.count && !tempfail; i++) {
         struct sieve_action *a = &acts.v[i];
+        struct append_stage *stage = NULL;
         const char *why = NULL;
         struct buf one = BUF_INITIALIZER;
 
         switch (a->type) {
         case SIEVE_ACTION_KEEP:
-            lmtp_sieve_add_target(res, mailbox, &a->flags);
+            if (lmtp_sieve_hdr_stage(ls, &hdr, res, &stage) != 0) {
+                tempfail = 1;
+                break;
+            }
+            lmtp_sieve_add_target(res, mailbox, &a->flags, stage);
             lmtp_sieve_log_action(&log, a->implicit ? "keep implicit"
                                                     : "keep");
             break;
@@ -1050,7 +1564,19 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
             const char *target = NULL;
             int ok;
 
-            if (lmtp_sieve_mboxname(&run, a->mailbox, &name) == 0) {
+            if (a->specialuse) {
+                /* RFC 8579 4: the mailbox with that use first, the
+                 * named one after */
+                ok = lmtp_sieve_specialuse(&run, a->specialuse, &name);
+                if (ok < 0) {
+                    tempfail = 1;
+                    break;
+                }
+                if (ok)
+                    target = buf_cstring(&name);
+            }
+            if (!target &&
+                lmtp_sieve_mboxname(&run, a->mailbox, &name) == 0) {
                 ok = lmtp_sieve_postable(&run, buf_cstring(&name));
                 if (ok < 0) {
                     tempfail = 1;
@@ -1061,13 +1587,21 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
                 } else if (a->create &&
                            mboxname_is_self_or_child(run.inbox,
                                                      buf_cstring(&name))) {
-                    r = mboxlist_create(deliver_mboxlist(ls->dctx),
-                                        buf_cstring(&name), NULL, NULL,
-                                        NULL);
+                    /* with :specialuse the new mailbox gets the use
+                     * (RFC 8579 4) */
+                    const char *use = a->specialuse
+                        ? lmtp_sieve_specialuse_canon(a->specialuse) : NULL;
+
+                    r = mboxlist_create_special(deliver_mboxlist(ls->dctx),
+                                                buf_cstring(&name), NULL,
+                                                NULL, use, NULL);
                     if (r == STORE_OK || r == STORE_EXISTS) {
                         target = buf_cstring(&name);
                         log_info("lmtp: sieve created mailbox=<%s> "
-                                 "user=<%s>", target, res->userid);
+                                 "user=<%s>%s%s%s", target, res->userid,
+                                 use && r == STORE_OK ? " specialuse=<" : "",
+                                 use && r == STORE_OK ? use : "",
+                                 use && r == STORE_OK ? ">" : "");
                     } else {
                         log_warning("lmtp: sieve cannot create "
                                     "mailbox=<%s> error=<%s>",
@@ -1081,13 +1615,17 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
                          a->mailbox);
                 target = run.inbox;
             }
-            lmtp_sieve_add_target(res, target, &a->flags);
+            if (lmtp_sieve_hdr_stage(ls, &hdr, res, &stage) != 0) {
+                tempfail = 1;
+                break;
+            }
+            lmtp_sieve_add_target(res, target, &a->flags, stage);
             buf_printf(&one, "fileinto \"%s\"", target);
             lmtp_sieve_log_action(&log, buf_cstring(&one));
             break;
         }
         case SIEVE_ACTION_REDIRECT:
-            if (lmtp_sieve_redirect(&run, &ctx, a, &why) < 0)
+            if (lmtp_sieve_redirect(&run, &ctx, a, &hdr, &why) < 0)
                 tempfail = 1;
             buf_printf(&one, "redirect \"%s\" (%s)", a->address, why);
             lmtp_sieve_log_action(&log, buf_cstring(&one));
@@ -1130,7 +1668,20 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
         }
         case SIEVE_ACTION_ADDHEADER:
         case SIEVE_ACTION_DELETEHEADER:
-            break;   /* editheader is not offered */
+            if (!hdr_parsed) {
+                hdr_parsed = 1;
+                if (lmtp_sieve_hdr_init(&hdr, m->map, m->maplen) != 0)
+                    log_warning("lmtp: sieve header not editable "
+                                "user=<%s>", res->userid);
+            }
+            lmtp_sieve_hdr_edit(&hdr, a, &why);
+            buf_printf(&one, "%s \"%s\"%s%s%s",
+                       a->type == SIEVE_ACTION_ADDHEADER ? "addheader"
+                                                        : "deleteheader",
+                       a->name ? a->name : "", why ? " (" : "",
+                       why ? why : "", why ? ")" : "");
+            lmtp_sieve_log_action(&log, buf_cstring(&one));
+            break;
         }
         buf_free(&one);
     }
@@ -1140,7 +1691,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     goto done;
 
 keep:
-    lmtp_sieve_add_target(res, mailbox, NULL);
+    lmtp_sieve_add_target(res, mailbox, NULL, NULL);
     lmtp_sieve_log_action(&log, "keep implicit");
     goto done;
 tempfail:
@@ -1153,6 +1704,8 @@ done:
              "actions=<%s>", crcpt, res->userid ? res->userid : "",
              scriptname, status, clog);
 out:
+    if (hdr_set)
+        lmtp_sieve_hdr_fini(&hdr);
     if (fd >= 0)
         close(fd);
     sieve_actions_fini(&acts);
@@ -1190,6 +1743,9 @@ void lmtp_sieve_result_fini(struct lmtp_sieve_result *res)
         strarray_fini(&res->targets[i].keywords);
     }
     free(res->targets);
+    for (i = 0; i < res->nstages; i++)
+        append_stage_free(&res->stages[i]);
+    free(res->stages);
     free(res->reason);
     free(res->userid);
     free(res->dupsecs);

@@ -21,6 +21,14 @@
  *     end of DATA: LMTP has per-recipient replies, RFC 5429 2.1);
  *   - duplicate marks (RFC 7352), written after a successful commit with
  *     lmtp_sieve_commit().
+ * include (RFC 6609) reads NAME.script of the user's directory or of the
+ * global one (sieve_globaldir, default SIEVEDIR/global) through the same
+ * cache; a changed included script is compiled again at the next
+ * delivery.  editheader (RFC 5293): a target stored after header edits
+ * carries a stage of its own (the edited copy, owned by the result), to
+ * be stored by the same deliver_message() call, so other recipients keep
+ * sharing the original file.  special-use (RFC 8579): fileinto
+ * :specialuse goes to the user's mailbox with that use first.
  * A compile or runtime error of the script is an implicit keep and a log
  * line.  One log line per recipient names the script and its actions.
  */
@@ -61,6 +69,9 @@ struct lmtp_sieve_target {
     char *mailbox;
     uint32_t sysflags;
     struct strarray keywords;
+    struct append_stage *stage;   /* the message as this recipient's
+                                     script edited it (editheader), owned
+                                     by the result; NULL: the original */
 };
 
 enum lmtp_sieve_outcome {
@@ -78,6 +89,10 @@ struct lmtp_sieve_result {
     char *userid;
     struct strarray dupmarks;   /* "id" of duplicate actions ... */
     unsigned long *dupsecs;     /* ... and their seconds */
+    struct append_stage **stages; /* edited copies of the message (closed
+                                     stages), freed by
+                                     lmtp_sieve_result_fini() */
+    size_t nstages;
 };
 
 /* Run the recipient's script.  rcpt: the envelope recipient as written

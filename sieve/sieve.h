@@ -244,7 +244,12 @@ struct sieve_message_ctx {
      * it alive until sieve_execute() returns; a cache suits), 0 when it
      * does not exist, -1 temporary.  A script that fails to compile is a
      * runtime error of the including script: return 0 and let :optional
-     * decide, or put the reason into `errmsg` and return 0. */
+     * decide, or put the reason into `errmsg` and return 0.  Loops
+     * (RFC 6609 3.2) are found by identity: an include answered with a
+     * script that is still executing (the top-level one included) is a
+     * runtime error, so answer the same script with the same pointer
+     * (the top-level one too, when it can be included by name).  Every
+     * include made counts for a later :once of the same (global, name). */
     int (*include)(void *rock, int global, const char *name,
                    const struct sieve_script **script_r, struct buf *errmsg);
 

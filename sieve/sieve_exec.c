@@ -26,6 +26,9 @@
 #include "sieve/sieve_ext.h"
 #include "store/message.h"
 
+/* most scripts on the include stack, whatever max_include_depth says */
+#define SIEVE_INCLUDE_STACK 64
+
 struct var {
     char *name;     /* lower-case */
     char *value;
@@ -64,6 +67,10 @@ struct exec {
     struct hedit *edits;
     size_t nedits;
     struct strarray once;
+    /* the scripts being executed, outermost first: an include of one of
+     * them is a loop (RFC 6609 3.2); depth is bounded, so is this */
+    const struct sieve_script *stack[SIEVE_INCLUDE_STACK];
+    size_t nstack;
     int stopped;
     time_t now;
 };
@@ -1673,7 +1680,25 @@ static int cmd_include(struct exec *ex, struct frame *fr,
                  buf_cstring(&name));
         goto fail;
     }
-    if (n->once && strarray_append(&ex->once, buf_cstring(&key)) < 0) {
+    {
+        size_t i;
+
+        for (i = 0; i < ex->nstack; i++)
+            if (ex->stack[i] == inc) {
+                rt_error(ex, n->line, "include loop: \"%s\" is already "
+                         "being executed", buf_cstring(&name));
+                goto fail;
+            }
+        if (ex->nstack >= SIEVE_INCLUDE_STACK) {
+            rt_error(ex, n->line, "include: deeper than %u levels",
+                     SIEVE_INCLUDE_STACK - 1);
+            goto fail;
+        }
+    }
+    /* every include counts for a later :once (RFC 6609 3.2: "only if it
+     * has not already been included at any other point") */
+    if (strarray_find(&ex->once, buf_cstring(&key)) < 0 &&
+        strarray_append(&ex->once, buf_cstring(&key)) < 0) {
         rt_nomem(ex);
         goto fail;
     }
@@ -1867,12 +1892,17 @@ static int run_script(struct exec *ex, const struct sieve_script *s,
                       struct frame *parent)
 {
     struct frame fr;
-    int r;
+    int r, pushed;
 
     (void)parent;
     memset(&fr, 0, sizeof(fr));
     fr.s = s;
+    pushed = ex->nstack < SIEVE_INCLUDE_STACK;   /* cmd_include() checked */
+    if (pushed)
+        ex->stack[ex->nstack++] = s;
     r = exec_block(ex, &fr, s->cmds, s->ncmds);
+    if (pushed)
+        ex->nstack--;
     scope_fini(&fr.locals);
     strarray_fini(&fr.globals);
     return r;

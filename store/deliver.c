@@ -229,12 +229,13 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
             continue;
         }
         if (rc->nkeywords)
-            r = append_add_keywords(txn, mb, st, (int64_t)now,
+            r = append_add_keywords(txn, mb, rc->stage ? rc->stage : st,
+                                    (int64_t)now,
                                     rc->sysflags, rc->keywords,
                                     rc->nkeywords, aflags, &rc->uid);
         else
-            r = append_add(txn, mb, st, (int64_t)now, rc->sysflags, aflags,
-                           &rc->uid);
+            r = append_add(txn, mb, rc->stage ? rc->stage : st,
+                           (int64_t)now, rc->sysflags, aflags, &rc->uid);
         if (r) {
             rc->result = r;
             continue;

@@ -37,6 +37,11 @@ struct deliver_rcpt {
     uint32_t sysflags;     /* in: IMAP system flags to set (0: none) */
     const char *const *keywords;  /* in: keywords to set, or NULL */
     size_t nkeywords;
+    struct append_stage *stage;   /* in: a closed stage to store for this
+                                     recipient instead of the message's
+                                     (lmtpd's editheader: its own copy),
+                                     in the same transaction; NULL: the
+                                     message's */
 };
 
 #define DELIVER_IGNORE_QUOTA 1   /* as Cyrus deliver -q */

@@ -120,6 +120,22 @@ int sievedir_active_path(const struct imapconf *conf, const char *userid,
     return r;
 }
 
+int sievedir_global_path(const struct imapconf *conf, struct buf *out)
+{
+    const char *d = imapconf_getstring(conf, "sieve_globaldir");
+
+    if (d && *d) {
+        buf_reset(out);
+        return buf_setcstr(out, d) < 0 ? SIEVEDIR_NOMEM : SIEVEDIR_OK;
+    }
+    if (sievedir_root(conf, out) != SIEVEDIR_OK ||
+        buf_appendcstr(out, "/global") < 0) {
+        buf_reset(out);
+        return SIEVEDIR_NOMEM;
+    }
+    return SIEVEDIR_OK;
+}
+
 int sievedir_name_valid(const char *name, size_t len)
 {
     if (!name || len == 0 || len > SIEVEDIR_NAME_MAX || name[0] == '.')

@@ -79,6 +79,12 @@ int sievedir_user_path(const struct imapconf *conf, const char *userid,
 int sievedir_active_path(const struct imapconf *conf, const char *userid,
                          struct buf *out);
 
+/* The directory of the global scripts (RFC 6609 include :global), as
+ * Cyrus keeps them: `sieve_globaldir`, or SIEVEDIR/global when it is
+ * empty; NAME.script files there, like a user's.  Replaces out's
+ * contents.  SIEVEDIR_OK or SIEVEDIR_NOMEM. */
+int sievedir_global_path(const struct imapconf *conf, struct buf *out);
+
 /* 1 when name[0..len) is a valid script name, else 0. */
 int sievedir_name_valid(const char *name, size_t len);
 

@@ -272,6 +272,9 @@ static void ab_child(const struct ab_opts *o, const struct imapconf *conf,
     char c;
     int i, j, next = proc * 7919, r;
 
+    /* every input field but the name stays zero (no flags, the
+     * message's own stage) */
+    memset(rcpts, 0, sizeof(rcpts));
     if (deliver_ctx_new(conf, &ctx) != STORE_OK)
         rep.ok = 0;
     if (read(barrier_fd, &c, 1) < 0)   /* EOF when the parent lets go */

@@ -499,6 +499,8 @@ static int mbtool_info(int argc, char **argv)
            e->name, e->partition, e->uniqueid, e->type);
     mbtool_print_acl(e->acl);
     printf("\n");
+    if (e->specialuse[0])
+        printf("specialuse: %s\n", e->specialuse);
     r = mailbox_open(mbtool_conf, e->name, e->partition, &mb);
     if (r == STORE_OK)
         r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);

@@ -418,6 +418,40 @@ def test_bad_scripts_refused():
         check(items == [], "LISTSCRIPTS after refusals: %r" % items)
 
 
+INCLUDING = (b'require ["include", "fileinto", "editheader", "special-use"];\r\n'
+             b'include :personal "notyet";\r\n'
+             b'include :optional :global "absent";\r\n'
+             b'addheader "X-Filtered" "yes";\r\n'
+             b'fileinto :specialuse "\\\\Junk" "Spam";\r\n')
+
+
+def test_include_scripts():
+    """Scripts that include others are accepted whether the included
+    scripts exist or not (a missing one is a runtime error, RFC 6609
+    3.2), and the SIEVE capability offers include, editheader and
+    special-use."""
+    with session() as c:
+        clean(c)
+        items, st, _, _ = c.cmd("CAPABILITY")
+        exts = caps(items).get("SIEVE", "").split()
+        for e in ("include", "editheader", "special-use"):
+            check(e in exts, "SIEVE capability lacks %s: %r" % (e, exts))
+        r = c.cmd(b"CHECKSCRIPT " + lit(INCLUDING))
+        check(r[1] == "OK", "CHECKSCRIPT with include: %r" % (r,))
+        r = c.cmd(b'PUTSCRIPT "main" ' + lit(INCLUDING))
+        check(r[1] == "OK", "PUTSCRIPT with include: %r" % (r,))
+        r = c.cmd(b'PUTSCRIPT "notyet" ' + lit(b'require "include";\r\n'
+                                                b'return;\r\n'))
+        check(r[1] == "OK", "PUTSCRIPT included: %r" % (r,))
+        check(c.cmd('SETACTIVE "main"')[1] == "OK", "SETACTIVE")
+        # include's name is checked at compile time where it is constant
+        r = c.cmd(b"CHECKSCRIPT " + lit(b'require "include";\r\n'
+                                        b'include "a/b";\r\n'))
+        check(r[1] == "NO" and "line 2" in r[3], "bad name: %r" % (r,))
+        clean(c)
+    no_trouble()
+
+
 def test_quotas():
     with session() as c:
         clean(c)
@@ -660,6 +694,7 @@ if __name__ == "__main__":
         test_authenticate_forms,
         test_script_commands,
         test_bad_scripts_refused,
+        test_include_scripts,
         test_quotas,
         test_syntax_and_limits,
         test_byte_at_a_time,

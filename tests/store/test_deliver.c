@@ -1,7 +1,8 @@
 /*
  * test_deliver.c - one message to many mailboxes through store/deliver.c:
  * unknown recipients, repeated recipients, duplicate suppression (and its
- * switch), quota refusal per recipient, and the Message-ID parser.
+ * switch), quota refusal per recipient, a recipient's own stage in the
+ * same commit round, and the Message-ID parser.
  * The store cases run once per cyrusdb backend.
  */
 #include "config.h"
@@ -19,6 +20,7 @@
 #include "lib/imapconf.h"
 #include "lib/log.h"
 #include "store/append.h"
+#include "store/commit.h"
 #include "store/deliver.h"
 #include "store/mailbox.h"
 #include "store/mboxlist.h"
@@ -201,6 +203,64 @@ static void test_quota(void **state)
     fixture_down(&f);
 }
 
+/* The first bytes of message uid in mailbox name into out. */
+static void test_read_message(const struct imapconf *conf, const char *name,
+                              uint32_t uid, char *out, size_t len)
+{
+    struct mailbox *mb = NULL;
+    struct buf path = BUF_INITIALIZER;
+    FILE *fp;
+    size_t n;
+
+    assert_int_equal(mailbox_open(conf, name, NULL, &mb), STORE_OK);
+    mailbox_message_path(mb, uid, &path);
+    fp = fopen(buf_cstring(&path), "rb");
+    assert_non_null(fp);
+    n = fread(out, 1, len - 1, fp);
+    out[n] = '\0';
+    fclose(fp);
+    buf_free(&path);
+    mailbox_close(&mb);
+}
+
+/* A recipient with a stage of its own (lmtpd's editheader) gets that
+ * message, the others the message's, in one commit round. */
+static void test_own_stage(void **state)
+{
+    static const char edited[] =
+        "X-Edited: yes\r\n"
+        "From: a@example.org\r\n"
+        "Subject: test\r\n"
+        "Message-ID: <1@example.org>\r\n"
+        "\r\n"
+        "body line\r\n";
+    struct fixture f;
+    struct append_stage *st, *own;
+    struct commit_stats c0, c1;
+    struct deliver_rcpt r[2] = { { .mailbox = TH_D "user.alice" },
+                                 { .mailbox = TH_D "user.bob" } };
+    char got[256];
+
+    fixture_up(&f, *state, NULL);
+    st = test_stage(f.conf, test_msg);
+    own = test_stage(f.conf, edited);
+    r[0].stage = own;
+    commit_stats_get(&c0);
+    assert_int_equal(deliver_message(f.ctx, st, "<1@example.org>", 15, r, 2,
+                                     0), STORE_OK);
+    commit_stats_get(&c1);
+    assert_int_equal(r[0].result, STORE_OK);
+    assert_int_equal(r[1].result, STORE_OK);
+    assert_int_equal(c1.rounds - c0.rounds, 1);
+    append_stage_free(&st);
+    append_stage_free(&own);
+    test_read_message(f.conf, TH_D "user.alice", r[0].uid, got, sizeof(got));
+    assert_string_equal(got, edited);
+    test_read_message(f.conf, TH_D "user.bob", r[1].uid, got, sizeof(got));
+    assert_string_equal(got, test_msg);
+    fixture_down(&f);
+}
+
 static void test_find_msgid(void **state)
 {
     struct buf id = BUF_INITIALIZER;
@@ -237,6 +297,7 @@ int main(void)
         { "duplicates", test_duplicates },
         { "suppression_off", test_suppression_off },
         { "quota", test_quota },
+        { "own_stage", test_own_stage },
     };
     const struct CMUnitTest plain[] = {
         cmocka_unit_test(test_find_msgid),

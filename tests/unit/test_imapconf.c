@@ -236,6 +236,7 @@ static const struct {
     { "sieve_maxscriptsize", IMAPCONF_INT, "32" },
     { "sieve_maxscripts", IMAPCONF_INT, "5" },
     { "sieve_extensions", IMAPCONF_STRING, "" },
+    { "sieve_globaldir", IMAPCONF_STRING, "" },
     { "timeout", IMAPCONF_INT, "32" },
     { "syslog_prefix", IMAPCONF_STRING, "" },
     { "log_file", IMAPCONF_STRING, "" },

@@ -291,6 +291,22 @@ static int include_self(void *rock, int global, const char *name,
     return 1;
 }
 
+/* include "cN": chain[N] (distinct scripts, each including the next) */
+static struct sieve_script *chain[6];
+
+static int include_chain(void *rock, int global, const char *name,
+                         const struct sieve_script **script_r,
+                         struct buf *errmsg)
+{
+    int n = name[0] == 'c' ? atoi(name + 1) : -1;
+
+    (void)rock; (void)global; (void)errmsg;
+    if (n < 0 || n >= 6 || !chain[n])
+        return 0;
+    *script_r = chain[n];
+    return 1;
+}
+
 static void test_callbacks(void **state)
 {
     struct sieve_script *s = NULL;
@@ -324,7 +340,7 @@ static void test_callbacks(void **state)
     sieve_actions_fini(&acts);
     sieve_script_free(&s);
 
-    /* include recursion bounded by max_include_depth */
+    /* a script including itself: a loop, found at once (RFC 6609 3.2) */
     memset(&l, 0, sizeof(l));
     l.max_include_depth = 3;
     assert_int_equal(compile("require \"include\"; include \"me\";", &l, &s,
@@ -333,11 +349,44 @@ static void test_callbacks(void **state)
     memset(&ctx, 0, sizeof(ctx));
     ctx.include = include_self;
     assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_ERUNTIME);
-    assert_string_equal(buf_cstring(&err),
-                        "line 1: include: deeper than 3 levels");
+    assert_string_equal(buf_cstring(&err), "line 1: include loop: \"me\" "
+                        "is already being executed");
     assert_int_equal(acts.count, 1);
+    assert_true(acts.v[0].implicit);
     sieve_actions_fini(&acts);
     sieve_script_free(&s);
+
+    /* distinct scripts: nesting bounded by max_include_depth; within
+     * it, a chain runs to its end */
+    {
+        char text[128];
+        int i;
+
+        for (i = 0; i < 6; i++) {
+            if (i < 5)
+                snprintf(text, sizeof(text), "require [\"include\", "
+                         "\"editheader\"]; addheader \"X-C\" \"%d\"; "
+                         "include \"c%d\";", i, i + 1);
+            else
+                snprintf(text, sizeof(text), "discard;");
+            assert_int_equal(compile(text, &l, &chain[i], &err), SIEVE_OK);
+        }
+        memset(&ctx, 0, sizeof(ctx));
+        ctx.include = include_chain;
+        assert_int_equal(sieve_execute(chain[0], &ctx, &acts, &err),
+                         SIEVE_ERUNTIME);
+        assert_string_equal(buf_cstring(&err),
+                            "line 1: include: deeper than 3 levels");
+        sieve_actions_fini(&acts);
+        assert_int_equal(sieve_execute(chain[2], &ctx, &acts, &err),
+                         SIEVE_OK);
+        /* c2, c3, c4 add a field each, c5 discards */
+        assert_int_equal(acts.count, 4);
+        assert_int_equal(acts.v[3].type, SIEVE_ACTION_DISCARD);
+        sieve_actions_fini(&acts);
+        for (i = 0; i < 6; i++)
+            sieve_script_free(&chain[i]);
+    }
     buf_free(&err);
 }
 

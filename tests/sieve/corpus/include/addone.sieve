@@ -1,0 +1,2 @@
+require "editheader";
+addheader "X-One" "1";
