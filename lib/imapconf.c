@@ -81,6 +81,8 @@ struct imapconf_option {
     const char *def;               /* default, as it would be written */
     long min, max;                 /* IMAPCONF_INT only */
     const char *const *words;      /* IMAPCONF_ENUM only, NULL-terminated */
+    int remote_ok;                 /* IMAPCONF_DBNAME: a backend without a
+                                    * file (etcd) is allowed */
     const char *desc;
 };
 
@@ -251,6 +253,29 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 10, .max = 86400,
       .desc = "seconds an LMTP client may stay silent before the "
               "connection is closed with 421" },
+    { .name = "lmtp_proxy", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "lmtpd is a frontend: each recipient is looked up in the "
+              "directory (directory_db) and its message relayed over LMTP "
+              "to its backend (proxy_backends); nothing is stored here" },
+    { .name = "directory_db", .type = IMAPCONF_DBNAME, .def = "flat",
+      .remote_ok = 1,
+      .desc = "cyrusdb backend of the user -> backend directory of "
+              "lmtp_proxy (etcd: one map for every frontend)" },
+    { .name = "directory_db_path", .type = IMAPCONF_STRING, .def = "",
+      .desc = "file of the directory (etcd: its name under etcd_prefix); "
+              "empty = CONFIGDIR/directory.db" },
+    { .name = "directory_cache_ttl", .type = IMAPCONF_INT, .def = "5",
+      .min = 0, .max = 3600,
+      .desc = "seconds a frontend reuses a directory answer before it "
+              "reads the record again; 0 = read it for every recipient" },
+    { .name = "proxy_backends", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the backends of lmtp_proxy: space-separated NAME=ADDRESS, "
+              "ADDRESS host:port, [v6addr]:port or /path of a UNIX socket "
+              "of the backend's LMTP service (trusted or -a)" },
+    { .name = "proxy_timeout", .type = IMAPCONF_INT, .def = "60",
+      .min = 1, .max = 3600,
+      .desc = "seconds a frontend waits for a backend to connect or to "
+              "answer one LMTP command; then 451 4.4.2 for its recipients" },
     { .name = "lmtp_max_idle", .type = IMAPCONF_INT, .def = "32",
       .min = 1, .max = 1000,
       .desc = "most connections one lmtpd process holds: it serves "
@@ -488,7 +513,7 @@ static int imapconf_parse_value(const struct imapconf_option *opt,
             buf_printf(why, " (known: %s)", cyrusdb_names());
             return -1;
         }
-        if (e->nofile) {
+        if (e->nofile && !opt->remote_ok) {
             /* the servers' databases are files beside each other (copies,
              * renames, per-user files): not for a remote backend yet */
             buf_appendcstr(why, "database backend ");
