@@ -100,13 +100,13 @@ export BENCH_BUILD
 
 if [[ $quick == yes ]]; then
     export BENCH_USERS=${users_env:-200}
-    msgs=400 big=2000 toolmsgs=5000 imapmsgs=2000
+    msgs=400 big=2000 toolmsgs=5000 imapmsgs=2000 imaprate=100
     cell_timeout=180
     runs=${runs:-1}
     [[ -n $out ]] || out=$base/mailbench-quick
 else
     export BENCH_USERS=${users_env:-2000}
-    msgs=2000 big=30000 toolmsgs=30000 imapmsgs=10000
+    msgs=2000 big=30000 toolmsgs=30000 imapmsgs=6000 imaprate=100
     cell_timeout=900
     runs=${runs:-3}
 fi
@@ -370,9 +370,12 @@ if g:
     w("IMAP session operations per second: every session's LOGIN and SELECT "
       "plus its 20 operations (weights fetch headers 4, fetch a body 2, "
       "store flags 3, append 1, expunge 1, search 1), LOGOUT not counted; "
-      "the sessions run as long as the LMTP storm (%s messages) lasts. "
+      "the sessions run as long as the LMTP storm (%s messages over 10 "
+      "connections, paced at %s msgs/s: the same work beside every server "
+      "for the same time, unless a server cannot keep the pace, which its "
+      "LMTP msgs/s column shows) lasts. "
       "Messages counted per user over IMAP afterwards (delivered + appended "
-      "- expunged)." % fmt(meta.get("imapmsgs")))
+      "- expunged)." % (fmt(meta.get("imapmsgs")), fmt(meta.get("imaprate"))))
     w("")
     head = "| | " + " | ".join("%s IMAP ops/s" % s for s in vs)
     rat = [s for s in vs if s != "ours"] if "ours" in vs else []
@@ -587,7 +590,7 @@ import json, sys
 m = {
   "args": """$args""".strip(),
   "date": """$(date -u '+%Y-%m-%d %H:%M UTC')""",
-  "runs": $runs, "msgs": $msgs, "big": $big, "imapmsgs": $imapmsgs, "size": $msgsize, "users": $BENCH_USERS,
+  "runs": $runs, "msgs": $msgs, "big": $big, "imapmsgs": $imapmsgs, "imaprate": $imaprate, "size": $msgsize, "users": $BENCH_USERS,
   "cpu": """$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')""",
   "nproc": """$(nproc)""",
   "memory": """$(free -h | awk '/^Mem:/ { print $2 " total, " $7 " available" }')""",
@@ -740,8 +743,11 @@ if has mixed; then
 fi
 if has imap; then
     # the IMAP sessions last as long as the storm: $imapmsgs messages
+    # paced at $imaprate msgs/s (below every server's capacity), so every
+    # server does the same LMTP work beside the sessions for the same time
     for c in 10 50; do
         peer_runs imap "sessions=$c" 10 mixed -n "$imapmsgs" -m "$BENCH_USERS" \
+            --lmtp-rate "$imaprate" \
             --sessions "$c" --users "$((BENCH_USERS < 100 ? BENCH_USERS : 100))" \
             --ops 20 --mix fetchhdr=4,fetchbody=2,store=3,append=1,expunge=1,search=1
     done

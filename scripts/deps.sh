@@ -71,7 +71,7 @@ test_packages=(
   db5.3-util lmdb-utils
   cyrus-common cyrus-clients
   cyrus-admin
-  clang isync swaks libnet-ssleay-perl postfix
+  clang isync offlineimap swaks libnet-ssleay-perl postfix
   openssl strace gnuplot-nox prometheus
   sieve-connect dovecot-core dovecot-sieve
   etcd-server etcd-client

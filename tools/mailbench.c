@@ -812,6 +812,8 @@ static void mailbench_loop(struct mb_run *run, int (*pump)(struct mb_run *))
             || run->imap.next_connect > run->now
             || run->verify.next_connect > run->now)
             wait_ms = 5;
+        if (run->lmtp.paced)            /* --lmtp-rate: the next is due */
+            wait_ms = mailbench_lmtp_due_ms(run, wait_ms);
         int n = epoll_wait(run->epfd, evs, 256, wait_ms);
         if (n < 0 && errno != EINTR) {
             mailbench_fatal(run, MB_EXIT_ERRORS, "epoll_wait: %s",
@@ -865,6 +867,7 @@ static void mailbench_usage(FILE *f)
 "lmtp: -n N msgs (2000)  -s BYTES (13870)  -r R rcpts (1)  -m M mailboxes (n)\n"
 "  --user FMT (u%%04d)  --domain D (example.com)  --from ADDR\n"
 "  --dup PCT (0)  --lhlo NAME  -k (one connection per message)\n"
+"  --lmtp-rate MSGS_PER_S (as fast as the server takes them)\n"
 "imap: --sessions N (10)  --imap-n N (100)  --users K (100)  --password P\n"
 "  --auth login|plain  --mix fetchhdr=4,fetchbody=2,store=2,search=1,expunge=1\n"
 "       (and append=W)\n"
@@ -982,7 +985,7 @@ enum {
     OPT_IMAP_STARTTLS, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_LABEL, OPT_SEED,
     OPT_USER, OPT_DOMAIN, OPT_FROM, OPT_DUP, OPT_LHLO, OPT_SESSIONS,
     OPT_IMAP_N, OPT_USERS, OPT_PASSWORD, OPT_AUTH, OPT_MIX, OPT_OPS,
-    OPT_VERIFY, OPT_DEDUP, OPT_TIMEOUT, OPT_HELP
+    OPT_VERIFY, OPT_DEDUP, OPT_TIMEOUT, OPT_LMTP_RATE, OPT_HELP
 };
 
 static const struct option mailbench_longopts[] = {
@@ -1001,6 +1004,7 @@ static const struct option mailbench_longopts[] = {
     { "domain", required_argument, NULL, OPT_DOMAIN },
     { "from", required_argument, NULL, OPT_FROM },
     { "dup", required_argument, NULL, OPT_DUP },
+    { "lmtp-rate", required_argument, NULL, OPT_LMTP_RATE },
     { "lhlo", required_argument, NULL, OPT_LHLO },
     { "sessions", required_argument, NULL, OPT_SESSIONS },
     { "imap-n", required_argument, NULL, OPT_IMAP_N },
@@ -1145,6 +1149,17 @@ static int mailbench_parse_args(struct mb_options *o, int argc, char **argv)
             if (errno || *end || !(o->dup_pct >= 0 && o->dup_pct <= 100))
                 return mailbench_usage_error("--dup: a percentage 0..100, "
                                              "got \"%s\"", optarg);
+            break;
+        }
+        case OPT_LMTP_RATE: {
+            char *end;
+
+            errno = 0;
+            o->lmtp_rate = strtod(optarg, &end);
+            if (errno || *end || !(o->lmtp_rate > 0 && o->lmtp_rate <= 1e6))
+                return mailbench_usage_error("--lmtp-rate: messages per "
+                                             "second, above 0, got \"%s\"",
+                                             optarg);
             break;
         }
         case OPT_LHLO: o->lhlo = optarg; break;

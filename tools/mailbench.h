@@ -76,6 +76,8 @@ struct mb_options {
     unsigned long mailboxes;    /* -m (0 = msgs) */
     const char *user_fmt, *domain, *from, *lhlo;
     double dup_pct;
+    double lmtp_rate;           /* --lmtp-rate: messages/s, 0 = as fast
+                                 * as the server takes them */
     int one_per_conn;           /* -k */
     /* imap */
     unsigned sessions;
@@ -191,6 +193,7 @@ struct mb_conn {
     int ready;                  /* got through greeting and setup */
     /* LMTP */
     int pipelining, cap_starttls;
+    int paced;                  /* ready, its next message not due yet */
     struct mb_lmtp_msg msg;
     /* IMAP */
     unsigned long user;         /* 0-based user index */
@@ -226,6 +229,8 @@ struct mb_lmtp {
     unsigned connecting;            /* open, not ready yet */
     double t_start, t_end;
     double next_connect;            /* earliest time for the next connect */
+    unsigned paced;                 /* ready connections held back by
+                                     * --lmtp-rate */
     /* the message bytes */
     char *head_pre;                 /* Date, From */
     size_t head_pre_len;
@@ -376,6 +381,9 @@ void mailbench_conn_fail(struct mb_conn *c, int kind, const char *why);
 int mailbench_lmtp_init(struct mb_run *run);
 /* Open connections while work remains; 1 while the LMTP part runs. */
 int mailbench_lmtp_pump(struct mb_run *run);
+/* --lmtp-rate: milliseconds (at most max_ms) until the next message is
+ * due */
+int mailbench_lmtp_due_ms(const struct mb_run *run, int max_ms);
 void mailbench_lmtp_free(struct mb_run *run);
 /* The user name of a 0-based index with --user (caller frees). */
 char *mailbench_user_name(const struct mb_run *run, unsigned long idx);

@@ -319,8 +319,26 @@ static void mailbench_lmtp_next(struct mb_conn *c)
 
     if (l->next_msg >= run->opt.msgs
         || (run->opt.one_per_conn && c->served > 0)) {
+        if (c->paced) {
+            c->paced = 0;
+            l->paced--;
+        }
         mailbench_lmtp_quit(c);
         return;
+    }
+    /* --lmtp-rate: message k is due at t_start + k / rate; a connection
+     * ahead of the schedule waits (mailbench_lmtp_pump starts it) */
+    if (run->opt.lmtp_rate > 0
+        && run->now < l->t_start + (double)l->next_msg / run->opt.lmtp_rate) {
+        if (!c->paced) {
+            c->paced = 1;
+            l->paced++;
+        }
+        return;
+    }
+    if (c->paced) {
+        c->paced = 0;
+        l->paced--;
     }
     m->active = 1;
     m->idx = l->next_msg++;
@@ -592,6 +610,10 @@ static void mailbench_lmtp_failed(struct mb_conn *c, int kind,
     l->active--;
     if (!c->ready)
         l->connecting--;
+    if (c->paced) {
+        c->paced = 0;
+        l->paced--;
+    }
     if (c->state == L_QUIT && kind == MB_ERR_CLOSED)
         return;         /* closed after QUIT without a 221: fine */
     if (!c->target->ever_ready) {
@@ -621,12 +643,35 @@ static const struct mb_conn_ops mailbench_lmtp_ops = {
     .failed = mailbench_lmtp_failed,
 };
 
+int mailbench_lmtp_due_ms(const struct mb_run *run, int max_ms)
+{
+    const struct mb_lmtp *l = &run->lmtp;
+    double due = l->t_start + (double)l->next_msg / run->opt.lmtp_rate;
+    double ms = (due - run->now) * 1000.0;
+
+    if (ms <= 0)
+        return 0;
+    return ms < max_ms ? (int)ms + 1 : max_ms;
+}
+
 int mailbench_lmtp_pump(struct mb_run *run)
 {
     struct mb_lmtp *l = &run->lmtp;
 
     if (l->done >= run->opt.msgs && l->active == 0)
         return 0;
+    /* --lmtp-rate: start the held-back connections whose message is due */
+    for (struct mb_conn *c = run->conns; c && l->paced; ) {
+        struct mb_conn *next = c->next;
+
+        if (c->kind == MB_CONN_LMTP && c->paced && !c->dead) {
+            c->t_activity = run->now;   /* waiting on us, not the server */
+            mailbench_lmtp_next(c);
+            if (!c->paced)
+                mailbench_conn_flush(c);
+        }
+        c = next;
+    }
     while (!run->fatal && l->active < run->opt.conns
            && run->now >= l->next_connect
            && run->opt.msgs - l->next_msg > l->connecting) {

@@ -378,6 +378,8 @@ static void mailbench_table(struct mb_run *run, struct mb_figures *f)
                    "dedup %s)\n", run->lmtp.dups_sent,
                    run->lmtp.dups_delivered, o->dup_pct,
                    o->dedup ? "yes" : "no");
+        if (o->lmtp_rate > 0)
+            printf("paced          --lmtp-rate %g msgs/s\n", o->lmtp_rate);
     }
     if (o->mode != MB_MODE_LMTP)
         printf("imap           %lu sessions  %lu ops   in %.2f s   = %.1f "
@@ -524,6 +526,7 @@ static int mailbench_json(struct mb_run *run, struct mb_figures *f)
             "\"dups_delivered\": %lu, \"dedup\": %s", o->dup_pct,
             run->lmtp.dups_sent, run->lmtp.dups_delivered,
             o->dedup ? "true" : "false");
+    fprintf(out, ", \"lmtp_rate\": %g", o->lmtp_rate);
     fprintf(out, ", \"errors\": {");
     int first = 1;
     for (int i = 0; i < 1000; i++) {

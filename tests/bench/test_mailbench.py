@@ -451,6 +451,30 @@ def test_smtp_sink():
             sink.stop()
 
 
+def test_lmtp_rate():
+    """--lmtp-rate paces the LMTP part: message k starts no earlier than
+    k / rate seconds into the run, so 50 messages at 25/s take at least
+    49 / 25 s however fast the server is (a slower one only takes
+    longer), every one is delivered, and IMAP sessions run beside it
+    until the last."""
+    j, out, _ = run_json(["mixed", "--lmtp", lmtp_target(), "--imap",
+                          imap_target(), "-n", "50", "-m", str(USERS),
+                          "-c", "5", "--lmtp-rate", "25", "--sessions", "2",
+                          "--users", str(USERS), "--ops", "5"])
+    check(j["lmtp_rate"] == 25, "lmtp_rate %r" % j.get("lmtp_rate"))
+    check(j["delivered_msgs"] == 50 and j["error_total"] == 0,
+          "delivered %r errors %r" % (j["delivered_msgs"], j["errors"]))
+    check(j["elapsed_s"] >= 49 / 25.0, "50 messages at 25/s in %.3f s"
+          % j["elapsed_s"])
+    check(j["imap"]["ops"] > 0, "no IMAP operations beside it: %r"
+          % j["imap"])
+    check_latency(j, "DELIVERY", 50)
+    check("--lmtp-rate 25 msgs/s" in out, "table without the pace:\n%s"
+          % out)
+    mailbench(["lmtp", "--lmtp", lmtp_target(), "-n", "1",
+               "--lmtp-rate", "0"], rc=2)
+
+
 if __name__ == "__main__":
     rc = run_tests([
         test_lmtp_verify_imap,
@@ -462,6 +486,7 @@ if __name__ == "__main__":
         test_mismatch_detected,
         test_bad_targets,
         test_smtp_sink,
+        test_lmtp_rate,
     ], "MAILBENCH_TESTS", (MASTER, IMAPD, LMTPD, MBTOOL, MAILBENCH))
     try:
         finish()

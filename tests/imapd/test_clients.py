@@ -15,6 +15,10 @@ user, allowplaintext off.  Two clients, each run as a program:
   sync changes nothing on either side.  Another sync shows (mbsync's
   network debug output, the server's log) that mbsync compresses with
   COMPRESS=DEFLATE when imapd offers it, and not with DisableExtensions.
+- offlineimap (offlineimap3), a second full client with its own IMAP
+  library: the same round trip over STARTTLS with the certificate
+  checked (messages down, flags and a locally written message up, a
+  third run that changes nothing).
 
 A test is skipped (SKIP) only when its program is not installed.
 
@@ -37,6 +41,7 @@ from testlib import Skip  # noqa: E402
 
 IMTEST = "/usr/lib/cyrus/bin/imtest"
 MBSYNC = shutil.which("mbsync") or "/usr/bin/mbsync"
+OFFLINEIMAP = shutil.which("offlineimap") or "/usr/bin/offlineimap"
 USER, PASSWORD = "carol", "c4rol-pw"
 
 _inst = None
@@ -397,6 +402,141 @@ def test_mbsync_compress():
     check(not i.worker_trouble(), "worker trouble: %s" % i.worker_trouble())
 
 
+# ---- offlineimap -----------------------------------------------------------
+
+OFFLINEIMAP_CONF = """\
+[general]
+accounts = test
+metadata = {home}/meta
+maxsyncaccounts = 1
+
+[Account test]
+localrepository = local
+remoterepository = remote
+
+[Repository local]
+type = Maildir
+localfolders = {maildir}
+
+[Repository remote]
+type = IMAP
+remotehost = localhost
+remoteport = {port}
+remoteuser = {user}
+remotepass = {password}
+ssl = no
+starttls = yes
+sslcacertfile = {cert}
+auth_mechanisms = PLAIN
+folderfilter = lambda name: name in ("INBOX", "INBOX.Offline")
+createfolders = False
+holdconnectionopen = no
+"""
+
+
+def test_offlineimap_round_trip():
+    if not os.access(OFFLINEIMAP, os.X_OK):
+        raise Skip("offlineimap not installed (package offlineimap3)")
+    i = inst()
+    i.create("user.%s.Offline" % USER)
+    i.mark_log()
+    home = tempfile.mkdtemp(prefix="offlineimap.", dir=i.dir)
+    maildir = os.path.join(home, "Mail")
+    os.mkdir(maildir)
+    conf = os.path.join(home, "offlineimaprc")
+    with open(conf, "w") as f:
+        f.write(OFFLINEIMAP_CONF.format(home=home, maildir=maildir,
+                                        port=i.tcp_port, user=USER,
+                                        password=PASSWORD, cert=i.cert))
+    env = dict(os.environ, HOME=home)
+
+    def sync(what):
+        # -o: one run; -u basic: plain progress lines (errors included)
+        rc, out = run([OFFLINEIMAP, "-c", conf, "-o", "-u", "basic"],
+                      env=env, timeout=180)
+        check(rc == 0 and not re.search(r"(?m)^ERROR", out),
+              "offlineimap (%s) exit %d:\n%s" % (what, rc, out[-3000:]))
+        return out
+
+    mids = []
+    for n in range(3):
+        mid = "offline-%d@example.com" % n
+        mids.append("<%s>" % mid)
+        i.mbtool("deliver", "-m", "Offline", USER, input=make_message(
+            msgid=mid, subject="offline %d" % n))
+
+    sync("down")
+    folder = os.path.join(maildir, "INBOX.Offline")
+    check(os.path.isdir(folder), "no local folder INBOX.Offline: %r"
+          % os.listdir(maildir))
+    check(message_ids(folder) == sorted(mids), "local INBOX.Offline after "
+          "the first run: %r" % message_ids(folder))
+    # what came down is the spool's message, line ends aside
+    local = sorted(d.replace(b"\r\n", b"\n") for d in _read_all(folder))
+    spool = sorted(d.replace(b"\r\n", b"\n")
+                   for d in i.messages("user.%s.Offline" % USER))
+    check(local == spool, "local files differ from the spool:\n%r\n%r"
+          % (local, spool))
+    check(tls_login_logged(i.new_log()), "no TLS PLAIN login of %s in the "
+          "master log: %s" % (USER, i.new_log()[-800:]))
+
+    # locally: one message seen and flagged, one message written
+    target = None
+    for sub in ("new", "cur"):
+        for name in os.listdir(os.path.join(folder, sub)):
+            with open(os.path.join(folder, sub, name), "rb") as f:
+                if mids[1].encode() in f.read():
+                    target = (sub, name)
+    check(target is not None, "message %s not found locally" % mids[1])
+    base = target[1].partition(":2,")[0]
+    os.rename(os.path.join(folder, *target),
+              os.path.join(folder, "cur", base + ":2,FS"))
+    local_msg = make_message(msgid="offline-local@example.com",
+                             subject="written offline")
+    with open(os.path.join(folder, "new", "1700000001.2.localhost"),
+              "wb") as f:
+        f.write(local_msg.replace(b"\r\n", b"\n"))
+
+    sync("up")
+    m = login()
+    try:
+        state = server_state(m)
+        typ, data = m.select('"INBOX.Offline"', readonly=True)
+        check(typ == "OK", "EXAMINE INBOX.Offline %r" % data)
+        typ, data = m.uid("SEARCH", None,
+                          "HEADER", "Message-ID", "offline-local@example.com")
+        check(typ == "OK" and len(data[0].split()) == 1,
+              "the message written offline on the server: %r" % data)
+        typ, data = m.uid("FETCH", data[0].split()[0], "(BODY.PEEK[])")
+        # offlineimap adds its X-OfflineIMAP header to what it uploads
+        body = data[0][1] if isinstance(data[0], tuple) else b""
+        check(re.sub(rb"(?m)^X-OfflineIMAP: [^\r\n]*\r\n", b"", body)
+              == local_msg, "uploaded message %r" % (body,))
+        m.logout()
+    finally:
+        close(m)
+    got = sorted(e[:2] for e in state.get("INBOX.Offline", []))
+    want = sorted([(mid, frozenset(["\\Seen", "\\Flagged"])
+                    if mid == mids[1] else frozenset()) for mid in mids]
+                  + [("<offline-local@example.com>", frozenset())])
+    check(got == want, "server INBOX.Offline after the run up: %r" % got)
+
+    before = maildir_files(folder)
+    out = sync("again")
+    check(maildir_files(folder) == before, "third run changed the Maildir:"
+          " %r -> %r\n%s" % (before, maildir_files(folder), out[-2000:]))
+    m = login()
+    try:
+        state2 = server_state(m)
+        m.logout()
+    finally:
+        close(m)
+    check(state2 == state, "third run changed the server: %r -> %r"
+          % (state, state2))
+    shutil.rmtree(home, ignore_errors=True)
+    check(not i.worker_trouble(), "worker trouble: %s" % i.worker_trouble())
+
+
 def _read_all(folder):
     out = []
     for sub in ("new", "cur"):
@@ -418,6 +558,7 @@ if __name__ == "__main__":
         test_imtest_starttls_plain,
         test_mbsync_round_trip,
         test_mbsync_compress,
+        test_offlineimap_round_trip,
     ])
     try:
         finish()

@@ -1462,13 +1462,15 @@ def test_autologout():
         check(r == [b"a1 OK NOOP completed"], "logged-in session %r" % r)
 
 
-def session_end_line(i, port, deadline=20):
+def session_end_line(i, port, since=0, deadline=20):
     """The "imap: session end" line of the session whose client port is
-    port (waited for: the worker logs it as the session ends)."""
+    port (waited for: the worker logs it as the session ends).  Only the
+    log after offset since is searched, so an older session that used
+    the same client port cannot match."""
     pat = re.compile(r"imap: session end .*peer=<[^>]*:%d>.*" % port)
 
     def find():
-        m = pat.search(i.log())
+        m = pat.search(i.log()[since:])
         return m.group(0) if m else None
     line = wait_until(find, deadline)
     check(line, "no session end line for client port %d: %r"
@@ -1488,6 +1490,7 @@ def test_session_end_line():
     i = inst()
     i.create("user.bob.LogEnd")
     msg = b"Subject: x\r\n\r\nbody\r\n"
+    since = len(i.log())
     with Raw(i.addr()) as c:
         port = c.sock.getsockname()[1]
         raw_login(c, BOB, BOB_PW)                       # STARTTLS, LOGIN
@@ -1502,7 +1505,7 @@ def test_session_end_line():
         ok(c.cmd("e1", "EXPUNGE"), "e1")
         c.cmd("x1", "FOO")                              # BAD counts too
         ok(c.cmd("lo", "LOGOUT"), "lo")
-    f = end_fields(session_end_line(i, port))
+    f = end_fields(session_end_line(i, port, since))
     check(f.get("user") == BOB and f.get("reason") == "logout",
           "user/reason: %r" % f)
     check(f.get("peer", "").endswith(":%d" % port), "peer: %r" % f)
@@ -1516,20 +1519,22 @@ def test_session_end_line():
           int(f.get("bytes_out", "0")) > 2 * len(msg),
           "bytes in/out: %r" % f)
     # a client that just goes away
+    since = len(i.log())
     with Raw(i.addr()) as c:
         port = c.sock.getsockname()[1]
         raw_login(c, BOB, BOB_PW)
-    f = end_fields(session_end_line(i, port))
+    f = end_fields(session_end_line(i, port, since))
     check(f.get("reason") == "disconnect" and f.get("user") == BOB,
           "dropped connection: %r" % f)
     # idle past prelogin_timeout (5 s): autologout, no user yet
+    since = len(i.log())
     with Raw(i.addr()) as c:
         port = c.sock.getsockname()[1]
         c.line()
         c.sock.settimeout(90)
         check(c.line() == b"* BYE Autologout; idle for too long",
               "no autologout")
-    f = end_fields(session_end_line(i, port))
+    f = end_fields(session_end_line(i, port, since))
     check(f.get("reason") == "autologout" and f.get("user") == "" and
           f.get("commands") == "0", "autologout: %r" % f)
 
