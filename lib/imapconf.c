@@ -179,6 +179,10 @@ static const struct imapconf_option imapconf_options[] = {
               "empty = none" },
     { .name = "admins", .type = IMAPCONF_STRING, .def = "",
       .desc = "space-separated user ids of the administrators" },
+    { .name = "proxyservers", .type = IMAPCONF_STRING, .def = "",
+      .desc = "users (a frontend's proxy_authname) that may authenticate "
+              "with their own password and log in as another user (SASL "
+              "authorization id): the frontends of an imap_proxy tier" },
     { .name = "servername", .type = IMAPCONF_STRING, .def = "",
       .desc = "this server's name in replies and headers; empty = the "
               "host name" },
@@ -257,6 +261,28 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "lmtpd is a frontend: each recipient is looked up in the "
               "directory (directory_db) and its message relayed over LMTP "
               "to its backend (proxy_backends); nothing is stored here" },
+    { .name = "imap_proxy", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "imapd is a frontend: a user who logs in is looked up in the "
+              "directory (directory_db) and the session relayed to its "
+              "backend (proxy_imap_backends), opened there with the "
+              "frontend's proxy_authname and the user as authorization id; "
+              "no mailbox is kept here" },
+    { .name = "proxy_imap_backends", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the backends of imap_proxy: space-separated NAME=HOST:PORT "
+              "of each backend's IMAP service (HOST is also the name its "
+              "certificate must carry)" },
+    { .name = "proxy_authname", .type = IMAPCONF_STRING, .def = "proxy",
+      .desc = "the user a frontend authenticates as at its backends (one "
+              "of their proxyservers)" },
+    { .name = "proxy_password", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the password of proxy_authname at the backends" },
+    { .name = "proxy_starttls", .type = IMAPCONF_SWITCH, .def = "yes",
+      .desc = "a frontend starts TLS on its IMAP connection to a backend "
+              "before logging in, and verifies the backend's certificate "
+              "(tls_client_ca_file) and name" },
+    { .name = "tls_client_ca_file", .type = IMAPCONF_STRING, .def = "",
+      .desc = "CA certificates (PEM) a frontend trusts for its backends' "
+              "certificates; empty = the system's trust store" },
     { .name = "directory_db", .type = IMAPCONF_DBNAME, .def = "flat",
       .remote_ok = 1,
       .desc = "cyrusdb backend of the user -> backend directory of "
@@ -275,7 +301,8 @@ static const struct imapconf_option imapconf_options[] = {
     { .name = "proxy_timeout", .type = IMAPCONF_INT, .def = "60",
       .min = 1, .max = 3600,
       .desc = "seconds a frontend waits for a backend to connect or to "
-              "answer one LMTP command; then 451 4.4.2 for its recipients" },
+              "answer one command (LMTP: then 451 4.4.2 for its "
+              "recipients; IMAP: the login fails with NO [UNAVAILABLE])" },
     { .name = "lmtp_max_idle", .type = IMAPCONF_INT, .def = "32",
       .min = 1, .max = 1000,
       .desc = "most connections one lmtpd process holds: it serves "

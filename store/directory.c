@@ -261,3 +261,87 @@ enum directory_result directory_lookup(struct directory *dir,
     *backend_r = dir->answer;
     return DIRECTORY_OK;
 }
+
+/* ---- the frontends' backend lists ---------------------------------- */
+
+int directory_peers_find(const struct directory_peer *peers, size_t n,
+                         const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        if (strcmp(peers[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+void directory_peers_free(struct directory_peer *peers, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        free(peers[i].name);
+        free(peers[i].addr);
+    }
+    free(peers);
+}
+
+int directory_peers_parse(const char *list, struct directory_peer **peers_r,
+                          size_t *n_r, const char **error_r)
+{
+    struct directory_peer *peers = NULL;
+    size_t n = 0;
+    const char *s = list ? list : "";
+
+    *peers_r = NULL;
+    *n_r = 0;
+    for (;;) {
+        size_t len, nlen;
+        const char *eq;
+        struct directory_peer *np;
+
+        s += strspn(s, " \t,");
+        len = strcspn(s, " \t,");
+        if (len == 0)
+            break;
+        eq = memchr(s, '=', len);
+        if (!eq) {
+            *error_r = "an entry without NAME=ADDRESS";
+            goto fail;
+        }
+        nlen = (size_t)(eq - s);
+        if (!directory_valid_name(s, nlen)) {
+            *error_r = "a backend name that is not 1-64 letters, digits, "
+                       "'.', '_', '-'";
+            goto fail;
+        }
+        if (len - nlen - 1 == 0) {
+            *error_r = "an entry with an empty address";
+            goto fail;
+        }
+        np = realloc(peers, (n + 1) * sizeof(*np));
+        if (!np) {
+            *error_r = "out of memory";
+            goto fail;
+        }
+        peers = np;
+        peers[n].name = strndup(s, nlen);
+        peers[n].addr = strndup(eq + 1, len - nlen - 1);
+        n++;
+        if (!peers[n - 1].name || !peers[n - 1].addr) {
+            *error_r = "out of memory";
+            goto fail;
+        }
+        if (directory_peers_find(peers, n - 1, peers[n - 1].name) >= 0) {
+            *error_r = "a backend name given twice";
+            goto fail;
+        }
+        s += len;
+    }
+    *peers_r = peers;
+    *n_r = n;
+    return 0;
+fail:
+    directory_peers_free(peers, n);
+    return -1;
+}

@@ -67,4 +67,21 @@ int directory_valid_name(const char *s, size_t len);
 /* Forget every cached answer (tests, reload). */
 void directory_flush(struct directory *dir);
 
+/* A backend of a frontend's list (proxy_backends, proxy_imap_backends):
+ * space- or comma-separated NAME=ADDRESS entries, NAME a valid backend
+ * name, ADDRESS not empty, no NAME twice. */
+struct directory_peer {
+    char *name;
+    char *addr;
+};
+/* Parse list into *peers_r[0 .. *n_r) (the caller frees them with
+ * directory_peers_free()).  0, or -1 with *error_r (static text) and
+ * nothing to free. */
+int directory_peers_parse(const char *list, struct directory_peer **peers_r,
+                          size_t *n_r, const char **error_r);
+void directory_peers_free(struct directory_peer *peers, size_t n);
+/* The index of name in peers[0 .. n), or -1. */
+int directory_peers_find(const struct directory_peer *peers, size_t n,
+                         const char *name);
+
 #endif
