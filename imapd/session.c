@@ -130,6 +130,7 @@
 #include "imapd/list.h"
 #include "imapd/localdomain.h"
 #include "imapd/qresync.h"
+#include "imapd/proxy.h"
 #include "imapd/quotacmd.h"
 #include "imapd/search.h"
 #include "imapd/session.h"
@@ -174,6 +175,8 @@ struct imap_server {
     char *admins;                /* `admins`, each entry canonicalized as
                                     a login (userid_canon) */
     struct userid_policy policy; /* virtdomains, defaultdomain */
+    struct imap_proxy *proxy;    /* imap_proxy: yes (a frontend), else
+                                    NULL */
 };
 
 enum imap_state { IMAP_NOTAUTH = 0, IMAP_AUTH = 1, IMAP_SELECTED = 2 };
@@ -344,6 +347,16 @@ int imap_server_new(const struct imapconf *conf, struct tls_server *tls,
         free(srv);
         return -1;
     }
+    if (imapconf_getswitch(conf, "imap_proxy")) {
+        /* a frontend: no mailbox here, every session is a backend's */
+        if (imap_proxy_new(conf, &srv->proxy, &err) != 0) {
+            log_error("imap: imap_proxy error=<%s>", err);
+            imap_server_free(&srv);
+            return -1;
+        }
+        *srv_r = srv;
+        return 0;
+    }
     r = mboxlist_open(conf, &srv->ml);
     if (r != STORE_OK) {
         log_error("imap: cannot open the mailbox list error=<%s> "
@@ -361,6 +374,7 @@ void imap_server_free(struct imap_server **srvp)
     if (!srv)
         return;
     mboxlist_close(&srv->ml);
+    imap_proxy_free(&srv->proxy);
     userid_policy_free(&srv->policy);
     free(srv->admins);
     free(srv);
@@ -868,12 +882,54 @@ static int imap_login_done(struct imap_session *s, const char *user,
         (void)autocreate_inbox(s->srv->conf, s->srv->ml, s->userid,
                                buf_cstring(&s->inbox), NULL);
     prot_settimeout(s->p, s->srv->timeout);    /* the autologout from now */
-    log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s>%s",
+    log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s>%s%s%s%s",
              s->userid, mech, s->conn->peer,
              prot_tls_info(s->p) ? prot_tls_info(s->p) : "none",
              s->global_admin ? " admin=<yes>" :
-             s->admin ? " admin=<domain>" : "");
+             s->admin ? " admin=<domain>" : "",
+             saslserver_proxy(s->sasl) ? " proxy=<" : "",
+             saslserver_proxy(s->sasl) ? saslserver_proxy(s->sasl) : "",
+             saslserver_proxy(s->sasl) ? ">" : "");
     return 0;
+}
+
+/* A frontend (imap_proxy): the user is authenticated here; open the
+ * session on the user's backend and relay it to its end (imapd/proxy.h).
+ * A backend that cannot be reached fails the login with NO, and the
+ * client may try again. */
+static void imap_proxy_login(struct imap_session *s, const char *mech)
+{
+    struct buf caps = BUF_INITIALIZER, reply = BUF_INITIALIZER;
+    const char *user = saslserver_user(s->sasl), *backend = NULL;
+
+    if (imap_proxy_open(s->srv->proxy, user, &caps, &backend, &reply) != 0) {
+        imap_tagged(s, "NO", "%s", buf_cstring(&reply));
+        metrics_count(METRICS_IMAP_LOGINS_FAILED, 1);
+        imap_sasl_reset(s);
+        goto out;
+    }
+    s->userid = strdup(user);
+    if (!s->userid) {
+        imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
+        imap_sasl_reset(s);
+        goto out;
+    }
+    s->state = IMAP_AUTH;
+    metrics_count(METRICS_IMAP_LOGINS_OK, 1);
+    log_info("imap: login user=<%s> mech=<%s> peer=<%s> tls=<%s> "
+             "backend=<%s>", s->userid, mech, s->conn->peer,
+             prot_tls_info(s->p) ? prot_tls_info(s->p) : "none", backend);
+    imap_tagged(s, "OK", "[CAPABILITY %s] Success (%s)", buf_cstring(&caps),
+                prot_is_tls(s->p) ? "tls protection" : "no protection");
+    if (prot_flush(s->p) != PROT_OK)
+        s->end_reason = "disconnect";
+    else
+        s->end_reason = imap_proxy_relay(s->srv->proxy, s->p, s->conn->fd,
+                                         s->srv->timeout);
+    s->quit = 1;
+out:
+    buf_free(&caps);
+    buf_free(&reply);
 }
 
 static void imap_auth_ok(struct imap_session *s)
@@ -934,6 +990,10 @@ static void imap_cmd_authenticate(struct imap_session *s)
                  "error=<invalid user name: %s>", mech, s->conn->peer,
                  s->canon_error);
         imap_sasl_reset(s);
+        goto out;
+    }
+    if (r == SASLSERVER_DONE && saslserver_user(s->sasl) && s->srv->proxy) {
+        imap_proxy_login(s, mech);
         goto out;
     }
     if (r == SASLSERVER_DONE && saslserver_user(s->sasl)) {
@@ -1033,7 +1093,11 @@ static void imap_cmd_login(struct imap_session *s)
     s->canon_error = NULL;
     r = saslserver_start(s->sasl, "PLAIN", buf_cstring(&b64), &chal);
     memset(b64.s, 0, b64.len);
-    if (r == SASLSERVER_DONE && !s->canon_error && saslserver_user(s->sasl)) {
+    if (r == SASLSERVER_DONE && !s->canon_error && saslserver_user(s->sasl)
+        && s->srv->proxy) {
+        imap_proxy_login(s, "LOGIN");
+    } else if (r == SASLSERVER_DONE && !s->canon_error &&
+               saslserver_user(s->sasl)) {
         if (imap_login_done(s, saslserver_user(s->sasl), "LOGIN") != 0) {
             imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
             imap_sasl_reset(s);

@@ -81,6 +81,8 @@ struct imapconf_option {
     const char *def;               /* default, as it would be written */
     long min, max;                 /* IMAPCONF_INT only */
     const char *const *words;      /* IMAPCONF_ENUM only, NULL-terminated */
+    int remote_ok;                 /* IMAPCONF_DBNAME: a backend without a
+                                    * file (etcd) is allowed */
     const char *desc;
 };
 
@@ -177,6 +179,10 @@ static const struct imapconf_option imapconf_options[] = {
               "empty = none" },
     { .name = "admins", .type = IMAPCONF_STRING, .def = "",
       .desc = "space-separated user ids of the administrators" },
+    { .name = "proxyservers", .type = IMAPCONF_STRING, .def = "",
+      .desc = "users (a frontend's proxy_authname) that may authenticate "
+              "with their own password and log in as another user (SASL "
+              "authorization id): the frontends of an imap_proxy tier" },
     { .name = "servername", .type = IMAPCONF_STRING, .def = "",
       .desc = "this server's name in replies and headers; empty = the "
               "host name" },
@@ -251,6 +257,52 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 10, .max = 86400,
       .desc = "seconds an LMTP client may stay silent before the "
               "connection is closed with 421" },
+    { .name = "lmtp_proxy", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "lmtpd is a frontend: each recipient is looked up in the "
+              "directory (directory_db) and its message relayed over LMTP "
+              "to its backend (proxy_backends); nothing is stored here" },
+    { .name = "imap_proxy", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "imapd is a frontend: a user who logs in is looked up in the "
+              "directory (directory_db) and the session relayed to its "
+              "backend (proxy_imap_backends), opened there with the "
+              "frontend's proxy_authname and the user as authorization id; "
+              "no mailbox is kept here" },
+    { .name = "proxy_imap_backends", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the backends of imap_proxy: space-separated NAME=HOST:PORT "
+              "of each backend's IMAP service (HOST is also the name its "
+              "certificate must carry)" },
+    { .name = "proxy_authname", .type = IMAPCONF_STRING, .def = "proxy",
+      .desc = "the user a frontend authenticates as at its backends (one "
+              "of their proxyservers)" },
+    { .name = "proxy_password", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the password of proxy_authname at the backends" },
+    { .name = "proxy_starttls", .type = IMAPCONF_SWITCH, .def = "yes",
+      .desc = "a frontend starts TLS on its IMAP connection to a backend "
+              "before logging in, and verifies the backend's certificate "
+              "(tls_client_ca_file) and name" },
+    { .name = "tls_client_ca_file", .type = IMAPCONF_STRING, .def = "",
+      .desc = "CA certificates (PEM) a frontend trusts for its backends' "
+              "certificates; empty = the system's trust store" },
+    { .name = "directory_db", .type = IMAPCONF_DBNAME, .def = "flat",
+      .remote_ok = 1,
+      .desc = "cyrusdb backend of the user -> backend directory of "
+              "lmtp_proxy (etcd: one map for every frontend)" },
+    { .name = "directory_db_path", .type = IMAPCONF_STRING, .def = "",
+      .desc = "file of the directory (etcd: its name under etcd_prefix); "
+              "empty = CONFIGDIR/directory.db" },
+    { .name = "directory_cache_ttl", .type = IMAPCONF_INT, .def = "5",
+      .min = 0, .max = 3600,
+      .desc = "seconds a frontend reuses a directory answer before it "
+              "reads the record again; 0 = read it for every recipient" },
+    { .name = "proxy_backends", .type = IMAPCONF_STRING, .def = "",
+      .desc = "the backends of lmtp_proxy: space-separated NAME=ADDRESS, "
+              "ADDRESS host:port, [v6addr]:port or /path of a UNIX socket "
+              "of the backend's LMTP service (trusted or -a)" },
+    { .name = "proxy_timeout", .type = IMAPCONF_INT, .def = "60",
+      .min = 1, .max = 3600,
+      .desc = "seconds a frontend waits for a backend to connect or to "
+              "answer one command (LMTP: then 451 4.4.2 for its "
+              "recipients; IMAP: the login fails with NO [UNAVAILABLE])" },
     { .name = "lmtp_max_idle", .type = IMAPCONF_INT, .def = "32",
       .min = 1, .max = 1000,
       .desc = "most connections one lmtpd process holds: it serves "
@@ -492,7 +544,7 @@ static int imapconf_parse_value(const struct imapconf_option *opt,
             buf_printf(why, " (known: %s)", cyrusdb_names());
             return -1;
         }
-        if (e->nofile) {
+        if (e->nofile && !opt->remote_ok) {
             /* the servers' databases are files beside each other (copies,
              * renames, per-user files): not for a remote backend yet */
             buf_appendcstr(why, "database backend ");

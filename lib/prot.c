@@ -1048,10 +1048,11 @@ int prot_is_compressed(const struct prot *p)
 
 /* ---- TLS ----------------------------------------------------------- */
 
-int prot_starttls(struct prot *p, struct tls_server *tls,
-                  size_t *discarded_r)
+/* The handshake of prot_starttls() and prot_starttls_client(): hostname
+ * NULL = server side. */
+static int prot_tls_handshake(struct prot *p, SSL_CTX *ctx,
+                              const char *hostname, size_t *discarded_r)
 {
-    SSL_CTX *ctx = tls ? tls_server_ssl_ctx(tls) : NULL;
     BIO_METHOD *meth = prot_bio_get_method();
     const SSL_CIPHER *cipher;
     BIO *bio;
@@ -1081,11 +1082,16 @@ int prot_starttls(struct prot *p, struct tls_server *tls,
     if (r != PROT_OK)
         return r;
 
-    /* what the client sent after STARTTLS: never seen by the protocol */
+    /* what the peer sent after STARTTLS: never seen by the protocol */
     discarded = p->in_end - p->in_start;
     p->in_start = p->in_end = 0;
     if (discarded_r)
         *discarded_r = discarded;
+    if (hostname && discarded) {
+        prot_seterror(p, "starttls: the server sent %lu bytes after its "
+                      "reply to STARTTLS", (unsigned long)discarded);
+        return PROT_IOERROR;
+    }
 
     ERR_clear_error();
     p->ssl = SSL_new(ctx);
@@ -1101,7 +1107,25 @@ int prot_starttls(struct prot *p, struct tls_server *tls,
     }
     BIO_set_data(bio, p);
     SSL_set_bio(p->ssl, bio, bio);
-    SSL_set_accept_state(p->ssl);
+    if (hostname) {
+        /* the name to verify, and SNI (not for an IP address literal) */
+        if (SSL_set1_host(p->ssl, hostname) != 1
+            || (!strchr(hostname, ':') && strspn(hostname, "0123456789.")
+                != strlen(hostname)
+                && SSL_set_tlsext_host_name(p->ssl, hostname) != 1)) {
+            char reason[200];
+
+            prot_ssl_reason(reason, sizeof(reason));
+            prot_seterror(p, "starttls: host name <%s>: %s", hostname,
+                          reason);
+            SSL_free(p->ssl);
+            p->ssl = NULL;
+            return PROT_IOERROR;
+        }
+        SSL_set_connect_state(p->ssl);
+    } else {
+        SSL_set_accept_state(p->ssl);
+    }
 
     for (;;) {
         int ret;
@@ -1110,9 +1134,18 @@ int prot_starttls(struct prot *p, struct tls_server *tls,
         ret = SSL_do_handshake(p->ssl);
         if (ret == 1)
             break;
-        r = prot_ssl_wait(p, ret, "TLS handshake");
-        if (r == PROT_OK)
-            continue;
+        if (hostname && SSL_get_verify_result(p->ssl) != X509_V_OK) {
+            prot_seterror(p, "TLS handshake: certificate of <%s> not "
+                          "verified: %s", hostname,
+                          X509_verify_cert_error_string(
+                              SSL_get_verify_result(p->ssl)));
+            ERR_clear_error();
+            r = PROT_IOERROR;
+        } else {
+            r = prot_ssl_wait(p, ret, "TLS handshake");
+            if (r == PROT_OK)
+                continue;
+        }
         if (r == PROT_EOF) {
             prot_seterror(p, "TLS handshake: connection closed by peer");
             r = PROT_IOERROR;
@@ -1140,6 +1173,24 @@ int prot_starttls(struct prot *p, struct tls_server *tls,
             snprintf(p->tls_info, len, "%s %s", version, name);
     }
     return PROT_OK;
+}
+
+int prot_starttls(struct prot *p, struct tls_server *tls,
+                  size_t *discarded_r)
+{
+    return prot_tls_handshake(p, tls ? tls_server_ssl_ctx(tls) : NULL, NULL,
+                              discarded_r);
+}
+
+int prot_starttls_client(struct prot *p, struct tls_client *tls,
+                         const char *hostname)
+{
+    if (!hostname || !*hostname) {
+        prot_seterror(p, "starttls: no host name to verify");
+        return PROT_IOERROR;
+    }
+    return prot_tls_handshake(p, tls ? tls_client_ssl_ctx(tls) : NULL,
+                              hostname, NULL);
 }
 
 int prot_is_tls(const struct prot *p)

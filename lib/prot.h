@@ -165,7 +165,16 @@ int prot_flush(struct prot *p);
  * connection must be closed; prot_error() says why), PROT_TIMEOUT. */
 int prot_starttls(struct prot *p, struct tls_server *tls,
                   size_t *discarded_r);
-/* 1 after a successful prot_starttls(). */
+/* Client side TLS handshake on a stream this process connected (lib/tls.h
+ * tls_client_new()): the peer's certificate must verify and name
+ * hostname (SNI is sent too).  Buffered output is flushed first;
+ * buffered input must be empty (the server's reply to STARTTLS is the
+ * last plain line).  PROT_OK; PROT_IOERROR (handshake or verification
+ * failed; prot_error() says why), PROT_TIMEOUT. */
+struct tls_client;
+int prot_starttls_client(struct prot *p, struct tls_client *tls,
+                         const char *hostname);
+/* 1 after a successful prot_starttls() or prot_starttls_client(). */
 int prot_is_tls(const struct prot *p);
 /* "TLSv1.3 TLS_AES_256_GCM_SHA384" style text for logs and Received
  * headers, or NULL without TLS.  Owned by p. */

@@ -59,10 +59,12 @@ struct saslserver {
     sasl_conn_t *conn;
     enum saslserver_state state;
     char *user;               /* after DONE */
+    char *proxy;              /* after DONE, when the authentication id
+                                 was another (a proxyservers entry) */
     char error[256];
     saslserver_canon_fn *canon;   /* NULL: SASL's own canonicalization */
     void *canon_rock;
-    sasl_callback_t callbacks[2];
+    sasl_callback_t callbacks[3];
 };
 
 static const struct imapconf *saslserver_conf;
@@ -226,6 +228,72 @@ static int saslserver_canon_user(sasl_conn_t *conn, void *context,
     return SASL_OK;
 }
 
+/* Whether the authentication id (aid, alen) is one of imapd.conf's
+ * proxyservers, each entry canonicalized as a login when s has a canon
+ * function (as `admins` is). */
+static int saslserver_may_proxy(struct saslserver *s, const char *aid,
+                                unsigned alen)
+{
+    const char *list = saslserver_conf
+        ? imapconf_getstring(saslserver_conf, "proxyservers") : NULL;
+    const char *p = list ? list : "";
+    int ok = 0;
+
+    while (!ok && *p) {
+        size_t n;
+
+        p += strspn(p, " ,\t");
+        n = strcspn(p, " ,\t");
+        if (n) {
+            struct buf e = BUF_INITIALIZER;
+            const char *err = NULL;
+
+            if (s->canon) {
+                if (s->canon(s->canon_rock, p, n, &e, &err) != 0)
+                    buf_reset(&e);
+            } else {
+                buf_append(&e, p, n);
+            }
+            ok = e.len == alen && alen && memcmp(e.s, aid, alen) == 0;
+            buf_free(&e);
+        }
+        p += n;
+    }
+    return ok;
+}
+
+/* SASL's proxy policy: an authorization id other than the authentication
+ * id only for the proxyservers (a frontend logging in for its user). */
+static int saslserver_proxy_policy(sasl_conn_t *conn, void *context,
+                                   const char *requested_user, unsigned rlen,
+                                   const char *auth_identity, unsigned alen,
+                                   const char *def_realm, unsigned urlen,
+                                   struct propctx *propctx)
+{
+    struct saslserver *s = context;
+
+    (void)def_realm;
+    (void)urlen;
+    (void)propctx;
+    free(s->proxy);
+    s->proxy = NULL;
+    if (!requested_user || !auth_identity)
+        return SASL_BADPARAM;
+    if (rlen == alen && memcmp(requested_user, auth_identity, alen) == 0)
+        return SASL_OK;
+    if (saslserver_may_proxy(s, auth_identity, alen)) {
+        s->proxy = strndup(auth_identity, alen);
+        if (!s->proxy)
+            return SASL_NOMEM;
+        return SASL_OK;
+    }
+    snprintf(s->error, sizeof(s->error), "%.*s may not log in as %.*s "
+             "(not in proxyservers)", (int)(alen > 100 ? 100 : alen),
+             auth_identity, (int)(rlen > 100 ? 100 : rlen), requested_user);
+    sasl_seterror(conn, SASL_NOLOG, "%s", s->error);
+    return SASL_NOAUTHZ;
+}
+
 struct saslserver *saslserver_new(const char *service, const char *localaddr,
                                   const char *remoteaddr, int tls_ssf)
 {
@@ -259,12 +327,20 @@ struct saslserver *saslserver_new_canon(const char *service,
     }
     s->canon = canon;
     s->canon_rock = rock;
-    s->callbacks[0].id = SASL_CB_LIST_END;
-    if (canon) {
-        s->callbacks[0].id = SASL_CB_CANON_USER;
-        s->callbacks[0].proc = SASLSERVER_PROC(saslserver_canon_user);
-        s->callbacks[0].context = s;
-        s->callbacks[1].id = SASL_CB_LIST_END;
+    {
+        int n = 0;
+
+        if (canon) {
+            s->callbacks[n].id = SASL_CB_CANON_USER;
+            s->callbacks[n].proc = SASLSERVER_PROC(saslserver_canon_user);
+            s->callbacks[n].context = s;
+            n++;
+        }
+        s->callbacks[n].id = SASL_CB_PROXY_POLICY;
+        s->callbacks[n].proc = SASLSERVER_PROC(saslserver_proxy_policy);
+        s->callbacks[n].context = s;
+        n++;
+        s->callbacks[n].id = SASL_CB_LIST_END;
     }
     r = sasl_server_new(service, fqdn, NULL, localaddr, remoteaddr,
                         s->callbacks, 0, &s->conn);
@@ -291,6 +367,7 @@ void saslserver_free(struct saslserver **sp)
     if ((*sp)->conn)
         sasl_dispose(&(*sp)->conn);
     free((*sp)->user);
+    free((*sp)->proxy);
     free(*sp);
     *sp = NULL;
 }
@@ -522,6 +599,11 @@ int saslserver_step(struct saslserver *s, const char *response_b64,
 const char *saslserver_user(const struct saslserver *s)
 {
     return s->state == SASLSERVER_AUTHED ? s->user : NULL;
+}
+
+const char *saslserver_proxy(const struct saslserver *s)
+{
+    return s && s->state == SASLSERVER_AUTHED ? s->proxy : NULL;
 }
 
 const char *saslserver_error(const struct saslserver *s)

@@ -93,6 +93,10 @@ int saslserver_step(struct saslserver *s, const char *response_b64,
                     struct buf *challenge);
 /* The authenticated (authorization) user id after DONE, else NULL. */
 const char *saslserver_user(const struct saslserver *s);
+/* After DONE with an authorization id other than the authentication id
+ * (allowed only for imapd.conf's proxyservers, each entry canonicalized
+ * as a login): the authentication id (the frontend's own), else NULL. */
+const char *saslserver_proxy(const struct saslserver *s);
 /* SASL's text for the last failure, for logs. */
 const char *saslserver_error(const struct saslserver *s);
 

@@ -1,5 +1,6 @@
 /*
- * tls.c - the server's TLS context (see tls.h).
+ * tls.c - the server's TLS context, and the client context of a server
+ * that connects to another (see tls.h).
  *
  * One SSL_CTX per process: TLS 1.2 minimum, OpenSSL's default cipher
  * lists for 1.2 and 1.3, no compression, no renegotiation, no session
@@ -208,6 +209,77 @@ void tls_server_free(struct tls_server **tlsp)
 }
 
 struct ssl_ctx_st *tls_server_ssl_ctx(const struct tls_server *tls)
+{
+    return tls->ctx;
+}
+
+/* ---- the client side ------------------------------------------------ */
+
+struct tls_client {
+    SSL_CTX *ctx;
+};
+
+int tls_client_new(const char *cafile, struct tls_client **tls_r,
+                   char **error_r)
+{
+    struct tls_client *tls;
+    SSL_CTX *ctx;
+    char reason[256];
+
+    *tls_r = NULL;
+    if (error_r)
+        *error_r = NULL;
+    ERR_clear_error();
+    ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        tls_seterror(error_r, "tls: cannot create client context: %s",
+                     tls_reason(reason, sizeof(reason)));
+        return -1;
+    }
+    if (!SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION)) {
+        tls_seterror(error_r, "tls: cannot set minimum version TLS 1.2: %s",
+                     tls_reason(reason, sizeof(reason)));
+        goto fail;
+    }
+    SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION
+                        | SSL_OP_IGNORE_UNEXPECTED_EOF);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    if (cafile && *cafile) {
+        if (SSL_CTX_load_verify_locations(ctx, cafile, NULL) != 1) {
+            tls_seterror(error_r, "tls: cannot load CA file=<%s>: %s",
+                         cafile, tls_reason(reason, sizeof(reason)));
+            goto fail;
+        }
+    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        tls_seterror(error_r, "tls: cannot load the default trust store: %s",
+                     tls_reason(reason, sizeof(reason)));
+        goto fail;
+    }
+    tls = calloc(1, sizeof(*tls));
+    if (!tls) {
+        tls_seterror(error_r, "tls: out of memory");
+        goto fail;
+    }
+    tls->ctx = ctx;
+    *tls_r = tls;
+    return 0;
+
+fail:
+    SSL_CTX_free(ctx);
+    ERR_clear_error();
+    return -1;
+}
+
+void tls_client_free(struct tls_client **tlsp)
+{
+    if (!tlsp || !*tlsp)
+        return;
+    SSL_CTX_free((*tlsp)->ctx);
+    free(*tlsp);
+    *tlsp = NULL;
+}
+
+struct ssl_ctx_st *tls_client_ssl_ctx(const struct tls_client *tls)
 {
     return tls->ctx;
 }

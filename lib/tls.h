@@ -33,4 +33,15 @@ void tls_server_free(struct tls_server **tlsp);
 struct ssl_ctx_st;
 struct ssl_ctx_st *tls_server_ssl_ctx(const struct tls_server *tls);
 
+/* The client side, for a server that connects to another (a frontend
+ * to its backends): TLS 1.2 minimum, the peer's certificate verified
+ * against cafile (PEM; NULL or "" = OpenSSL's default trust store) and,
+ * by prot_starttls_client(), its name.  0 and *tls_r, or -1 with
+ * *error_r (caller frees) naming the file and OpenSSL's reason. */
+struct tls_client;
+int tls_client_new(const char *cafile, struct tls_client **tls_r,
+                   char **error_r);
+void tls_client_free(struct tls_client **tlsp);
+struct ssl_ctx_st *tls_client_ssl_ctx(const struct tls_client *tls);
+
 #endif

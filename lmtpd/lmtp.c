@@ -62,11 +62,13 @@
 #include "lib/saslserver.h"
 #include "lib/service.h"
 #include "lmtpd/lmtp.h"
+#include "lmtpd/lmtp_proxy.h"
 #include "lmtpd/lmtp_sieve.h"
 #include "lmtpd/rcpt.h"
 #include "lmtpd/received.h"
 #include "store/append.h"
 #include "store/deliver.h"
+#include "store/directory.h"
 #include "store/store.h"
 #include "store/userid.h"
 
@@ -90,6 +92,7 @@
 #define R_LONGLINE "554 5.6.0 Message contains a line too long"
 #define R_HDRLINES "554 5.6.0 Message has too many header lines"
 #define R_BADMSG "554 5.6.0 Message refused"
+#define R_NODIRECTORY "451 4.4.3 Directory server failure, try again later"
 
 struct lmtp_server {
     const struct imapconf *conf;
@@ -107,6 +110,12 @@ struct lmtp_server {
     int overquota_perm;
     int db_failed;              /* the last open of the databases failed */
     unsigned long seq;          /* for Received ids */
+    /* lmtp_proxy: a frontend (no local databases) */
+    int proxy;
+    struct directory *dir;
+    struct lmtp_proxy *px;
+    struct userid_policy policy;
+    int downcase;
 };
 
 /* What went wrong with a message (the first problem counts). */
@@ -143,6 +152,7 @@ struct lmtp_rcpt {
     char *reply;                /* a Sieve reject's reply, or NULL */
     char *addr;                 /* as the client wrote it, for logs */
     uint64_t rcpt_us;           /* when RCPT was accepted (metrics) */
+    int backend;                /* lmtp_proxy: the backend's index */
 };
 
 struct lmtp_session {
@@ -227,9 +237,26 @@ int lmtp_server_new(const struct imapconf *conf, struct tls_server *tls,
             free(srv);
             return -1;
         }
-        userid_policy_free(&pol);
+        srv->policy = pol;
     }
-    (void)lmtp_server_dbs(srv);   /* a failure is retried at RCPT */
+    srv->proxy = imapconf_getswitch(conf, "lmtp_proxy");
+    srv->downcase = imapconf_getswitch(conf, "lmtp_downcase_rcpt");
+    if (srv->proxy) {
+        const char *why = NULL;
+
+        if (directory_new(conf, &srv->dir, &why) != 0 ||
+            lmtp_proxy_new(conf, &srv->px, &why) != 0) {
+            log_error("lmtp: bad configuration for lmtp_proxy error=<%s>",
+                      why ? why : "out of memory");
+            lmtp_server_free(&srv);
+            return -1;
+        }
+        log_info("lmtp: frontend mode directory=<%s> backends=<%s>",
+                 imapconf_getstring(conf, "directory_db"),
+                 imapconf_getstring(conf, "proxy_backends"));
+    } else {
+        (void)lmtp_server_dbs(srv);   /* a failure is retried at RCPT */
+    }
     imapconf_servername(conf, srv->servername, sizeof(srv->servername));
     v = imapconf_getint(conf, "maxmessagesize");
     srv->maxsize = v > 0 ? (uint64_t)v : 0;
@@ -268,6 +295,9 @@ void lmtp_server_free(struct lmtp_server **srvp)
     rcpt_ctx_free(&srv->rctx);
     lmtp_sieve_free(&srv->sieve);
     deliver_ctx_free(&srv->dctx);
+    directory_free(&srv->dir);
+    lmtp_proxy_free(&srv->px);
+    userid_policy_free(&srv->policy);
     free(srv);
     *srvp = NULL;
 }
@@ -349,16 +379,17 @@ static const char *lmtp_status_word(const char *reply, int duplicate)
  *   uid=<U> size=<N> status=<delivered> reply=<250 2.1.5> delay=<0.012>
  *   peer=<P>
  * qid and msgid only when known, mailbox when resolved, uid when
- * stored, size once the message was read.  reply is the reply's code
+ * stored, size once the message was read; a frontend (lmtp_proxy) logs
+ * user=<U> backend=<B> instead of mailbox and uid.  reply is the reply's code
  * and enhanced code; delay the seconds from RCPT to this reply. */
 static void lmtp_log_rcpt(struct lmtp_session *s, const char *qid,
                           const char *msgid, const char *addr,
                           const char *mailbox, uint32_t uid,
                           const uint64_t *size, const char *reply,
-                          int duplicate, uint64_t rcpt_us)
+                          int duplicate, uint64_t rcpt_us, int backend)
 {
     char csender[256], cqid[RECEIVED_QID_MAX + 16], cmsgid[300];
-    char cmailbox[300], cuid[32], csize[40];
+    char cmailbox[400], cuid[32], csize[40];
     uint64_t now = metrics_now_us();
     uint64_t us = now > rcpt_us ? now - rcpt_us : 0;
     size_t codelen = strcspn(reply, " ");
@@ -372,7 +403,10 @@ static void lmtp_log_rcpt(struct lmtp_session *s, const char *qid,
         snprintf(cqid, sizeof(cqid), " qid=<%s>", qid);
     if (msgid && *msgid)
         snprintf(cmsgid, sizeof(cmsgid), " msgid=<%s>", msgid);
-    if (mailbox && *mailbox)
+    if (mailbox && *mailbox && backend >= 0 && s->srv->px)
+        snprintf(cmailbox, sizeof(cmailbox), " user=<%.256s> backend=<%s>",
+                 mailbox, lmtp_proxy_name(s->srv->px, backend));
+    else if (mailbox && *mailbox)
         snprintf(cmailbox, sizeof(cmailbox), " mailbox=<%.256s>", mailbox);
     if (uid)
         snprintf(cuid, sizeof(cuid), " uid=<%u>", (unsigned)uid);
@@ -786,7 +820,9 @@ static int lmtp_msg_begin(struct lmtp_session *s)
     }
     m->in_header = 1;
 
-    buf_printf(&h, "Return-Path: <%s>\r\n", buf_cstring(&s->sender));
+    /* a frontend leaves Return-Path to the backend that stores it */
+    if (!srv->proxy)
+        buf_printf(&h, "Return-Path: <%s>\r\n", buf_cstring(&s->sender));
     buf_appendcstr(&h, "Received:");
     col = strlen("Received:");
     lmtp_header_safe(s->helo.s ? s->helo.s : "", s->helo.len, helo,
@@ -962,8 +998,56 @@ out:
     lmtp_sieve_msg_fini(&sm);
 }
 
-/* The message is complete: deliver it and answer per recipient, in RCPT
- * order.  The transaction is reset afterwards. */
+/* A frontend: the message goes to every recipient's backend, one
+ * pipelined transaction per backend (backends in the order their first
+ * recipient came); replies[i] gets recipient i's reply as its backend
+ * gave it (malloc'd; NULL when memory ran out). */
+static void lmtp_proxy_all(struct lmtp_session *s, char **replies)
+{
+    size_t i, j, n, nr = s->nrcpts;
+    const char **addrs = calloc(nr, sizeof(*addrs));
+    size_t *idx = calloc(nr, sizeof(*idx));
+    char **got = calloc(nr, sizeof(*got));
+    char *done = calloc(nr, 1);
+    const char *path = append_stage_path(s->msg.st);
+    uint64_t size = append_stage_info(s->msg.st)->size;
+
+    for (i = 0; i < nr; i++)
+        replies[i] = NULL;
+    if (!addrs || !idx || !got || !done || !path)
+        goto out;
+    for (i = 0; i < nr; i++) {
+        int b = s->rcpts[i].backend;
+
+        if (done[i])
+            continue;
+        for (n = 0, j = i; j < nr; j++) {
+            if (s->rcpts[j].backend != b)
+                continue;
+            addrs[n] = s->rcpts[j].addr;
+            idx[n++] = j;
+            done[j] = 1;
+        }
+        lmtp_proxy_send(s->srv->px, b, buf_cstring(&s->sender), s->smtputf8,
+                        path, size, addrs, n, got);
+        for (j = 0; j < n; j++)
+            replies[idx[j]] = got[j];
+    }
+out:
+    free(addrs);
+    free(idx);
+    free(got);
+    free(done);
+}
+
+/* The frontend's outcome of one recipient, for lmtp_msg_finish(). */
+static int lmtp_proxy_result(const char *reply)
+{
+    return reply[0] == '2' ? STORE_OK : STORE_IOERROR;
+}
+
+/* The message is complete: deliver it (a frontend: relay it) and answer
+ * per recipient, in RCPT order.  The transaction is reset afterwards. */
 static void lmtp_msg_finish(struct lmtp_session *s)
 {
     struct lmtp_server *srv = s->srv;
@@ -996,7 +1080,30 @@ static void lmtp_msg_finish(struct lmtp_session *s)
     lmtp_clean(msgid.s ? msgid.s : "", msgid.len, cmsgid, sizeof(cmsgid));
     received_queue_id(m->hdr.s ? m->hdr.s : "", m->hdr.len, qid,
                       sizeof(qid));
-    if (!fixed) {
+    if (!fixed && srv->proxy) {
+        char **pr = calloc(s->nrcpts, sizeof(*pr));
+
+        if (pr)
+            lmtp_proxy_all(s, pr);
+        for (i = 0; i < s->nrcpts; i++) {
+            const char *reply = pr && pr[i] ? pr[i] : R_TEMPFAIL;
+
+            lmtp_reply(s, reply);
+            metrics_lmtp_final(reply, s->rcpts[i].rcpt_us, m->size);
+            lmtp_log_rcpt(s, qid, cmsgid, s->rcpts[i].addr,
+                          s->rcpts[i].mailbox, 0, &m->size, reply, 0,
+                          s->rcpts[i].rcpt_us, s->rcpts[i].backend);
+            if (lmtp_proxy_result(reply) != STORE_OK)
+                failed++;
+            else
+                stored++;
+            if (pr)
+                free(pr[i]);
+        }
+        free(pr);
+        result = failed == 0 ? "ok" : (failed == s->nrcpts ? "failed"
+                                                           : "partial");
+    } else if (!fixed) {
         lmtp_deliver_all(s, msgid.len ? buf_cstring(&msgid) : NULL, dr);
         for (i = 0; i < s->nrcpts; i++) {
             const char *reply = dr[i].result == LMTP_RESULT_REJECT
@@ -1009,7 +1116,7 @@ static void lmtp_msg_finish(struct lmtp_session *s)
                           dr[i].result == STORE_OK && !dr[i].duplicate
                               ? dr[i].uid : 0,
                           &m->size, reply, dr[i].duplicate,
-                          s->rcpts[i].rcpt_us);
+                          s->rcpts[i].rcpt_us, -1);
             if (dr[i].result == LMTP_RESULT_REJECT)
                 dr[i].result = STORE_PERMISSION;   /* counted as failed */
             if (dr[i].result != STORE_OK) {
@@ -1029,7 +1136,7 @@ static void lmtp_msg_finish(struct lmtp_session *s)
             metrics_lmtp_final(fixed, s->rcpts[i].rcpt_us, m->size);
             lmtp_log_rcpt(s, qid, cmsgid, s->rcpts[i].addr,
                           s->rcpts[i].mailbox, 0, &m->size, fixed, 0,
-                          s->rcpts[i].rcpt_us);
+                          s->rcpts[i].rcpt_us, s->rcpts[i].backend);
         }
         failed = s->nrcpts;
         result = "refused";
@@ -1259,7 +1366,71 @@ static void lmtp_rcpt_refused(struct lmtp_session *s,
     log_sanitize(path->addr.s ? path->addr.s : "", path->addr.len, addr,
                  sizeof(addr));
     lmtp_log_rcpt(s, NULL, NULL, addr, NULL, 0, NULL,
-                  reply ? reply : "550 5.1.2", 0, t0);
+                  reply ? reply : "550 5.1.2", 0, t0, -1);
+}
+
+/* A frontend's RCPT: the user id of the recipient, its record in the
+ * directory, the backend the record names.  Returns the backend's index
+ * with the user id in *userid_r, or -1 after replying (550 5.1.1 no such
+ * user, 451 4.4.3 the directory does not answer, 451 4.3.0 a damaged
+ * record or one naming a backend this frontend does not know, logged). */
+static int lmtp_rcpt_proxy(struct lmtp_session *s,
+                           const struct rcpt_path *path, uint64_t t0,
+                           struct buf *userid_r)
+{
+    struct lmtp_server *srv = s->srv;
+    struct buf raw = BUF_INITIALIZER;
+    const char *local = path->local.s ? path->local.s : "";
+    const char *err = NULL, *backend = NULL;
+    size_t ulen = strcspn(local, "+"), i;
+    int b = -1;
+    char caddr[300];
+
+    if (ulen == 0 || ulen > path->local.len) {
+        lmtp_rcpt_refused(s, path, t0, R_UNKNOWN);   /* shared: not here */
+        return -1;
+    }
+    buf_setmap(&raw, local, ulen);
+    if (srv->downcase)
+        for (i = 0; i < raw.len; i++)
+            if (raw.s[i] >= 'A' && raw.s[i] <= 'Z')
+                raw.s[i] = (char)(raw.s[i] - 'A' + 'a');
+    if (srv->policy.virtdomains != USERID_VIRTDOMAINS_OFF &&
+        path->domain.len) {
+        buf_putc(&raw, '@');
+        buf_append(&raw, path->domain.s, path->domain.len);
+    }
+    if (userid_canon(&srv->policy, buf_cstring(&raw), NULL, userid_r,
+                     &err) != STORE_OK) {
+        buf_free(&raw);
+        lmtp_rcpt_refused(s, path, t0, R_UNKNOWN);
+        return -1;
+    }
+    buf_free(&raw);
+    log_sanitize(path->addr.s ? path->addr.s : "", path->addr.len, caddr,
+                 sizeof(caddr));
+    switch (directory_lookup(srv->dir, buf_cstring(userid_r), &backend)) {
+    case DIRECTORY_OK:
+        b = lmtp_proxy_find(srv->px, backend);
+        if (b >= 0)
+            return b;
+        log_error("lmtp: the directory names an unknown backend rcpt=<%s> "
+                  "user=<%s> backend=<%s>", caddr, buf_cstring(userid_r),
+                  backend);
+        lmtp_rcpt_refused(s, path, t0, R_TEMPFAIL);
+        return -1;
+    case DIRECTORY_NOTFOUND:
+        lmtp_rcpt_refused(s, path, t0, R_UNKNOWN);
+        return -1;
+    case DIRECTORY_BADRECORD:
+        log_error("lmtp: damaged directory record rcpt=<%s> user=<%s> "
+                  "record=<%s>", caddr, buf_cstring(userid_r), backend);
+        lmtp_rcpt_refused(s, path, t0, R_TEMPFAIL);
+        return -1;
+    default:
+        lmtp_rcpt_refused(s, path, t0, R_NODIRECTORY);
+        return -1;
+    }
 }
 
 static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
@@ -1271,6 +1442,7 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
     size_t used = 0, i;
     enum rcpt_result res;
     uint64_t t0 = metrics_now_us();
+    int backend = -1;
 
     if (!s->mail) {
         lmtp_reply(s, "503 5.5.1 Need MAIL command");
@@ -1309,13 +1481,19 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
         lmtp_reply(s, "452 4.5.3 Too many recipients");
         goto out;
     }
-    if (lmtp_server_dbs(s->srv) != STORE_OK) {
+    if (s->srv->proxy) {
+        backend = lmtp_rcpt_proxy(s, &path, t0, &mailbox);
+        if (backend < 0)
+            goto out;
+    } else if (lmtp_server_dbs(s->srv) != STORE_OK) {
         lmtp_reply(s, R_TEMPFAIL);
         goto out;
     }
-    res = rcpt_resolve(s->srv->rctx, path.local.s, path.local.len,
-                       path.domain.s, path.domain.len, s->size_param,
-                       &mailbox, &err);
+    res = s->srv->proxy ? RCPT_OK
+                        : rcpt_resolve(s->srv->rctx, path.local.s,
+                                       path.local.len, path.domain.s,
+                                       path.domain.len, s->size_param,
+                                       &mailbox, &err);
     switch (res) {
     case RCPT_OK:
         break;
@@ -1351,6 +1529,7 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
         s->arcpts = na;
     }
     s->rcpts[s->nrcpts].reply = NULL;
+    s->rcpts[s->nrcpts].backend = backend;
     s->rcpts[s->nrcpts].mailbox = buf_release(&mailbox);
     s->rcpts[s->nrcpts].addr = strdup(buf_cstring(&path.addr));
     if (!s->rcpts[s->nrcpts].mailbox || !s->rcpts[s->nrcpts].addr) {

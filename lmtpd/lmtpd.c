@@ -33,6 +33,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cyrusdb/cyrusdb_etcd.h"
 #include "lib/imapconf.h"
 #include "lib/log.h"
 #include "lib/metrics.h"
@@ -85,6 +86,8 @@ static int lmtpd_init(int argc, char **argv, void *rock)
     }
     imapconf_log_file(ls->conf);
     metrics_attach(ls->conf);
+    if (cyrusdb_etcd_configure(ls->conf) != 0)   /* directory_db: etcd */
+        return 1;
     if (tls_server_new(ls->conf, &ls->tls, &err) != 0) {
         log_info("lmtpd: STARTTLS not offered reason=<%s>",
                  err ? err : "out of memory");

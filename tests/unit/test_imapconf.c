@@ -253,6 +253,19 @@ static const struct {
     { "xlist-flagged", IMAPCONF_STRING, "" },
     { "sendmail", IMAPCONF_STRING, "/usr/sbin/sendmail" },
     { "metrics_listen", IMAPCONF_STRING, "" },
+    { "lmtp_proxy", IMAPCONF_SWITCH, "no" },
+    { "imap_proxy", IMAPCONF_SWITCH, "no" },
+    { "proxy_imap_backends", IMAPCONF_STRING, "" },
+    { "proxy_authname", IMAPCONF_STRING, "proxy" },
+    { "proxy_password", IMAPCONF_STRING, "" },
+    { "proxy_starttls", IMAPCONF_SWITCH, "yes" },
+    { "tls_client_ca_file", IMAPCONF_STRING, "" },
+    { "proxyservers", IMAPCONF_STRING, "" },
+    { "directory_db", IMAPCONF_DBNAME, "flat" },
+    { "directory_db_path", IMAPCONF_STRING, "" },
+    { "directory_cache_ttl", IMAPCONF_INT, "5" },
+    { "proxy_backends", IMAPCONF_STRING, "" },
+    { "proxy_timeout", IMAPCONF_INT, "60" },
 };
 #define NEXPECTED (sizeof(expected_keys) / sizeof(expected_keys[0]))
 
@@ -475,6 +488,13 @@ static void test_dbnames(void **state)
             assert_true(asprintf(&text, "quota_db: %s\n", e->name) > 0);
             load_fails(text, 1, "key quota_db: database backend 'etcd' is for "
                        "cyr_dbtool and cvt_cyrusdb only");
+            free(text);
+            /* the frontend's directory may live there */
+            assert_true(asprintf(&text, "directory_db: %s\n", e->name) > 0);
+            conf = load_ok(text);
+            assert_string_equal(imapconf_getstring(conf, "directory_db"),
+                                e->name);
+            imapconf_free(&conf);
             free(text);
             continue;
         }

@@ -1,0 +1,649 @@
+/*
+ * lmtp_proxy.c - the frontend's LMTP client (see lmtp_proxy.h).
+ *
+ * Invariants: a pooled connection (b->p != NULL) is between
+ * transactions: every command sent on it has had its reply read, so the
+ * next transaction's replies are its own.  Any failure in the middle of
+ * a transaction (a reply that cannot be read or parsed, a write error, a
+ * file error while sending the message) closes the connection, and every
+ * recipient without a reply yet gets the failure's 451; a recipient is
+ * never told 250 unless its backend said 250 for it after the message.
+ * Each reply is checked: 1 to 50 lines of at most PROXY_LINE_MAX bytes,
+ * three digits 200..599 (the same on every line), then ' ' or '-' (the
+ * last line ' ' or nothing).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "lib/buf.h"
+#include "lib/log.h"
+#include "lib/prot.h"
+#include "lmtpd/lmtp_proxy.h"
+#include "store/directory.h"
+
+#define PROXY_LINE_MAX 2048
+#define PROXY_REPLY_LINES 50
+#define PROXY_CHUNK 65536
+
+#define R_NOCONNECT "451 4.4.1 Backend not reachable, try again later"
+#define R_LOST "451 4.4.2 Backend connection lost, try again later"
+#define R_GARBAGE "451 4.4.0 Backend protocol error, try again later"
+#define R_LOCAL "451 4.3.0 Temporary failure, try again later"
+
+enum proxy_err {
+    PROXY_OK = 0,
+    PROXY_CONNECT = -1,     /* could not connect, or no 220 greeting */
+    PROXY_LOST = -2,        /* EOF, timeout, write error */
+    PROXY_GARBAGE = -3,     /* not an LMTP reply, or one out of place */
+    PROXY_LOCAL = -4        /* our side: the message file, memory */
+};
+
+struct proxy_backend {
+    char *name;
+    char *addr;
+    int fd;                 /* -1 when not connected */
+    struct prot *p;
+    int kept;               /* served a transaction: RSET first */
+};
+
+struct lmtp_proxy {
+    const struct imapconf *conf;
+    struct proxy_backend *b;
+    size_t n;
+    int timeout;
+    char servername[256];
+    struct buf line;
+};
+
+/* ---- backends ---------------------------------------------------------- */
+
+int lmtp_proxy_new(const struct imapconf *conf, struct lmtp_proxy **px_r,
+                   const char **error_r)
+{
+    struct lmtp_proxy *px = calloc(1, sizeof(*px));
+    const char *s = imapconf_getstring(conf, "proxy_backends");
+
+    *px_r = NULL;
+    if (!px) {
+        *error_r = "out of memory";
+        return -1;
+    }
+    px->conf = conf;
+    px->timeout = (int)imapconf_getint(conf, "proxy_timeout");
+    imapconf_servername(conf, px->servername, sizeof(px->servername));
+    while (s && *s) {
+        size_t len, nlen;
+        const char *eq;
+        struct proxy_backend *nb;
+
+        while (*s == ' ' || *s == '\t' || *s == ',')
+            s++;
+        len = strcspn(s, " \t,");
+        if (len == 0)
+            break;
+        eq = memchr(s, '=', len);
+        if (!eq) {
+            *error_r = "proxy_backends: an entry without NAME=ADDRESS";
+            goto fail;
+        }
+        nlen = (size_t)(eq - s);
+        if (!directory_valid_name(s, nlen)) {
+            *error_r = "proxy_backends: a backend name that is not 1-64 "
+                       "letters, digits, '.', '_', '-'";
+            goto fail;
+        }
+        if (len - nlen - 1 == 0) {
+            *error_r = "proxy_backends: an entry with an empty address";
+            goto fail;
+        }
+        nb = realloc(px->b, (px->n + 1) * sizeof(*nb));
+        if (!nb) {
+            *error_r = "out of memory";
+            goto fail;
+        }
+        px->b = nb;
+        nb = &px->b[px->n];
+        memset(nb, 0, sizeof(*nb));
+        nb->fd = -1;
+        nb->name = strndup(s, nlen);
+        nb->addr = strndup(eq + 1, len - nlen - 1);
+        px->n++;
+        if (!nb->name || !nb->addr) {
+            *error_r = "out of memory";
+            goto fail;
+        }
+        if (lmtp_proxy_find(px, nb->name) != (int)px->n - 1) {
+            *error_r = "proxy_backends: a backend name given twice";
+            goto fail;
+        }
+        s += len;
+    }
+    *px_r = px;
+    return 0;
+fail:
+    lmtp_proxy_free(&px);
+    return -1;
+}
+
+static void proxy_close(struct proxy_backend *b)
+{
+    prot_free(&b->p);
+    if (b->fd >= 0)
+        close(b->fd);
+    b->fd = -1;
+    b->kept = 0;
+}
+
+void lmtp_proxy_free(struct lmtp_proxy **pxp)
+{
+    struct lmtp_proxy *px = *pxp;
+    size_t i;
+
+    if (!px)
+        return;
+    for (i = 0; i < px->n; i++) {
+        struct proxy_backend *b = &px->b[i];
+
+        if (b->p) {
+            prot_puts(b->p, "QUIT\r\n");
+            (void)prot_flush(b->p);
+        }
+        proxy_close(b);
+        free(b->name);
+        free(b->addr);
+    }
+    free(px->b);
+    buf_free(&px->line);
+    free(px);
+    *pxp = NULL;
+}
+
+int lmtp_proxy_find(const struct lmtp_proxy *px, const char *name)
+{
+    size_t i;
+
+    for (i = 0; i < px->n; i++)
+        if (px->b[i].name && strcmp(px->b[i].name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+const char *lmtp_proxy_name(const struct lmtp_proxy *px, int i)
+{
+    return px->b[i].name;
+}
+
+/* ---- connecting -------------------------------------------------------- */
+
+/* Connect fd (non-blocking) to sa within timeout seconds; then make it
+ * blocking again.  0, or -1 with errno. */
+static int proxy_connect_fd(int fd, const struct sockaddr *sa,
+                            socklen_t salen, int timeout)
+{
+    struct pollfd pfd;
+    int err = 0, r;
+    socklen_t errlen = sizeof(err);
+
+    if (connect(fd, sa, salen) != 0) {
+        if (errno != EINPROGRESS)
+            return -1;
+        pfd.fd = fd;
+        pfd.events = POLLOUT;
+        do {
+            r = poll(&pfd, 1, timeout * 1000);
+        } while (r < 0 && errno == EINTR);
+        if (r == 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        if (r < 0)
+            return -1;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &errlen) != 0)
+            return -1;
+        if (err) {
+            errno = err;
+            return -1;
+        }
+    }
+    r = fcntl(fd, F_GETFL);
+    if (r < 0 || fcntl(fd, F_SETFL, r & ~O_NONBLOCK) < 0)
+        return -1;
+    return 0;
+}
+
+/* A connected socket to addr, or -1 with *why set (static or strerror). */
+static int proxy_dial(const char *addr, int timeout, const char **why)
+{
+    char host[256], port[32];
+    struct addrinfo hints, *res = NULL, *ai;
+    const char *colon;
+    int fd = -1, r;
+
+    if (addr[0] == '/') {
+        struct sockaddr_un sun;
+
+        memset(&sun, 0, sizeof(sun));
+        sun.sun_family = AF_UNIX;
+        if (strlen(addr) >= sizeof(sun.sun_path)) {
+            *why = "socket path too long";
+            return -1;
+        }
+        strcpy(sun.sun_path, addr);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0 || proxy_connect_fd(fd, (struct sockaddr *)&sun,
+                                       sizeof(sun), timeout) != 0) {
+            *why = strerror(errno);
+            if (fd >= 0)
+                close(fd);
+            return -1;
+        }
+        return fd;
+    }
+    if (addr[0] == '[') {
+        const char *close_br = strchr(addr, ']');
+
+        if (!close_br || close_br[1] != ':') {
+            *why = "bad address (want [v6addr]:port)";
+            return -1;
+        }
+        snprintf(host, sizeof(host), "%.*s", (int)(close_br - addr - 1),
+                 addr + 1);
+        colon = close_br + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (!colon || colon == addr) {
+            *why = "bad address (want host:port)";
+            return -1;
+        }
+        snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
+    }
+    snprintf(port, sizeof(port), "%s", colon + 1);
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    r = getaddrinfo(host, port, &hints, &res);
+    if (r != 0) {
+        *why = gai_strerror(r);
+        return -1;
+    }
+    *why = "no address";
+    for (ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family,
+                    ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+        if (fd < 0) {
+            *why = strerror(errno);
+            continue;
+        }
+        if (proxy_connect_fd(fd, ai->ai_addr, ai->ai_addrlen, timeout) == 0)
+            break;
+        *why = strerror(errno);
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    return fd;
+}
+
+static void proxy_log(const struct proxy_backend *b, const char *step,
+                      const char *error)
+{
+    log_warning("lmtp: backend failed backend=<%s> address=<%s> step=<%s> "
+                "error=<%s>", b->name, b->addr, step, error);
+}
+
+/* Read one reply into out (sanitized lines joined by CRLF) and its code
+ * into *code_r.  PROXY_OK, PROXY_LOST, PROXY_GARBAGE (logged). */
+static int proxy_reply(struct lmtp_proxy *px, struct proxy_backend *b,
+                       const char *step, struct buf *out, int *code_r)
+{
+    int code = -1, nlines = 0, r;
+
+    buf_reset(out);
+    for (;;) {
+        const char *s;
+        size_t len, i;
+        int c;
+
+        r = prot_getline(b->p, &px->line, PROXY_LINE_MAX, NULL);
+        if (r == PROT_TOOLONG) {
+            proxy_log(b, step, "reply line too long");
+            return PROXY_GARBAGE;
+        }
+        if (r != PROT_OK) {
+            proxy_log(b, step, r == PROT_EOF ? "connection closed"
+                               : r == PROT_TIMEOUT ? "timeout"
+                               : prot_error(b->p));
+            return PROXY_LOST;
+        }
+        s = px->line.s ? px->line.s : "";
+        len = px->line.len;
+        if (len < 3 || s[0] < '2' || s[0] > '5' || s[1] < '0' ||
+            s[1] > '9' || s[2] < '0' || s[2] > '9' ||
+            (len > 3 && s[3] != ' ' && s[3] != '-')) {
+            char clean[128];
+
+            log_sanitize(s, len > 60 ? 60 : len, clean, sizeof(clean));
+            log_warning("lmtp: backend failed backend=<%s> address=<%s> "
+                        "step=<%s> error=<not an LMTP reply> reply=<%s>",
+                        b->name, b->addr, step, clean);
+            return PROXY_GARBAGE;
+        }
+        c = (s[0] - '0') * 100 + (s[1] - '0') * 10 + (s[2] - '0');
+        if (code >= 0 && c != code) {
+            proxy_log(b, step, "reply lines with different codes");
+            return PROXY_GARBAGE;
+        }
+        code = c;
+        if (nlines++)
+            buf_appendcstr(out, "\r\n");
+        for (i = 0; i < len; i++) {
+            unsigned char ch = (unsigned char)s[i];
+
+            buf_putc(out, ch < 32 || ch > 126 ? '?' : (char)ch);
+        }
+        if (len == 3 || s[3] == ' ')
+            break;
+        if (nlines >= PROXY_REPLY_LINES) {
+            proxy_log(b, step, "reply of too many lines");
+            return PROXY_GARBAGE;
+        }
+    }
+    buf_cstring(out);
+    *code_r = code;
+    return PROXY_OK;
+}
+
+/* Connect, read the greeting, LHLO.  PROXY_OK or PROXY_CONNECT /
+ * PROXY_LOST / PROXY_GARBAGE (logged; nothing left open). */
+static int proxy_open(struct lmtp_proxy *px, struct proxy_backend *b,
+                      struct buf *reply)
+{
+    const char *why = NULL;
+    int code = 0, r;
+
+    b->fd = proxy_dial(b->addr, px->timeout, &why);
+    if (b->fd < 0) {
+        proxy_log(b, "connect", why ? why : "failed");
+        return PROXY_CONNECT;
+    }
+    b->p = prot_new(b->fd);
+    if (!b->p) {
+        proxy_close(b);
+        return PROXY_LOCAL;
+    }
+    prot_settimeout(b->p, px->timeout);
+    r = proxy_reply(px, b, "greeting", reply, &code);
+    if (r == PROXY_OK && code != 220) {
+        proxy_log(b, "greeting", "not 220");
+        r = PROXY_CONNECT;
+    }
+    if (r == PROXY_OK) {
+        prot_printf(b->p, "LHLO %s\r\n", px->servername);
+        if (prot_flush(b->p) != PROT_OK) {
+            proxy_log(b, "lhlo", prot_error(b->p));
+            r = PROXY_LOST;
+        } else {
+            r = proxy_reply(px, b, "lhlo", reply, &code);
+            if (r == PROXY_OK && code != 250) {
+                proxy_log(b, "lhlo", "not 250");
+                r = PROXY_GARBAGE;
+            }
+        }
+    }
+    if (r != PROXY_OK)
+        proxy_close(b);
+    return r;
+}
+
+/* A kept connection the backend has closed (or that holds bytes no
+ * command asked for) polls readable between transactions. */
+static int proxy_stale(const struct proxy_backend *b)
+{
+    struct pollfd pfd;
+
+    if (prot_pending(b->p))
+        return 1;
+    pfd.fd = b->fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    return poll(&pfd, 1, 0) != 0;
+}
+
+/* ---- the transaction --------------------------------------------------- */
+
+/* Send the message file dot-stuffed, then the end of data. */
+static int proxy_send_message(struct proxy_backend *b, const char *path)
+{
+    char *chunk = malloc(PROXY_CHUNK);
+    int fd, bol = 1, r = PROXY_OK;
+    char last = '\n';
+
+    if (!chunk)
+        return PROXY_LOCAL;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        log_error("lmtp: cannot read the message file path=<%s> "
+                  "error=<%s>", path, strerror(errno));
+        free(chunk);
+        return PROXY_LOCAL;
+    }
+    for (;;) {
+        ssize_t n = read(fd, chunk, PROXY_CHUNK);
+        size_t i = 0;
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            log_error("lmtp: cannot read the message file path=<%s> "
+                      "error=<%s>", path, strerror(errno));
+            r = PROXY_LOCAL;
+            break;
+        }
+        if (n == 0)
+            break;
+        while (i < (size_t)n) {
+            const char *nl = memchr(chunk + i, '\n', (size_t)n - i);
+            size_t end = nl ? (size_t)(nl - chunk) + 1 : (size_t)n;
+
+            if (bol && chunk[i] == '.')
+                prot_write(b->p, ".", 1);
+            prot_write(b->p, chunk + i, end - i);
+            bol = nl != NULL;
+            i = end;
+        }
+        last = chunk[n - 1];
+    }
+    close(fd);
+    free(chunk);
+    if (r != PROXY_OK)
+        return r;
+    if (last != '\n')
+        prot_write(b->p, "\r\n", 2);
+    prot_write(b->p, ".\r\n", 3);
+    if (prot_flush(b->p) != PROT_OK) {
+        proxy_log(b, "message", prot_error(b->p));
+        return PROXY_LOST;
+    }
+    return PROXY_OK;
+}
+
+static const char *proxy_err_reply(int r)
+{
+    switch (r) {
+    case PROXY_CONNECT:
+        return R_NOCONNECT;
+    case PROXY_LOST:
+        return R_LOST;
+    case PROXY_GARBAGE:
+        return R_GARBAGE;
+    default:
+        return R_LOCAL;
+    }
+}
+
+/* Pipeline [RSET] MAIL RCPT... DATA on b; with a kept connection, read
+ * the RSET reply.  *retry_r = 1 when a kept connection turned out dead
+ * before anything of this transaction was taken: try a new one. */
+static int proxy_start(struct lmtp_proxy *px, struct proxy_backend *b,
+                       const char *sender, int smtputf8, uint64_t size,
+                       const char *const *rcpts, size_t n, struct buf *reply,
+                       int *retry_r)
+{
+    int kept = b->kept, code = 0, r;
+    size_t i;
+
+    *retry_r = 0;
+    if (kept)
+        prot_puts(b->p, "RSET\r\n");
+    prot_printf(b->p, "MAIL FROM:<%s>%s SIZE=%llu\r\n", sender,
+                smtputf8 ? " SMTPUTF8" : "", (unsigned long long)size);
+    for (i = 0; i < n; i++)
+        prot_printf(b->p, "RCPT TO:<%s>\r\n", rcpts[i]);
+    prot_puts(b->p, "DATA\r\n");
+    if (prot_flush(b->p) != PROT_OK) {
+        if (kept) {
+            *retry_r = 1;
+            return PROXY_LOST;
+        }
+        proxy_log(b, "mail", prot_error(b->p));
+        return PROXY_LOST;
+    }
+    if (!kept)
+        return PROXY_OK;
+    r = proxy_reply(px, b, "rset", reply, &code);
+    if (r == PROXY_LOST || (r == PROXY_OK && code == 421)) {
+        *retry_r = 1;
+        return PROXY_LOST;
+    }
+    if (r == PROXY_OK && code != 250) {
+        proxy_log(b, "rset", "not 250");
+        r = PROXY_GARBAGE;
+    }
+    return r;
+}
+
+void lmtp_proxy_send(struct lmtp_proxy *px, int bi, const char *sender,
+                     int smtputf8, const char *path, uint64_t size,
+                     const char *const *rcpts, size_t n, char **replies_r)
+{
+    struct proxy_backend *b = &px->b[bi];
+    struct buf reply = BUF_INITIALIZER, mail = BUF_INITIALIZER;
+    int *accepted = calloc(n ? n : 1, sizeof(*accepted));
+    int r = PROXY_OK, code = 0, mailcode = 0, attempt, retry = 0;
+    size_t i, naccepted = 0;
+
+    for (i = 0; i < n; i++)
+        replies_r[i] = NULL;
+    if (!accepted) {
+        r = PROXY_LOCAL;
+        goto fail;
+    }
+    for (attempt = 0; attempt < 2; attempt++) {
+        if (b->p && proxy_stale(b))
+            proxy_close(b);
+        if (!b->p && (r = proxy_open(px, b, &reply)) != PROXY_OK)
+            goto fail;
+        r = proxy_start(px, b, sender, smtputf8, size, rcpts, n, &reply,
+                        &retry);
+        if (r == PROXY_OK)
+            break;
+        proxy_close(b);
+        if (!retry)
+            goto fail;
+        log_info("lmtp: backend closed a kept connection, reconnecting "
+                 "backend=<%s>", b->name);
+    }
+    if (r != PROXY_OK)
+        goto fail;
+
+    /* MAIL */
+    r = proxy_reply(px, b, "mail", &mail, &mailcode);
+    if (r != PROXY_OK)
+        goto fail;
+    if (mailcode == 354 || (mailcode >= 300 && mailcode < 400)) {
+        proxy_log(b, "mail", "unexpected 3xx");
+        r = PROXY_GARBAGE;
+        goto fail;
+    }
+    /* RCPT, one reply each */
+    for (i = 0; i < n; i++) {
+        r = proxy_reply(px, b, "rcpt", &reply, &code);
+        if (r != PROXY_OK)
+            goto fail;
+        if (code >= 300 && code < 400) {
+            proxy_log(b, "rcpt", "unexpected 3xx");
+            r = PROXY_GARBAGE;
+            goto fail;
+        }
+        if (mailcode / 100 != 2) {
+            replies_r[i] = strdup(buf_cstring(&mail));
+        } else if (code / 100 == 2) {
+            accepted[i] = 1;
+            naccepted++;
+        } else {
+            replies_r[i] = strdup(buf_cstring(&reply));
+        }
+    }
+    /* DATA */
+    r = proxy_reply(px, b, "data", &reply, &code);
+    if (r != PROXY_OK)
+        goto fail;
+    if (code != 354) {
+        if (code / 100 == 2) {
+            proxy_log(b, "data", "2xx instead of 354");
+            r = PROXY_GARBAGE;
+            goto fail;
+        }
+        for (i = 0; i < n; i++)
+            if (accepted[i])
+                replies_r[i] = strdup(buf_cstring(&reply));
+        b->kept = 1;
+        goto out;
+    }
+    if (naccepted == 0) {
+        /* 354 with no recipient: the backend and we disagree */
+        proxy_log(b, "data", "354 without an accepted recipient");
+        r = PROXY_GARBAGE;
+        goto fail;
+    }
+    r = proxy_send_message(b, path);
+    if (r != PROXY_OK)
+        goto fail;
+    for (i = 0; i < n; i++) {
+        if (!accepted[i])
+            continue;
+        r = proxy_reply(px, b, "reply", &reply, &code);
+        if (r != PROXY_OK)
+            goto fail;
+        if (code >= 300 && code < 400) {
+            proxy_log(b, "reply", "unexpected 3xx");
+            r = PROXY_GARBAGE;
+            goto fail;
+        }
+        replies_r[i] = strdup(buf_cstring(&reply));
+    }
+    b->kept = 1;
+    goto out;
+
+fail:
+    proxy_close(b);
+    for (i = 0; i < n; i++)
+        if (!replies_r[i])
+            replies_r[i] = strdup(proxy_err_reply(r));
+out:
+    free(accepted);
+    buf_free(&reply);
+    buf_free(&mail);
+}

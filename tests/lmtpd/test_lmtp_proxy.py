@@ -1,0 +1,612 @@
+#!/usr/bin/env python3
+"""test_lmtp_proxy.py - lmtpd as a frontend (lmtp_proxy: yes) in front of
+two backends, with the user -> backend directory in a private 3-member
+etcd cluster (test_cyrusdb_etcd.Cluster), everything on loopback and
+stopped by PID:
+
+  backends alpha and beta: a master each with imapd and lmtpd -a on
+  their own 127.0.0.1 ports and directories; the frontend: a master with
+  lmtpd (lmtp_proxy, directory_db: etcd) on a UNIX socket.  Users are
+  placed with cyr_dbtool on the etcd directory.
+
+  span            one message, recipients on both backends and one unknown
+                  (550 5.1.1 at RCPT): every recipient gets its own 250
+                  after DATA (python smtplib.LMTP), and each backend holds
+                  the message byte for byte (read over IMAP) after its
+                  own and the frontend's Received headers
+  backend_replies the backend's own replies are relayed: a user placed
+                  on a backend that has no mailbox for it (550 5.1.1
+                  from the backend), a user over quota there (452 4.2.2),
+                  beside one that gets 250
+  pooled          one frontend worker, several transactions: one backend
+                  connection is reused (RSET between), and a backend that
+                  closed a kept connection is reconnected invisibly
+  unknown_backend a record naming a backend the frontend does not know:
+                  451 4.3.0 at RCPT and a log line; a damaged record too
+  garbage         backends that answer garbage (a python socket server)
+                  or nothing at all: 451 4.4.0 / 451 4.4.2 for their
+                  recipients, 250 for the others, the frontend stays up
+  storm           500 messages over 10 connections (python threads)
+                  through the frontend: the number of 250s equals the
+                  messages found on the backends; messages/s through the
+                  frontend and straight to a backend printed as "# "
+  backend_down    one backend stopped: its recipients get 451 4.4.1, the
+                  other's 250; started again, both get 250
+  etcd_down       every etcd member stopped: 451 4.4.3, never 250; the
+                  cluster started again: 250
+
+Skipped (exit 77) without /usr/bin/etcd.  LMTP_TESTS picks tests by name
+(the order above is kept; later tests assume the earlier placements).
+"""
+import imaplib
+import os
+import signal
+import smtplib
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "imapd"),
+                os.path.join(TESTS, "conformance")]
+from testlib import (TMPDIR, Fail, check, free_port, read_text,  # noqa: E402
+                     run_tests, service_line, wait_until)
+from lmtphelp import (LMTPD, MBTOOL, Instance, make_message,  # noqa: E402
+                      split_added_headers)
+from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
+from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
+
+USERS = {"alice": "alpha", "bob": "alpha", "carol": "beta", "dave": "beta"}
+PREFIX = "/proxytest-%d/" % os.getpid()
+CLUSTER = None
+WORK = None
+B = {}          # name -> Backend
+FRONT = None
+DIRCONF = None
+JUNK = None     # the garbage server
+
+
+def pw(user):
+    return "pw-" + user
+
+
+class Backend(ImapInstance):
+    """A master with imapd and lmtpd -a on 127.0.0.1 (two free ports)."""
+
+    def write_cyrus_conf(self, prefork=1, maxchild=20):
+        if not self.tcp_port:
+            self.tcp_port = free_port()
+            self.lmtp_port = free_port()
+        lines = [service_line("imap", "imapd", "127.0.0.1:%d" % self.tcp_port,
+                              prefork=1, maxchild=maxchild),
+                 service_line("lmtp", LMTPD + " -a",
+                              "127.0.0.1:%d" % self.lmtp_port,
+                              prefork=prefork, maxchild=maxchild)]
+        with open(self.cyrus_conf, "w") as f:
+            f.write("SERVICES {\n" + "".join(lines) + "}\n")
+        return self
+
+    def lmtp_addr(self):
+        return "127.0.0.1:%d" % self.lmtp_port
+
+
+def new_backend(name, users):
+    conf = {"allowplaintext": "yes", "sasl_mech_list": "PLAIN LOGIN"}
+    b = Backend(name, conf=conf, sasl=(users[0], pw(users[0])))
+    for u in users[1:]:
+        make_sasldb_extra(b, u, pw(u))
+    for u in users:
+        b.create("user." + u)
+    b.write_cyrus_conf()
+    b.start()
+    return b
+
+
+def dbtool(*args, stdin=None):
+    p = subprocess.run([DBTOOL, "-C", DIRCONF] + list(args), input=stdin,
+                       capture_output=True, timeout=60)
+    check(p.returncode == 0, "cyr_dbtool %s: %r" % (args, p.stderr))
+    return p
+
+
+def place(user, backend):
+    dbtool("directory", "etcd", "set", user, backend)
+
+
+def front_conf(endpoints, backends):
+    return {
+        "lmtp_proxy": "yes",
+        "directory_db": "etcd",
+        "directory_db_path": "directory",
+        "directory_cache_ttl": "1",
+        "etcd_endpoints": endpoints,
+        "etcd_prefix": PREFIX,
+        "etcd_timeout": "1500",
+        "proxy_backends": " ".join("%s=%s" % kv for kv in backends),
+        "proxy_timeout": "3",
+    }
+
+
+def lmtp_client():
+    c = smtplib.LMTP(FRONT.unix_socket, timeout=60)
+    code, _ = c.ehlo("client.test")      # LHLO
+    check(code == 250, "LHLO: %d" % code)
+    return c
+
+
+def deliver(rcpts, msg, sender="sender@example.org"):
+    """One transaction through the frontend with smtplib.LMTP: ({rcpt:
+    (code, text)} at RCPT, {rcpt: (code, text)} after DATA for the
+    accepted ones)."""
+    c = lmtp_client()
+    try:
+        code, text = c.mail(sender)
+        check(code == 250, "MAIL: %d %r" % (code, text))
+        at_rcpt, ok = {}, []
+        for r in rcpts:
+            at_rcpt[r] = c.rcpt(r)
+            if at_rcpt[r][0] == 250:
+                ok.append(r)
+        final = {}
+        if ok:
+            # smtplib reads the first reply; LMTP sends one per recipient
+            final[ok[0]] = c.data(msg)
+            for r in ok[1:]:
+                final[r] = c.getreply()
+        else:
+            c.rset()
+        return at_rcpt, final
+    finally:
+        try:
+            c.quit()
+        except (smtplib.SMTPException, OSError):
+            pass
+
+
+def reply_is(reply, code, enh):
+    return reply[0] == code and reply[1].decode(errors="replace").startswith(enh)
+
+
+def imap_messages(backend, user):
+    """Every message of user's INBOX, read over IMAP (BODY.PEEK[])."""
+    m = imaplib.IMAP4("127.0.0.1", backend.tcp_port, timeout=30)
+    try:
+        m.login(user, pw(user))
+        typ, data = m.select("INBOX", readonly=True)
+        check(typ == "OK", "SELECT %s: %r" % (user, data))
+        n = int(data[0])
+        out = []
+        if n:
+            typ, data = m.fetch("1:*", "(BODY.PEEK[])")
+            check(typ == "OK", "FETCH: %r" % data)
+            out = [d[1] for d in data if isinstance(d, tuple)]
+        return out
+    finally:
+        try:
+            m.logout()
+        except (imaplib.IMAP4.error, OSError):
+            pass
+
+
+def strip_added(data):
+    """A stored message -> what the frontend's client sent: the
+    backend's Return-Path and Received, then the frontend's Received."""
+    _, recv, rest = split_added_headers(data)
+    check(b"LMTP" in b" ".join(recv), "backend Received: %r" % recv)
+    lines = rest.split(b"\r\n")
+    check(lines[0].startswith(b"Received: from client.test"),
+          "the frontend's Received header is missing: %r" % rest[:200])
+    i = 1
+    while lines[i][:1] in (b" ", b"\t"):
+        i += 1
+    return b"\r\n".join(lines[i:])
+
+
+def count_all():
+    return {u: B[b].count("user." + u) for u, b in USERS.items()}
+
+
+# ---- tests -----------------------------------------------------------------
+
+def test_span():
+    body = ("line one\r\n.leading dot\r\n..two dots\r\n\r\n" + "x" * 900 +
+            "\r\n").encode()
+    msg = make_message(msgid="span@test", subject="span", body=body)
+    before = {u: len(imap_messages(B[b], u)) for u, b in USERS.items()}
+    rcpts = ["alice@example.org", "carol@example.org", "bob@example.org",
+             "nobody@example.org", "dave@example.org"]
+    at_rcpt, final = deliver(rcpts, msg)
+    check(reply_is(at_rcpt["nobody@example.org"], 550, "5.1.1"),
+          "unknown user at RCPT: %r" % (at_rcpt["nobody@example.org"],))
+    for r in rcpts:
+        if r.startswith("nobody"):
+            continue
+        check(at_rcpt[r][0] == 250, "RCPT %s: %r" % (r, at_rcpt[r]))
+        check(reply_is(final[r], 250, "2.1.5"), "%s after DATA: %r"
+              % (r, final[r]))
+    for u, b in USERS.items():
+        got = imap_messages(B[b], u)
+        check(len(got) == before[u] + 1, "%s on %s: %d messages, want %d"
+              % (u, b, len(got), before[u] + 1))
+        check(strip_added(got[-1]) == msg, "%s on %s: the message differs:"
+              " %r" % (u, b, got[-1][-300:]))
+    log = FRONT.log()
+    check("backend=<alpha>" in log and "backend=<beta>" in log,
+          "the frontend's recipient lines name the backends")
+
+
+def test_backend_replies():
+    # erin is placed on alpha, which has no mailbox for her; dave is
+    # over quota on beta (a message over 1 KiB)
+    place("erin", "alpha")
+    B["beta"].quota("user.dave", 1)
+    try:
+        msg = make_message(msgid="replies@test", body=b"y" * 4000 + b"\r\n")
+        rcpts = ["alice@example.org", "erin@example.org", "dave@example.org"]
+        at_rcpt, final = deliver(rcpts, msg)
+        for r in rcpts:
+            check(at_rcpt[r][0] == 250, "RCPT %s at the frontend: %r"
+                  % (r, at_rcpt[r]))
+        check(reply_is(final["alice@example.org"], 250, "2.1.5"),
+              "alice: %r" % (final["alice@example.org"],))
+        check(reply_is(final["erin@example.org"], 550, "5.1.1"),
+              "erin (no mailbox on alpha): %r" % (final["erin@example.org"],))
+        check(reply_is(final["dave@example.org"], 452, "4.2.2"),
+              "dave (over quota on beta): %r" % (final["dave@example.org"],))
+    finally:
+        B["beta"].mbtool("quota", "remove", "user.dave", check_rc=False)
+        dbtool("directory", "etcd", "delete", "erin")
+
+
+def client_ports(port):
+    """Local ports of the established TCP connections to 127.0.0.1:port
+    (from /proc/net/tcp)."""
+    out = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            w = line.split()
+            local, remote, st = w[1], w[2], w[3]
+            if st == "01" and remote == "0100007F:%04X" % port:
+                out.add(int(local.split(":")[1], 16))
+    return out
+
+
+def test_pooled():
+    # the frontend has one worker: transactions of several sessions use
+    # one connection per backend, kept between them (RSET first)
+    seen = []
+    for i in range(3):
+        _, final = deliver(["alice@example.org"],
+                           make_message(msgid="pool%d@test" % i))
+        check(reply_is(final["alice@example.org"], 250, "2.1.5"),
+              "pooled delivery %d: %r" % (i, final))
+        seen.append(client_ports(B["alpha"].lmtp_port))
+    check(len(seen[0]) == 1 and seen[0] == seen[1] == seen[2],
+          "connections to alpha after each delivery: %r" % seen)
+    # a backend restart closes the kept connection: the frontend
+    # connects again, the client sees 250
+    B["alpha"].stop()
+    B["alpha"].start()
+    _, final = deliver(["alice@example.org"], make_message(msgid="pool-r@test"))
+    check(reply_is(final["alice@example.org"], 250, "2.1.5"),
+          "after the backend restarted: %r" % (final,))
+    check(client_ports(B["alpha"].lmtp_port) not in (set(), seen[0]),
+          "no new connection to alpha after its restart")
+
+
+def test_unknown_backend():
+    place("frank", "nowhere")
+    dbtool("directory", "etcd", "set", "gus", "bad name!")
+    try:
+        FRONT.mark_log()
+        at_rcpt, final = deliver(["frank@example.org", "gus@example.org",
+                                  "alice@example.org"],
+                                 make_message(msgid="unknown-backend@test"))
+        check(reply_is(at_rcpt["frank@example.org"], 451, "4.3.0"),
+              "record naming an unknown backend: %r"
+              % (at_rcpt["frank@example.org"],))
+        check(reply_is(at_rcpt["gus@example.org"], 451, "4.3.0"),
+              "damaged record: %r" % (at_rcpt["gus@example.org"],))
+        check(reply_is(final["alice@example.org"], 250, "2.1.5"),
+              "alice beside them: %r" % (final,))
+        log = FRONT.new_log()
+        check("names an unknown backend" in log and "backend=<nowhere>" in log,
+              "no log line for the unknown backend: %s" % log[-800:])
+        check("damaged directory record" in log, "no log line for the "
+              "damaged record")
+    finally:
+        dbtool("directory", "etcd", "delete", "frank")
+        dbtool("directory", "etcd", "delete", "gus")
+
+
+class JunkServer:
+    """A tiny LMTP impostor on 127.0.0.1: mode "garbage" greets, then
+    answers every line with non-LMTP text; "badgreet" sends junk at once;
+    "silent" accepts and never answers."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.mode = "garbage"
+        self.conns = []
+        self.stop = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def serve(self, c, mode):
+        try:
+            if mode == "silent":
+                while not self.stop and c.recv(65536):
+                    pass
+                return
+            if mode == "badgreet":
+                c.sendall(b"HELLO I AM NOT LMTP\r\n")
+                time.sleep(0.5)
+                return
+            c.sendall(b"220 junk ready\r\n")
+            f = c.makefile("rb")
+            while not self.stop:
+                line = f.readline()
+                if not line:
+                    return
+                if line.upper().startswith(b"LHLO"):
+                    c.sendall(b"250-junk\r\n250 PIPELINING\r\n")
+                else:
+                    c.sendall(b"what is this \x01\x02 garbage\r\n")
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def run(self):
+        self.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self.serve, args=(c, self.mode),
+                             daemon=True).start()
+
+    def close(self):
+        self.stop = True
+        self.thread.join(5)
+        for c in self.conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self.sock.close()
+
+
+def test_garbage():
+    place("gina", "junk")
+    try:
+        for mode, enh in (("garbage", "4.4.0"), ("badgreet", "4.4.0"),
+                          ("silent", "4.4.2")):
+            JUNK.mode = mode
+            FRONT.mark_log()
+            at_rcpt, final = deliver(["alice@example.org", "gina@example.org",
+                                      "carol@example.org"],
+                                     make_message(msgid="junk-%s@test" % mode))
+            check(at_rcpt["gina@example.org"][0] == 250,
+                  "gina at RCPT: %r" % (at_rcpt["gina@example.org"],))
+            check(reply_is(final["gina@example.org"], 451, enh),
+                  "%s backend: gina got %r, want 451 %s"
+                  % (mode, final["gina@example.org"], enh))
+            for r in ("alice@example.org", "carol@example.org"):
+                check(reply_is(final[r], 250, "2.1.5"), "%s beside a %s "
+                      "backend: %r" % (r, mode, final[r]))
+            check("backend failed backend=<junk>" in FRONT.new_log(),
+                  "no log line for the %s backend" % mode)
+        check(FRONT.running() and not FRONT.worker_trouble(),
+              "the frontend: %s" % FRONT.worker_trouble())
+    finally:
+        dbtool("directory", "etcd", "delete", "gina")
+
+
+def storm(target, n, conns, rcpt_of):
+    """n messages over conns threads with smtplib.LMTP to target (a UNIX
+    socket path or (host, port)); returns (number of 250s, seconds)."""
+    lock = threading.Lock()
+    ok = [0]
+    errors = []
+    counter = [0]
+
+    def worker():
+        try:
+            if isinstance(target, tuple):
+                c = smtplib.LMTP(target[0], target[1], timeout=120)
+            else:
+                c = smtplib.LMTP(target, timeout=120)
+            c.ehlo("storm.test")
+            while True:
+                with lock:
+                    i = counter[0]
+                    counter[0] += 1
+                if i >= n:
+                    break
+                rcpt = rcpt_of(i)
+                msg = make_message(msgid="storm-%s-%d@test" % (id(target), i),
+                                   subject="storm %d" % i,
+                                   body=b"z" * 2000 + b"\r\n")
+                c.mail("storm@example.org")
+                code, _ = c.rcpt(rcpt)
+                if code != 250:
+                    c.rset()
+                    continue
+                code, _ = c.data(msg)
+                if code == 250:
+                    with lock:
+                        ok[0] += 1
+            c.quit()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(conns)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    dt = time.monotonic() - t0
+    check(not errors, "storm clients: %s" % errors[:3])
+    return ok[0], dt
+
+
+def test_storm():
+    users = sorted(USERS)
+    before = count_all()
+    ok, dt = storm(FRONT.many_socket, 500, 10,
+                   lambda i: users[i % len(users)] + "@example.org")
+    after = count_all()
+    found = sum(after.values()) - sum(before.values())
+    check(ok == found, "%d 250s through the frontend, %d messages found on "
+          "the backends" % (ok, found))
+    check(ok > 0, "no message went through")
+    print("# through the frontend: %d messages, 10 connections, %.1f s, "
+          "%.0f messages/s" % (ok, dt, ok / dt))
+    # the same straight to one backend's lmtpd, for comparison
+    before_a = B["alpha"].count("user.alice") + B["alpha"].count("user.bob")
+    ok2, dt2 = storm(("127.0.0.1", B["alpha"].lmtp_port), 500, 10,
+                     lambda i: ("alice", "bob")[i % 2] + "@example.org")
+    after_a = B["alpha"].count("user.alice") + B["alpha"].count("user.bob")
+    check(ok2 == after_a - before_a, "direct: %d 250s, %d found"
+          % (ok2, after_a - before_a))
+    print("# straight to backend alpha: %d messages, 10 connections, %.1f s, "
+          "%.0f messages/s" % (ok2, dt2, ok2 / dt2))
+
+
+def test_backend_down():
+    B["beta"].stop()
+    try:
+        at_rcpt, final = deliver(["alice@example.org", "carol@example.org",
+                                  "dave@example.org"],
+                                 make_message(msgid="down@test"))
+        check(reply_is(final["alice@example.org"], 250, "2.1.5"),
+              "alice with beta down: %r" % (final,))
+        for r in ("carol@example.org", "dave@example.org"):
+            check(reply_is(final[r], 451, "4.4.1"), "%s with beta down: %r"
+                  % (r, final[r]))
+    finally:
+        B["beta"].start()
+    _, final = deliver(["alice@example.org", "carol@example.org"],
+                       make_message(msgid="up-again@test"))
+    check(all(reply_is(v, 250, "2.1.5") for v in final.values()),
+          "beta back: %r" % (final,))
+
+
+def test_etcd_down():
+    for m in CLUSTER.members:
+        CLUSTER.kill(m)
+    time.sleep(1.5)        # past directory_cache_ttl
+    try:
+        for _ in range(2):
+            at_rcpt, final = deliver(["alice@example.org",
+                                      "carol@example.org"],
+                                     make_message(msgid="etcd-down@test"))
+            for r, rep in at_rcpt.items():
+                check(reply_is(rep, 451, "4.4.3"), "%s with etcd down: %r"
+                      % (r, rep))
+            check(not final, "a reply after DATA with etcd down: %r" % final)
+        check("cannot read the directory database" in FRONT.log(),
+              "no log line for the directory failure")
+    finally:
+        CLUSTER.start()
+        check(CLUSTER.leader(90), "the cluster elected no leader again")
+
+    def works():
+        at_rcpt, final = deliver(["alice@example.org"],
+                                 make_message(msgid="etcd-up@test"))
+        return final and reply_is(final["alice@example.org"], 250, "2.1.5")
+    check(wait_until(works, 60, step=1), "no 250 after etcd came back")
+
+
+# ---- setup -----------------------------------------------------------------
+
+def main():
+    global CLUSTER, WORK, FRONT, DIRCONF, JUNK
+    if not os.access(ETCD, os.X_OK) or not os.access(ETCDCTL, os.X_OK):
+        print("SKIP: all (no %s or etcdctl)" % ETCD)
+        return 77
+    for prog in (LMTPD, IMAPD, MBTOOL, DBTOOL):
+        if not os.access(prog, os.X_OK):
+            print("FAIL: setup (missing %s)" % prog)
+            return 1
+    WORK = tempfile.mkdtemp(prefix="proxy.", dir=TMPDIR)
+    CLUSTER = Cluster(WORK)
+    rc = 1
+    problems = []
+    try:
+        CLUSTER.start()
+        if not CLUSTER.leader(90):
+            print("FAIL: setup (the cluster elected no leader in 90 s)")
+            return 1
+        DIRCONF = os.path.join(WORK, "dir.conf")
+        with open(DIRCONF, "w") as f:
+            f.write("etcd_endpoints: %s\netcd_prefix: %s\netcd_timeout: 3000\n"
+                    % (CLUSTER.endpoints(), PREFIX))
+        dbtool("-n", "directory", "etcd", "set", "alice", "alpha")
+        dbtool("directory", "etcd", "set",
+               stdin="".join("%s\t%s\n" % kv for kv in USERS.items()).encode())
+        B["alpha"] = new_backend("alpha", ["alice", "bob"])
+        B["beta"] = new_backend("beta", ["carol", "dave"])
+        JUNK = JunkServer()
+        FRONT = Instance("front", conf=front_conf(
+            CLUSTER.endpoints(),
+            [("alpha", B["alpha"].lmtp_addr()), ("beta", B["beta"].lmtp_addr()),
+             ("junk", "127.0.0.1:%d" % JUNK.port)]))
+        # lmtpunix has one worker (the pooled test sees its pool);
+        # lmtpmany as many as a storm asks for
+        FRONT.many_socket = FRONT.path("many.sock")
+        FRONT.write_cyrus_conf(unix=True, prefork=1, maxchild=1,
+                               extra=service_line("lmtpmany", LMTPD,
+                                                  FRONT.many_socket,
+                                                  prefork=2, maxchild=20))
+        FRONT.start()
+        tests = [test_span, test_backend_replies, test_pooled,
+                 test_unknown_backend, test_garbage, test_storm,
+                 test_backend_down, test_etcd_down]
+        rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
+    finally:
+        for inst in [FRONT] + list(B.values()):
+            if inst is None:
+                continue
+            problems += inst.stop()
+            trouble = inst.worker_trouble(inst.log())
+            if trouble:
+                problems.append("%s: %s" % (inst.name, " | ".join(trouble[:3])))
+            if rc != 0:
+                print("# %s log (%s), last lines:" % (inst.name, inst.dir))
+                for line in inst.log().splitlines()[-12:]:
+                    print("#   " + line)
+        if JUNK:
+            JUNK.close()
+        CLUSTER.stop()
+    left = [m["name"] for m in CLUSTER.members
+            if m["proc"] and m["proc"].poll() is None]
+    if left:
+        problems.append("etcd members still running: %s" % left)
+    if problems:
+        print("FAIL: teardown: %s" % "; ".join(problems))
+        return 1
+    if rc == 0:
+        for inst in [FRONT] + list(B.values()):
+            inst.cleanup()
+        import shutil
+        shutil.rmtree(WORK, ignore_errors=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
