@@ -190,108 +190,7 @@ static int charset_append(enum cs cs, const char *s, size_t len,
     return 0;
 }
 
-/* ---- transfer encodings --------------------------------------------- */
-
-static int b64_value(int c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+')
-        return 62;
-    if (c == '/')
-        return 63;
-    return -1;
-}
-
-/* Base64 (RFC 2045 6.8): characters outside the alphabet are skipped,
- * '=' ends the data. */
-static int b64_decode(const char *s, size_t len, struct buf *out)
-{
-    uint32_t acc = 0;
-    int bits = 0;
-    size_t i;
-
-    for (i = 0; i < len; i++) {
-        int v;
-
-        if (s[i] == '=')
-            break;
-        v = b64_value((unsigned char)s[i]);
-        if (v < 0)
-            continue;
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            if (buf_putc(out, (int)((acc >> bits) & 0xff)) < 0)
-                return -1;
-        }
-    }
-    return 0;
-}
-
-static int hex_value(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
-/* Quoted-printable (RFC 2045 6.7); header = 1 for the Q encoding of RFC
- * 2047 ('_' is a space).  A malformed '=' is kept as it is. */
-static int qp_decode(const char *s, size_t len, int header, struct buf *out)
-{
-    size_t i = 0;
-
-    while (i < len) {
-        char c = s[i];
-
-        if (c == '=') {
-            if (i + 2 < len && hex_value((unsigned char)s[i + 1]) >= 0
-                && hex_value((unsigned char)s[i + 2]) >= 0) {
-                int v = hex_value((unsigned char)s[i + 1]) * 16
-                        + hex_value((unsigned char)s[i + 2]);
-                if (buf_putc(out, v) < 0)
-                    return -1;
-                i += 3;
-                continue;
-            }
-            if (!header) {
-                /* soft line break: '=', optional white space, line end */
-                size_t j = i + 1;
-
-                while (j < len && (s[j] == ' ' || s[j] == '\t'))
-                    j++;
-                if (j < len && s[j] == '\r' && j + 1 < len && s[j + 1] == '\n') {
-                    i = j + 2;
-                    continue;
-                }
-                if (j < len && s[j] == '\n') {
-                    i = j + 1;
-                    continue;
-                }
-                if (j == len) {
-                    i = j;
-                    continue;
-                }
-            }
-        } else if (header && c == '_') {
-            c = ' ';
-        }
-        if (buf_putc(out, c) < 0)
-            return -1;
-        i++;
-    }
-    return 0;
-}
+/* ---- transfer encodings: store/message.h's decoders ------------------- */
 
 /* ---- headers ---------------------------------------------------------- */
 
@@ -377,8 +276,8 @@ static int ew_decode(const char *s, size_t len, size_t *wlen_r,
     if (cs == CS_OTHER)
         return 1;
     buf_reset(tmp);
-    if ((enc == 'B' ? b64_decode(s + text_start, text_len, tmp)
-                    : qp_decode(s + text_start, text_len, 1, tmp)) < 0)
+    if ((enc == 'B' ? message_decode_base64(s + text_start, text_len, tmp)
+                    : message_decode_q(s + text_start, text_len, tmp)) < 0)
         return -2;
     if (charset_append(cs, tmp->s, tmp->len, out) < 0)
         return -2;
@@ -1124,10 +1023,10 @@ static int walk_part(struct msg *m, const char *p, const char *end,
         return 0;
     buf_reset(&m->tmp1);
     if (cte && name_is(cte, ctelen, "base64")) {
-        if (b64_decode(body, (size_t)(end - body), &m->tmp1) < 0)
+        if (message_decode_base64(body, (size_t)(end - body), &m->tmp1) < 0)
             return -1;
     } else if (cte && name_is(cte, ctelen, "quoted-printable")) {
-        if (qp_decode(body, (size_t)(end - body), 0, &m->tmp1) < 0)
+        if (message_decode_qp(body, (size_t)(end - body), &m->tmp1) < 0)
             return -1;
     } else if (buf_append(&m->tmp1, body, (size_t)(end - body)) < 0) {
         return -1;

@@ -1511,6 +1511,28 @@ static int hex_value(int c)
     return -1;
 }
 
+int message_decode_q(const char *s, size_t len, struct buf *out)
+{
+    size_t i = 0;
+
+    while (i < len) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c == '=' && i + 2 < len && hex_value((unsigned char)s[i + 1]) >= 0
+            && hex_value((unsigned char)s[i + 2]) >= 0) {
+            c = (unsigned char)(hex_value((unsigned char)s[i + 1]) * 16
+                                + hex_value((unsigned char)s[i + 2]));
+            i += 2;
+        } else if (c == '_') {
+            c = ' ';
+        }
+        if (buf_putc(out, c) < 0)
+            return MESSAGE_NOMEM;
+        i++;
+    }
+    return MESSAGE_OK;
+}
+
 int message_decode_qp(const char *s, size_t len, struct buf *out)
 {
     size_t i = 0, keep = out->len;   /* bytes before keep are not padding */

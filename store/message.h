@@ -190,6 +190,9 @@ int message_get_binary(const struct message *msg, const uint32_t *part,
  * MESSAGE_NOMEM. */
 int message_decode_base64(const char *s, size_t len, struct buf *out);
 int message_decode_qp(const char *s, size_t len, struct buf *out);
+/* RFC 2047's Q encoding of an encoded word's text ('_' is a space, =XX a
+ * byte, a malformed '=' kept as it is), appended to out. */
+int message_decode_q(const char *s, size_t len, struct buf *out);
 
 /* Append `len` bytes as an IMAP string (quoted, or a literal when needed,
  * see above); data NULL writes NIL.  MESSAGE_OK or MESSAGE_NOMEM. */
