@@ -1091,21 +1091,34 @@ static int jnl_write_file(const char *path, const struct jnl_rent *re)
     return STORE_OK;
 }
 
-/* Find uid in mb (exclusively locked): 1 and *rec, 0 when absent, or a
- * negative store code. */
+/* Find uid in mb (locked): 1 and *rec, 0 when absent, or a negative
+ * store code.  When the binary search meets a damaged record (an index
+ * that lost pages, read before its recovery), every intact record is
+ * looked at instead: a damaged record never hides an intact one. */
 static int jnl_find(struct mailbox *mb, uint32_t uid,
                     struct mailbox_record *rec, uint32_t *recno_r)
 {
-    uint32_t recno;
+    uint32_t recno, n;
     int r = mailbox_find_uid(mb, uid, &recno);
 
-    *recno_r = recno;
+    *recno_r = 0;
     if (r == STORE_NOTFOUND)
         return 0;
-    if (r)
+    if (r == STORE_OK) {
+        *recno_r = recno;
+        r = mailbox_read_record(mb, recno, rec);
+        return r ? -r : 1;
+    }
+    if (r != STORE_CORRUPT)
         return -r;
-    r = mailbox_read_record(mb, recno, rec);
-    return r ? -r : 1;
+    n = mailbox_get_header(mb)->visible;
+    for (recno = 0; recno < n; recno++)
+        if (mailbox_read_record(mb, recno, rec) == STORE_OK &&
+            rec->uid == uid) {
+            *recno_r = recno;
+            return 1;
+        }
+    return 0;
 }
 
 /* After a rebuild, which keeps no flags of a record that was lost: the
@@ -1169,6 +1182,67 @@ static int jnl_add_record(const struct imapconf *conf, struct mailbox *mb,
     return r;
 }
 
+/* Write the entry's file when it does not hold the entry's bytes: the
+ * journal is the authority for a uid it covers (a file of that name may
+ * be a torn write).  1 written, 0 already right, or a negative code. */
+static int jnl_restore_file(struct mailbox *mb, const struct jnl_rent *re,
+                            struct buf *path)
+{
+    int r;
+
+    buf_reset(path);
+    mailbox_message_path(mb, re->uid, path);
+    if (jnl_file_matches(buf_cstring(path), re))
+        return 0;
+    r = jnl_write_file(buf_cstring(path), re);
+    return r ? -r : 1;
+}
+
+/* Rebuild the index of mailbox `name` (*mbp closed, reopened on success)
+ * from its verified files: the files of the entries that are ours are
+ * written again first (the index recovery may have unlinked one as a
+ * stale reservation), then mailbox_reconstruct_verified() with them as
+ * the known messages, so that no torn file of a delivery never
+ * acknowledged becomes a message. */
+static int jnl_rebuild(const struct imapconf *conf, struct mailbox **mbp,
+                       const struct jnl_rent *ents, const unsigned char *ours,
+                       size_t n, struct journal_replay_stats *st)
+{
+    const char *name = ents[0].mailbox;
+    const char *part = ents[0].partition[0] ? ents[0].partition : NULL;
+    struct mailbox_known *known;
+    struct buf path = BUF_INITIALIZER;
+    size_t i, nk = 0;
+    int r = STORE_OK, w;
+
+    known = calloc(n ? n : 1, sizeof(*known));
+    if (!known)
+        return STORE_NOMEM;
+    for (i = 0; i < n; i++) {
+        if (!ours[i])
+            continue;
+        w = jnl_restore_file(*mbp, &ents[i], &path);
+        if (w < 0) {
+            st->failed++;
+            continue;
+        }
+        if (w > 0)
+            st->files_written++;
+        known[nk].uid = ents[i].uid;
+        known[nk].size = ents[i].info.size;
+        memcpy(known[nk].digest, ents[i].info.digest, MAILBOX_DIGEST_LEN);
+        nk++;
+    }
+    mailbox_close(mbp);
+    r = mailbox_reconstruct_verified(conf, name, part, known, nk, NULL);
+    st->reconstructs++;
+    if (!r)
+        r = mailbox_open(conf, name, part, mbp);
+    free(known);
+    buf_free(&path);
+    return r;
+}
+
 /* Replay the entries [i, j) of one mailbox (sorted by uid). */
 static void jnl_replay_mailbox(const struct imapconf *conf,
                                const char *tmpdir, struct jnl_rent *ents,
@@ -1180,11 +1254,12 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
     struct mailbox_record rec;
     uint32_t recno;
     struct buf path = BUF_INITIALIZER;
-    unsigned char *wrote;
+    unsigned char *wrote, *ours;
     int r, have_h = 0, rebuilt = 0, f;
     size_t i;
 
-    wrote = calloc(n ? n : 1, 1);
+    wrote = calloc(n ? n : 1, 2);
+    ours = wrote ? wrote + (n ? n : 1) : NULL;
     r = mailbox_open(conf, name, ents[0].partition[0] ? ents[0].partition
                                                       : NULL, &mb);
     if (r || !wrote) {
@@ -1198,8 +1273,12 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
         have_h = 1;
     }
 
-    /* the files first: the exclusive lock's recovery must find them;
-     * not for a message the mailbox has expunged or aborted */
+    /* the files first: the exclusive lock's recovery must find them.
+     * An entry is ours unless the index durably says otherwise: another
+     * mailbox of the name, the uid holding another message, expunged or
+     * aborted, or expunged and cleaned up since.  The journal is the
+     * authority for the bytes of its uids: a file that does not match
+     * (missing, torn, empty) is written again. */
     for (i = 0; i < n; i++) {
         if (have_h && h.uidvalidity != ents[i].uidvalidity)
             continue;
@@ -1214,38 +1293,28 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
                 h.compactions != ents[i].compactions)
                 continue;
         }
-        buf_reset(&path);
-        mailbox_message_path(mb, ents[i].uid, &path);
-        if (jnl_file_matches(buf_cstring(&path), &ents[i]))
-            continue;
-        if (!have_h && access(buf_cstring(&path), F_OK) == 0)
-            continue;   /* cannot tell whose it is */
-        if (jnl_write_file(buf_cstring(&path), &ents[i]) == STORE_OK) {
+        ours[i] = 1;
+        f = jnl_restore_file(mb, &ents[i], &path);
+        if (f > 0) {
             wrote[i] = 1;
             st->files_written++;
-        } else {
+        } else if (f < 0) {
             st->failed++;
         }
     }
     if (have_h)
         mailbox_unlock(mb);
 
-    for (;;) {
-        r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
-        if (r != STORE_CORRUPT || rebuilt)
-            break;
+    r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+    if (r == STORE_CORRUPT) {
         /* pages lost in the middle of the index: rebuild it from the
-         * files, which are complete now */
-        mailbox_close(&mb);
+         * files that are verified complete */
         log_warning("journal: index damaged by the loss, reconstructing "
                     "mailbox=<%s>", name);
-        r = mailbox_reconstruct(conf, name, ents[0].partition[0] ?
-                                ents[0].partition : NULL, NULL, NULL);
-        st->reconstructs++;
         rebuilt = 1;
-        if (r || (r = mailbox_open(conf, name, ents[0].partition[0] ?
-                                   ents[0].partition : NULL, &mb)) != 0)
-            break;
+        r = jnl_rebuild(conf, &mb, ents, ours, n, st);
+        if (!r)
+            r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
     }
     if (r) {
         log_error("journal: mailbox cannot be locked mailbox=<%s> error=<%s>",
@@ -1295,8 +1364,11 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
             }
             continue;
         }
-        if (re->uid < h.uidnext && h.compactions != re->compactions) {
-            st->skipped++;      /* expunged and cleaned up since */
+        if (!ours[i] || (!rebuilt && re->uid < h.uidnext &&
+                         h.compactions != re->compactions)) {
+            /* expunged and cleaned up since (the compactions of a
+             * rebuilt index say nothing: reconstruct moved them) */
+            st->skipped++;
             if (wrote[i]) {
                 buf_reset(&path);
                 mailbox_message_path(mb, re->uid, &path);
@@ -1306,27 +1378,25 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
         }
         if (re->uid < h.uidnext) {
             /* uidnext reached the disk, the record did not, and later
-             * records exist: only a rebuild puts it back in order */
+             * records exist (or recovery cut a torn tail and with it the
+             * file): only a rebuild puts it back in order */
             if (rebuilt) {
+                log_error("journal: record not restored mailbox=<%s> "
+                          "uid=<%u>", name, re->uid);
                 st->failed++;
                 continue;
             }
             mailbox_unlock(mb);
-            mailbox_close(&mb);
             log_warning("journal: record lost inside the index, "
                         "reconstructing mailbox=<%s> uid=<%u>", name, re->uid);
-            r = mailbox_reconstruct(conf, name, re->partition[0] ?
-                                    re->partition : NULL, NULL, NULL);
-            st->reconstructs++;
             rebuilt = 1;
-            if (r || mailbox_open(conf, name, re->partition[0] ?
-                                  re->partition : NULL, &mb) != 0 ||
-                mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != 0) {
+            r = jnl_rebuild(conf, &mb, ents, ours, n, st);
+            if (r || mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != 0) {
                 st->failed += n - i;
                 goto out;
             }
             h = *mailbox_get_header(mb);
-            i--;                /* look again */
+            i--;                /* look again (wraps at 0, then ++) */
             continue;
         }
         mailbox_unlock(mb);
