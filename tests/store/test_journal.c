@@ -43,6 +43,10 @@
  *              acknowledged: replay writes the journaled files from the
  *              journal, the rebuilt index has them with their flags, and
  *              the unacknowledged files are neither messages nor left
+ *   placeholder a record beyond the visible prefix lost before an intact
+ *              one: recovery makes it an aborted placeholder and unlinks
+ *              the file; replay rebuilds and the message keeps its uid
+ *              (uidnext not moved, nothing restored under a new uid)
  *   tail cut   the last record's sector lost while the header that counts
  *              it reached the disk (visible before it): the recovery cuts
  *              the record off and unlinks the file replay had restored;
@@ -1058,6 +1062,56 @@ static void test_tail_cut(void **state)
     tj_teardown(&f);
 }
 
+static void test_placeholder(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m[4], idx = BUF_INITIALIZER;
+    struct mailbox_record rec;
+    struct journal_replay_stats st;
+    uint32_t uids[4];
+    int i;
+
+    (void)state;
+    tj_setup(&f, "jplace", NULL);
+    mb = tj_create(&f, "user.max");
+    for (i = 0; i < 4; i++) {
+        memset(&m[i], 0, sizeof(m[i]));
+        tj_message(&m[i], (unsigned)i + 400, 800 + (size_t)i * 400);
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m[i], MAILBOX_FLAG_ANSWERED,
+                                    NULL, 0, &uids[i]), STORE_OK);
+    }
+    buf_printf(&idx, "%s/cyrus.index", mailbox_dir(mb));
+    mailbox_close(&mb);
+    /* the header of the second finish reached the disk, none after it;
+     * the third record's sector did not, the fourth's did */
+    tj_header_set(buf_cstring(&idx), 32, 2);
+    tj_header_set(buf_cstring(&idx), 36, 2);
+    tj_header_set(buf_cstring(&idx), 48, (uint32_t)(m[0].len + m[1].len));
+    tj_zero_record(buf_cstring(&idx), 2);
+
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.records_added, 0);
+    assert_int_equal(mailbox_open(f.conf, "user.max", NULL, &mb), 0);
+    for (i = 0; i < 4; i++) {
+        tj_check_file(mb, uids[i], &m[i]);
+        assert_int_equal(tj_record(mb, uids[i], &rec), STORE_OK);
+        assert_int_equal(rec.size, m[i].len);
+        assert_true(rec.flags & MAILBOX_FLAG_ANSWERED);
+    }
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
+    assert_int_equal(mailbox_get_header(mb)->exists, 4);
+    assert_int_equal(mailbox_get_header(mb)->uidnext, uids[3] + 1);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    for (i = 0; i < 4; i++)
+        buf_free(&m[i]);
+    buf_free(&idx);
+    tj_teardown(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1073,6 +1127,7 @@ int main(void)
         cmocka_unit_test(test_uid_reused),
         cmocka_unit_test(test_torn_files),
         cmocka_unit_test(test_tail_cut),
+        cmocka_unit_test(test_placeholder),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
