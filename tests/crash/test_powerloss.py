@@ -34,7 +34,7 @@ server's imapd.conf does not know is skipped with a message):
     At the end of the log one more image keeps every unsynced operation
     (the kernel's state): nothing may be lost there in any mode, a check
     of the simulator itself.
- 4. file and group must show no loss and no damage.  off must show
+ 4. file, group and journal must show no loss and no damage.  off must show
     losses (the test of the test: a simulator that finds nothing for a
     mode that syncs nothing is broken), and is reported as such.
 
