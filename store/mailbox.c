@@ -3182,9 +3182,76 @@ static int mbx_cmp_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static int mbx_cmp_known(const void *a, const void *b)
+{
+    const struct mailbox_known *x = a, *y = b;
+
+    return x->uid < y->uid ? -1 : x->uid > y->uid;
+}
+
+/* Is the file (size, digest) verified complete for uid: the old index's
+ * intact record for it or a known message says these bytes? */
+static int mbx_verified(const struct mailbox_record *old,
+                        const struct mailbox_known *known, size_t nknown,
+                        const struct mailbox_record *nr)
+{
+    size_t lo = 0, hi = nknown;
+
+    if (old && old->size == nr->size &&
+        !memcmp(old->digest, nr->digest, MAILBOX_DIGEST_LEN))
+        return 1;
+    while (lo < hi) {   /* known is sorted by uid; a uid may repeat */
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (known[mid].uid < nr->uid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (; lo < nknown && known[lo].uid == nr->uid; lo++)
+        if (known[lo].size == nr->size &&
+            !memcmp(known[lo].digest, nr->digest, MAILBOX_DIGEST_LEN))
+            return 1;
+    return 0;
+}
+
+static int mbx_reconstruct(const struct imapconf *conf, const char *name,
+                           const char *partition, const char *uniqueid,
+                           int verify, struct mailbox_known *known,
+                           size_t nknown, struct buf *report_r);
+
 int mailbox_reconstruct(const struct imapconf *conf, const char *name,
                         const char *partition, const char *uniqueid,
                         struct buf *report_r)
+{
+    return mbx_reconstruct(conf, name, partition, uniqueid, 0, NULL, 0,
+                           report_r);
+}
+
+int mailbox_reconstruct_verified(const struct imapconf *conf,
+                                 const char *name, const char *partition,
+                                 const struct mailbox_known *known,
+                                 size_t nknown, struct buf *report_r)
+{
+    struct mailbox_known *k = NULL;
+    int r;
+
+    if (nknown) {
+        k = malloc(nknown * sizeof(*k));
+        if (!k)
+            return STORE_NOMEM;
+        memcpy(k, known, nknown * sizeof(*k));
+        qsort(k, nknown, sizeof(*k), mbx_cmp_known);
+    }
+    r = mbx_reconstruct(conf, name, partition, NULL, 1, k, nknown, report_r);
+    free(k);
+    return r;
+}
+
+static int mbx_reconstruct(const struct imapconf *conf, const char *name,
+                           const char *partition, const char *uniqueid,
+                           int verify, struct mailbox_known *known,
+                           size_t nknown, struct buf *report_r)
 {
     struct buf dir = BUF_INITIALIZER, path = BUF_INITIALIZER;
     struct buf tmp = BUF_INITIALIZER;
@@ -3192,7 +3259,7 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
     struct mailbox_record *olds = NULL, *recs = NULL;
     struct mbx_slot os, ns;
     uint32_t *uids = NULL, nold = 0, nuids = 0, alloc = 0, i, j, n = 0;
-    uint32_t dropped = 0, added = 0, maxuid = 0;
+    uint32_t dropped = 0, added = 0, maxuid = 0, unverified = 0;
     uint64_t maxmod = 0;
     int have_old = 0, took_lock = 0, cur, nfd = -1, r;
     DIR *d = NULL;
@@ -3290,6 +3357,10 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
         }
     }
 
+    if (verify && !have_old)
+        log_warning("mailbox: reconstruct cannot verify the files, no "
+                    "readable index header mailbox=<%s>", name);
+
     /* the message files */
     d = opendir(buf_cstring(&dir));
     if (!d) {
@@ -3351,6 +3422,18 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
         key.uid = uids[i];
         old = nold ? bsearch(&key, olds, nold, sizeof(*olds),
                              mbx_cmp_rec_uid) : NULL;
+        if (verify && have_old && !mbx_verified(old, known, nknown, nr)) {
+            /* a torn or partial write of a delivery never acknowledged:
+             * nothing durable says these bytes are a message */
+            log_warning("mailbox: reconstruct drops unverified file=<%s> "
+                        "size=<%u>", buf_cstring(&path), nr->size);
+            if (unlink(buf_cstring(&path)) < 0 && errno != ENOENT) {
+                r = mbx_errno(errno);
+                goto out;
+            }
+            unverified++;
+            continue;
+        }
         if (old && old->size == nr->size &&
             !memcmp(old->digest, nr->digest, MAILBOX_DIGEST_LEN)) {
             nr->flags = old->flags & ~MAILBOX_FLAG_PENDING;
@@ -3444,8 +3527,13 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
     }
 
     mbx_quota_settle(mb);
+    if (unverified && fs_fsync_dir(mb->dir) < 0) {
+        r = mbx_errno(errno);
+        goto out;
+    }
     log_info("mailbox: reconstructed mailbox=<%s> messages=<%u> "
-             "dropped=<%u> added=<%u>", name, n, dropped, added);
+             "dropped=<%u> added=<%u> unverified=<%u>", name, n, dropped,
+             added, unverified);
     if (report_r)
         buf_printf(report_r, "%u messages, %u records dropped, %u files added",
                    n, dropped, added);

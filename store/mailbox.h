@@ -347,4 +347,27 @@ int mailbox_reconstruct(const struct imapconf *conf, const char *name,
                         const char *partition, const char *uniqueid,
                         struct buf *report_r);
 
+/* A message whose bytes are known from elsewhere (the delivery journal):
+ * its uid, size and SHA-1. */
+struct mailbox_known {
+    uint32_t uid;
+    uint32_t size;
+    unsigned char digest[MAILBOX_DIGEST_LEN];
+};
+
+/* mailbox_reconstruct() after a power loss (journal replay), keeping the
+ * uniqueid: a file becomes a record only when it is verified complete,
+ * i.e. it has the size and digest of the old index's intact record for
+ * its uid or of an entry of known[0 .. nknown) with its uid (any order).
+ * Any other file is a torn or partial write of a delivery that was never
+ * acknowledged (an acknowledged one has a durable record or a journal
+ * entry): it is unlinked (logged), never shown.  Without a readable old
+ * index header nothing can be verified and every file is taken, as by
+ * mailbox_reconstruct() (logged).  Same results as mailbox_reconstruct(),
+ * and STORE_NOMEM. */
+int mailbox_reconstruct_verified(const struct imapconf *conf,
+                                 const char *name, const char *partition,
+                                 const struct mailbox_known *known,
+                                 size_t nknown, struct buf *report_r);
+
 #endif

@@ -2,7 +2,7 @@
 """test_powerloss.py - simulated power loss during an LMTP delivery storm,
 once per spool_sync mode.
 
-For each mode (POWERLOSS_MODES, default "file group off"; a mode the
+For each mode (POWERLOSS_MODES, default "file group journal off"; a mode the
 server's imapd.conf does not know is skipped with a message):
 
  1. A private master with lmtpd, its configuration directory (every
@@ -34,7 +34,7 @@ server's imapd.conf does not know is skipped with a message):
     At the end of the log one more image keeps every unsynced operation
     (the kernel's state): nothing may be lost there in any mode, a check
     of the simulator itself.
- 4. file and group must show no loss and no damage.  off must show
+ 4. file, group and journal must show no loss and no damage.  off must show
     losses (the test of the test: a simulator that finds nothing for a
     mode that syncs nothing is broken), and is reported as such.
 
@@ -44,7 +44,9 @@ POWERLOSS_CLIENTS (6), POWERLOSS_STRICT=0 (a mailbox that needs
 reconstruct after the cut is only a NOTE instead of a failure, see
 TORN_TAIL),
 POWERLOSS_KEEP=1 (keep the directories: log, snapshot, manifest.json and
-a copy of every image that failed).
+a copy of every image that failed), POWERLOSS_JOURNAL_SIZE (journal_size
+in the server's imapd.conf, e.g. 1048576: with 1 MiB segments a storm
+switches segments and runs checkpoints).
 """
 import json
 import os
@@ -73,12 +75,13 @@ import powerloss  # noqa: E402
 
 SHIM = os.path.join(TOP_BUILDDIR, "tests", "crash", "lossyfs.so")
 CTL_CYRUSDB = os.path.join(TOP_BUILDDIR, "tools", "ctl_cyrusdb")
-MODES = (os.environ.get("POWERLOSS_MODES") or "file group off").split()
+MODES = (os.environ.get("POWERLOSS_MODES") or "file group journal off").split()
 SEED = os.environ.get("POWERLOSS_SEED") or str(random.randrange(10 ** 9))
 MESSAGES = int(os.environ.get("POWERLOSS_MESSAGES") or "200")
 CUTS = int(os.environ.get("POWERLOSS_CUTS") or "5")
 CLIENTS = int(os.environ.get("POWERLOSS_CLIENTS") or "6")
 KEEP = os.environ.get("POWERLOSS_KEEP") == "1"
+JOURNAL_SIZE = os.environ.get("POWERLOSS_JOURNAL_SIZE") or ""
 DROP_POLICIES = ("none", "subset", "prefix")
 NBOX = 6
 BOXES = ["p%d" % k for k in range(NBOX)]
@@ -147,7 +150,10 @@ class PlInstance(Instance):
         self.partition = os.path.join(self.root, "spool")
         self.extra_env = {}
         self.mode = mode
-        self.write_imapd_conf({"spool_sync": mode})
+        conf = {"spool_sync": mode}
+        if JOURNAL_SIZE:
+            conf["journal_size"] = JOURNAL_SIZE
+        self.write_imapd_conf(conf)
         self.make_dirs()
 
     def make_dirs(self):

@@ -36,6 +36,21 @@
  *   uid reused the loss took uidnext and a delivery before the replay
  *              got the journaled uid: both messages kept, the journaled
  *              one under a new uid
+ *   torn files an index record in the visible prefix lost (a zero
+ *              sector: recovery refuses, replay rebuilds), the journaled
+ *              message's file torn to half, another one's empty, and the
+ *              torn and the empty file of two deliveries never
+ *              acknowledged: replay writes the journaled files from the
+ *              journal, the rebuilt index has them with their flags, and
+ *              the unacknowledged files are neither messages nor left
+ *   placeholder a record beyond the visible prefix lost before an intact
+ *              one: recovery makes it an aborted placeholder and unlinks
+ *              the file; replay rebuilds and the message keeps its uid
+ *              (uidnext not moved, nothing restored under a new uid)
+ *   tail cut   the last record's sector lost while the header that counts
+ *              it reached the disk (visible before it): the recovery cuts
+ *              the record off and unlinks the file replay had restored;
+ *              replay writes it again before the rebuild, nothing lost
  */
 #include "config.h"
 
@@ -868,6 +883,235 @@ static void test_uid_reused(void **state)
     tj_teardown(&f);
 }
 
+/* Set the 32-bit field at `off` of the current header slot of the
+ * index at path (CRCs made good again): a header write that reached the
+ * disk while other writes did not. */
+static void tj_header_set(const char *path, size_t off, uint32_t v)
+{
+    unsigned char area[4096], *p;
+    int fd = open(path, O_RDWR);
+
+    assert_true(fd >= 0);
+    assert_int_equal(fs_pread_all(fd, area, sizeof(area), 0), 0);
+    p = le64(area + 12) >= le64(area + 2048 + 12) &&
+        le32(area + 76) == crc32c(area, 76) ? area : area + 2048;
+    assert_int_equal(le32(p + 76), crc32c(p, 76));
+    p[off] = (unsigned char)v;
+    p[off + 1] = (unsigned char)(v >> 8);
+    p[off + 2] = (unsigned char)(v >> 16);
+    p[off + 3] = (unsigned char)(v >> 24);
+    v = crc32c(p, 76);
+    memcpy(p + 76, (unsigned char[4]){ (unsigned char)v,
+           (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+           (unsigned char)(v >> 24) }, 4);
+    v = crc32c(p, 88);
+    memcpy(p + 88, (unsigned char[4]){ (unsigned char)v,
+           (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+           (unsigned char)(v >> 24) }, 4);
+    assert_int_equal(fs_pwrite_all(fd, area, sizeof(area), 0), 0);
+    close(fd);
+}
+
+/* Record recno of the index at path: zeros (its sector never written). */
+static void tj_zero_record(const char *path, uint32_t recno)
+{
+    unsigned char z[128];
+    int fd = open(path, O_RDWR);
+
+    memset(z, 0, sizeof(z));
+    assert_true(fd >= 0);
+    assert_int_equal(fs_pwrite_all(fd, z, sizeof(z),
+                                   4096 + (off_t)recno * 128), 0);
+    close(fd);
+}
+
+/* The file of uid in mb: its first `keep` bytes of m (a torn write). */
+static void tj_tear_file(struct mailbox *mb, uint32_t uid,
+                         const struct buf *m, size_t keep)
+{
+    struct buf path = BUF_INITIALIZER;
+    int fd;
+
+    mailbox_message_path(mb, uid, &path);
+    unlink(buf_cstring(&path));     /* not through a shared inode */
+    fd = open(buf_cstring(&path), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(fs_write_all(fd, m->s, keep), 0);
+    close(fd);
+    buf_free(&path);
+}
+
+static int tj_file_exists(struct mailbox *mb, uint32_t uid)
+{
+    struct buf path = BUF_INITIALIZER;
+    int ok;
+
+    mailbox_message_path(mb, uid, &path);
+    ok = access(buf_cstring(&path), F_OK) == 0;
+    buf_free(&path);
+    return ok;
+}
+
+static void test_torn_files(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m[6], idx = BUF_INITIALIZER;
+    struct mailbox_record rec;
+    struct journal_replay_stats st;
+    uint32_t uids[6], recno;
+    int i;
+
+    (void)state;
+    tj_setup(&f, "jtornf", NULL);
+    mb = tj_create(&f, "user.kim");
+    for (i = 0; i < 6; i++) {
+        memset(&m[i], 0, sizeof(m[i]));
+        tj_message(&m[i], (unsigned)i + 200, 1200 + (size_t)i * 300);
+    }
+    for (i = 0; i < 4; i++)
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m[i], MAILBOX_FLAG_SEEN,
+                                    NULL, 0, &uids[i]), STORE_OK);
+    buf_printf(&idx, "%s/cyrus.index", mailbox_dir(mb));
+    /* the loss: record of uids[1] a zero sector (visible: recovery
+     * refuses), its file torn; uids[2]'s file empty; two deliveries
+     * never acknowledged left a torn and an empty file beyond */
+    tj_zero_record(buf_cstring(&idx), 1);
+    tj_tear_file(mb, uids[1], &m[1], m[1].len / 2);
+    tj_tear_file(mb, uids[2], &m[2], 0);
+    tj_tear_file(mb, uids[3] + 1, &m[4], 700);
+    tj_tear_file(mb, uids[3] + 2, &m[5], 0);
+    mailbox_close(&mb);
+
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.failed, 0);
+    assert_true(st.reconstructs >= 1);
+    assert_int_equal(mailbox_open(f.conf, "user.kim", NULL, &mb), 0);
+    for (i = 0; i < 4; i++) {
+        tj_check_file(mb, uids[i], &m[i]);
+        assert_int_equal(tj_record(mb, uids[i], &rec), STORE_OK);
+        assert_int_equal(rec.size, m[i].len);
+        assert_true(rec.flags & MAILBOX_FLAG_SEEN);
+    }
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
+    assert_int_equal(mailbox_get_header(mb)->exists, 4);
+    assert_int_equal(mailbox_find_uid(mb, uids[3] + 1, &recno),
+                     STORE_NOTFOUND);
+    assert_int_equal(mailbox_find_uid(mb, uids[3] + 2, &recno),
+                     STORE_NOTFOUND);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    assert_false(tj_file_exists(mb, uids[3] + 1));
+    assert_false(tj_file_exists(mb, uids[3] + 2));
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    for (i = 0; i < 6; i++)
+        buf_free(&m[i]);
+    buf_free(&idx);
+    tj_teardown(&f);
+}
+
+static void test_tail_cut(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m[4], idx = BUF_INITIALIZER;
+    struct mailbox_record rec;
+    struct journal_replay_stats st;
+    const char *kw[] = { "Later" };
+    uint32_t uids[4];
+    int i, num;
+
+    (void)state;
+    tj_setup(&f, "jtail", NULL);
+    mb = tj_create(&f, "user.lou");
+    for (i = 0; i < 4; i++) {
+        memset(&m[i], 0, sizeof(m[i]));
+        tj_message(&m[i], (unsigned)i + 300, 900 + (size_t)i * 500);
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m[i], MAILBOX_FLAG_FLAGGED,
+                                    kw, 1, &uids[i]), STORE_OK);
+    }
+    buf_printf(&idx, "%s/cyrus.index", mailbox_dir(mb));
+    mailbox_close(&mb);
+    /* the header of the last reservation (num_records 4, uidnext past
+     * it) reached the disk, its finish's header (visible 4) did not, nor
+     * did the record's sector; the file is torn */
+    tj_header_set(buf_cstring(&idx), 32, 3);
+    tj_header_set(buf_cstring(&idx), 36, 3);
+    tj_header_set(buf_cstring(&idx), 48,
+                  (uint32_t)(m[0].len + m[1].len + m[2].len));
+    tj_zero_record(buf_cstring(&idx), 3);
+    assert_int_equal(mailbox_open(f.conf, "user.lou", NULL, &mb), 0);
+    tj_tear_file(mb, uids[3], &m[3], 512);
+    mailbox_close(&mb);
+
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(mailbox_open(f.conf, "user.lou", NULL, &mb), 0);
+    for (i = 0; i < 4; i++) {
+        tj_check_file(mb, uids[i], &m[i]);
+        assert_int_equal(tj_record(mb, uids[i], &rec), STORE_OK);
+        assert_true(rec.flags & MAILBOX_FLAG_FLAGGED);
+        assert_int_equal(mailbox_user_flag(mb, "Later", 0, &num), STORE_OK);
+        assert_true(rec.user_flags[num / 32] & (1u << (num % 32)));
+    }
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    for (i = 0; i < 4; i++)
+        buf_free(&m[i]);
+    buf_free(&idx);
+    tj_teardown(&f);
+}
+
+static void test_placeholder(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m[4], idx = BUF_INITIALIZER;
+    struct mailbox_record rec;
+    struct journal_replay_stats st;
+    uint32_t uids[4];
+    int i;
+
+    (void)state;
+    tj_setup(&f, "jplace", NULL);
+    mb = tj_create(&f, "user.max");
+    for (i = 0; i < 4; i++) {
+        memset(&m[i], 0, sizeof(m[i]));
+        tj_message(&m[i], (unsigned)i + 400, 800 + (size_t)i * 400);
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m[i], MAILBOX_FLAG_ANSWERED,
+                                    NULL, 0, &uids[i]), STORE_OK);
+    }
+    buf_printf(&idx, "%s/cyrus.index", mailbox_dir(mb));
+    mailbox_close(&mb);
+    /* the header of the second finish reached the disk, none after it;
+     * the third record's sector did not, the fourth's did */
+    tj_header_set(buf_cstring(&idx), 32, 2);
+    tj_header_set(buf_cstring(&idx), 36, 2);
+    tj_header_set(buf_cstring(&idx), 48, (uint32_t)(m[0].len + m[1].len));
+    tj_zero_record(buf_cstring(&idx), 2);
+
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.records_added, 0);
+    assert_int_equal(mailbox_open(f.conf, "user.max", NULL, &mb), 0);
+    for (i = 0; i < 4; i++) {
+        tj_check_file(mb, uids[i], &m[i]);
+        assert_int_equal(tj_record(mb, uids[i], &rec), STORE_OK);
+        assert_int_equal(rec.size, m[i].len);
+        assert_true(rec.flags & MAILBOX_FLAG_ANSWERED);
+    }
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
+    assert_int_equal(mailbox_get_header(mb)->exists, 4);
+    assert_int_equal(mailbox_get_header(mb)->uidnext, uids[3] + 1);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    for (i = 0; i < 4; i++)
+        buf_free(&m[i]);
+    buf_free(&idx);
+    tj_teardown(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -881,6 +1125,9 @@ int main(void)
         cmocka_unit_test(test_expunged),
         cmocka_unit_test(test_lost_finish),
         cmocka_unit_test(test_uid_reused),
+        cmocka_unit_test(test_torn_files),
+        cmocka_unit_test(test_tail_cut),
+        cmocka_unit_test(test_placeholder),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);

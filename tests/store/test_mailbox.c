@@ -10,6 +10,7 @@
  * recovery of appends whose process died (file intact: committed; file
  * damaged: aborted); damaged records and header slots detected by
  * mailbox_check()/mailbox_open() and repaired by mailbox_reconstruct();
+ * mailbox_reconstruct_verified() taking only files vouched for;
  * torn trailing records cut off; quota usage following the header.
  */
 #include "config.h"
@@ -991,6 +992,95 @@ static void test_index_lost(void **state)
     fx_close(&fx);
 }
 
+/* path DIR/UID. of mb holding the first `keep` bytes of msg. */
+static void put_msgfile(struct mailbox *mb, uint32_t uid,
+                        const struct buf *msg, size_t keep)
+{
+    struct buf path = BUF_INITIALIZER;
+    int fd;
+
+    mailbox_message_path(mb, uid, &path);
+    fd = open(buf_cstring(&path), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(fs_write_all(fd, msg->s, keep), 0);
+    close(fd);
+    buf_free(&path);
+}
+
+static int msgfile_exists(struct mailbox *mb, uint32_t uid)
+{
+    struct buf path = BUF_INITIALIZER;
+    int ok;
+
+    mailbox_message_path(mb, uid, &path);
+    ok = access(buf_cstring(&path), F_OK) == 0;
+    buf_free(&path);
+    return ok;
+}
+
+/* mailbox_reconstruct_verified(): the files vouched for by an intact old
+ * record or a known message become records (flags kept), the others
+ * (torn, empty, complete but unknown) are removed; plain reconstruct
+ * still takes every file. */
+static void test_reconstruct_verified(void **state)
+{
+    struct fx fx;
+    struct mailbox *mb;
+    struct mailbox_record rec;
+    struct mailbox_msginfo info;
+    struct mailbox_known known;
+    struct buf m4 = BUF_INITIALIZER, m5 = BUF_INITIALIZER;
+    uint32_t recno;
+    char *sp;
+
+    fx_open(&fx, state, NULL);
+    fill3(&fx, TH_D "user.x");
+    mb = open_mb(&fx, TH_D "user.x");
+    make_message(&m4, 4, 900);
+    make_message(&m5, 5, 1500);
+    sp = stage(&fx, &m4, &info);
+    unlink(sp);
+    free(sp);
+    known.uid = 4;
+    known.size = info.size;
+    memcpy(known.digest, info.digest, MAILBOX_DIGEST_LEN);
+    put_msgfile(mb, 4, &m4, m4.len);         /* known: taken */
+    put_msgfile(mb, 5, &m5, 512);            /* torn */
+    put_msgfile(mb, 6, &m5, 0);              /* empty */
+    put_msgfile(mb, 7, &m5, m5.len);         /* whole, but nobody's */
+    mailbox_close(&mb);
+
+    assert_int_equal(mailbox_reconstruct_verified(fx.conf, TH_D "user.x", NULL,
+                                                  &known, 1, NULL), STORE_OK);
+    mb = open_mb(&fx, TH_D "user.x");
+    expect_check_ok(mb);
+    assert_int_equal(header_of(mb).exists, 4);
+    assert_true(msgfile_exists(mb, 4));
+    assert_false(msgfile_exists(mb, 5));
+    assert_false(msgfile_exists(mb, 6));
+    assert_false(msgfile_exists(mb, 7));
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
+    assert_int_equal(mailbox_find_uid(mb, 3, &recno), STORE_OK);
+    assert_int_equal(mailbox_read_record(mb, recno, &rec), STORE_OK);
+    assert_true(rec.flags & MAILBOX_FLAG_ANSWERED);
+    assert_int_equal(mailbox_find_uid(mb, 4, &recno), STORE_OK);
+    assert_int_equal(mailbox_read_record(mb, recno, &rec), STORE_OK);
+    assert_int_equal(rec.size, m4.len);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+
+    /* plain reconstruct: every file */
+    put_msgfile(mb, 7, &m5, m5.len);
+    mailbox_close(&mb);
+    assert_int_equal(mailbox_reconstruct(fx.conf, TH_D "user.x", NULL, NULL,
+                                         NULL), STORE_OK);
+    mb = open_mb(&fx, TH_D "user.x");
+    assert_int_equal(header_of(mb).exists, 5);
+    mailbox_close(&mb);
+    buf_free(&m4);
+    buf_free(&m5);
+    fx_close(&fx);
+}
+
 static void test_torn_tail(void **state)
 {
     struct fx fx;
@@ -1411,6 +1501,7 @@ int main(void)
         { "damaged_record", test_damaged_record },
         { "damaged_slot", test_damaged_slot },
         { "index_lost", test_index_lost },
+        { "reconstruct_verified", test_reconstruct_verified },
         { "torn_tail", test_torn_tail },
         { "torn_gap", test_torn_gap },
         { "record_beyond_header", test_record_beyond_header },
