@@ -14,6 +14,7 @@ stopped by PID:
                   after DATA (python smtplib.LMTP), and each backend holds
                   the message byte for byte (read over IMAP) after its
                   own and the frontend's Received headers
+  bdat            BDAT chunks in, the message relayed to both backends
   backend_replies the backend's own replies are relayed: a user placed
                   on a backend that has no mailbox for it (550 5.1.1
                   from the backend), a user over quota there (452 4.2.2),
@@ -55,8 +56,8 @@ sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "imapd"),
                 os.path.join(TESTS, "conformance")]
 from testlib import (TMPDIR, Fail, check, free_port, read_text,  # noqa: E402
                      run_tests, service_line, wait_until)
-from lmtphelp import (LMTPD, MBTOOL, Instance, make_message,  # noqa: E402
-                      split_added_headers)
+from lmtphelp import (LMTPD, MBTOOL, Conn, Instance,  # noqa: E402
+                      make_message, split_added_headers)
 from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
 from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
 
@@ -192,13 +193,13 @@ def imap_messages(backend, user):
             pass
 
 
-def strip_added(data):
+def strip_added(data, helo=b"client.test"):
     """A stored message -> what the frontend's client sent: the
     backend's Return-Path and Received, then the frontend's Received."""
     _, recv, rest = split_added_headers(data)
     check(b"LMTP" in b" ".join(recv), "backend Received: %r" % recv)
     lines = rest.split(b"\r\n")
-    check(lines[0].startswith(b"Received: from client.test"),
+    check(lines[0].startswith(b"Received: from " + helo),
           "the frontend's Received header is missing: %r" % rest[:200])
     i = 1
     while lines[i][:1] in (b" ", b"\t"):
@@ -237,6 +238,31 @@ def test_span():
     log = FRONT.log()
     check("backend=<alpha>" in log and "backend=<beta>" in log,
           "the frontend's recipient lines name the backends")
+
+
+def test_bdat():
+    # BDAT chunks (raw client: smtplib has no CHUNKING) with a message
+    # that does not end in CRLF: each backend gets it with the CRLF the
+    # DATA relay needs added, nothing else changed
+    msg = make_message(msgid="bdat@test", body=b"a\r\n.b\r\nno newline")
+    with Conn(FRONT.unix_socket) as c:
+        c.reply()
+        check(c.cmd("LHLO bdat.test").code == 250, "LHLO")
+        check(c.cmd("MAIL FROM:<s@example.org>").code == 250, "MAIL")
+        for r in ("bob@example.org", "dave@example.org"):
+            check(c.cmd("RCPT TO:<%s>" % r).code == 250, "RCPT " + r)
+        half = len(msg) // 2
+        c.send(b"BDAT %d\r\n" % half + msg[:half])
+        r = c.reply()
+        check(r.code == 250, "BDAT: %r" % r)
+        c.send(b"BDAT %d LAST\r\n" % (len(msg) - half) + msg[half:])
+        per = c.replies(2)
+        check(all(x.code == 250 and x.enh == "2.1.5" for x in per),
+              "BDAT LAST through the frontend: %r" % per)
+    for u in ("bob", "dave"):
+        got = imap_messages(B[USERS[u]], u)[-1]
+        check(strip_added(got, b"bdat.test") == msg + b"\r\n",
+              "%s: %r" % (u, got[-80:]))
 
 
 def test_backend_replies():
@@ -567,14 +593,20 @@ def main():
             [("alpha", B["alpha"].lmtp_addr()), ("beta", B["beta"].lmtp_addr()),
              ("junk", "127.0.0.1:%d" % JUNK.port)]))
         # lmtpunix has one worker (the pooled test sees its pool);
-        # lmtpmany as many as a storm asks for
+        # lmtpmany as many as a storm asks for, and a generous
+        # proxy_timeout: a backend slow to commit is no failure there
         FRONT.many_socket = FRONT.path("many.sock")
+        many_conf = FRONT.path("imapd-many.conf")
+        with open(many_conf, "w") as f:
+            f.write(read_text(FRONT.imapd_conf).replace(
+                "proxy_timeout: 3\n", "proxy_timeout: 120\n"))
         FRONT.write_cyrus_conf(unix=True, prefork=1, maxchild=1,
-                               extra=service_line("lmtpmany", LMTPD,
+                               extra=service_line("lmtpmany", LMTPD + " -C " +
+                                                  many_conf,
                                                   FRONT.many_socket,
                                                   prefork=2, maxchild=20))
         FRONT.start()
-        tests = [test_span, test_backend_replies, test_pooled,
+        tests = [test_span, test_bdat, test_backend_replies, test_pooled,
                  test_unknown_backend, test_garbage, test_storm,
                  test_backend_down, test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
