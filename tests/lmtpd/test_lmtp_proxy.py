@@ -33,6 +33,8 @@ stopped by PID:
                   frontend and straight to a backend printed as "# "
   backend_down    one backend stopped: its recipients get 451 4.4.1, the
                   other's 250; started again, both get 250
+  watch           a worker with a 300 s cache TTL sees a moved user at
+                  once: the etcd watch drops the changed entry
   etcd_down       every etcd member stopped: 451 4.4.3, never 250; the
                   cluster started again: 250
 
@@ -132,18 +134,18 @@ def front_conf(endpoints, backends):
     }
 
 
-def lmtp_client():
-    c = smtplib.LMTP(FRONT.unix_socket, timeout=60)
+def lmtp_client(sock=None):
+    c = smtplib.LMTP(sock or FRONT.unix_socket, timeout=60)
     code, _ = c.ehlo("client.test")      # LHLO
     check(code == 250, "LHLO: %d" % code)
     return c
 
 
-def deliver(rcpts, msg, sender="sender@example.org"):
+def deliver(rcpts, msg, sender="sender@example.org", sock=None):
     """One transaction through the frontend with smtplib.LMTP: ({rcpt:
     (code, text)} at RCPT, {rcpt: (code, text)} after DATA for the
     accepted ones)."""
-    c = lmtp_client()
+    c = lmtp_client(sock)
     try:
         code, text = c.mail(sender)
         check(code == 250, "MAIL: %d %r" % (code, text))
@@ -532,6 +534,35 @@ def test_backend_down():
           "beta back: %r" % (final,))
 
 
+def test_watch():
+    # lmtpwatch's cache would keep an answer for 300 s: the etcd watch
+    # brings a change of the record within moments (beta has no mailbox
+    # for alice, so her mail there gets beta's own 550 5.1.1)
+    def reply():
+        _, final = deliver(["alice@example.org"],
+                           make_message(msgid="watch@test"),
+                           sock=FRONT.watch_socket)
+        return final["alice@example.org"]
+    check(reply_is(reply(), 250, "2.1.5"), "alice before the move")
+    try:
+        place("alice", "beta")
+        t0 = time.monotonic()
+        # (at most 50 connections: the worker's maxuses, 250, would
+        # otherwise start a new process with an empty cache)
+        check(wait_until(lambda: reply_is(reply(), 550, "5.1.1"), 10,
+                         step=0.2),
+              "the change of alice's record was not seen in 10 s "
+              "(directory_cache_ttl is 300)")
+        print("# a changed record was in force after %.2f s"
+              % (time.monotonic() - t0))
+    finally:
+        place("alice", "alpha")
+    check(wait_until(lambda: reply_is(reply(), 250, "2.1.5"), 10, step=0.2),
+          "alice's record set back was not seen in 10 s")
+    check("watching the directory for changes" in FRONT.log(),
+          "no log line for the watch")
+
+
 def test_etcd_down():
     for m in CLUSTER.members:
         CLUSTER.kill(m)
@@ -600,15 +631,24 @@ def main():
         with open(many_conf, "w") as f:
             f.write(read_text(FRONT.imapd_conf).replace(
                 "proxy_timeout: 3\n", "proxy_timeout: 120\n"))
+        # lmtpwatch: a cache TTL of 300 s, only the watch keeps it current
+        FRONT.watch_socket = FRONT.path("watch.sock")
+        watch_conf = FRONT.path("imapd-watch.conf")
+        with open(watch_conf, "w") as f:
+            f.write(read_text(FRONT.imapd_conf).replace(
+                "directory_cache_ttl: 1\n", "directory_cache_ttl: 300\n"))
         FRONT.write_cyrus_conf(unix=True, prefork=1, maxchild=1,
                                extra=service_line("lmtpmany", LMTPD + " -C " +
                                                   many_conf,
                                                   FRONT.many_socket,
-                                                  prefork=2, maxchild=20))
+                                                  prefork=2, maxchild=20)
+                               + service_line("lmtpwatch", LMTPD + " -C " +
+                                              watch_conf, FRONT.watch_socket,
+                                              prefork=0, maxchild=1))
         FRONT.start()
         tests = [test_span, test_bdat, test_backend_replies, test_pooled,
                  test_unknown_backend, test_garbage, test_storm,
-                 test_backend_down, test_etcd_down]
+                 test_backend_down, test_watch, test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
     finally:
         for inst in [FRONT] + list(B.values()):
