@@ -2,8 +2,9 @@
  * etcd.h - a small client for etcd's v3 JSON gateway (etcd 3.4).
  *
  * Speaks HTTP/1.1 POST to ENDPOINT/v3/kv/range, /v3/kv/put,
- * /v3/kv/deleterange, /v3/kv/txn and /v3/watch (a stream) with libcurl (one keep-alive easy
- * handle per client) and jansson; keys and values travel base64 encoded.
+ * /v3/kv/deleterange, /v3/kv/txn and /v3/watch (a stream) with libcurl
+ * (one keep-alive easy handle per client) and jansson; keys and values
+ * travel base64 encoded.
  * Keys and values are byte strings (NUL bytes allowed).
  *
  * Timeouts and errors live here, so a caller sees a local call that can
