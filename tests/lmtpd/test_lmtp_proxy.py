@@ -31,6 +31,9 @@ stopped by PID:
                   through the frontend: the number of 250s equals the
                   messages found on the backends; messages/s through the
                   frontend and straight to a backend printed as "# "
+  bench           only with PROXY_BENCH=N: tools/mailbench, N messages of
+                  13,870 bytes at 10 connections, through the frontend
+                  and straight to a backend, medians of 3 (printed)
   backend_down    one backend stopped: its recipients get 451 4.4.1, the
                   other's 250; started again, both get 250
   watch           a worker with a 300 s cache TTL sees a moved user at
@@ -42,8 +45,8 @@ Skipped (exit 77) without /usr/bin/etcd.  LMTP_TESTS picks tests by name
 (the order above is kept; later tests assume the earlier placements).
 """
 import imaplib
+import json
 import os
-import signal
 import smtplib
 import socket
 import subprocess
@@ -56,8 +59,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "imapd"),
                 os.path.join(TESTS, "conformance")]
-from testlib import (TMPDIR, Fail, check, free_port, read_text,  # noqa: E402
-                     run_tests, service_line, wait_until)
+from testlib import (TMPDIR, Skip, check, free_port,  # noqa: E402
+                     read_text, run_tests, service_line, wait_until)
 from lmtphelp import (LMTPD, MBTOOL, Conn, Instance,  # noqa: E402
                       make_message, split_added_headers)
 from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
@@ -515,6 +518,50 @@ def test_storm():
           "%.0f messages/s" % (ok2, dt2, ok2 / dt2))
 
 
+MAILBENCH = os.path.join(os.environ.get("top_builddir") or ".", "tools",
+                         "mailbench")
+
+
+def mailbench(target, n, tag):
+    out = os.path.join(WORK, "bench-%s.json" % tag)
+    p = subprocess.run([MAILBENCH, "lmtp", "--lmtp", target, "-n", str(n),
+                        "-c", "10", "-m", "10", "-s", "13870", "-q",
+                        "--json", out, "--label", tag],
+                       capture_output=True, timeout=1200)
+    check(p.returncode == 0, "mailbench %s: %r %r" % (tag, p.stdout[-500:],
+                                                     p.stderr[-500:]))
+    with open(out) as f:
+        res = json.load(f)
+    check(res["delivered_msgs"] == n and res["failed_msgs"] == 0,
+          "mailbench %s: %r" % (tag, res))
+    return res["msgs_per_s"]
+
+
+def test_bench():
+    # PROXY_BENCH=N (messages per run): messages/s of 13,870-byte
+    # messages at 10 connections (tools/mailbench) through the frontend
+    # and straight to backend alpha, users u0001..u0010 all on alpha;
+    # medians of 3 runs, alternating
+    n = int(os.environ.get("PROXY_BENCH") or 0)
+    if n <= 0:
+        raise Skip("set PROXY_BENCH=messages per run to measure")
+    for i in range(1, 11):
+        u = "u%04d" % i
+        B["alpha"].create("user." + u)
+        place(u, "alpha")
+    front, direct = [], []
+    for _ in range(3):
+        front.append(mailbench("unix:" + FRONT.many_socket, n, "frontend"))
+        direct.append(mailbench(B["alpha"].lmtp_addr(), n, "direct"))
+    front.sort()
+    direct.sort()
+    print("# bench: 10 connections, %d messages of 13870 bytes per run, "
+          "median of 3: through the frontend %.0f msgs/s (runs %s), "
+          "straight to the backend %.0f msgs/s (runs %s)"
+          % (n, front[1], " ".join("%.0f" % x for x in front), direct[1],
+             " ".join("%.0f" % x for x in direct)))
+
+
 def test_backend_down():
     B["beta"].stop()
     try:
@@ -648,7 +695,7 @@ def main():
         FRONT.start()
         tests = [test_span, test_bdat, test_backend_replies, test_pooled,
                  test_unknown_backend, test_garbage, test_storm,
-                 test_backend_down, test_watch, test_etcd_down]
+                 test_bench, test_backend_down, test_watch, test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
     finally:
         for inst in [FRONT] + list(B.values()):
