@@ -24,6 +24,8 @@ stopped by PID:
                   closed a kept connection is reconnected invisibly
   unknown_backend a record naming a backend the frontend does not know:
                   451 4.3.0 at RCPT and a log line; a damaged record too
+  bad_config      a malformed proxy_backends: the worker refuses to start
+                  and logs why
   garbage         backends that answer garbage (a python socket server)
                   or nothing at all: 451 4.4.0 / 451 4.4.2 for their
                   recipients, 250 for the others, the frontend stays up
@@ -352,6 +354,32 @@ def test_unknown_backend():
     finally:
         dbtool("directory", "etcd", "delete", "frank")
         dbtool("directory", "etcd", "delete", "gus")
+
+
+def test_bad_config():
+    # a malformed proxy_backends stops the frontend worker at start with
+    # a line saying why (never a frontend that guesses)
+    for bad, why in (("alpha", "without NAME=ADDRESS"),
+                     ("a=1.2.3.4:1 a=1.2.3.4:2", "given twice"),
+                     ("bad/name=1.2.3.4:1", "backend name")):
+        conf = front_conf(CLUSTER.endpoints(), [])
+        conf["proxy_backends"] = bad
+        inst = Instance("front-bad", conf=conf)
+        try:
+            inst.write_cyrus_conf(prefork=0, maxchild=2)
+            inst.start(ready=0)
+            try:
+                # the worker forked for it fails; nobody greets
+                with Conn(inst.unix_socket, timeout=2) as c:
+                    c.reply()
+            except Exception:   # noqa: BLE001 - no greeting
+                pass
+            check(wait_until(lambda: "bad configuration for lmtp_proxy"
+                             in inst.log() and why in inst.log(), 30),
+                  "proxy_backends %r: %s" % (bad, inst.log()[-600:]))
+        finally:
+            inst.stop()
+            inst.cleanup()
 
 
 class JunkServer:
@@ -694,7 +722,7 @@ def main():
                                               prefork=0, maxchild=1))
         FRONT.start()
         tests = [test_span, test_bdat, test_backend_replies, test_pooled,
-                 test_unknown_backend, test_garbage, test_storm,
+                 test_unknown_backend, test_bad_config, test_garbage, test_storm,
                  test_bench, test_backend_down, test_watch, test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
     finally:
