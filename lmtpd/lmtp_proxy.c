@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lib/buf.h"
@@ -34,6 +35,7 @@
 #define PROXY_LINE_MAX 2048
 #define PROXY_REPLY_LINES 50
 #define PROXY_CHUNK 65536
+#define PROXY_HOLD_MS 5000      /* a backend that timed out is skipped */
 
 #define R_NOCONNECT "451 4.4.1 Backend not reachable, try again later"
 #define R_LOST "451 4.4.2 Backend connection lost, try again later"
@@ -54,6 +56,8 @@ struct proxy_backend {
     int fd;                 /* -1 when not connected */
     struct prot *p;
     int kept;               /* served a transaction: RSET first */
+    int timed_out;          /* this transaction waited proxy_timeout */
+    uint64_t hold_until_ms; /* skipped (451 4.4.1) until then */
 };
 
 struct lmtp_proxy {
@@ -185,6 +189,14 @@ const char *lmtp_proxy_name(const struct lmtp_proxy *px, int i)
 
 /* ---- connecting -------------------------------------------------------- */
 
+static uint64_t proxy_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 /* Connect fd (non-blocking) to sa within timeout seconds; then make it
  * blocking again.  0, or -1 with errno. */
 static int proxy_connect_fd(int fd, const struct sockaddr *sa,
@@ -221,8 +233,10 @@ static int proxy_connect_fd(int fd, const struct sockaddr *sa,
     return 0;
 }
 
-/* A connected socket to addr, or -1 with *why set (static or strerror). */
-static int proxy_dial(const char *addr, int timeout, const char **why)
+/* A connected socket to addr, or -1 with *why set (static or strerror)
+ * and *timedout_r = 1 when the connect timed out. */
+static int proxy_dial(const char *addr, int timeout, const char **why,
+                      int *timedout_r)
 {
     char host[256], port[32];
     struct addrinfo hints, *res = NULL, *ai;
@@ -243,6 +257,7 @@ static int proxy_dial(const char *addr, int timeout, const char **why)
         if (fd < 0 || proxy_connect_fd(fd, (struct sockaddr *)&sun,
                                        sizeof(sun), timeout) != 0) {
             *why = strerror(errno);
+            *timedout_r = errno == ETIMEDOUT;
             if (fd >= 0)
                 close(fd);
             return -1;
@@ -289,6 +304,7 @@ static int proxy_dial(const char *addr, int timeout, const char **why)
         if (proxy_connect_fd(fd, ai->ai_addr, ai->ai_addrlen, timeout) == 0)
             break;
         *why = strerror(errno);
+        *timedout_r = errno == ETIMEDOUT;
         close(fd);
         fd = -1;
     }
@@ -322,6 +338,8 @@ static int proxy_reply(struct lmtp_proxy *px, struct proxy_backend *b,
             return PROXY_GARBAGE;
         }
         if (r != PROT_OK) {
+            if (r == PROT_TIMEOUT)
+                b->timed_out = 1;
             proxy_log(b, step, r == PROT_EOF ? "connection closed"
                                : r == PROT_TIMEOUT ? "timeout"
                                : prot_error(b->p));
@@ -373,7 +391,7 @@ static int proxy_open(struct lmtp_proxy *px, struct proxy_backend *b,
     const char *why = NULL;
     int code = 0, r;
 
-    b->fd = proxy_dial(b->addr, px->timeout, &why);
+    b->fd = proxy_dial(b->addr, px->timeout, &why, &b->timed_out);
     if (b->fd < 0) {
         proxy_log(b, "connect", why ? why : "failed");
         return PROXY_CONNECT;
@@ -550,6 +568,12 @@ void lmtp_proxy_send(struct lmtp_proxy *px, int bi, const char *sender,
         r = PROXY_LOCAL;
         goto fail;
     }
+    b->timed_out = 0;
+    if (b->hold_until_ms && proxy_now_ms() < b->hold_until_ms) {
+        r = PROXY_CONNECT;   /* timed out a moment ago: not again yet */
+        goto fail;
+    }
+    b->hold_until_ms = 0;
     for (attempt = 0; attempt < 2; attempt++) {
         if (b->p && proxy_stale(b))
             proxy_close(b);
@@ -639,6 +663,11 @@ void lmtp_proxy_send(struct lmtp_proxy *px, int bi, const char *sender,
 
 fail:
     proxy_close(b);
+    if (b->timed_out) {
+        b->hold_until_ms = proxy_now_ms() + PROXY_HOLD_MS;
+        log_warning("lmtp: backend held down after a timeout backend=<%s> "
+                    "seconds=<%d>", b->name, PROXY_HOLD_MS / 1000);
+    }
     for (i = 0; i < n; i++)
         if (!replies_r[i])
             replies_r[i] = strdup(proxy_err_reply(r));

@@ -23,7 +23,11 @@
  *   451 4.4.1 Backend not reachable, try again later   (connect failed)
  *   451 4.4.2 Backend connection lost, try again later (EOF, timeout)
  *   451 4.4.0 Backend protocol error, try again later  (garbage)
- * and the connection is closed.  A kept connection that turns out to be
+ * and the connection is closed.  A backend that made a transaction wait
+ * proxy_timeout (connect, or any reply) is held down for 5 seconds: its
+ * recipients get the 4.4.1 reply at once, so a backend that swallows
+ * packets costs one wait per 5 seconds, not one per message.  A kept
+ * connection that turns out to be
  * closed before its RSET was answered is replaced once by a new one (the
  * backend's idle timeout), invisible to the client.
  *

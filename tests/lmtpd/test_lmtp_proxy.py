@@ -28,7 +28,8 @@ stopped by PID:
                   and logs why
   garbage         backends that answer garbage (a python socket server)
                   or nothing at all: 451 4.4.0 / 451 4.4.2 for their
-                  recipients, 250 for the others, the frontend stays up
+                  recipients, 250 for the others, the frontend stays up;
+                  the silent one is then held down (451 4.4.1 at once)
   storm           500 messages over 10 connections (python threads)
                   through the frontend: the number of 250s equals the
                   messages found on the backends; messages/s through the
@@ -468,6 +469,17 @@ def test_garbage():
                       "backend: %r" % (r, mode, final[r]))
             check("backend failed backend=<junk>" in FRONT.new_log(),
                   "no log line for the %s backend" % mode)
+        # the silent backend timed out: for a while it is not tried again,
+        # its recipients get 451 4.4.1 at once instead of another wait
+        check("backend held down after a timeout backend=<junk>"
+              in FRONT.log(), "no hold-down line for the silent backend")
+        _, final = deliver(["gina@example.org", "alice@example.org"],
+                           make_message(msgid="junk-held@test"))
+        check(reply_is(final["gina@example.org"], 451, "4.4.1"),
+              "right after the timeout gina got %r, want 451 4.4.1 (held "
+              "down, not tried)" % (final["gina@example.org"],))
+        check(reply_is(final["alice@example.org"], 250, "2.1.5"),
+              "alice beside the held-down backend: %r" % (final,))
         check(FRONT.running() and not FRONT.worker_trouble(),
               "the frontend: %s" % FRONT.worker_trouble())
     finally:
