@@ -998,44 +998,55 @@ out:
 }
 
 /* A frontend: the message goes to every recipient's backend, one
- * pipelined transaction per backend (backends in the order their first
- * recipient came); replies[i] gets recipient i's reply as its backend
+ * pipelined transaction per backend, all backends at once
+ * (lmtp_proxy_send); replies[i] gets recipient i's reply as its backend
  * gave it (malloc'd; NULL when memory ran out). */
 static void lmtp_proxy_all(struct lmtp_session *s, char **replies)
 {
-    size_t i, j, n, nr = s->nrcpts;
+    size_t i, j, nr = s->nrcpts, ng = 0;
     const char **addrs = calloc(nr, sizeof(*addrs));
     size_t *idx = calloc(nr, sizeof(*idx));
     char **got = calloc(nr, sizeof(*got));
+    struct lmtp_proxy_group *groups = calloc(nr, sizeof(*groups));
     char *done = calloc(nr, 1);
     const char *path = append_stage_path(s->msg.st);
     uint64_t size = append_stage_info(s->msg.st)->size;
+    size_t k = 0;
 
     for (i = 0; i < nr; i++)
         replies[i] = NULL;
-    if (!addrs || !idx || !got || !done || !path)
+    if (!addrs || !idx || !got || !groups || !done || !path)
         goto out;
+    /* recipients grouped by backend, in the order of each backend's
+     * first recipient; idx[] maps the group slots back */
     for (i = 0; i < nr; i++) {
         int b = s->rcpts[i].backend;
+        size_t first = k;
 
         if (done[i])
             continue;
-        for (n = 0, j = i; j < nr; j++) {
+        for (j = i; j < nr; j++) {
             if (s->rcpts[j].backend != b)
                 continue;
-            addrs[n] = s->rcpts[j].addr;
-            idx[n++] = j;
+            addrs[k] = s->rcpts[j].addr;
+            idx[k++] = j;
             done[j] = 1;
         }
-        lmtp_proxy_send(s->srv->px, b, buf_cstring(&s->sender), s->smtputf8,
-                        path, size, addrs, n, got);
-        for (j = 0; j < n; j++)
-            replies[idx[j]] = got[j];
+        groups[ng].backend = b;
+        groups[ng].rcpts = &addrs[first];
+        groups[ng].n = k - first;
+        groups[ng].replies = &got[first];
+        ng++;
     }
+    lmtp_proxy_send(s->srv->px, buf_cstring(&s->sender), s->smtputf8, path,
+                    size, groups, ng);
+    for (k = 0; k < nr; k++)
+        replies[idx[k]] = got[k];
 out:
     free(addrs);
     free(idx);
     free(got);
+    free(groups);
     free(done);
 }
 

@@ -511,168 +511,244 @@ static const char *proxy_err_reply(int r)
     }
 }
 
-/* Pipeline [RSET] MAIL RCPT... DATA on b; with a kept connection, read
- * the RSET reply.  *retry_r = 1 when a kept connection turned out dead
- * before anything of this transaction was taken: try a new one. */
-static int proxy_start(struct lmtp_proxy *px, struct proxy_backend *b,
-                       const char *sender, int smtputf8, uint64_t size,
-                       const char *const *rcpts, size_t n, struct buf *reply,
-                       int *retry_r)
+/* One backend's part of a message. */
+struct proxy_txn {
+    struct proxy_backend *b;
+    struct lmtp_proxy_group *g;
+    int *accepted;              /* per recipient: RCPT got 2xx */
+    size_t naccepted;
+    int r;                      /* PROXY_OK, or why it failed */
+    int sent;                   /* the message went out: final replies due */
+    struct buf reply, mail;
+};
+
+/* The transaction failed (r): close the connection; replies come later
+ * (proxy_finish). */
+static void proxy_fail(struct proxy_txn *t, int r)
 {
-    int kept = b->kept, code = 0, r;
+    if (t->r == PROXY_OK)
+        t->r = r;
+    proxy_close(t->b);
+}
+
+/* Write [RSET] MAIL RCPT... DATA in one flush.  PROXY_OK or PROXY_LOST. */
+static int proxy_pipeline(struct proxy_backend *b, const char *sender,
+                          int smtputf8, uint64_t size,
+                          const struct lmtp_proxy_group *g)
+{
     size_t i;
 
-    *retry_r = 0;
-    if (kept)
+    if (b->kept)
         prot_puts(b->p, "RSET\r\n");
     prot_printf(b->p, "MAIL FROM:<%s>%s SIZE=%llu\r\n", sender,
                 smtputf8 ? " SMTPUTF8" : "", (unsigned long long)size);
-    for (i = 0; i < n; i++)
-        prot_printf(b->p, "RCPT TO:<%s>\r\n", rcpts[i]);
+    for (i = 0; i < g->n; i++)
+        prot_printf(b->p, "RCPT TO:<%s>\r\n", g->rcpts[i]);
     prot_puts(b->p, "DATA\r\n");
-    if (prot_flush(b->p) != PROT_OK) {
-        if (kept) {
-            *retry_r = 1;
-            return PROXY_LOST;
-        }
-        proxy_log(b, "mail", prot_error(b->p));
-        return PROXY_LOST;
-    }
-    if (!kept)
-        return PROXY_OK;
-    r = proxy_reply(px, b, "rset", reply, &code);
-    if (r == PROXY_LOST || (r == PROXY_OK && code == 421)) {
-        *retry_r = 1;
-        return PROXY_LOST;
-    }
-    if (r == PROXY_OK && code != 250) {
-        proxy_log(b, "rset", "not 250");
-        r = PROXY_GARBAGE;
-    }
-    return r;
+    return prot_flush(b->p) == PROT_OK ? PROXY_OK : PROXY_LOST;
 }
 
-void lmtp_proxy_send(struct lmtp_proxy *px, int bi, const char *sender,
-                     int smtputf8, const char *path, uint64_t size,
-                     const char *const *rcpts, size_t n, char **replies_r)
+/* Phase 1: a connection (kept, or new) and the pipelined commands. */
+static void proxy_begin(struct lmtp_proxy *px, struct proxy_txn *t,
+                        const char *sender, int smtputf8, uint64_t size)
 {
-    struct proxy_backend *b = &px->b[bi];
-    struct buf reply = BUF_INITIALIZER, mail = BUF_INITIALIZER;
-    int *accepted = calloc(n ? n : 1, sizeof(*accepted));
-    int r = PROXY_OK, code = 0, mailcode = 0, attempt, retry = 0;
-    size_t i, naccepted = 0;
+    struct proxy_backend *b = t->b;
+    int r, attempt;
 
-    for (i = 0; i < n; i++)
-        replies_r[i] = NULL;
-    if (!accepted) {
-        r = PROXY_LOCAL;
-        goto fail;
-    }
     b->timed_out = 0;
     if (b->hold_until_ms && proxy_now_ms() < b->hold_until_ms) {
-        r = PROXY_CONNECT;   /* timed out a moment ago: not again yet */
-        goto fail;
+        t->r = PROXY_CONNECT;   /* timed out a moment ago: not again yet */
+        return;
     }
     b->hold_until_ms = 0;
     for (attempt = 0; attempt < 2; attempt++) {
         if (b->p && proxy_stale(b))
             proxy_close(b);
-        if (!b->p && (r = proxy_open(px, b, &reply)) != PROXY_OK)
-            goto fail;
-        r = proxy_start(px, b, sender, smtputf8, size, rcpts, n, &reply,
-                        &retry);
-        if (r == PROXY_OK)
-            break;
-        proxy_close(b);
-        if (!retry)
-            goto fail;
-        log_info("lmtp: backend closed a kept connection, reconnecting "
-                 "backend=<%s>", b->name);
+        if (!b->p && (r = proxy_open(px, b, &t->reply)) != PROXY_OK) {
+            proxy_fail(t, r);
+            return;
+        }
+        if (proxy_pipeline(b, sender, smtputf8, size, t->g) == PROXY_OK)
+            return;
+        if (!b->kept) {
+            proxy_log(b, "mail", prot_error(b->p));
+            proxy_fail(t, PROXY_LOST);
+            return;
+        }
+        proxy_close(b);   /* a kept connection that died: a new one */
     }
-    if (r != PROXY_OK)
-        goto fail;
+}
 
+/* Phase 2: the replies to [RSET] MAIL RCPT DATA, then the message. */
+static void proxy_send_data(struct lmtp_proxy *px, struct proxy_txn *t,
+                            const char *sender, int smtputf8, uint64_t size,
+                            const char *path)
+{
+    struct proxy_backend *b = t->b;
+    struct lmtp_proxy_group *g = t->g;
+    int r, code = 0, mailcode = 0;
+    size_t i;
+
+    if (b->kept) {
+        r = proxy_reply(px, b, "rset", &t->reply, &code);
+        if (r == PROXY_LOST || (r == PROXY_OK && code == 421)) {
+            /* closed by the backend before it took anything of this
+             * transaction: once more on a new connection */
+            log_info("lmtp: backend closed a kept connection, "
+                     "reconnecting backend=<%s>", b->name);
+            proxy_close(b);
+            b->timed_out = 0;
+            if ((r = proxy_open(px, b, &t->reply)) != PROXY_OK) {
+                proxy_fail(t, r);
+                return;
+            }
+            if (proxy_pipeline(b, sender, smtputf8, size, g) != PROXY_OK) {
+                proxy_log(b, "mail", prot_error(b->p));
+                proxy_fail(t, PROXY_LOST);
+                return;
+            }
+        } else if (r != PROXY_OK || code != 250) {
+            if (r == PROXY_OK)
+                proxy_log(b, "rset", "not 250");
+            proxy_fail(t, r == PROXY_OK ? PROXY_GARBAGE : r);
+            return;
+        }
+    }
     /* MAIL */
-    r = proxy_reply(px, b, "mail", &mail, &mailcode);
-    if (r != PROXY_OK)
-        goto fail;
-    if (mailcode == 354 || (mailcode >= 300 && mailcode < 400)) {
+    r = proxy_reply(px, b, "mail", &t->mail, &mailcode);
+    if (r == PROXY_OK && mailcode / 100 == 3) {
         proxy_log(b, "mail", "unexpected 3xx");
         r = PROXY_GARBAGE;
-        goto fail;
+    }
+    if (r != PROXY_OK) {
+        proxy_fail(t, r);
+        return;
     }
     /* RCPT, one reply each */
-    for (i = 0; i < n; i++) {
-        r = proxy_reply(px, b, "rcpt", &reply, &code);
-        if (r != PROXY_OK)
-            goto fail;
-        if (code >= 300 && code < 400) {
+    for (i = 0; i < g->n; i++) {
+        r = proxy_reply(px, b, "rcpt", &t->reply, &code);
+        if (r == PROXY_OK && code / 100 == 3) {
             proxy_log(b, "rcpt", "unexpected 3xx");
             r = PROXY_GARBAGE;
-            goto fail;
+        }
+        if (r != PROXY_OK) {
+            proxy_fail(t, r);
+            return;
         }
         if (mailcode / 100 != 2) {
-            replies_r[i] = strdup(buf_cstring(&mail));
+            g->replies[i] = strdup(buf_cstring(&t->mail));
         } else if (code / 100 == 2) {
-            accepted[i] = 1;
-            naccepted++;
+            t->accepted[i] = 1;
+            t->naccepted++;
         } else {
-            replies_r[i] = strdup(buf_cstring(&reply));
+            g->replies[i] = strdup(buf_cstring(&t->reply));
         }
     }
     /* DATA */
-    r = proxy_reply(px, b, "data", &reply, &code);
-    if (r != PROXY_OK)
-        goto fail;
+    r = proxy_reply(px, b, "data", &t->reply, &code);
+    if (r != PROXY_OK) {
+        proxy_fail(t, r);
+        return;
+    }
     if (code != 354) {
         if (code / 100 == 2) {
             proxy_log(b, "data", "2xx instead of 354");
-            r = PROXY_GARBAGE;
-            goto fail;
+            proxy_fail(t, PROXY_GARBAGE);
+            return;
         }
-        for (i = 0; i < n; i++)
-            if (accepted[i])
-                replies_r[i] = strdup(buf_cstring(&reply));
-        b->kept = 1;
-        goto out;
+        for (i = 0; i < g->n; i++)
+            if (t->accepted[i])
+                g->replies[i] = strdup(buf_cstring(&t->reply));
+        b->kept = 1;   /* the transaction is over; the connection fine */
+        return;
     }
-    if (naccepted == 0) {
+    if (t->naccepted == 0) {
         /* 354 with no recipient: the backend and we disagree */
         proxy_log(b, "data", "354 without an accepted recipient");
-        r = PROXY_GARBAGE;
-        goto fail;
+        proxy_fail(t, PROXY_GARBAGE);
+        return;
     }
     r = proxy_send_message(b, path);
-    if (r != PROXY_OK)
-        goto fail;
-    for (i = 0; i < n; i++) {
-        if (!accepted[i])
-            continue;
-        r = proxy_reply(px, b, "reply", &reply, &code);
-        if (r != PROXY_OK)
-            goto fail;
-        if (code >= 300 && code < 400) {
-            proxy_log(b, "reply", "unexpected 3xx");
-            r = PROXY_GARBAGE;
-            goto fail;
-        }
-        replies_r[i] = strdup(buf_cstring(&reply));
+    if (r != PROXY_OK) {
+        proxy_fail(t, r);
+        return;
     }
-    b->kept = 1;
-    goto out;
+    t->sent = 1;
+}
 
-fail:
-    proxy_close(b);
-    if (b->timed_out) {
-        b->hold_until_ms = proxy_now_ms() + PROXY_HOLD_MS;
-        log_warning("lmtp: backend held down after a timeout backend=<%s> "
-                    "seconds=<%d>", b->name, PROXY_HOLD_MS / 1000);
+/* Phase 3: one reply per accepted recipient. */
+static void proxy_final(struct lmtp_proxy *px, struct proxy_txn *t)
+{
+    struct lmtp_proxy_group *g = t->g;
+    int r, code = 0;
+    size_t i;
+
+    for (i = 0; i < g->n; i++) {
+        if (!t->accepted[i])
+            continue;
+        r = proxy_reply(px, t->b, "reply", &t->reply, &code);
+        if (r == PROXY_OK && code / 100 == 3) {
+            proxy_log(t->b, "reply", "unexpected 3xx");
+            r = PROXY_GARBAGE;
+        }
+        if (r != PROXY_OK) {
+            proxy_fail(t, r);
+            return;
+        }
+        g->replies[i] = strdup(buf_cstring(&t->reply));
     }
-    for (i = 0; i < n; i++)
-        if (!replies_r[i])
-            replies_r[i] = strdup(proxy_err_reply(r));
+    t->b->kept = 1;
+}
+
+void lmtp_proxy_send(struct lmtp_proxy *px, const char *sender,
+                     int smtputf8, const char *path, uint64_t size,
+                     struct lmtp_proxy_group *groups, size_t ngroups)
+{
+    struct proxy_txn *txns = calloc(ngroups ? ngroups : 1, sizeof(*txns));
+    size_t i, j;
+
+    for (i = 0; i < ngroups; i++)
+        for (j = 0; j < groups[i].n; j++)
+            groups[i].replies[j] = NULL;
+    if (!txns)
+        goto out;
+    for (i = 0; i < ngroups; i++) {
+        struct proxy_txn *t = &txns[i];
+
+        t->b = &px->b[groups[i].backend];
+        t->g = &groups[i];
+        t->accepted = calloc(groups[i].n ? groups[i].n : 1,
+                             sizeof(*t->accepted));
+        if (!t->accepted)
+            t->r = PROXY_LOCAL;
+    }
+    /* every backend gets its commands, then its message, before any
+     * final reply is awaited: the backends store in parallel */
+    for (i = 0; i < ngroups; i++)
+        if (txns[i].r == PROXY_OK)
+            proxy_begin(px, &txns[i], sender, smtputf8, size);
+    for (i = 0; i < ngroups; i++)
+        if (txns[i].r == PROXY_OK)
+            proxy_send_data(px, &txns[i], sender, smtputf8, size, path);
+    for (i = 0; i < ngroups; i++)
+        if (txns[i].r == PROXY_OK && txns[i].sent)
+            proxy_final(px, &txns[i]);
+    for (i = 0; i < ngroups; i++) {
+        struct proxy_txn *t = &txns[i];
+
+        if (t->r != PROXY_OK && t->b->timed_out) {
+            t->b->hold_until_ms = proxy_now_ms() + PROXY_HOLD_MS;
+            log_warning("lmtp: backend held down after a timeout "
+                        "backend=<%s> seconds=<%d>", t->b->name,
+                        PROXY_HOLD_MS / 1000);
+        }
+        for (j = 0; j < t->g->n; j++)
+            if (!t->g->replies[j] && t->r != PROXY_OK)
+                t->g->replies[j] = strdup(proxy_err_reply(t->r));
+        free(t->accepted);
+        buf_free(&t->reply);
+        buf_free(&t->mail);
+    }
 out:
-    free(accepted);
-    buf_free(&reply);
-    buf_free(&mail);
+    free(txns);
 }

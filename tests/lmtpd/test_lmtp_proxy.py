@@ -386,7 +386,7 @@ def test_bad_config():
 class JunkServer:
     """A tiny LMTP impostor on 127.0.0.1: mode "garbage" greets, then
     answers every line with non-LMTP text; "badgreet" sends junk at once;
-    "silent" accepts and never answers."""
+    "silent" accepts and never answers; "flaky" see flaky()."""
 
     def __init__(self):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -412,6 +412,9 @@ class JunkServer:
                 return
             c.sendall(b"220 junk ready\r\n")
             f = c.makefile("rb")
+            if mode == "flaky":
+                self.flaky(c, f)
+                return
             while not self.stop:
                 line = f.readline()
                 if not line:
@@ -424,6 +427,35 @@ class JunkServer:
             pass
         finally:
             c.close()
+
+    def flaky(self, c, f):
+        """A plain LMTP server that takes every message (and throws it
+        away) but answers RSET with 421 and closes, as a backend does
+        that gave up an idle connection just as it was reused."""
+        rcpts = 0
+        while not self.stop:
+            line = f.readline()
+            if not line:
+                return
+            cmd = line[:4].upper()
+            if cmd == b"LHLO":
+                c.sendall(b"250-flaky\r\n250 PIPELINING\r\n")
+            elif cmd == b"RSET":
+                c.sendall(b"421 4.4.2 flaky closing\r\n")
+                return
+            elif cmd == b"MAIL":
+                rcpts = 0
+                c.sendall(b"250 2.1.0 ok\r\n")
+            elif cmd == b"RCPT":
+                rcpts += 1
+                c.sendall(b"250 2.1.5 ok\r\n")
+            elif cmd == b"DATA":
+                c.sendall(b"354 go\r\n")
+                while f.readline() not in (b".\r\n", b""):
+                    pass
+                c.sendall(b"250 2.1.5 flaky stored\r\n" * rcpts)
+            else:
+                c.sendall(b"502 5.5.1 no\r\n")
 
     def run(self):
         self.sock.settimeout(0.2)
@@ -482,6 +514,18 @@ def test_garbage():
               "alice beside the held-down backend: %r" % (final,))
         check(FRONT.running() and not FRONT.worker_trouble(),
               "the frontend: %s" % FRONT.worker_trouble())
+        # a backend that answers the RSET of a kept connection with 421:
+        # the frontend connects again, the client never sees it
+        time.sleep(5.5)      # past the hold-down
+        JUNK.mode = "flaky"
+        for i in range(3):
+            _, final = deliver(["gina@example.org"],
+                               make_message(msgid="flaky%d@test" % i))
+            check(final["gina@example.org"] == (250, b"2.1.5 flaky stored"),
+                  "flaky backend, delivery %d: %r" % (i, final))
+        check(FRONT.log().count("backend closed a kept connection, "
+                                "reconnecting backend=<junk>") >= 2,
+              "no reconnection after the 421 to RSET")
     finally:
         dbtool("directory", "etcd", "delete", "gina")
 
