@@ -38,7 +38,13 @@
  *
  * A 250 for a recipient follows only deliver_message()'s STORE_OK for it,
  * which comes after the durable commit; every other outcome is a 4xx or
- * 5xx.  Per connection state is freed when the session ends, whatever the
+ * 5xx.
+ *
+ * A frontend (lmtp_proxy) opens no mailbox list: RCPT asks the directory
+ * (store/directory.h) which backend holds the user, the message is
+ * staged the same way (without Return-Path: the backend adds it), and
+ * at its end lmtp_proxy.c relays it to the backends; each recipient gets
+ * its backend's reply, so a 250 follows only the backend's 250.  Per connection state is freed when the session ends, whatever the
  * way (QUIT, EOF, timeout, a stream error).
  */
 #include "config.h"
@@ -1050,12 +1056,6 @@ out:
     free(done);
 }
 
-/* The frontend's outcome of one recipient, for lmtp_msg_finish(). */
-static int lmtp_proxy_result(const char *reply)
-{
-    return reply[0] == '2' ? STORE_OK : STORE_IOERROR;
-}
-
 /* The message is complete: deliver it (a frontend: relay it) and answer
  * per recipient, in RCPT order.  The transaction is reset afterwards. */
 static void lmtp_msg_finish(struct lmtp_session *s)
@@ -1103,10 +1103,10 @@ static void lmtp_msg_finish(struct lmtp_session *s)
             lmtp_log_rcpt(s, qid, cmsgid, s->rcpts[i].addr,
                           s->rcpts[i].mailbox, 0, &m->size, reply, 0,
                           s->rcpts[i].rcpt_us, s->rcpts[i].backend);
-            if (lmtp_proxy_result(reply) != STORE_OK)
-                failed++;
-            else
+            if (reply[0] == '2')
                 stored++;
+            else
+                failed++;
             if (pr)
                 free(pr[i]);
         }
