@@ -15,6 +15,7 @@ stopped by PID:
                   the message byte for byte (read over IMAP) after its
                   own and the frontend's Received headers
   bdat            BDAT chunks in, the message relayed to both backends
+  addresses       backends named by a UNIX socket path and by [::1]:port
   backend_replies the backend's own replies are relayed: a user placed
                   on a backend that has no mailbox for it (550 5.1.1
                   from the backend), a user over quota there (452 4.2.2),
@@ -80,6 +81,21 @@ DIRCONF = None
 JUNK = None     # the garbage server
 
 
+def have_ipv6():
+    try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            s.bind(("::1", 0))
+            return True
+        finally:
+            s.close()
+    except OSError:
+        return False
+
+
+IPV6 = have_ipv6()
+
+
 def pw(user):
     return "pw-" + user
 
@@ -91,11 +107,20 @@ class Backend(ImapInstance):
         if not self.tcp_port:
             self.tcp_port = free_port()
             self.lmtp_port = free_port()
+            self.lmtp6_port = free_port(socket.AF_INET6, "::1") if IPV6 else 0
         lines = [service_line("imap", "imapd", "127.0.0.1:%d" % self.tcp_port,
                               prefork=1, maxchild=maxchild),
                  service_line("lmtp", LMTPD + " -a",
                               "127.0.0.1:%d" % self.lmtp_port,
-                              prefork=prefork, maxchild=maxchild)]
+                              prefork=prefork, maxchild=maxchild),
+                 # the same lmtpd on a UNIX socket and on [::1]
+                 service_line("lmtpunix", LMTPD, self.unix_socket,
+                              prefork=0, maxchild=maxchild)]
+        if IPV6:
+            lines.append(service_line("lmtp6", LMTPD + " -a",
+                                      "[::1]:%d" % self.lmtp6_port,
+                                      proto="tcp6", prefork=0,
+                                      maxchild=maxchild))
         with open(self.cyrus_conf, "w") as f:
             f.write("SERVICES {\n" + "".join(lines) + "}\n")
         return self
@@ -272,6 +297,33 @@ def test_bdat():
         got = imap_messages(B[USERS[u]], u)[-1]
         check(strip_added(got, b"bdat.test") == msg + b"\r\n",
               "%s: %r" % (u, got[-80:]))
+
+
+def test_addresses():
+    # a backend named by the path of a UNIX socket, and by [::1]:port
+    names = ["alphaunix"] + (["alpha6"] if IPV6 else [])
+    try:
+        for name in names:
+            place("bob", name)
+            before = B["alpha"].count("user.bob")
+            mark = len(FRONT.log())
+
+            def routed():
+                _, final = deliver(["bob@example.org"],
+                                   make_message(msgid="addr-%s@test" % name))
+                check(reply_is(final["bob@example.org"], 250, "2.1.5"),
+                      "bob through %s: %r" % (name, final))
+                return ("rcpt=<bob@example.org> user=<bob> backend=<%s>"
+                        % name) in FRONT.log()[mark:]
+            # (the frontend's cached answer lasts directory_cache_ttl)
+            check(wait_until(routed, 15, step=0.3), "bob never went "
+                  "through backend %s" % name)
+            check(B["alpha"].count("user.bob") > before,
+                  "nothing stored through %s" % name)
+        if not IPV6:
+            print("# no IPv6 loopback: [::1] not tried")
+    finally:
+        place("bob", "alpha")
 
 
 def test_backend_replies():
@@ -766,7 +818,10 @@ def main():
         FRONT = Instance("front", conf=front_conf(
             CLUSTER.endpoints(),
             [("alpha", B["alpha"].lmtp_addr()), ("beta", B["beta"].lmtp_addr()),
-             ("junk", "127.0.0.1:%d" % JUNK.port)]))
+             ("junk", "127.0.0.1:%d" % JUNK.port),
+             ("alphaunix", B["alpha"].unix_socket)]
+            + ([("alpha6", "[::1]:%d" % B["alpha"].lmtp6_port)] if IPV6
+               else [])))
         # lmtpunix has one worker (the pooled test sees its pool);
         # lmtpmany as many as a storm asks for, and a generous
         # proxy_timeout: a backend slow to commit is no failure there
@@ -790,7 +845,7 @@ def main():
                                               watch_conf, FRONT.watch_socket,
                                               prefork=0, maxchild=1))
         FRONT.start()
-        tests = [test_span, test_bdat, test_backend_replies, test_pooled,
+        tests = [test_span, test_bdat, test_addresses, test_backend_replies, test_pooled,
                  test_unknown_backend, test_bad_config, test_garbage, test_storm,
                  test_bench, test_backend_down, test_watch, test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
