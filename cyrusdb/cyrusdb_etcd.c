@@ -906,3 +906,73 @@ const struct cyrusdb_backend cyrusdb_etcd = {
     .consistent = etcd_consistent,
     .checkpoint = etcd_checkpoint,
 };
+
+/* ---- watch ------------------------------------------------------------- */
+
+struct etcd_watch_rock {
+    cyrusdb_etcd_watch_fn *cb;
+    int (*stop)(void *rock);
+    void *rock;
+    size_t prefixlen;
+};
+
+static int etcd_watch_stop(void *rock)
+{
+    struct etcd_watch_rock *wr = rock;
+
+    return wr->stop(wr->rock);
+}
+
+static void etcd_watch_event(void *rock, enum etcd_watch_event ev,
+                             const char *key, size_t keylen)
+{
+    struct etcd_watch_rock *wr = rock;
+
+    if (ev == ETCD_WATCH_CREATED) {
+        wr->cb(wr->rock, 1, NULL, 0);
+        return;
+    }
+    /* the marker (the prefix itself) is no record */
+    if (keylen > wr->prefixlen)
+        wr->cb(wr->rock, 0, key + wr->prefixlen, keylen - wr->prefixlen);
+}
+
+int cyrusdb_etcd_watch(const char *fname, cyrusdb_etcd_watch_fn *cb,
+                       int (*stop)(void *rock), void *rock,
+                       const char **why_r)
+{
+    struct etcd_settings s = {
+        .endpoints = etcd_conf.endpoints ? etcd_conf.endpoints : "http://127.0.0.1:2379",
+        .timeout_ms = etcd_conf.timeout_ms > 0 ? etcd_conf.timeout_ms : 5000,
+        .cacert = etcd_conf.cacert, .cert = etcd_conf.cert, .key = etcd_conf.key,
+    };
+    const char *pfx = etcd_conf.prefix ? etcd_conf.prefix : "/cyrusdeliver/";
+    struct etcd_watch_rock wr = { .cb = cb, .stop = stop, .rock = rock };
+    struct etcd_client *c = NULL;
+    struct buf p = BUF_INITIALIZER;
+    char *end = NULL;
+    size_t endlen = 0;
+    int r;
+
+    while (*fname == '/')
+        fname++;
+    if (buf_appendcstr(&p, pfx) < 0 || buf_appendcstr(&p, fname) < 0 ||
+        buf_putc(&p, '/') < 0 || !(end = malloc(p.len + 1))) {
+        buf_free(&p);
+        *why_r = "out of memory";
+        return -1;
+    }
+    etcd_prefix_end(p.s, p.len, end, &endlen);
+    wr.prefixlen = p.len;
+    if (etcd_client_new(&s, &c, why_r) < 0) {
+        free(end);
+        buf_free(&p);
+        return -1;
+    }
+    r = etcd_watch(c, p.s, p.len, endlen ? end : "\0", endlen ? endlen : 1,
+                   etcd_watch_event, etcd_watch_stop, &wr, why_r);
+    etcd_client_free(&c);
+    free(end);
+    buf_free(&p);
+    return r == ETCD_OK ? 0 : -1;
+}

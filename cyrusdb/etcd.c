@@ -618,3 +618,167 @@ int etcd_delete(struct etcd_client *c, const char *key, size_t keylen,
     json_decref(ans);
     return r;
 }
+
+/* ---- watch ------------------------------------------------------------- */
+
+struct etcd_watch_state {
+    etcd_watch_fn *cb;
+    int (*stop)(void *rock);
+    void *rock;
+    struct buf pending;     /* bytes of an unfinished line */
+    const char *why;        /* why the stream was given up */
+    int stopped;
+};
+
+/* One line of the stream: {"result":{"header":...,"created":true,
+ * "events":[{"type":"DELETE","kv":{"key":"..."}}],"canceled":true}}.
+ * 0, or -1 (st->why set) to end the stream. */
+static int etcd_watch_line(struct etcd_watch_state *st, const char *line,
+                           size_t len)
+{
+    json_t *j, *res, *events, *ev;
+    json_error_t jerr;
+    size_t i;
+
+    if (len == 0)
+        return 0;
+    j = json_loadb(line, len, 0, &jerr);
+    res = j ? json_object_get(j, "result") : NULL;
+    if (!res || !json_is_object(res) ||
+        !json_is_object(json_object_get(res, "header"))) {
+        st->why = "watch stream: an answer that is not etcd's";
+        json_decref(j);
+        return -1;
+    }
+    if (json_is_true(json_object_get(res, "canceled"))) {
+        st->why = "watch canceled by etcd";
+        json_decref(j);
+        return -1;
+    }
+    if (json_is_true(json_object_get(res, "created")))
+        st->cb(st->rock, ETCD_WATCH_CREATED, NULL, 0);
+    events = json_object_get(res, "events");
+    if (json_is_array(events)) {
+        json_array_foreach(events, i, ev) {
+            char *key = NULL;
+            size_t keylen = 0;
+            json_t *kv = json_object_get(ev, "kv");
+            const char *k = kv ? json_string_value(json_object_get(kv, "key"))
+                               : NULL;
+
+            if (!k || etcd_b64_decode(k, strlen(k), &key, &keylen) < 0) {
+                st->why = "watch stream: an event without a key";
+                json_decref(j);
+                return -1;
+            }
+            st->cb(st->rock, ETCD_WATCH_CHANGE, key, keylen);
+            free(key);
+        }
+    }
+    json_decref(j);
+    return 0;
+}
+
+static size_t etcd_watch_write_cb(char *data, size_t size, size_t nmemb,
+                                  void *rock)
+{
+    struct etcd_watch_state *st = rock;
+    size_t n = size * nmemb;
+    char *nl;
+
+    if (buf_append(&st->pending, data, n) < 0) {
+        st->why = "watch stream: a message too large";
+        return 0;
+    }
+    while (st->pending.len &&
+           (nl = memchr(st->pending.s, '\n', st->pending.len)) != NULL) {
+        size_t linelen = (size_t)(nl - st->pending.s);
+
+        if (etcd_watch_line(st, st->pending.s, linelen) < 0)
+            return 0;
+        memmove(st->pending.s, nl + 1, st->pending.len - linelen - 1);
+        st->pending.len -= linelen + 1;
+    }
+    return n;
+}
+
+static int etcd_watch_progress_cb(void *rock, curl_off_t dltotal,
+                                  curl_off_t dlnow, curl_off_t ultotal,
+                                  curl_off_t ulnow)
+{
+    struct etcd_watch_state *st = rock;
+
+    (void)dltotal;
+    (void)dlnow;
+    (void)ultotal;
+    (void)ulnow;
+    if (st->stop(st->rock)) {
+        st->stopped = 1;
+        return 1;   /* aborts the transfer */
+    }
+    return 0;
+}
+
+int etcd_watch(struct etcd_client *c, const char *key, size_t keylen,
+               const char *end, size_t endlen, etcd_watch_fn *cb,
+               int (*stop)(void *rock), void *rock, const char **why_r)
+{
+    struct etcd_watch_state st;
+    json_t *body = json_object(), *req = json_object();
+    char *text = NULL, url[1024];
+    long status = 0;
+    CURLcode cr;
+    int r = ETCD_UNAVAILABLE;
+
+    memset(&st, 0, sizeof(st));
+    st.cb = cb;
+    st.stop = stop;
+    st.rock = rock;
+    buf_set_max(&st.pending, (size_t)64 << 20);
+    *why_r = "out of memory";
+    if (!body || !req || etcd_set_bytes(req, "key", key, keylen) < 0 ||
+        (endlen && etcd_set_bytes(req, "range_end", end, endlen) < 0) ||
+        json_object_set(body, "create_request", req) < 0 ||
+        !(text = json_dumps(body, JSON_COMPACT))) {
+        r = ETCD_NOMEM;
+        goto out;
+    }
+    snprintf(url, sizeof(url), "%s/v3/watch", c->endpoints[c->current]);
+    curl_easy_setopt(c->curl, CURLOPT_URL, url);
+    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDS, text);
+    curl_easy_setopt(c->curl, CURLOPT_POSTFIELDSIZE, (long)strlen(text));
+    curl_easy_setopt(c->curl, CURLOPT_WRITEFUNCTION, etcd_watch_write_cb);
+    curl_easy_setopt(c->curl, CURLOPT_WRITEDATA, &st);
+    curl_easy_setopt(c->curl, CURLOPT_TIMEOUT_MS, 0L);
+    curl_easy_setopt(c->curl, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c->curl, CURLOPT_XFERINFOFUNCTION,
+                     etcd_watch_progress_cb);
+    curl_easy_setopt(c->curl, CURLOPT_XFERINFODATA, &st);
+    cr = curl_easy_perform(c->curl);
+    curl_easy_getinfo(c->curl, CURLINFO_RESPONSE_CODE, &status);
+    if (st.stopped) {
+        r = ETCD_OK;
+        *why_r = NULL;
+    } else {
+        if (st.why)
+            *why_r = st.why;
+        else if (cr != CURLE_OK)
+            *why_r = cr == CURLE_COULDNT_CONNECT
+                         ? "watch: could not connect"
+                         : "watch stream: the connection failed";
+        else if (status != 200)
+            *why_r = "watch: an HTTP error";
+        else
+            *why_r = "watch stream: ended by etcd";
+        /* the next stream goes to the next member */
+        c->current = (c->current + 1) % c->nendpoints;
+    }
+out:
+    curl_easy_setopt(c->curl, CURLOPT_NOPROGRESS, 1L);
+    curl_easy_setopt(c->curl, CURLOPT_TIMEOUT_MS, c->timeout_ms);
+    free(text);
+    json_decref(req);
+    json_decref(body);
+    buf_free(&st.pending);
+    return r;
+}

@@ -2,8 +2,9 @@
  * etcd.h - a small client for etcd's v3 JSON gateway (etcd 3.4).
  *
  * Speaks HTTP/1.1 POST to ENDPOINT/v3/kv/range, /v3/kv/put,
- * /v3/kv/deleterange and /v3/kv/txn with libcurl (one keep-alive easy
- * handle per client) and jansson; keys and values travel base64 encoded.
+ * /v3/kv/deleterange, /v3/kv/txn and /v3/watch (a stream) with libcurl
+ * (one keep-alive easy handle per client) and jansson; keys and values
+ * travel base64 encoded.
  * Keys and values are byte strings (NUL bytes allowed).
  *
  * Timeouts and errors live here, so a caller sees a local call that can
@@ -121,5 +122,29 @@ int etcd_put(struct etcd_client *c, const char *key, size_t keylen,
 /* Delete one key; *deleted_r = how many keys went (0 or 1). */
 int etcd_delete(struct etcd_client *c, const char *key, size_t keylen,
                 long *deleted_r);
+
+/* A watch: the changes of the keys in [key, end) from now on.
+ * etcd_watch() opens one watch stream (on the endpoint that answered
+ * last; the next one when that fails) and calls cb for what it reports:
+ * ETCD_WATCH_CREATED once the watch is in place (every change after
+ * this is reported), then ETCD_WATCH_CHANGE with the key of each put or
+ * delete.  It returns when stop(rock) says so (asked at least once a
+ * second): ETCD_OK; or when the stream could not be opened, ended, or
+ * carried something that is not etcd's: ETCD_UNAVAILABLE, with a reason
+ * (static text) in *why_r; then changes may have been missed.  No
+ * timeout applies to the stream itself (TCP keepalive is on).
+ * Logs nothing and touches no state but c's, so it may run in a thread
+ * of its own; c must then be used by that thread only (create it before
+ * starting the thread: etcd_client_new() initialises libcurl once per
+ * process). */
+enum etcd_watch_event {
+    ETCD_WATCH_CREATED,
+    ETCD_WATCH_CHANGE
+};
+typedef void etcd_watch_fn(void *rock, enum etcd_watch_event ev,
+                           const char *key, size_t keylen);
+int etcd_watch(struct etcd_client *c, const char *key, size_t keylen,
+               const char *end, size_t endlen, etcd_watch_fn *cb,
+               int (*stop)(void *rock), void *rock, const char **why_r);
 
 #endif

@@ -101,7 +101,7 @@ int net_dial(const char *addr, int timeout, const char **why_r)
 {
     char host[256], port[32];
     struct addrinfo hints, *res = NULL, *ai;
-    int fd = -1, r;
+    int fd = -1, r, err = ECONNREFUSED;
 
     if (addr[0] == '/') {
         struct sockaddr_un sun;
@@ -116,9 +116,11 @@ int net_dial(const char *addr, int timeout, const char **why_r)
         fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0 || net_connect_fd(fd, (struct sockaddr *)&sun,
                                      sizeof(sun), timeout) != 0) {
-            *why_r = strerror(errno);
+            err = errno;
+            *why_r = strerror(err);
             if (fd >= 0)
                 close(fd);
+            errno = err;
             return -1;
         }
         return fd;
@@ -140,15 +142,19 @@ int net_dial(const char *addr, int timeout, const char **why_r)
                     ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                     ai->ai_protocol);
         if (fd < 0) {
-            *why_r = strerror(errno);
+            err = errno;
+            *why_r = strerror(err);
             continue;
         }
         if (net_connect_fd(fd, ai->ai_addr, ai->ai_addrlen, timeout) == 0)
             break;
-        *why_r = strerror(errno);
+        err = errno;
+        *why_r = strerror(err);
         close(fd);
         fd = -1;
     }
     freeaddrinfo(res);
+    if (fd < 0)
+        errno = err;
     return fd;
 }

@@ -9,7 +9,7 @@
 /* A connected, blocking socket (close-on-exec) to addr, tried on each
  * address the host name resolves to, each within timeout seconds; or -1
  * with *why_r (static text or strerror()) saying why the last try
- * failed. */
+ * failed and errno its error (ETIMEDOUT when it ran out of time). */
 int net_dial(const char *addr, int timeout, const char **why_r);
 
 /* The host part of addr ("host" of "host:port", the v6 address of

@@ -38,7 +38,13 @@
  *
  * A 250 for a recipient follows only deliver_message()'s STORE_OK for it,
  * which comes after the durable commit; every other outcome is a 4xx or
- * 5xx.  Per connection state is freed when the session ends, whatever the
+ * 5xx.
+ *
+ * A frontend (lmtp_proxy) opens no mailbox list: RCPT asks the directory
+ * (store/directory.h) which backend holds the user, the message is
+ * staged the same way (without Return-Path: the backend adds it), and
+ * at its end lmtp_proxy.c relays it to the backends; each recipient gets
+ * its backend's reply, so a 250 follows only the backend's 250.  Per connection state is freed when the session ends, whatever the
  * way (QUIT, EOF, timeout, a stream error).
  */
 #include "config.h"
@@ -999,51 +1005,56 @@ out:
 }
 
 /* A frontend: the message goes to every recipient's backend, one
- * pipelined transaction per backend (backends in the order their first
- * recipient came); replies[i] gets recipient i's reply as its backend
+ * pipelined transaction per backend, all backends at once
+ * (lmtp_proxy_send); replies[i] gets recipient i's reply as its backend
  * gave it (malloc'd; NULL when memory ran out). */
 static void lmtp_proxy_all(struct lmtp_session *s, char **replies)
 {
-    size_t i, j, n, nr = s->nrcpts;
+    size_t i, j, nr = s->nrcpts, ng = 0;
     const char **addrs = calloc(nr, sizeof(*addrs));
     size_t *idx = calloc(nr, sizeof(*idx));
     char **got = calloc(nr, sizeof(*got));
+    struct lmtp_proxy_group *groups = calloc(nr, sizeof(*groups));
     char *done = calloc(nr, 1);
     const char *path = append_stage_path(s->msg.st);
     uint64_t size = append_stage_info(s->msg.st)->size;
+    size_t k = 0;
 
     for (i = 0; i < nr; i++)
         replies[i] = NULL;
-    if (!addrs || !idx || !got || !done || !path)
+    if (!addrs || !idx || !got || !groups || !done || !path)
         goto out;
+    /* recipients grouped by backend, in the order of each backend's
+     * first recipient; idx[] maps the group slots back */
     for (i = 0; i < nr; i++) {
         int b = s->rcpts[i].backend;
+        size_t first = k;
 
         if (done[i])
             continue;
-        for (n = 0, j = i; j < nr; j++) {
+        for (j = i; j < nr; j++) {
             if (s->rcpts[j].backend != b)
                 continue;
-            addrs[n] = s->rcpts[j].addr;
-            idx[n++] = j;
+            addrs[k] = s->rcpts[j].addr;
+            idx[k++] = j;
             done[j] = 1;
         }
-        lmtp_proxy_send(s->srv->px, b, buf_cstring(&s->sender), s->smtputf8,
-                        path, size, addrs, n, got);
-        for (j = 0; j < n; j++)
-            replies[idx[j]] = got[j];
+        groups[ng].backend = b;
+        groups[ng].rcpts = &addrs[first];
+        groups[ng].n = k - first;
+        groups[ng].replies = &got[first];
+        ng++;
     }
+    lmtp_proxy_send(s->srv->px, buf_cstring(&s->sender), s->smtputf8, path,
+                    size, groups, ng);
+    for (k = 0; k < nr; k++)
+        replies[idx[k]] = got[k];
 out:
     free(addrs);
     free(idx);
     free(got);
+    free(groups);
     free(done);
-}
-
-/* The frontend's outcome of one recipient, for lmtp_msg_finish(). */
-static int lmtp_proxy_result(const char *reply)
-{
-    return reply[0] == '2' ? STORE_OK : STORE_IOERROR;
 }
 
 /* The message is complete: deliver it (a frontend: relay it) and answer
@@ -1093,10 +1104,10 @@ static void lmtp_msg_finish(struct lmtp_session *s)
             lmtp_log_rcpt(s, qid, cmsgid, s->rcpts[i].addr,
                           s->rcpts[i].mailbox, 0, &m->size, reply, 0,
                           s->rcpts[i].rcpt_us, s->rcpts[i].backend);
-            if (lmtp_proxy_result(reply) != STORE_OK)
-                failed++;
-            else
+            if (reply[0] == '2')
                 stored++;
+            else
+                failed++;
             if (pr)
                 free(pr[i]);
         }

@@ -13,7 +13,8 @@
  *
  * Reply texts are fixed (doc: man/lmtpd.8).  A 250 for a recipient is
  * sent only after deliver_message() reported STORE_OK for it, i.e. after
- * the durable commit.
+ * the durable commit; with lmtp_proxy (a frontend: lmtp_proxy.h) only
+ * after the recipient's backend answered 250, whose reply is relayed.
  */
 #ifndef LMTPD_LMTP_H
 #define LMTPD_LMTP_H

@@ -23,10 +23,12 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lib/buf.h"
 #include "lib/log.h"
+#include "lib/netdial.h"
 #include "lib/prot.h"
 #include "lmtpd/lmtp_proxy.h"
 #include "store/directory.h"
@@ -34,6 +36,7 @@
 #define PROXY_LINE_MAX 2048
 #define PROXY_REPLY_LINES 50
 #define PROXY_CHUNK 65536
+#define PROXY_HOLD_MS 5000      /* a backend that timed out is skipped */
 
 #define R_NOCONNECT "451 4.4.1 Backend not reachable, try again later"
 #define R_LOST "451 4.4.2 Backend connection lost, try again later"
@@ -54,6 +57,8 @@ struct proxy_backend {
     int fd;                 /* -1 when not connected */
     struct prot *p;
     int kept;               /* served a transaction: RSET first */
+    int timed_out;          /* this transaction waited proxy_timeout */
+    uint64_t hold_until_ms; /* skipped (451 4.4.1) until then */
 };
 
 struct lmtp_proxy {
@@ -81,52 +86,25 @@ int lmtp_proxy_new(const struct imapconf *conf, struct lmtp_proxy **px_r,
     px->conf = conf;
     px->timeout = (int)imapconf_getint(conf, "proxy_timeout");
     imapconf_servername(conf, px->servername, sizeof(px->servername));
-    while (s && *s) {
-        size_t len, nlen;
-        const char *eq;
-        struct proxy_backend *nb;
+    {
+        struct directory_peer *peers = NULL;
+        size_t n = 0, i;
 
-        while (*s == ' ' || *s == '\t' || *s == ',')
-            s++;
-        len = strcspn(s, " \t,");
-        if (len == 0)
-            break;
-        eq = memchr(s, '=', len);
-        if (!eq) {
-            *error_r = "proxy_backends: an entry without NAME=ADDRESS";
+        if (directory_peers_parse(s, &peers, &n, error_r) != 0)
             goto fail;
-        }
-        nlen = (size_t)(eq - s);
-        if (!directory_valid_name(s, nlen)) {
-            *error_r = "proxy_backends: a backend name that is not 1-64 "
-                       "letters, digits, '.', '_', '-'";
-            goto fail;
-        }
-        if (len - nlen - 1 == 0) {
-            *error_r = "proxy_backends: an entry with an empty address";
-            goto fail;
-        }
-        nb = realloc(px->b, (px->n + 1) * sizeof(*nb));
-        if (!nb) {
+        px->b = calloc(n ? n : 1, sizeof(*px->b));
+        if (!px->b) {
+            directory_peers_free(peers, n);
             *error_r = "out of memory";
             goto fail;
         }
-        px->b = nb;
-        nb = &px->b[px->n];
-        memset(nb, 0, sizeof(*nb));
-        nb->fd = -1;
-        nb->name = strndup(s, nlen);
-        nb->addr = strndup(eq + 1, len - nlen - 1);
-        px->n++;
-        if (!nb->name || !nb->addr) {
-            *error_r = "out of memory";
-            goto fail;
+        for (i = 0; i < n; i++) {       /* the names are the backends' now */
+            px->b[i].name = peers[i].name;
+            px->b[i].addr = peers[i].addr;
+            px->b[i].fd = -1;
         }
-        if (lmtp_proxy_find(px, nb->name) != (int)px->n - 1) {
-            *error_r = "proxy_backends: a backend name given twice";
-            goto fail;
-        }
-        s += len;
+        px->n = n;
+        free(peers);
     }
     *px_r = px;
     return 0;
@@ -185,114 +163,22 @@ const char *lmtp_proxy_name(const struct lmtp_proxy *px, int i)
 
 /* ---- connecting -------------------------------------------------------- */
 
-/* Connect fd (non-blocking) to sa within timeout seconds; then make it
- * blocking again.  0, or -1 with errno. */
-static int proxy_connect_fd(int fd, const struct sockaddr *sa,
-                            socklen_t salen, int timeout)
+static uint64_t proxy_now_ms(void)
 {
-    struct pollfd pfd;
-    int err = 0, r;
-    socklen_t errlen = sizeof(err);
+    struct timespec ts;
 
-    if (connect(fd, sa, salen) != 0) {
-        if (errno != EINPROGRESS)
-            return -1;
-        pfd.fd = fd;
-        pfd.events = POLLOUT;
-        do {
-            r = poll(&pfd, 1, timeout * 1000);
-        } while (r < 0 && errno == EINTR);
-        if (r == 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        if (r < 0)
-            return -1;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &errlen) != 0)
-            return -1;
-        if (err) {
-            errno = err;
-            return -1;
-        }
-    }
-    r = fcntl(fd, F_GETFL);
-    if (r < 0 || fcntl(fd, F_SETFL, r & ~O_NONBLOCK) < 0)
-        return -1;
-    return 0;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* A connected socket to addr, or -1 with *why set (static or strerror). */
-static int proxy_dial(const char *addr, int timeout, const char **why)
+/* A connected socket to addr, or -1 with *why set; *timedout_r says
+ * whether the last try ran out of time (the hold-down's reason). */
+static int proxy_dial(const char *addr, int timeout, const char **why,
+                      int *timedout_r)
 {
-    char host[256], port[32];
-    struct addrinfo hints, *res = NULL, *ai;
-    const char *colon;
-    int fd = -1, r;
+    int fd = net_dial(addr, timeout, why);
 
-    if (addr[0] == '/') {
-        struct sockaddr_un sun;
-
-        memset(&sun, 0, sizeof(sun));
-        sun.sun_family = AF_UNIX;
-        if (strlen(addr) >= sizeof(sun.sun_path)) {
-            *why = "socket path too long";
-            return -1;
-        }
-        strcpy(sun.sun_path, addr);
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0 || proxy_connect_fd(fd, (struct sockaddr *)&sun,
-                                       sizeof(sun), timeout) != 0) {
-            *why = strerror(errno);
-            if (fd >= 0)
-                close(fd);
-            return -1;
-        }
-        return fd;
-    }
-    if (addr[0] == '[') {
-        const char *close_br = strchr(addr, ']');
-
-        if (!close_br || close_br[1] != ':') {
-            *why = "bad address (want [v6addr]:port)";
-            return -1;
-        }
-        snprintf(host, sizeof(host), "%.*s", (int)(close_br - addr - 1),
-                 addr + 1);
-        colon = close_br + 1;
-    } else {
-        colon = strrchr(addr, ':');
-        if (!colon || colon == addr) {
-            *why = "bad address (want host:port)";
-            return -1;
-        }
-        snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
-    }
-    snprintf(port, sizeof(port), "%s", colon + 1);
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    r = getaddrinfo(host, port, &hints, &res);
-    if (r != 0) {
-        *why = gai_strerror(r);
-        return -1;
-    }
-    *why = "no address";
-    for (ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family,
-                    ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
-        if (fd < 0) {
-            *why = strerror(errno);
-            continue;
-        }
-        if (proxy_connect_fd(fd, ai->ai_addr, ai->ai_addrlen, timeout) == 0)
-            break;
-        *why = strerror(errno);
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
+    *timedout_r = fd < 0 && errno == ETIMEDOUT;
     return fd;
 }
 
@@ -322,6 +208,8 @@ static int proxy_reply(struct lmtp_proxy *px, struct proxy_backend *b,
             return PROXY_GARBAGE;
         }
         if (r != PROT_OK) {
+            if (r == PROT_TIMEOUT)
+                b->timed_out = 1;
             proxy_log(b, step, r == PROT_EOF ? "connection closed"
                                : r == PROT_TIMEOUT ? "timeout"
                                : prot_error(b->p));
@@ -373,7 +261,7 @@ static int proxy_open(struct lmtp_proxy *px, struct proxy_backend *b,
     const char *why = NULL;
     int code = 0, r;
 
-    b->fd = proxy_dial(b->addr, px->timeout, &why);
+    b->fd = proxy_dial(b->addr, px->timeout, &why, &b->timed_out);
     if (b->fd < 0) {
         proxy_log(b, "connect", why ? why : "failed");
         return PROXY_CONNECT;
@@ -493,157 +381,244 @@ static const char *proxy_err_reply(int r)
     }
 }
 
-/* Pipeline [RSET] MAIL RCPT... DATA on b; with a kept connection, read
- * the RSET reply.  *retry_r = 1 when a kept connection turned out dead
- * before anything of this transaction was taken: try a new one. */
-static int proxy_start(struct lmtp_proxy *px, struct proxy_backend *b,
-                       const char *sender, int smtputf8, uint64_t size,
-                       const char *const *rcpts, size_t n, struct buf *reply,
-                       int *retry_r)
+/* One backend's part of a message. */
+struct proxy_txn {
+    struct proxy_backend *b;
+    struct lmtp_proxy_group *g;
+    int *accepted;              /* per recipient: RCPT got 2xx */
+    size_t naccepted;
+    int r;                      /* PROXY_OK, or why it failed */
+    int sent;                   /* the message went out: final replies due */
+    struct buf reply, mail;
+};
+
+/* The transaction failed (r): close the connection; replies come later
+ * (proxy_finish). */
+static void proxy_fail(struct proxy_txn *t, int r)
 {
-    int kept = b->kept, code = 0, r;
+    if (t->r == PROXY_OK)
+        t->r = r;
+    proxy_close(t->b);
+}
+
+/* Write [RSET] MAIL RCPT... DATA in one flush.  PROXY_OK or PROXY_LOST. */
+static int proxy_pipeline(struct proxy_backend *b, const char *sender,
+                          int smtputf8, uint64_t size,
+                          const struct lmtp_proxy_group *g)
+{
     size_t i;
 
-    *retry_r = 0;
-    if (kept)
+    if (b->kept)
         prot_puts(b->p, "RSET\r\n");
     prot_printf(b->p, "MAIL FROM:<%s>%s SIZE=%llu\r\n", sender,
                 smtputf8 ? " SMTPUTF8" : "", (unsigned long long)size);
-    for (i = 0; i < n; i++)
-        prot_printf(b->p, "RCPT TO:<%s>\r\n", rcpts[i]);
+    for (i = 0; i < g->n; i++)
+        prot_printf(b->p, "RCPT TO:<%s>\r\n", g->rcpts[i]);
     prot_puts(b->p, "DATA\r\n");
-    if (prot_flush(b->p) != PROT_OK) {
-        if (kept) {
-            *retry_r = 1;
-            return PROXY_LOST;
-        }
-        proxy_log(b, "mail", prot_error(b->p));
-        return PROXY_LOST;
-    }
-    if (!kept)
-        return PROXY_OK;
-    r = proxy_reply(px, b, "rset", reply, &code);
-    if (r == PROXY_LOST || (r == PROXY_OK && code == 421)) {
-        *retry_r = 1;
-        return PROXY_LOST;
-    }
-    if (r == PROXY_OK && code != 250) {
-        proxy_log(b, "rset", "not 250");
-        r = PROXY_GARBAGE;
-    }
-    return r;
+    return prot_flush(b->p) == PROT_OK ? PROXY_OK : PROXY_LOST;
 }
 
-void lmtp_proxy_send(struct lmtp_proxy *px, int bi, const char *sender,
-                     int smtputf8, const char *path, uint64_t size,
-                     const char *const *rcpts, size_t n, char **replies_r)
+/* Phase 1: a connection (kept, or new) and the pipelined commands. */
+static void proxy_begin(struct lmtp_proxy *px, struct proxy_txn *t,
+                        const char *sender, int smtputf8, uint64_t size)
 {
-    struct proxy_backend *b = &px->b[bi];
-    struct buf reply = BUF_INITIALIZER, mail = BUF_INITIALIZER;
-    int *accepted = calloc(n ? n : 1, sizeof(*accepted));
-    int r = PROXY_OK, code = 0, mailcode = 0, attempt, retry = 0;
-    size_t i, naccepted = 0;
+    struct proxy_backend *b = t->b;
+    int r, attempt;
 
-    for (i = 0; i < n; i++)
-        replies_r[i] = NULL;
-    if (!accepted) {
-        r = PROXY_LOCAL;
-        goto fail;
+    b->timed_out = 0;
+    if (b->hold_until_ms && proxy_now_ms() < b->hold_until_ms) {
+        t->r = PROXY_CONNECT;   /* timed out a moment ago: not again yet */
+        return;
     }
+    b->hold_until_ms = 0;
     for (attempt = 0; attempt < 2; attempt++) {
         if (b->p && proxy_stale(b))
             proxy_close(b);
-        if (!b->p && (r = proxy_open(px, b, &reply)) != PROXY_OK)
-            goto fail;
-        r = proxy_start(px, b, sender, smtputf8, size, rcpts, n, &reply,
-                        &retry);
-        if (r == PROXY_OK)
-            break;
-        proxy_close(b);
-        if (!retry)
-            goto fail;
-        log_info("lmtp: backend closed a kept connection, reconnecting "
-                 "backend=<%s>", b->name);
+        if (!b->p && (r = proxy_open(px, b, &t->reply)) != PROXY_OK) {
+            proxy_fail(t, r);
+            return;
+        }
+        if (proxy_pipeline(b, sender, smtputf8, size, t->g) == PROXY_OK)
+            return;
+        if (!b->kept) {
+            proxy_log(b, "mail", prot_error(b->p));
+            proxy_fail(t, PROXY_LOST);
+            return;
+        }
+        proxy_close(b);   /* a kept connection that died: a new one */
     }
-    if (r != PROXY_OK)
-        goto fail;
+}
 
+/* Phase 2: the replies to [RSET] MAIL RCPT DATA, then the message. */
+static void proxy_send_data(struct lmtp_proxy *px, struct proxy_txn *t,
+                            const char *sender, int smtputf8, uint64_t size,
+                            const char *path)
+{
+    struct proxy_backend *b = t->b;
+    struct lmtp_proxy_group *g = t->g;
+    int r, code = 0, mailcode = 0;
+    size_t i;
+
+    if (b->kept) {
+        r = proxy_reply(px, b, "rset", &t->reply, &code);
+        if (r == PROXY_LOST || (r == PROXY_OK && code == 421)) {
+            /* closed by the backend before it took anything of this
+             * transaction: once more on a new connection */
+            log_info("lmtp: backend closed a kept connection, "
+                     "reconnecting backend=<%s>", b->name);
+            proxy_close(b);
+            b->timed_out = 0;
+            if ((r = proxy_open(px, b, &t->reply)) != PROXY_OK) {
+                proxy_fail(t, r);
+                return;
+            }
+            if (proxy_pipeline(b, sender, smtputf8, size, g) != PROXY_OK) {
+                proxy_log(b, "mail", prot_error(b->p));
+                proxy_fail(t, PROXY_LOST);
+                return;
+            }
+        } else if (r != PROXY_OK || code != 250) {
+            if (r == PROXY_OK)
+                proxy_log(b, "rset", "not 250");
+            proxy_fail(t, r == PROXY_OK ? PROXY_GARBAGE : r);
+            return;
+        }
+    }
     /* MAIL */
-    r = proxy_reply(px, b, "mail", &mail, &mailcode);
-    if (r != PROXY_OK)
-        goto fail;
-    if (mailcode == 354 || (mailcode >= 300 && mailcode < 400)) {
+    r = proxy_reply(px, b, "mail", &t->mail, &mailcode);
+    if (r == PROXY_OK && mailcode / 100 == 3) {
         proxy_log(b, "mail", "unexpected 3xx");
         r = PROXY_GARBAGE;
-        goto fail;
+    }
+    if (r != PROXY_OK) {
+        proxy_fail(t, r);
+        return;
     }
     /* RCPT, one reply each */
-    for (i = 0; i < n; i++) {
-        r = proxy_reply(px, b, "rcpt", &reply, &code);
-        if (r != PROXY_OK)
-            goto fail;
-        if (code >= 300 && code < 400) {
+    for (i = 0; i < g->n; i++) {
+        r = proxy_reply(px, b, "rcpt", &t->reply, &code);
+        if (r == PROXY_OK && code / 100 == 3) {
             proxy_log(b, "rcpt", "unexpected 3xx");
             r = PROXY_GARBAGE;
-            goto fail;
+        }
+        if (r != PROXY_OK) {
+            proxy_fail(t, r);
+            return;
         }
         if (mailcode / 100 != 2) {
-            replies_r[i] = strdup(buf_cstring(&mail));
+            g->replies[i] = strdup(buf_cstring(&t->mail));
         } else if (code / 100 == 2) {
-            accepted[i] = 1;
-            naccepted++;
+            t->accepted[i] = 1;
+            t->naccepted++;
         } else {
-            replies_r[i] = strdup(buf_cstring(&reply));
+            g->replies[i] = strdup(buf_cstring(&t->reply));
         }
     }
     /* DATA */
-    r = proxy_reply(px, b, "data", &reply, &code);
-    if (r != PROXY_OK)
-        goto fail;
+    r = proxy_reply(px, b, "data", &t->reply, &code);
+    if (r != PROXY_OK) {
+        proxy_fail(t, r);
+        return;
+    }
     if (code != 354) {
         if (code / 100 == 2) {
             proxy_log(b, "data", "2xx instead of 354");
-            r = PROXY_GARBAGE;
-            goto fail;
+            proxy_fail(t, PROXY_GARBAGE);
+            return;
         }
-        for (i = 0; i < n; i++)
-            if (accepted[i])
-                replies_r[i] = strdup(buf_cstring(&reply));
-        b->kept = 1;
-        goto out;
+        for (i = 0; i < g->n; i++)
+            if (t->accepted[i])
+                g->replies[i] = strdup(buf_cstring(&t->reply));
+        b->kept = 1;   /* the transaction is over; the connection fine */
+        return;
     }
-    if (naccepted == 0) {
+    if (t->naccepted == 0) {
         /* 354 with no recipient: the backend and we disagree */
         proxy_log(b, "data", "354 without an accepted recipient");
-        r = PROXY_GARBAGE;
-        goto fail;
+        proxy_fail(t, PROXY_GARBAGE);
+        return;
     }
     r = proxy_send_message(b, path);
-    if (r != PROXY_OK)
-        goto fail;
-    for (i = 0; i < n; i++) {
-        if (!accepted[i])
-            continue;
-        r = proxy_reply(px, b, "reply", &reply, &code);
-        if (r != PROXY_OK)
-            goto fail;
-        if (code >= 300 && code < 400) {
-            proxy_log(b, "reply", "unexpected 3xx");
-            r = PROXY_GARBAGE;
-            goto fail;
-        }
-        replies_r[i] = strdup(buf_cstring(&reply));
+    if (r != PROXY_OK) {
+        proxy_fail(t, r);
+        return;
     }
-    b->kept = 1;
-    goto out;
+    t->sent = 1;
+}
 
-fail:
-    proxy_close(b);
-    for (i = 0; i < n; i++)
-        if (!replies_r[i])
-            replies_r[i] = strdup(proxy_err_reply(r));
+/* Phase 3: one reply per accepted recipient. */
+static void proxy_final(struct lmtp_proxy *px, struct proxy_txn *t)
+{
+    struct lmtp_proxy_group *g = t->g;
+    int r, code = 0;
+    size_t i;
+
+    for (i = 0; i < g->n; i++) {
+        if (!t->accepted[i])
+            continue;
+        r = proxy_reply(px, t->b, "reply", &t->reply, &code);
+        if (r == PROXY_OK && code / 100 == 3) {
+            proxy_log(t->b, "reply", "unexpected 3xx");
+            r = PROXY_GARBAGE;
+        }
+        if (r != PROXY_OK) {
+            proxy_fail(t, r);
+            return;
+        }
+        g->replies[i] = strdup(buf_cstring(&t->reply));
+    }
+    t->b->kept = 1;
+}
+
+void lmtp_proxy_send(struct lmtp_proxy *px, const char *sender,
+                     int smtputf8, const char *path, uint64_t size,
+                     struct lmtp_proxy_group *groups, size_t ngroups)
+{
+    struct proxy_txn *txns = calloc(ngroups ? ngroups : 1, sizeof(*txns));
+    size_t i, j;
+
+    for (i = 0; i < ngroups; i++)
+        for (j = 0; j < groups[i].n; j++)
+            groups[i].replies[j] = NULL;
+    if (!txns)
+        goto out;
+    for (i = 0; i < ngroups; i++) {
+        struct proxy_txn *t = &txns[i];
+
+        t->b = &px->b[groups[i].backend];
+        t->g = &groups[i];
+        t->accepted = calloc(groups[i].n ? groups[i].n : 1,
+                             sizeof(*t->accepted));
+        if (!t->accepted)
+            t->r = PROXY_LOCAL;
+    }
+    /* every backend gets its commands, then its message, before any
+     * final reply is awaited: the backends store in parallel */
+    for (i = 0; i < ngroups; i++)
+        if (txns[i].r == PROXY_OK)
+            proxy_begin(px, &txns[i], sender, smtputf8, size);
+    for (i = 0; i < ngroups; i++)
+        if (txns[i].r == PROXY_OK)
+            proxy_send_data(px, &txns[i], sender, smtputf8, size, path);
+    for (i = 0; i < ngroups; i++)
+        if (txns[i].r == PROXY_OK && txns[i].sent)
+            proxy_final(px, &txns[i]);
+    for (i = 0; i < ngroups; i++) {
+        struct proxy_txn *t = &txns[i];
+
+        if (t->r != PROXY_OK && t->b->timed_out) {
+            t->b->hold_until_ms = proxy_now_ms() + PROXY_HOLD_MS;
+            log_warning("lmtp: backend held down after a timeout "
+                        "backend=<%s> seconds=<%d>", t->b->name,
+                        PROXY_HOLD_MS / 1000);
+        }
+        for (j = 0; j < t->g->n; j++)
+            if (!t->g->replies[j] && t->r != PROXY_OK)
+                t->g->replies[j] = strdup(proxy_err_reply(t->r));
+        free(t->accepted);
+        buf_free(&t->reply);
+        buf_free(&t->mail);
+    }
 out:
-    free(accepted);
-    buf_free(&reply);
-    buf_free(&mail);
+    free(txns);
 }

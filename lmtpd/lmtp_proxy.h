@@ -9,8 +9,9 @@
  * LMTP service must let this client send MAIL without AUTH (a UNIX socket,
  * or a TCP service run with lmtpd -a) and offer PIPELINING.
  *
- * A transaction (lmtp_proxy_send) on a connection kept from an earlier
- * one starts with RSET; then MAIL, every RCPT and DATA go out in one
+ * A transaction (lmtp_proxy_send, one per backend and message, all of a
+ * message's backends at once) on a connection kept from an earlier one
+ * starts with RSET; then MAIL, every RCPT and DATA go out in one
  * write, the replies are read in order, and after 354 the message follows
  * (dot-stuffed) and one reply per accepted recipient is read.  Every
  * recipient gets a reply of its own: the backend's reply to its RCPT
@@ -23,7 +24,11 @@
  *   451 4.4.1 Backend not reachable, try again later   (connect failed)
  *   451 4.4.2 Backend connection lost, try again later (EOF, timeout)
  *   451 4.4.0 Backend protocol error, try again later  (garbage)
- * and the connection is closed.  A kept connection that turns out to be
+ * and the connection is closed.  A backend that made a transaction wait
+ * proxy_timeout (connect, or any reply) is held down for 5 seconds: its
+ * recipients get the 4.4.1 reply at once, so a backend that swallows
+ * packets costs one wait per 5 seconds, not one per message.  A kept
+ * connection that turns out to be
  * closed before its RSET was answered is replaced once by a new one (the
  * backend's idle timeout), invisible to the client.
  *
@@ -54,14 +59,26 @@ int lmtp_proxy_find(const struct lmtp_proxy *px, const char *name);
 /* The name of backend index i. */
 const char *lmtp_proxy_name(const struct lmtp_proxy *px, int i);
 
-/* One message for backend i.  sender: the reverse-path without <>;
- * smtputf8: the client's MAIL had SMTPUTF8; path: the message file (CRLF
- * line ends), size its bytes; rcpts[0..n): the forward-paths as the client
- * wrote them (without <>).  replies_r[0..n) each get a reply (malloc'd,
- * the caller frees; lines joined by CRLF, no final CRLF), or NULL when
- * memory ran out (the caller answers 451 4.3.0 then). */
-void lmtp_proxy_send(struct lmtp_proxy *px, int i, const char *sender,
+/* One backend's share of a message: its recipients (the forward-paths
+ * as the client wrote them, without <>) and, filled in by
+ * lmtp_proxy_send(), one reply each (malloc'd, the caller frees; lines
+ * joined by CRLF, no final CRLF; NULL when memory ran out: the caller
+ * answers 451 4.3.0 then). */
+struct lmtp_proxy_group {
+    int backend;                 /* lmtp_proxy_find()'s index */
+    const char *const *rcpts;
+    size_t n;
+    char **replies;
+};
+
+/* One message for the backends of groups[0..ngroups) (each backend at
+ * most once).  sender: the reverse-path without <>; smtputf8: the
+ * client's MAIL had SMTPUTF8; path: the message file (CRLF line ends),
+ * size its bytes.  Every backend gets its commands and then its message
+ * before any final reply is awaited, so the backends store in parallel;
+ * a failing backend affects only its own group. */
+void lmtp_proxy_send(struct lmtp_proxy *px, const char *sender,
                      int smtputf8, const char *path, uint64_t size,
-                     const char *const *rcpts, size_t n, char **replies_r);
+                     struct lmtp_proxy_group *groups, size_t ngroups);
 
 #endif

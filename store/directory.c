@@ -10,9 +10,22 @@
  * that refill it).  The database handle is opened lazily and closed
  * after a read error, so that a cluster or a file that comes back is
  * picked up by the next lookup.
+ *
+ * With etcd (and a TTL) a thread of the process watches the directory's
+ * keys (cyrusdb_etcd_watch) from the first successful open on.  The
+ * thread touches nothing but a queue under a mutex: the keys that
+ * changed, and "flush everything" when a watch (re)starts (changes
+ * while no watch was in place may have been missed).  Each lookup
+ * first applies the queue to the cache, so a change reaches the cache
+ * within the watch's latency; an answer read before a change is dropped
+ * because the change's event is queued after that read and applied at
+ * the next lookup.  Whatever happens to the watch, an entry never
+ * outlives its TTL.  The thread logs nothing; the lookups log when the
+ * watch starts and when it fails (once per streak).
  */
 #include "config.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +33,10 @@
 #include <time.h>
 
 #include "cyrusdb/cyrusdb.h"
+#include "cyrusdb/cyrusdb_etcd.h"
 #include "lib/buf.h"
 #include "lib/log.h"
+#include "lib/strarray.h"
 #include "store/directory.h"
 
 #define DIRECTORY_BUCKETS 4096
@@ -44,6 +59,17 @@ struct directory {
     size_t count;
     char answer[DIRECTORY_NAME_MAX + 1];
     char bad[DIRECTORY_NAME_MAX * 4 + 16];
+    /* the watch (etcd only); the fields below `mu` are under it */
+    int watch_wanted;
+    int thread_started;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    int stop;
+    int flush_pending;
+    struct strarray changed;
+    int watch_up;                   /* the thread's view */
+    const char *watch_why;          /* why the last watch ended */
+    int logged_up;                  /* the main thread's log state */
 };
 
 static uint64_t directory_now_ms(void)
@@ -111,6 +137,8 @@ int directory_new(const struct imapconf *conf, struct directory **dir_r,
     dir->path = strdup(path);
     buf_free(&b);
     dir->ttl_ms = ttl > 0 ? (uint64_t)ttl * 1000 : 0;
+    dir->watch_wanted = strcmp(backend, "etcd") == 0 && dir->ttl_ms > 0;
+    pthread_mutex_init(&dir->mu, NULL);
     if (!dir->backend || !dir->path) {
         directory_free(&dir);
         *error_r = "out of memory";
@@ -143,6 +171,14 @@ void directory_free(struct directory **dirp)
 
     if (!dir)
         return;
+    if (dir->thread_started) {
+        pthread_mutex_lock(&dir->mu);
+        dir->stop = 1;
+        pthread_mutex_unlock(&dir->mu);
+        pthread_join(dir->thread, NULL);
+    }
+    strarray_fini(&dir->changed);
+    pthread_mutex_destroy(&dir->mu);
     directory_flush(dir);
     if (dir->db)
         cyrusdb_close(&dir->db);
@@ -163,6 +199,135 @@ static struct directory_entry *directory_cached(struct directory *dir,
         if (strcmp(e->userid, userid) == 0)
             return e;
     return NULL;
+}
+
+/* ---- the watch ---------------------------------------------------------- */
+
+static void directory_watch_event(void *rock, int created, const char *key,
+                                  size_t keylen)
+{
+    struct directory *dir = rock;
+
+    pthread_mutex_lock(&dir->mu);
+    if (created) {
+        dir->flush_pending = 1;
+        dir->watch_up = 1;
+        dir->watch_why = NULL;
+    } else if (!dir->flush_pending) {
+        char *k = strndup(key, keylen);
+
+        /* no memory for the key: forget everything instead */
+        if (!k || strarray_appendm(&dir->changed, k) < 0)
+            dir->flush_pending = 1;
+    }
+    pthread_mutex_unlock(&dir->mu);
+}
+
+static int directory_watch_stop(void *rock)
+{
+    struct directory *dir = rock;
+    int stop;
+
+    pthread_mutex_lock(&dir->mu);
+    stop = dir->stop;
+    pthread_mutex_unlock(&dir->mu);
+    return stop;
+}
+
+static void *directory_watch_main(void *rock)
+{
+    struct directory *dir = rock;
+    unsigned backoff_ms = 100, waited;
+
+    while (!directory_watch_stop(dir)) {
+        const char *why = NULL;
+
+        if (cyrusdb_etcd_watch(dir->path, directory_watch_event,
+                               directory_watch_stop, dir, &why) == 0)
+            break;
+        pthread_mutex_lock(&dir->mu);
+        if (dir->watch_up)
+            backoff_ms = 100;    /* it worked for a while */
+        dir->watch_up = 0;
+        dir->watch_why = why ? why : "failed";
+        pthread_mutex_unlock(&dir->mu);
+        for (waited = 0; waited < backoff_ms; waited += 50) {
+            struct timespec ts = { 0, 50 * 1000000L };
+
+            if (directory_watch_stop(dir))
+                return NULL;
+            nanosleep(&ts, NULL);
+        }
+        if (backoff_ms < 5000)
+            backoff_ms *= 2;
+    }
+    return NULL;
+}
+
+static void directory_unlink(struct directory *dir, const char *userid)
+{
+    size_t bucket = directory_hash(userid);
+    struct directory_entry **ep = &dir->buckets[bucket];
+
+    for (; *ep; ep = &(*ep)->next) {
+        struct directory_entry *e = *ep;
+
+        if (strcmp(e->userid, userid) == 0) {
+            *ep = e->next;
+            free(e->backend);
+            free(e);
+            dir->count--;
+            return;
+        }
+    }
+}
+
+/* Apply what the watch reported; log its state changes. */
+static void directory_watch_apply(struct directory *dir)
+{
+    const char *why;
+    int up;
+    size_t i;
+
+    if (!dir->thread_started)
+        return;
+    pthread_mutex_lock(&dir->mu);
+    if (dir->flush_pending) {
+        directory_flush(dir);
+        dir->flush_pending = 0;
+    } else {
+        for (i = 0; i < dir->changed.count; i++)
+            directory_unlink(dir, dir->changed.data[i]);
+    }
+    while (dir->changed.count)
+        strarray_remove(&dir->changed, dir->changed.count - 1);
+    up = dir->watch_up;
+    why = dir->watch_why;
+    pthread_mutex_unlock(&dir->mu);
+    if (up && dir->logged_up != 1) {
+        log_info("directory: watching the directory for changes "
+                 "path=<%s>", dir->path);
+        dir->logged_up = 1;
+    } else if (!up && why && dir->logged_up != -1) {
+        log_warning("directory: the watch on the directory failed "
+                    "path=<%s> error=<%s>; changes are seen within "
+                    "directory_cache_ttl meanwhile", dir->path, why);
+        dir->logged_up = -1;
+    }
+}
+
+/* Start the watch thread (once the database opened: libcurl is set up). */
+static void directory_watch_start(struct directory *dir)
+{
+    if (!dir->watch_wanted || dir->thread_started)
+        return;
+    if (pthread_create(&dir->thread, NULL, directory_watch_main, dir) != 0) {
+        log_warning("directory: cannot start the watch thread; changes are "
+                    "seen within directory_cache_ttl");
+        dir->watch_wanted = 0;
+        return;
+    }
+    dir->thread_started = 1;
 }
 
 /* Remember an answer (backend NULL: not found); out of memory only
@@ -217,6 +382,8 @@ enum directory_result directory_lookup(struct directory *dir,
     int r;
 
     *backend_r = NULL;
+    directory_watch_apply(dir);
+    e = directory_cached(dir, userid, bucket);
     if (e && e->expires_ms > directory_now_ms()) {
         if (!e->backend)
             return DIRECTORY_NOTFOUND;
@@ -232,6 +399,7 @@ enum directory_result directory_lookup(struct directory *dir,
             directory_failed(dir, "open", r);
             return DIRECTORY_UNAVAILABLE;
         }
+        directory_watch_start(dir);
     }
     r = cyrusdb_fetch(dir->db, userid, strlen(userid), &data, &datalen,
                       NULL);

@@ -19,12 +19,17 @@
  * linearizable read: the answer is at least as new as any write that
  * finished before the read began).  So a change of a record is seen by
  * every frontend at most directory_cache_ttl seconds after it was
- * written.  When the database cannot be read the answer is
+ * written.  With etcd (and a TTL above 0) a thread started at the first
+ * successful open watches the directory's keys and drops a changed
+ * user's cached answer at once (directory.c); the TTL still bounds an
+ * answer's life when the watch is broken.  When the database cannot be read the answer is
  * DIRECTORY_UNAVAILABLE: never a cached answer past its time, never
  * "not found".
  *
  * A directory belongs to one process (open it after fork()); not
- * thread-safe.
+ * thread-safe (its watch thread shares only a queue under a mutex with
+ * it).  directory_free() stops and joins that thread (within about a
+ * second).
  */
 #ifndef STORE_DIRECTORY_H
 #define STORE_DIRECTORY_H

@@ -14,6 +14,8 @@ stopped by PID:
                   after DATA (python smtplib.LMTP), and each backend holds
                   the message byte for byte (read over IMAP) after its
                   own and the frontend's Received headers
+  bdat            BDAT chunks in, the message relayed to both backends
+  addresses       backends named by a UNIX socket path and by [::1]:port
   backend_replies the backend's own replies are relayed: a user placed
                   on a backend that has no mailbox for it (550 5.1.1
                   from the backend), a user over quota there (452 4.2.2),
@@ -23,24 +25,33 @@ stopped by PID:
                   closed a kept connection is reconnected invisibly
   unknown_backend a record naming a backend the frontend does not know:
                   451 4.3.0 at RCPT and a log line; a damaged record too
+  bad_config      a malformed proxy_backends: the worker refuses to start
+                  and logs why
   garbage         backends that answer garbage (a python socket server)
                   or nothing at all: 451 4.4.0 / 451 4.4.2 for their
-                  recipients, 250 for the others, the frontend stays up
+                  recipients, 250 for the others, the frontend stays up;
+                  the silent one is then held down (451 4.4.1 at once)
   storm           500 messages over 10 connections (python threads)
                   through the frontend: the number of 250s equals the
                   messages found on the backends; messages/s through the
                   frontend and straight to a backend printed as "# "
+  bench           only with PROXY_BENCH=N: tools/mailbench, N messages of
+                  13,870 bytes at 10 connections, through the frontend
+                  and straight to a backend, medians of 3 (printed)
   backend_down    one backend stopped: its recipients get 451 4.4.1, the
                   other's 250; started again, both get 250
-  etcd_down       every etcd member stopped: 451 4.4.3, never 250; the
-                  cluster started again: 250
+  watch           a worker with a 300 s cache TTL sees a moved user at
+                  once: the etcd watch drops the changed entry
+  etcd_down       two of three etcd members stopped (no quorum, one
+                  member still answering), then all: 451 4.4.3, never
+                  250; the cluster started again: 250
 
 Skipped (exit 77) without /usr/bin/etcd.  LMTP_TESTS picks tests by name
 (the order above is kept; later tests assume the earlier placements).
 """
 import imaplib
+import json
 import os
-import signal
 import smtplib
 import socket
 import subprocess
@@ -53,10 +64,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "imapd"),
                 os.path.join(TESTS, "conformance")]
-from testlib import (TMPDIR, Fail, check, free_port, read_text,  # noqa: E402
-                     run_tests, service_line, wait_until)
-from lmtphelp import (LMTPD, MBTOOL, Instance, make_message,  # noqa: E402
-                      split_added_headers)
+from testlib import (TMPDIR, Skip, check, free_port,  # noqa: E402
+                     read_text, run_tests, service_line, wait_until)
+from lmtphelp import (LMTPD, MBTOOL, Conn, Instance,  # noqa: E402
+                      make_message, split_added_headers)
 from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
 from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
 
@@ -70,6 +81,21 @@ DIRCONF = None
 JUNK = None     # the garbage server
 
 
+def have_ipv6():
+    try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            s.bind(("::1", 0))
+            return True
+        finally:
+            s.close()
+    except OSError:
+        return False
+
+
+IPV6 = have_ipv6()
+
+
 def pw(user):
     return "pw-" + user
 
@@ -81,11 +107,20 @@ class Backend(ImapInstance):
         if not self.tcp_port:
             self.tcp_port = free_port()
             self.lmtp_port = free_port()
+            self.lmtp6_port = free_port(socket.AF_INET6, "::1") if IPV6 else 0
         lines = [service_line("imap", "imapd", "127.0.0.1:%d" % self.tcp_port,
                               prefork=1, maxchild=maxchild),
                  service_line("lmtp", LMTPD + " -a",
                               "127.0.0.1:%d" % self.lmtp_port,
-                              prefork=prefork, maxchild=maxchild)]
+                              prefork=prefork, maxchild=maxchild),
+                 # the same lmtpd on a UNIX socket and on [::1]
+                 service_line("lmtpunix", LMTPD, self.unix_socket,
+                              prefork=0, maxchild=maxchild)]
+        if IPV6:
+            lines.append(service_line("lmtp6", LMTPD + " -a",
+                                      "[::1]:%d" % self.lmtp6_port,
+                                      proto="tcp6", prefork=0,
+                                      maxchild=maxchild))
         with open(self.cyrus_conf, "w") as f:
             f.write("SERVICES {\n" + "".join(lines) + "}\n")
         return self
@@ -131,18 +166,18 @@ def front_conf(endpoints, backends):
     }
 
 
-def lmtp_client():
-    c = smtplib.LMTP(FRONT.unix_socket, timeout=60)
+def lmtp_client(sock=None):
+    c = smtplib.LMTP(sock or FRONT.unix_socket, timeout=60)
     code, _ = c.ehlo("client.test")      # LHLO
     check(code == 250, "LHLO: %d" % code)
     return c
 
 
-def deliver(rcpts, msg, sender="sender@example.org"):
+def deliver(rcpts, msg, sender="sender@example.org", sock=None):
     """One transaction through the frontend with smtplib.LMTP: ({rcpt:
     (code, text)} at RCPT, {rcpt: (code, text)} after DATA for the
     accepted ones)."""
-    c = lmtp_client()
+    c = lmtp_client(sock)
     try:
         code, text = c.mail(sender)
         check(code == 250, "MAIL: %d %r" % (code, text))
@@ -192,13 +227,13 @@ def imap_messages(backend, user):
             pass
 
 
-def strip_added(data):
+def strip_added(data, helo=b"client.test"):
     """A stored message -> what the frontend's client sent: the
     backend's Return-Path and Received, then the frontend's Received."""
     _, recv, rest = split_added_headers(data)
     check(b"LMTP" in b" ".join(recv), "backend Received: %r" % recv)
     lines = rest.split(b"\r\n")
-    check(lines[0].startswith(b"Received: from client.test"),
+    check(lines[0].startswith(b"Received: from " + helo),
           "the frontend's Received header is missing: %r" % rest[:200])
     i = 1
     while lines[i][:1] in (b" ", b"\t"):
@@ -237,6 +272,58 @@ def test_span():
     log = FRONT.log()
     check("backend=<alpha>" in log and "backend=<beta>" in log,
           "the frontend's recipient lines name the backends")
+
+
+def test_bdat():
+    # BDAT chunks (raw client: smtplib has no CHUNKING) with a message
+    # that does not end in CRLF: each backend gets it with the CRLF the
+    # DATA relay needs added, nothing else changed
+    msg = make_message(msgid="bdat@test", body=b"a\r\n.b\r\nno newline")
+    with Conn(FRONT.unix_socket) as c:
+        c.reply()
+        check(c.cmd("LHLO bdat.test").code == 250, "LHLO")
+        check(c.cmd("MAIL FROM:<s@example.org>").code == 250, "MAIL")
+        for r in ("bob@example.org", "dave@example.org"):
+            check(c.cmd("RCPT TO:<%s>" % r).code == 250, "RCPT " + r)
+        half = len(msg) // 2
+        c.send(b"BDAT %d\r\n" % half + msg[:half])
+        r = c.reply()
+        check(r.code == 250, "BDAT: %r" % r)
+        c.send(b"BDAT %d LAST\r\n" % (len(msg) - half) + msg[half:])
+        per = c.replies(2)
+        check(all(x.code == 250 and x.enh == "2.1.5" for x in per),
+              "BDAT LAST through the frontend: %r" % per)
+    for u in ("bob", "dave"):
+        got = imap_messages(B[USERS[u]], u)[-1]
+        check(strip_added(got, b"bdat.test") == msg + b"\r\n",
+              "%s: %r" % (u, got[-80:]))
+
+
+def test_addresses():
+    # a backend named by the path of a UNIX socket, and by [::1]:port
+    names = ["alphaunix"] + (["alpha6"] if IPV6 else [])
+    try:
+        for name in names:
+            place("bob", name)
+            before = B["alpha"].count("user.bob")
+            mark = len(FRONT.log())
+
+            def routed():
+                _, final = deliver(["bob@example.org"],
+                                   make_message(msgid="addr-%s@test" % name))
+                check(reply_is(final["bob@example.org"], 250, "2.1.5"),
+                      "bob through %s: %r" % (name, final))
+                return ("rcpt=<bob@example.org> user=<bob> backend=<%s>"
+                        % name) in FRONT.log()[mark:]
+            # (the frontend's cached answer lasts directory_cache_ttl)
+            check(wait_until(routed, 15, step=0.3), "bob never went "
+                  "through backend %s" % name)
+            check(B["alpha"].count("user.bob") > before,
+                  "nothing stored through %s" % name)
+        if not IPV6:
+            print("# no IPv6 loopback: [::1] not tried")
+    finally:
+        place("bob", "alpha")
 
 
 def test_backend_replies():
@@ -323,10 +410,36 @@ def test_unknown_backend():
         dbtool("directory", "etcd", "delete", "gus")
 
 
+def test_bad_config():
+    # a malformed proxy_backends stops the frontend worker at start with
+    # a line saying why (never a frontend that guesses)
+    for bad, why in (("alpha", "without NAME=ADDRESS"),
+                     ("a=1.2.3.4:1 a=1.2.3.4:2", "given twice"),
+                     ("bad/name=1.2.3.4:1", "backend name")):
+        conf = front_conf(CLUSTER.endpoints(), [])
+        conf["proxy_backends"] = bad
+        inst = Instance("front-bad", conf=conf)
+        try:
+            inst.write_cyrus_conf(prefork=0, maxchild=2)
+            inst.start(ready=0)
+            try:
+                # the worker forked for it fails; nobody greets
+                with Conn(inst.unix_socket, timeout=2) as c:
+                    c.reply()
+            except Exception:   # noqa: BLE001 - no greeting
+                pass
+            check(wait_until(lambda: "bad configuration for lmtp_proxy"
+                             in inst.log() and why in inst.log(), 30),
+                  "proxy_backends %r: %s" % (bad, inst.log()[-600:]))
+        finally:
+            inst.stop()
+            inst.cleanup()
+
+
 class JunkServer:
     """A tiny LMTP impostor on 127.0.0.1: mode "garbage" greets, then
     answers every line with non-LMTP text; "badgreet" sends junk at once;
-    "silent" accepts and never answers."""
+    "silent" accepts and never answers; "flaky" see flaky()."""
 
     def __init__(self):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -352,6 +465,9 @@ class JunkServer:
                 return
             c.sendall(b"220 junk ready\r\n")
             f = c.makefile("rb")
+            if mode == "flaky":
+                self.flaky(c, f)
+                return
             while not self.stop:
                 line = f.readline()
                 if not line:
@@ -364,6 +480,35 @@ class JunkServer:
             pass
         finally:
             c.close()
+
+    def flaky(self, c, f):
+        """A plain LMTP server that takes every message (and throws it
+        away) but answers RSET with 421 and closes, as a backend does
+        that gave up an idle connection just as it was reused."""
+        rcpts = 0
+        while not self.stop:
+            line = f.readline()
+            if not line:
+                return
+            cmd = line[:4].upper()
+            if cmd == b"LHLO":
+                c.sendall(b"250-flaky\r\n250 PIPELINING\r\n")
+            elif cmd == b"RSET":
+                c.sendall(b"421 4.4.2 flaky closing\r\n")
+                return
+            elif cmd == b"MAIL":
+                rcpts = 0
+                c.sendall(b"250 2.1.0 ok\r\n")
+            elif cmd == b"RCPT":
+                rcpts += 1
+                c.sendall(b"250 2.1.5 ok\r\n")
+            elif cmd == b"DATA":
+                c.sendall(b"354 go\r\n")
+                while f.readline() not in (b".\r\n", b""):
+                    pass
+                c.sendall(b"250 2.1.5 flaky stored\r\n" * rcpts)
+            else:
+                c.sendall(b"502 5.5.1 no\r\n")
 
     def run(self):
         self.sock.settimeout(0.2)
@@ -409,8 +554,31 @@ def test_garbage():
                       "backend: %r" % (r, mode, final[r]))
             check("backend failed backend=<junk>" in FRONT.new_log(),
                   "no log line for the %s backend" % mode)
+        # the silent backend timed out: for a while it is not tried again,
+        # its recipients get 451 4.4.1 at once instead of another wait
+        check("backend held down after a timeout backend=<junk>"
+              in FRONT.log(), "no hold-down line for the silent backend")
+        _, final = deliver(["gina@example.org", "alice@example.org"],
+                           make_message(msgid="junk-held@test"))
+        check(reply_is(final["gina@example.org"], 451, "4.4.1"),
+              "right after the timeout gina got %r, want 451 4.4.1 (held "
+              "down, not tried)" % (final["gina@example.org"],))
+        check(reply_is(final["alice@example.org"], 250, "2.1.5"),
+              "alice beside the held-down backend: %r" % (final,))
         check(FRONT.running() and not FRONT.worker_trouble(),
               "the frontend: %s" % FRONT.worker_trouble())
+        # a backend that answers the RSET of a kept connection with 421:
+        # the frontend connects again, the client never sees it
+        time.sleep(5.5)      # past the hold-down
+        JUNK.mode = "flaky"
+        for i in range(3):
+            _, final = deliver(["gina@example.org"],
+                               make_message(msgid="flaky%d@test" % i))
+            check(final["gina@example.org"] == (250, b"2.1.5 flaky stored"),
+                  "flaky backend, delivery %d: %r" % (i, final))
+        check(FRONT.log().count("backend closed a kept connection, "
+                                "reconnecting backend=<junk>") >= 2,
+              "no reconnection after the 421 to RSET")
     finally:
         dbtool("directory", "etcd", "delete", "gina")
 
@@ -487,6 +655,50 @@ def test_storm():
           "%.0f messages/s" % (ok2, dt2, ok2 / dt2))
 
 
+MAILBENCH = os.path.join(os.environ.get("top_builddir") or ".", "tools",
+                         "mailbench")
+
+
+def mailbench(target, n, tag):
+    out = os.path.join(WORK, "bench-%s.json" % tag)
+    p = subprocess.run([MAILBENCH, "lmtp", "--lmtp", target, "-n", str(n),
+                        "-c", "10", "-m", "10", "-s", "13870", "-q",
+                        "--json", out, "--label", tag],
+                       capture_output=True, timeout=1200)
+    check(p.returncode == 0, "mailbench %s: %r %r" % (tag, p.stdout[-500:],
+                                                     p.stderr[-500:]))
+    with open(out) as f:
+        res = json.load(f)
+    check(res["delivered_msgs"] == n and res["failed_msgs"] == 0,
+          "mailbench %s: %r" % (tag, res))
+    return res["msgs_per_s"]
+
+
+def test_bench():
+    # PROXY_BENCH=N (messages per run): messages/s of 13,870-byte
+    # messages at 10 connections (tools/mailbench) through the frontend
+    # and straight to backend alpha, users u0001..u0010 all on alpha;
+    # medians of 3 runs, alternating
+    n = int(os.environ.get("PROXY_BENCH") or 0)
+    if n <= 0:
+        raise Skip("set PROXY_BENCH=messages per run to measure")
+    for i in range(1, 11):
+        u = "u%04d" % i
+        B["alpha"].create("user." + u)
+        place(u, "alpha")
+    front, direct = [], []
+    for _ in range(3):
+        front.append(mailbench("unix:" + FRONT.many_socket, n, "frontend"))
+        direct.append(mailbench(B["alpha"].lmtp_addr(), n, "direct"))
+    front.sort()
+    direct.sort()
+    print("# bench: 10 connections, %d messages of 13870 bytes per run, "
+          "median of 3: through the frontend %.0f msgs/s (runs %s), "
+          "straight to the backend %.0f msgs/s (runs %s)"
+          % (n, front[1], " ".join("%.0f" % x for x in front), direct[1],
+             " ".join("%.0f" % x for x in direct)))
+
+
 def test_backend_down():
     B["beta"].stop()
     try:
@@ -506,11 +718,50 @@ def test_backend_down():
           "beta back: %r" % (final,))
 
 
+def test_watch():
+    # lmtpwatch's cache would keep an answer for 300 s: the etcd watch
+    # brings a change of the record within moments (beta has no mailbox
+    # for alice, so her mail there gets beta's own 550 5.1.1)
+    def reply():
+        _, final = deliver(["alice@example.org"],
+                           make_message(msgid="watch@test"),
+                           sock=FRONT.watch_socket)
+        return final["alice@example.org"]
+    check(reply_is(reply(), 250, "2.1.5"), "alice before the move")
+    try:
+        place("alice", "beta")
+        t0 = time.monotonic()
+        # (at most 50 connections: the worker's maxuses, 250, would
+        # otherwise start a new process with an empty cache)
+        check(wait_until(lambda: reply_is(reply(), 550, "5.1.1"), 10,
+                         step=0.2),
+              "the change of alice's record was not seen in 10 s "
+              "(directory_cache_ttl is 300)")
+        print("# a changed record was in force after %.2f s"
+              % (time.monotonic() - t0))
+    finally:
+        place("alice", "alpha")
+    check(wait_until(lambda: reply_is(reply(), 250, "2.1.5"), 10, step=0.2),
+          "alice's record set back was not seen in 10 s")
+    check("watching the directory for changes" in FRONT.log(),
+          "no log line for the watch")
+
+
 def test_etcd_down():
-    for m in CLUSTER.members:
+    # first the quorum goes: one member still answers, but a
+    # linearizable read cannot be served, so no answer is a guess
+    for m in CLUSTER.members[:2]:
         CLUSTER.kill(m)
     time.sleep(1.5)        # past directory_cache_ttl
     try:
+        at_rcpt, final = deliver(["alice@example.org", "carol@example.org"],
+                                 make_message(msgid="etcd-noquorum@test"))
+        for r, rep in at_rcpt.items():
+            check(reply_is(rep, 451, "4.4.3"), "%s without an etcd quorum: "
+                  "%r" % (r, rep))
+        check(not final, "a reply after DATA without a quorum: %r" % final)
+        # then every member
+        CLUSTER.kill(CLUSTER.members[2])
         for _ in range(2):
             at_rcpt, final = deliver(["alice@example.org",
                                       "carol@example.org"],
@@ -522,6 +773,8 @@ def test_etcd_down():
         check("cannot read the directory database" in FRONT.log(),
               "no log line for the directory failure")
     finally:
+        for m in CLUSTER.members:
+            CLUSTER.kill(m)
         CLUSTER.start()
         check(CLUSTER.leader(90), "the cluster elected no leader again")
 
@@ -565,18 +818,36 @@ def main():
         FRONT = Instance("front", conf=front_conf(
             CLUSTER.endpoints(),
             [("alpha", B["alpha"].lmtp_addr()), ("beta", B["beta"].lmtp_addr()),
-             ("junk", "127.0.0.1:%d" % JUNK.port)]))
+             ("junk", "127.0.0.1:%d" % JUNK.port),
+             ("alphaunix", B["alpha"].unix_socket)]
+            + ([("alpha6", "[::1]:%d" % B["alpha"].lmtp6_port)] if IPV6
+               else [])))
         # lmtpunix has one worker (the pooled test sees its pool);
-        # lmtpmany as many as a storm asks for
+        # lmtpmany as many as a storm asks for, and a generous
+        # proxy_timeout: a backend slow to commit is no failure there
         FRONT.many_socket = FRONT.path("many.sock")
+        many_conf = FRONT.path("imapd-many.conf")
+        with open(many_conf, "w") as f:
+            f.write(read_text(FRONT.imapd_conf).replace(
+                "proxy_timeout: 3\n", "proxy_timeout: 120\n"))
+        # lmtpwatch: a cache TTL of 300 s, only the watch keeps it current
+        FRONT.watch_socket = FRONT.path("watch.sock")
+        watch_conf = FRONT.path("imapd-watch.conf")
+        with open(watch_conf, "w") as f:
+            f.write(read_text(FRONT.imapd_conf).replace(
+                "directory_cache_ttl: 1\n", "directory_cache_ttl: 300\n"))
         FRONT.write_cyrus_conf(unix=True, prefork=1, maxchild=1,
-                               extra=service_line("lmtpmany", LMTPD,
+                               extra=service_line("lmtpmany", LMTPD + " -C " +
+                                                  many_conf,
                                                   FRONT.many_socket,
-                                                  prefork=2, maxchild=20))
+                                                  prefork=2, maxchild=20)
+                               + service_line("lmtpwatch", LMTPD + " -C " +
+                                              watch_conf, FRONT.watch_socket,
+                                              prefork=0, maxchild=1))
         FRONT.start()
-        tests = [test_span, test_backend_replies, test_pooled,
-                 test_unknown_backend, test_garbage, test_storm,
-                 test_backend_down, test_etcd_down]
+        tests = [test_span, test_bdat, test_addresses, test_backend_replies, test_pooled,
+                 test_unknown_backend, test_bad_config, test_garbage, test_storm,
+                 test_bench, test_backend_down, test_watch, test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
     finally:
         for inst in [FRONT] + list(B.values()):
