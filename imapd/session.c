@@ -30,7 +30,8 @@
  *                  RFC 3516's BINARY items; the capability waits for
  *                  BINARY APPEND), STORE,
  *                  EXPUNGE, COPY, MOVE, SEARCH (ESEARCH, SEARCHRES,
- *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
+ *                  WITHIN, RFC 5267 PARTIAL), SORT (SORT=DISPLAY, ESORT,
+ *                  PARTIAL), THREAD
  *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
  *                  (APPENDLIMIT: maxmessagesize, NO [TOOBIG] before
@@ -3155,15 +3156,17 @@ static int imap_expunge(struct imap_session *s,
 }
 
 /* SEARCH RETURN (SAVE): keep the result as "$" (RFC 5182), as UIDs;
- * with MIN and/or MAX but neither ALL nor COUNT only those.  Out of
- * memory leaves "$" empty. */
+ * with MIN and/or MAX but neither ALL nor COUNT only those; with PARTIAL
+ * (RFC 9394 3.2) only the messages of its range.  Out of memory leaves
+ * "$" empty. */
 static void imap_search_save(struct imap_session *s,
                              const struct search_result *res)
 {
     unsigned ret = s->cmd.search_ret;
     int ends_only = (ret & (IMAPPARSE_RET_MIN | IMAPPARSE_RET_MAX)) &&
-                    !(ret & (IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT));
-    size_t n = 0;
+                    !(ret & (IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT |
+                             IMAPPARSE_RET_PARTIAL));
+    size_t n = 0, first = 0, count = res->n;
 
     free(s->saved);
     s->saved = NULL;
@@ -3173,12 +3176,17 @@ static void imap_search_save(struct imap_session *s,
     s->saved = malloc(res->n * sizeof(*s->saved));
     if (!s->saved)
         return;
+    if (ret & IMAPPARSE_RET_PARTIAL)
+        search_partial_slice(res->n, s->cmd.partial_lo, s->cmd.partial_hi,
+                             &first, &count);
     for (size_t i = 0; i < res->n; i++) {
         uint32_t v = res->nums[i];
 
         if (ends_only &&
             !((i == 0 && (ret & IMAPPARSE_RET_MIN)) ||
               (i == res->n - 1 && (ret & IMAPPARSE_RET_MAX))))
+            continue;
+        if (i < first || i - first >= count)
             continue;
         if (!s->cmd.uid) {
             if (v == 0 || v > s->nmsgs)
@@ -3308,7 +3316,8 @@ static void imap_cmd_search(struct imap_session *s)
             struct buf b = BUF_INITIALIZER;
 
             search_esearch(&b, c->tag, c->uid, ret, res.nums, res.n,
-                           res.has_modseq, res.highest_modseq);
+                           res.has_modseq, res.highest_modseq,
+                           c->partial_lo, c->partial_hi);
             prot_write(s->p, b.s, b.len);
             buf_free(&b);
         }
@@ -3386,7 +3395,8 @@ static void imap_cmd_sort(struct imap_session *s)
         s->condstore = 1;
     if (c->esearch) {
         search_esearch(&b, c->tag, c->uid, c->search_ret, res.nums, res.n,
-                       res.has_modseq, res.highest_modseq);
+                       res.has_modseq, res.highest_modseq, c->partial_lo,
+                       c->partial_hi);
     } else {
         buf_appendcstr(&b, "* SORT");
         for (size_t i = 0; i < res.n; i++)
