@@ -566,7 +566,7 @@ def test_within_rfc5032():
         ok(c.cmd("s1", "SELECT INBOX.W"), "s1")
         cases = [("SEARCH YOUNGER 259200", b"* SEARCH 2"),
                  ("SEARCH OLDER 259200", b"* SEARCH 1"),
-                 ("SEARCH OLDER 1 YOUNGER 1000000000", b"* SEARCH 1"),
+                 ("SEARCH OLDER 3600 YOUNGER 1000000000", b"* SEARCH 1"),
                  ("UID SEARCH RETURN (COUNT) YOUNGER 3600",
                   b'* ESEARCH (TAG "t3") UID COUNT 1'),
                  ("SEARCH NOT OLDER 3600", b"* SEARCH 2")]
