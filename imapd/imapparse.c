@@ -1840,8 +1840,27 @@ static int parse_charset(struct cur *c)
     return IMAPPARSE_OK;
 }
 
-/* search-return-opts (RFC 4731, RFC 5182): RETURN (opt ...), each of
- * MIN MAX ALL COUNT SAVE at most once; "()" means ALL. */
+/* PARTIAL's argument (RFC 5267 4.4): nz-number ":" nz-number, the lower
+ * first in cmd->partial_lo/hi whichever way it was written.  0 or -1. */
+static int partial_range(struct imapparse_cmd *cmd, const char *s,
+                         size_t len)
+{
+    const char *colon = memchr(s, ':', len);
+    uint32_t a, b;
+
+    if (!colon ||
+        seq_number(s, (size_t)(colon - s), &a) < 0 || a == 0 ||
+        seq_number(colon + 1, len - (size_t)(colon - s) - 1, &b) < 0 ||
+        b == 0)
+        return -1;
+    cmd->partial_lo = a < b ? a : b;
+    cmd->partial_hi = a < b ? b : a;
+    return 0;
+}
+
+/* search-return-opts (RFC 4731, RFC 5182, RFC 5267 4.4): RETURN (opt
+ * ...), each of MIN MAX ALL COUNT SAVE PARTIAL at most once, not both
+ * ALL and PARTIAL; "()" means ALL. */
 static int parse_search_return(struct cur *c)
 {
     static const struct {
@@ -1851,6 +1870,7 @@ static int parse_search_return(struct cur *c)
         { "MIN", IMAPPARSE_RET_MIN }, { "MAX", IMAPPARSE_RET_MAX },
         { "ALL", IMAPPARSE_RET_ALL }, { "COUNT", IMAPPARSE_RET_COUNT },
         { "SAVE", IMAPPARSE_RET_SAVE },
+        { "PARTIAL", IMAPPARSE_RET_PARTIAL },
     };
     struct imapparse_cmd *cmd = c->cmd;
     int r;
@@ -1878,7 +1898,19 @@ static int parse_search_return(struct cur *c)
             return cmd_errorf(cmd, IMAPPARSE_BAD,
                               "Repeated search return option %.40s", w);
         cmd->search_ret |= opts[i].bit;
+        if (opts[i].bit == IMAPPARSE_RET_PARTIAL) {
+            r = get_atom(c, &w, &wlen, "PARTIAL range");
+            if (r != IMAPPARSE_OK)
+                return r;
+            if (partial_range(cmd, w, wlen) < 0)
+                return cmd_errorf(cmd, IMAPPARSE_BAD,
+                                  "Invalid PARTIAL range %.40s", w);
+        }
     }
+    if ((cmd->search_ret & IMAPPARSE_RET_ALL) &&
+        (cmd->search_ret & IMAPPARSE_RET_PARTIAL))
+        return cmd_error(cmd, IMAPPARSE_BAD,
+                         "ALL and PARTIAL exclude each other");
     c->i++;
     if (cmd->search_ret == 0)
         cmd->search_ret = IMAPPARSE_RET_ALL;

@@ -335,6 +335,7 @@ enum imapparse_skey {
 #define IMAPPARSE_RET_ALL    0x04
 #define IMAPPARSE_RET_COUNT  0x08
 #define IMAPPARSE_RET_SAVE   0x10
+#define IMAPPARSE_RET_PARTIAL 0x20  /* RFC 5267 4.4: partial_lo..hi */
 
 struct imapparse_search {
     enum imapparse_skey key;
@@ -546,6 +547,8 @@ struct imapparse_cmd {
     int esearch;                    /* SEARCH/SORT RETURN (...) given */
     unsigned search_ret;            /* its IMAPPARSE_RET_* options (no
                                        SAVE for SORT) */
+    uint32_t partial_lo, partial_hi;    /* PARTIAL lo:hi, 1 <= lo <= hi,
+                                           positions in the result */
     size_t nsort;                   /* SORT criteria */
     struct imapparse_sortcrit sort[IMAPPARSE_MAX_SORT];
     enum imapparse_thread_alg thread_alg;

@@ -1487,9 +1487,21 @@ void search_set_text(struct buf *out, const uint32_t *nums, size_t n)
     }
 }
 
+void search_partial_slice(size_t n, uint32_t lo, uint32_t hi,
+                          size_t *first_r, size_t *count_r)
+{
+    *first_r = 0;
+    *count_r = 0;
+    if (lo == 0 || lo > hi || lo > n)
+        return;
+    *first_r = lo - 1;
+    *count_r = (hi < n ? hi : n) - (lo - 1);
+}
+
 void search_esearch(struct buf *out, const char *tag, int uid, unsigned ret,
                     const uint32_t *nums, size_t n, int has_modseq,
-                    uint64_t modseq)
+                    uint64_t modseq, uint32_t partial_lo,
+                    uint32_t partial_hi)
 {
     buf_appendcstr(out, "* ESEARCH");
     if (tag)
@@ -1505,6 +1517,19 @@ void search_esearch(struct buf *out, const char *tag, int uid, unsigned ret,
     if (n > 0 && (ret & IMAPPARSE_RET_ALL)) {
         buf_appendcstr(out, " ALL ");
         search_set_text(out, nums, n);
+    }
+    if (ret & IMAPPARSE_RET_PARTIAL) {
+        size_t first, count;
+
+        /* positions partial_lo..partial_hi (from 1) of the result */
+        search_partial_slice(n, partial_lo, partial_hi, &first, &count);
+        buf_printf(out, " PARTIAL (%u:%u ", (unsigned)partial_lo,
+                   (unsigned)partial_hi);
+        if (count > 0)
+            search_set_text(out, nums + first, count);
+        else
+            buf_appendcstr(out, "NIL");
+        buf_putc(out, ')');
     }
     if (ret & IMAPPARSE_RET_COUNT)
         buf_printf(out, " COUNT %lu", (unsigned long)n);

@@ -161,10 +161,20 @@ void search_set_text(struct buf *out, const uint32_t *nums, size_t n);
  * for SEARCH, in sort order for SORT (ESORT, RFC 5267: MIN and MAX are
  * then the first and the last in that order, ALL keeps the order).  MIN,
  * MAX, ALL and MODSEQ are left out when nothing matched (COUNT 0 stays);
- * tag NULL: no correlator; MODSEQ only with has_modseq. */
+ * tag NULL: no correlator; MODSEQ only with has_modseq.  PARTIAL (RFC
+ * 5267 4.4, with IMAPPARSE_RET_PARTIAL): "PARTIAL (lo:hi set)" holding the
+ * lo-th to the hi-th of nums (from 1, in their order), "NIL" for the set
+ * when the result has fewer than lo; it is there also when nothing
+ * matched. */
 void search_esearch(struct buf *out, const char *tag, int uid, unsigned ret,
                     const uint32_t *nums, size_t n, int has_modseq,
-                    uint64_t modseq);
+                    uint64_t modseq, uint32_t partial_lo,
+                    uint32_t partial_hi);
+
+/* The slice of a result of n that PARTIAL lo:hi (1 <= lo <= hi) names:
+ * *first_r its index, *count_r its length (0 when n < lo). */
+void search_partial_slice(size_t n, uint32_t lo, uint32_t hi,
+                          size_t *first_r, size_t *count_r);
 
 /* Exposed for tests and for other string matching in imapd: */
 

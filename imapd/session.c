@@ -30,10 +30,11 @@
  *                  RFC 3516's BINARY items; the capability waits for
  *                  BINARY APPEND), STORE,
  *                  EXPUNGE, COPY, MOVE, SEARCH (ESEARCH, SEARCHRES,
- *                  WITHIN), SORT (SORT=DISPLAY, ESORT), THREAD
+ *                  WITHIN, RFC 5267 PARTIAL), SORT (SORT=DISPLAY, ESORT,
+ *                  PARTIAL), THREAD
  *                  (imapd/sort.c) and their UID forms;
  *                  APPEND in the authenticated and selected states
- *                  (APPENDLIMIT: maxmessagesize, NO [TOOBIG] before
+ *                  (imapd/appendcmd.c; APPENDLIMIT: maxmessagesize, NO [TOOBIG] before
  *                  the data; MULTIAPPEND and CATENATE in one append
  *                  transaction; literal8 and UTF8 (...) data)
  * Outside the selected state the selected-state commands answer "BAD No
@@ -123,6 +124,7 @@
 #include <unistd.h>
 
 #include "imapd/aclcmd.h"
+#include "imapd/appendcmd.h"
 #include "imapd/admincmd.h"
 #include "imapd/imapcmd.h"
 #include "imapd/imapparse.h"
@@ -227,7 +229,7 @@ struct imap_session {
                                     APPEND literal: answer NO (1) or BAD
                                     (2) */
     char errbuf[128];            /* the continuation callback's text */
-    struct imap_append *app;     /* the APPEND whose data is being read */
+    struct appendcmd *app;       /* the APPEND whose data is being read */
     struct imap_msg *msgs;       /* the client's view of the mailbox */
     size_t nmsgs, msgalloc;
     uint32_t lastuid;            /* highest uid in the view */
@@ -623,8 +625,8 @@ static int imap_to_internal_ascii(struct imap_session *s, const char *ext,
  * store keeps (RFC 6855 3: "Entw\xc3\xbcrfe" is "Entw&APw-rfe" inside, as a
  * client without UTF8=ACCEPT writes it); a name that is not valid UTF-8
  * or holds a control character is STORE_BADNAME. */
-static int imap_to_internal(struct imap_session *s, const char *ext,
-                            struct buf *out, const char **err_r)
+int imap_to_internal(struct imap_session *s, const char *ext,
+                     struct buf *out, const char **err_r)
 {
     struct buf m7 = BUF_INITIALIZER;
     int r;
@@ -786,8 +788,8 @@ out:
 }
 
 /* The name argument without one trailing separator ("foo/" -> "foo"). */
-static const char *imap_strip_sep(struct imap_session *s, const char *ext,
-                                  struct buf *tmp)
+const char *imap_strip_sep(struct imap_session *s, const char *ext,
+                           struct buf *tmp)
 {
     size_t n = strlen(ext);
 
@@ -1553,7 +1555,7 @@ static int imap_seen_write(struct imap_session *s)
 }
 
 /* Does mailbox mb keep \Seen in the seen state (it has a unique id)? */
-static int imap_mb_useseen(struct mailbox *mb)
+int imap_mb_useseen(struct mailbox *mb)
 {
     const char *u = mailbox_uniqueid(mb);
 
@@ -1579,8 +1581,8 @@ static int imap_seen_adduids(struct seen_data *d, void *rock)
 
 /* Add uids[0..n-1] to the user's seen state of mb (APPEND and COPY with
  * \Seen).  Logged on error: the messages are in, only \Seen is lost. */
-static void imap_seen_add_uids(struct imap_session *s, struct mailbox *mb,
-                               const uint32_t *uids, size_t n)
+void imap_seen_add_uids(struct imap_session *s, struct mailbox *mb,
+                        const uint32_t *uids, size_t n)
 {
     struct imap_seen_uids u = { uids, n };
     struct seen_db *db;
@@ -2391,8 +2393,8 @@ static int imap_in_set(struct imap_session *s,
 
 /* Append a number to a compact set text ("1:3,7") being built; *prev is
  * the last number added (0 at the start), *run whether a range is open. */
-static void imap_set_add(struct buf *out, uint32_t n, uint32_t *prev,
-                         int *run)
+void imap_set_add(struct buf *out, uint32_t n, uint32_t *prev,
+                  int *run)
 {
     if (*prev && n == *prev + 1) {
         *run = 1;
@@ -2407,7 +2409,7 @@ static void imap_set_add(struct buf *out, uint32_t n, uint32_t *prev,
     *prev = n;
 }
 
-static void imap_set_end(struct buf *out, uint32_t prev, int run)
+void imap_set_end(struct buf *out, uint32_t prev, int run)
 {
     if (run)
         buf_printf(out, ":%u", (unsigned)prev);
@@ -2415,9 +2417,9 @@ static void imap_set_end(struct buf *out, uint32_t prev, int run)
 
 /* Find and read the record of a uid under the lock: STORE_OK, or
  * STORE_NOTFOUND when it is gone (also when expunged). */
-static int imap_read_uid(struct imap_session *s, struct mailbox *mb,
-                         uint32_t uid, uint32_t *recno_r,
-                         struct mailbox_record *rec)
+int imap_read_uid(struct imap_session *s, struct mailbox *mb,
+                  uint32_t uid, uint32_t *recno_r,
+                  struct mailbox_record *rec)
 {
     int r = mailbox_find_uid(mb, uid, recno_r);
 
@@ -2433,15 +2435,8 @@ static int imap_read_uid(struct imap_session *s, struct mailbox *mb,
 /* ---- FETCH ----------------------------------------------------------- */
 
 /* A message file mapped read-only and parsed. */
-struct imap_msgfile {
-    int fd;
-    void *base;
-    size_t len;
-    struct message *msg;
-};
-
-static int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
-                             struct imap_msgfile *mf)
+int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
+                      struct imap_msgfile *mf)
 {
     struct stat st;
     int r;
@@ -2477,7 +2472,7 @@ fail:
     return r;
 }
 
-static void imap_msgfile_close(struct imap_msgfile *mf)
+void imap_msgfile_close(struct imap_msgfile *mf)
 {
     message_free(&mf->msg);
     if (mf->base)
@@ -3155,15 +3150,17 @@ static int imap_expunge(struct imap_session *s,
 }
 
 /* SEARCH RETURN (SAVE): keep the result as "$" (RFC 5182), as UIDs;
- * with MIN and/or MAX but neither ALL nor COUNT only those.  Out of
- * memory leaves "$" empty. */
+ * with MIN and/or MAX but neither ALL nor COUNT only those; with PARTIAL
+ * (RFC 9394 3.2) only the messages of its range.  Out of memory leaves
+ * "$" empty. */
 static void imap_search_save(struct imap_session *s,
                              const struct search_result *res)
 {
     unsigned ret = s->cmd.search_ret;
     int ends_only = (ret & (IMAPPARSE_RET_MIN | IMAPPARSE_RET_MAX)) &&
-                    !(ret & (IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT));
-    size_t n = 0;
+                    !(ret & (IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT |
+                             IMAPPARSE_RET_PARTIAL));
+    size_t n = 0, first = 0, count = res->n;
 
     free(s->saved);
     s->saved = NULL;
@@ -3173,12 +3170,17 @@ static void imap_search_save(struct imap_session *s,
     s->saved = malloc(res->n * sizeof(*s->saved));
     if (!s->saved)
         return;
+    if (ret & IMAPPARSE_RET_PARTIAL)
+        search_partial_slice(res->n, s->cmd.partial_lo, s->cmd.partial_hi,
+                             &first, &count);
     for (size_t i = 0; i < res->n; i++) {
         uint32_t v = res->nums[i];
 
         if (ends_only &&
             !((i == 0 && (ret & IMAPPARSE_RET_MIN)) ||
               (i == res->n - 1 && (ret & IMAPPARSE_RET_MAX))))
+            continue;
+        if (i < first || i - first >= count)
             continue;
         if (!s->cmd.uid) {
             if (v == 0 || v > s->nmsgs)
@@ -3308,7 +3310,8 @@ static void imap_cmd_search(struct imap_session *s)
             struct buf b = BUF_INITIALIZER;
 
             search_esearch(&b, c->tag, c->uid, ret, res.nums, res.n,
-                           res.has_modseq, res.highest_modseq);
+                           res.has_modseq, res.highest_modseq,
+                           c->partial_lo, c->partial_hi);
             prot_write(s->p, b.s, b.len);
             buf_free(&b);
         }
@@ -3386,7 +3389,8 @@ static void imap_cmd_sort(struct imap_session *s)
         s->condstore = 1;
     if (c->esearch) {
         search_esearch(&b, c->tag, c->uid, c->search_ret, res.nums, res.n,
-                       res.has_modseq, res.highest_modseq);
+                       res.has_modseq, res.highest_modseq, c->partial_lo,
+                       c->partial_hi);
     } else {
         buf_appendcstr(&b, "* SORT");
         for (size_t i = 0; i < res.n; i++)
@@ -3660,8 +3664,8 @@ static void imap_cmd_idle(struct imap_session *s)
 
 /* The keywords of a flag list (the names not starting with a
  * backslash) into out. */
-static void imap_keyword_names(const char *const *names, size_t n,
-                               struct strarray *out)
+void imap_keyword_names(const char *const *names, size_t n,
+                        struct strarray *out)
 {
     for (size_t i = 0; i < n; i++)
         if (names[i][0] != '\\')
@@ -3669,7 +3673,7 @@ static void imap_keyword_names(const char *const *names, size_t n,
 }
 
 /* System flags of an APPEND flag list (unknown \flags ignored). */
-static uint32_t imap_sysflags_of(const struct imapparse_strlist *l)
+uint32_t imap_sysflags_of(const struct imapparse_strlist *l)
 {
     uint32_t f = 0;
 
@@ -3686,7 +3690,7 @@ static uint32_t imap_sysflags_of(const struct imapparse_strlist *l)
 }
 
 /* The system flags a user with `rights` may set on a new message. */
-static uint32_t imap_settable(int rights)
+uint32_t imap_settable(int rights)
 {
     uint32_t m = 0;
 
@@ -3703,8 +3707,8 @@ static uint32_t imap_settable(int rights)
 /* The destination of APPEND/COPY/MOVE (cmd.arg[0]): looked up with the
  * i right and opened.  STORE_OK, or an error answered here (NO
  * [TRYCREATE] for a missing mailbox) when answer is set. */
-static int imap_dest_open(struct imap_session *s, int answer,
-                          struct mboxlist_entry **e_r, struct mailbox **mb_r)
+int imap_dest_open(struct imap_session *s, int answer,
+                   struct mboxlist_entry **e_r, struct mailbox **mb_r)
 {
     struct buf name = BUF_INITIALIZER;
     const char *err = NULL;
@@ -3743,8 +3747,8 @@ static int imap_dest_open(struct imap_session *s, int answer,
 /* Whether mb has all its keywords in use and one of kws is not among
  * them: after STORE_OVERQUOTA from a strict append, the keyword limit
  * refused it (the quota check comes first and leaves keywords alone). */
-static int imap_keywords_undefined(struct mailbox *mb,
-                                   const struct strarray *kws)
+int imap_keywords_undefined(struct mailbox *mb,
+                            const struct strarray *kws)
 {
     int num;
 
@@ -3757,495 +3761,6 @@ static int imap_keywords_undefined(struct mailbox *mb,
         if (mailbox_user_flag(mb, kws->data[i], 0, &num) != STORE_OK)
             return 1;
     return 0;
-}
-
-/* ---- APPEND (MULTIAPPEND, CATENATE, literal8, UTF8) -------------------
- *
- * One APPEND command may carry several messages (RFC 3502), each a
- * literal, a literal8 (RFC 3516), UTF8 (literal8) (RFC 6855, once
- * enabled) or CATENATE (RFC 4469) of TEXT literals and URLs of messages
- * the user can read.  Each message is streamed into its own staging file
- * while the command is read; nothing touches the mailbox until the
- * command line has ended.  Then the messages are reserved in ONE
- * append transaction (the quota check for their sum first, keywords
- * defined strictly) and made durable and visible by ONE append_commit():
- * all of them or, on any failure (a refused literal, a size limit, quota,
- * a bad URL, a client that goes away mid-command), none.  No lock is held
- * while the client sends. */
-
-/* Messages in one APPEND: each holds a staging file open until the
- * commit. */
-#define IMAP_APPEND_MAX_MESSAGES 200
-
-/* One message of an APPEND, staged. */
-struct imap_appendmsg {
-    struct append_stage *st;
-    uint32_t sysflags;          /* without \Seen when it goes to the
-                                   user's seen state */
-    int seen;                   /* the user's \Seen */
-    int64_t date;               /* 0: now */
-    struct strarray kws;
-};
-
-/* The APPEND in progress (s->app while its data is read). */
-struct imap_append {
-    struct mboxlist_entry *e;
-    struct mailbox *mb;
-    int rights;
-    size_t limit;               /* APPENDLIMIT */
-    struct imap_appendmsg *msgs;
-    size_t n, alloc;
-    struct imap_appendmsg *cur; /* the message being read, or NULL */
-    size_t cursize;             /* its bytes so far (CATENATE) */
-    int failed;                 /* the command fails: status and text */
-    const char *status;         /* "NO" or "BAD" */
-    char text[256];
-    size_t total;               /* bytes of every message */
-};
-
-/* Record the command's first failure; later ones are left out. */
-static void imap_app_fail(struct imap_append *a, const char *status,
-                          const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void imap_app_fail(struct imap_append *a, const char *status,
-                          const char *fmt, ...)
-{
-    va_list ap;
-
-    if (a->failed)
-        return;
-    a->failed = 1;
-    a->status = status;
-    va_start(ap, fmt);
-    vsnprintf(a->text, sizeof(a->text), fmt, ap);
-    va_end(ap);
-}
-
-/* A store error as the NO imap_store_no() would give. */
-static void imap_app_fail_store(struct imap_append *a, int r)
-{
-    const char *code;
-
-    switch (r) {
-    case STORE_NOTFOUND: code = "[TRYCREATE] "; break;
-    case STORE_BADNAME: code = "[CANNOT] "; break;
-    case STORE_PERMISSION: code = "[NOPERM] "; break;
-    case STORE_OVERQUOTA: code = "[OVERQUOTA] "; break;
-    case STORE_TOOBIG: code = "[TOOBIG] "; break;
-    case STORE_INTERNAL: code = "[SERVERBUG] "; break;
-    default: code = "[UNAVAILABLE] "; break;
-    }
-    imap_app_fail(a, "NO", "%s%s", code,
-                  r == STORE_NOTFOUND ? "Mailbox does not exist"
-                                      : store_strerror(r));
-}
-
-static void imap_app_msg_free(struct imap_appendmsg *m)
-{
-    append_stage_free(&m->st);
-    strarray_fini(&m->kws);
-}
-
-/* A new message (MESSAGE, CATENATE): flags, date, a staging file. */
-static void imap_app_begin(struct imap_session *s, struct imap_append *a)
-{
-    const struct imapparse_append *ap = &s->cmd.append;
-    struct imap_appendmsg *m;
-    uint32_t fl;
-    int r;
-
-    a->cur = NULL;
-    a->cursize = 0;
-    if (ap->utf8 && !s->utf8_accept)
-        imap_app_fail(a, "BAD", "UTF8 message data needs ENABLE "
-                                "UTF8=ACCEPT");
-    if (!a->failed && a->n >= IMAP_APPEND_MAX_MESSAGES)
-        imap_app_fail(a, "NO", "[LIMIT] Too many messages in one APPEND "
-                               "(limit %d)", IMAP_APPEND_MAX_MESSAGES);
-    if (a->failed)
-        return;
-    if (a->n == a->alloc) {
-        size_t na = a->alloc ? a->alloc * 2 : 4;
-        struct imap_appendmsg *nm = realloc(a->msgs, na * sizeof(*nm));
-
-        if (!nm) {
-            imap_app_fail_store(a, STORE_NOMEM);
-            return;
-        }
-        a->msgs = nm;
-        a->alloc = na;
-    }
-    m = &a->msgs[a->n];
-    memset(m, 0, sizeof(*m));
-    r = append_stage_open(s->srv->conf, a->e->partition, &m->st);
-    if (r != STORE_OK) {
-        imap_app_fail_store(a, r);
-        return;
-    }
-    a->n++;
-    fl = imap_sysflags_of(&ap->flags) & imap_settable(a->rights);
-    /* the user's \Seen goes to the seen state, not the index */
-    m->seen = imap_mb_useseen(a->mb) && (fl & MAILBOX_FLAG_SEEN);
-    if (m->seen)
-        fl &= ~(uint32_t)MAILBOX_FLAG_SEEN;
-    m->sysflags = fl;
-    m->date = ap->date_set ? (int64_t)ap->date : 0;
-    if (a->rights & ACL_WRITE)
-        imap_keyword_names(ap->flags.s, ap->flags.n, &m->kws);
-    a->cur = m;
-}
-
-/* Bytes of the current message (a literal, a TEXT part, a URL's part). */
-static void imap_app_write(struct imap_append *a, const char *data, size_t n)
-{
-    int r;
-
-    if (a->failed || !a->cur)
-        return;
-    if (n > a->limit - a->cursize) {
-        imap_app_fail(a, "NO", "[TOOBIG] Message too large (limit %zu "
-                               "bytes)", a->limit);
-        return;
-    }
-    a->cursize += n;
-    r = append_stage_write(a->cur->st, data, n);
-    if (r != STORE_OK)
-        imap_app_fail_store(a, r);
-}
-
-/* The data of a MESSAGE or TEXT event: read all of it (kept while the
- * command has not failed).  0, or -1 when the connection is gone. */
-static int imap_app_read(struct imap_session *s, struct imap_append *a)
-{
-    struct buf chunk = BUF_INITIALIZER;
-    size_t left = s->cmd.append.size;
-    int binary = s->cmd.append.binary;
-
-    while (left > 0) {
-        size_t n = 0;
-
-        buf_reset(&chunk);
-        if (prot_read_some(s->p, &chunk, left < 65536 ? left : 65536, &n)
-            != PROT_OK) {
-            buf_free(&chunk);
-            return -1;
-        }
-        if (!binary && memchr(chunk.s, '\0', n))
-            imap_app_fail(a, "BAD", "NUL in a literal (send binary data "
-                                    "as a literal8 ~{n})");
-        imap_app_write(a, chunk.s, n);
-        left -= n;
-    }
-    buf_free(&chunk);
-    return 0;
-}
-
-/* The end of the current message. */
-static void imap_app_end(struct imap_append *a)
-{
-    int r;
-
-    if (a->failed || !a->cur)
-        return;
-    r = append_stage_close(a->cur->st);
-    if (r != STORE_OK)
-        imap_app_fail_store(a, r);
-    else
-        a->total += append_stage_info(a->cur->st)->size;
-    a->cur = NULL;
-}
-
-/* A BADURL answer (RFC 4469): the URL in the code, with what an
- * url-resp-text cannot hold left out. */
-static void imap_app_badurl(struct imap_append *a, const char *url,
-                            const char *why)
-{
-    char u[160];
-    size_t k = 0;
-
-    for (; *url && k + 1 < sizeof(u); url++)
-        if (*url != ']' && (unsigned char)*url >= 0x20 &&
-            (unsigned char)*url < 0x7f)
-            u[k++] = *url;
-    u[k] = '\0';
-    imap_app_fail(a, "NO", "[BADURL %s] %s", u, why);
-}
-
-/* Is the URL's host this server? */
-static int imap_url_host_ours(struct imap_session *s, const char *host)
-{
-    return strcasecmp(host, s->srv->servername) == 0 ||
-           strcasecmp(host, "localhost") == 0 ||
-           strcmp(host, "127.0.0.1") == 0 || strcmp(host, "[::1]") == 0;
-}
-
-/* A URL part of a CATENATE: the bytes it names are written to the
- * current message, or the command fails with BADURL. */
-static void imap_app_url(struct imap_session *s, struct imap_append *a)
-{
-    const char *text = s->cmd.append.url, *err = NULL;
-    struct imapurl u;
-    struct buf name = BUF_INITIALIZER, tmp = BUF_INITIALIZER;
-    struct buf part = BUF_INITIALIZER;
-    struct mboxlist_entry *e = NULL;
-    struct mailbox *mb = NULL;
-    struct mailbox_record rec;
-    struct imap_msgfile mf;
-    struct message_section sec;
-    uint32_t recno;
-    int r;
-
-    if (a->failed || !a->cur)
-        return;
-    memset(&mf, 0, sizeof(mf));
-    mf.fd = -1;
-    if (imapurl_parse(text, s->cmd.append.url_len, &u, &err) < 0) {
-        imap_app_badurl(a, text, err);
-        goto out;
-    }
-    if (u.host && !imap_url_host_ours(s, u.host)) {
-        imap_app_badurl(a, text, "Not a URL of this server");
-        goto out;
-    }
-    if (u.user && strcmp(u.user, s->userid) != 0) {
-        imap_app_badurl(a, text, "The URL is for another user");
-        goto out;
-    }
-    if (u.mailbox) {
-        r = imap_to_internal(s, imap_strip_sep(s, u.mailbox, &tmp), &name,
-                             &err);
-        if (r == STORE_OK)
-            r = imap_lookup(s, buf_cstring(&name), ACL_READ, &e);
-        if (r == STORE_OK)
-            r = mailbox_open(s->srv->conf, e->name, e->partition, &mb);
-    } else if (s->state == IMAP_SELECTED && s->sel) {
-        r = imap_lookup(s, mailbox_name(s->sel), ACL_READ, &e);
-        if (r == STORE_OK)
-            r = mailbox_open(s->srv->conf, e->name, e->partition, &mb);
-    } else {
-        r = STORE_NOTFOUND;
-    }
-    if (r != STORE_OK) {
-        imap_app_badurl(a, text, r == STORE_NOTFOUND || r == STORE_BADNAME
-                                 || r == STORE_PERMISSION
-                                 ? "No such mailbox" : store_strerror(r));
-        goto out;
-    }
-    if (u.uidvalidity &&
-        u.uidvalidity != mailbox_get_header(mb)->uidvalidity) {
-        imap_app_badurl(a, text, "UIDVALIDITY does not match");
-        goto out;
-    }
-    r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);
-    if (r == STORE_OK) {
-        r = imap_read_uid(s, mb, u.uid, &recno, &rec);
-        mailbox_unlock(mb);
-    }
-    if (r == STORE_OK)
-        r = imap_msgfile_open(mb, u.uid, &mf);
-    if (r != STORE_OK) {
-        imap_app_badurl(a, text, r == STORE_NOTFOUND ? "No such message"
-                                                     : store_strerror(r));
-        goto out;
-    }
-    memset(&sec, 0, sizeof(sec));
-    sec.part = u.part;
-    sec.npart = u.npart;
-    sec.kind = u.kind;
-    if (message_get_section(mf.msg, &sec, &part) != MESSAGE_OK) {
-        imap_app_fail_store(a, STORE_NOMEM);
-        goto out;
-    }
-    if (u.section_set && part.len == 0) {
-        imap_app_badurl(a, text, "No such section");
-        goto out;
-    }
-    {
-        size_t off = u.partial ? u.origin : 0, n;
-
-        if (off > part.len)
-            off = part.len;
-        n = part.len - off;
-        if (u.partial && u.count && u.count < n)
-            n = u.count;
-        imap_app_write(a, part.s + off, n);
-    }
-out:
-    imap_msgfile_close(&mf);
-    mailbox_close(&mb);
-    mboxlist_entry_free(&e);
-    imapurl_fini(&u);
-    buf_free(&name);
-    buf_free(&tmp);
-    buf_free(&part);
-}
-
-/* The line's end: every staged message in, in one transaction. */
-static void imap_app_commit(struct imap_session *s, struct imap_append *a)
-{
-    struct append_txn *t = NULL;
-    struct strarray allkws = STRARRAY_INITIALIZER;
-    struct buf set = BUF_INITIALIZER;
-    uint32_t *uids = NULL, *seenuids = NULL, prev = 0, uidvalidity;
-    size_t i, nseen = 0;
-    int r, run = 0;
-
-    uids = calloc(a->n, sizeof(*uids));
-    seenuids = calloc(a->n, sizeof(*seenuids));
-    r = uids && seenuids ? append_begin(s->srv->conf, &t) : STORE_NOMEM;
-    if (r == STORE_OK)
-        r = append_check_quota(t, a->mb, a->total, a->n);
-    for (i = 0; i < a->n && r == STORE_OK; i++) {
-        struct imap_appendmsg *m = &a->msgs[i];
-
-        for (size_t k = 0; k < m->kws.count; k++)
-            strarray_append(&allkws, m->kws.data[k]);
-        /* keywords go into the record before the commit: the message is
-         * never visible without them; one that cannot be defined (the
-         * mailbox has 128) refuses the APPEND, as STORE refuses it */
-        r = append_add_keywords(t, a->mb, m->st, m->date, m->sysflags,
-                                (const char *const *)m->kws.data,
-                                (size_t)m->kws.count,
-                                APPEND_KEYWORDS_STRICT | APPEND_IGNORE_QUOTA,
-                                &uids[i]);
-        if (r == STORE_OK && m->seen)
-            seenuids[nseen++] = uids[i];
-    }
-    if (r == STORE_OK)
-        r = append_commit(t);
-    else if (t)
-        append_abort(t);
-    uidvalidity = mailbox_get_header(a->mb)->uidvalidity;
-    if (r == STORE_OVERQUOTA && imap_keywords_undefined(a->mb, &allkws)) {
-        imap_tagged(s, "NO", "[LIMIT] Too many keywords in this mailbox");
-        goto out;
-    }
-    if (r != STORE_OK) {
-        imap_store_no(s, r);
-        goto out;
-    }
-    imap_seen_add_uids(s, a->mb, seenuids, nseen);
-    for (i = 0; i < a->n; i++) {
-        log_info("imap: append user=<%s> mailbox=<%s> uid=<%u> size=<%u>",
-                 s->userid, a->e->name, (unsigned)uids[i],
-                 (unsigned)append_stage_info(a->msgs[i].st)->size);
-        imap_set_add(&set, uids[i], &prev, &run);
-    }
-    imap_set_end(&set, prev, run);
-    s->nappended += a->n;
-    imap_tagged(s, "OK", "[APPENDUID %u %s] APPEND completed",
-                (unsigned)uidvalidity, buf_cstring(&set));
-out:
-    append_free(&t);
-    free(uids);
-    free(seenuids);
-    strarray_fini(&allkws);
-    buf_free(&set);
-}
-
-/* The answer for a parser result that ended the command early. */
-static void imap_app_parse_error(struct imap_session *s,
-                                 struct imap_append *a, int pr)
-{
-    switch (pr) {
-    case IMAPPARSE_REFUSED:
-        if (a->failed)
-            imap_tagged(s, a->status, "%s", a->text);
-        else
-            imap_tagged(s, s->append_refused == 1 ? "NO" : "BAD", "%s",
-                        s->cmd.error);
-        break;
-    case IMAPPARSE_TOOBIG:
-        if (s->cmd.append.size > s->opts.max_append)
-            imap_tagged(s, "NO", "[TOOBIG] %s", s->cmd.error);
-        else
-            imap_tagged(s, "BAD", "%s", s->cmd.error);
-        break;
-    case IMAPPARSE_BAD:
-    case IMAPPARSE_BADCHARSET:
-        imap_tagged(s, "BAD", "%s", s->cmd.error);
-        break;
-    case IMAPPARSE_TIMEOUT:
-        prot_puts(s->p, "* BYE Autologout; idle for too long\r\n");
-        s->end_reason = "autologout";
-        s->quit = 1;
-        break;
-    case IMAPPARSE_DESYNC:
-    case IMAPPARSE_NOMEM:
-        prot_printf(s->p, "* BYE %s\r\n", s->cmd.error ? s->cmd.error
-                                                       : "Protocol error");
-        s->end_reason = "error";
-        s->quit = 1;
-        break;
-    default:        /* EOF, IOERROR, INTERRUPTED: the client is gone */
-        s->quit = 1;
-        break;
-    }
-}
-
-/* APPEND: the command's events (imapparse.h) one by one; the first was
- * read with the command. */
-static void imap_cmd_append(struct imap_session *s)
-{
-    struct imap_append a;
-    int r, pr = IMAPPARSE_OK;
-    size_t i;
-
-    memset(&a, 0, sizeof(a));
-    a.limit = imap_appendlimit(s->srv);
-    r = imap_dest_open(s, 0, &a.e, &a.mb);
-    if (r != STORE_OK)
-        imap_app_fail_store(&a, r);
-    else
-        a.rights = imap_rights(s, a.e->name, a.e->acl);
-    s->app = &a;
-    for (;;) {
-        switch (s->cmd.append.event) {
-        case IMAPPARSE_APPEND_MESSAGE:
-            imap_app_begin(s, &a);
-            if (imap_app_read(s, &a) != 0) {
-                s->quit = 1;
-                goto out;
-            }
-            imap_app_end(&a);
-            break;
-        case IMAPPARSE_APPEND_CATENATE:
-            imap_app_begin(s, &a);
-            break;
-        case IMAPPARSE_APPEND_TEXT:
-            if (imap_app_read(s, &a) != 0) {
-                s->quit = 1;
-                goto out;
-            }
-            break;
-        case IMAPPARSE_APPEND_URL:
-            imap_app_url(s, &a);
-            break;
-        case IMAPPARSE_APPEND_CATEND:
-            imap_app_end(&a);
-            break;
-        case IMAPPARSE_APPEND_END:
-            goto done;
-        }
-        pr = imapparse_append_next(s->p, &s->opts, &s->cmd);
-        if (pr != IMAPPARSE_OK) {
-            imap_app_parse_error(s, &a, pr);
-            goto out;
-        }
-    }
-done:
-    if (a.failed)
-        imap_tagged(s, a.status, "%s", a.text);
-    else
-        imap_app_commit(s, &a);
-out:
-    s->app = NULL;
-    for (i = 0; i < a.n; i++)
-        imap_app_msg_free(&a.msgs[i]);
-    free(a.msgs);
-    mailbox_close(&a.mb);
-    mboxlist_entry_free(&a.e);
 }
 
 /* A stage for message `rec` of the selected mailbox on `partition`: a
@@ -4531,27 +4046,12 @@ static int imap_continue(void *rock, struct prot *p, size_t size, int append,
     struct imap_session *s = rock;
 
     if (append && s->app) {
-        /* the second and later data literals of an APPEND: a failed
-         * command takes no more data; a CATENATE message stays in the
-         * limit as a whole */
-        struct imap_append *a = s->app;
+        /* the second and later data literals of an APPEND */
+        int refused = appendcmd_more(s->app, &s->cmd, s->utf8_accept, size,
+                                     error_r);
 
-        if (!a->failed && a->cur &&
-            s->cmd.append.event == IMAPPARSE_APPEND_TEXT &&
-            size > a->limit - a->cursize)
-            imap_app_fail(a, "NO", "[TOOBIG] Message too large (limit %zu "
-                                   "bytes)", a->limit);
-        if (!a->failed &&
-            s->cmd.append.event == IMAPPARSE_APPEND_MESSAGE &&
-            a->n >= IMAP_APPEND_MAX_MESSAGES)
-            imap_app_fail(a, "NO", "[LIMIT] Too many messages in one APPEND "
-                                   "(limit %d)", IMAP_APPEND_MAX_MESSAGES);
-        if (!a->failed && s->cmd.append.utf8 && !s->utf8_accept)
-            imap_app_fail(a, "BAD", "UTF8 message data needs ENABLE "
-                                    "UTF8=ACCEPT");
-        if (a->failed) {
-            s->append_refused = strcmp(a->status, "BAD") == 0 ? 2 : 1;
-            *error_r = a->text;
+        if (refused) {
+            s->append_refused = refused;
             return -1;
         }
     } else if (append) {
@@ -4751,7 +4251,7 @@ static void imap_command(struct imap_session *s)
     case IMAPPARSE_CMD_GETQUOTAROOT: quotacmd_getquotaroot(s); break;
     case IMAPPARSE_CMD_SETQUOTA: quotacmd_setquota(s); break;
     case IMAPPARSE_CMD_APPEND:
-        imap_cmd_append(s);
+        appendcmd_append(s);
         break;
     case IMAPPARSE_CMD_SELECT:
         imap_cmd_select(s, 0);
@@ -5013,6 +4513,58 @@ void imap_reply(struct imap_session *s, const char *status,
 void imap_reply_store_error(struct imap_session *s, int r)
 {
     imap_store_no(s, r);
+}
+
+size_t imap_append_limit(const struct imap_session *s)
+{
+    return imap_appendlimit(s->srv);
+}
+
+int imap_append_next(struct imap_session *s)
+{
+    return imapparse_append_next(s->p, &s->opts, &s->cmd);
+}
+
+void imap_set_append(struct imap_session *s, struct appendcmd *a)
+{
+    s->app = a;
+}
+
+int imap_append_refused(const struct imap_session *s)
+{
+    return s->append_refused;
+}
+
+size_t imap_max_append(const struct imap_session *s)
+{
+    return s->opts.max_append;
+}
+
+void imap_count_appended(struct imap_session *s, size_t n)
+{
+    s->nappended += n;
+}
+
+void imap_end_session(struct imap_session *s, const char *reason)
+{
+    if (reason)
+        s->end_reason = reason;
+    s->quit = 1;
+}
+
+int imap_utf8_accepted(const struct imap_session *s)
+{
+    return s->utf8_accept;
+}
+
+const char *imap_servername(const struct imap_session *s)
+{
+    return s->srv->servername;
+}
+
+struct mailbox *imap_selected_mailbox(const struct imap_session *s)
+{
+    return s->state == IMAP_SELECTED ? s->sel : NULL;
 }
 
 void imap_put_quoted(struct prot *p, const char *str)

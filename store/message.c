@@ -1451,8 +1451,18 @@ int message_write_section(const struct message *msg,
                 n = count;
         }
         if (buf_printf(out, "{%zu}\r\n", n) < 0
-            || (n > 0 && buf_append(out, tmp.s + origin, n) < 0))
+            || (n > 0 && buf_append(out, tmp.s + origin, n) < 0)) {
             r = MESSAGE_NOMEM;
+        } else {
+            /* RFC 3501 9 (and RFC 9051 9): no NUL in a literal; the
+             * octets stay where they are, so sizes and partial
+             * offsets keep their meaning (BINARY sends them as they
+             * are, in a literal8) */
+            char *p = out->s + out->len - n, *end = out->s + out->len;
+
+            while ((p = memchr(p, '\0', (size_t)(end - p))) != NULL)
+                *p++ = (char)0x80;
+        }
     }
     buf_free(&tmp);
     return r;

@@ -155,6 +155,9 @@ int message_get_section(const struct message *msg,
 /* Append a section as an IMAP literal "{n}\r\n<bytes>", cut to the partial
  * range: `origin` octets skipped, at most `count` octets sent (count
  * SIZE_MAX for the whole rest).  An origin past the end gives "{0}\r\n".
+ * A literal holds no NUL (RFC 3501 9): each NUL octet of the section is
+ * sent as 0x80, one for one, so n and the offsets are those of the
+ * stored bytes (message_get_section() and BINARY keep the NULs).
  * The "BODY[...]<origin>" label is the caller's.  Returns as
  * message_get_section(). */
 int message_write_section(const struct message *msg,

@@ -4,7 +4,8 @@ extensions imapd sends: UIDPLUS (RFC 4315) APPENDUID/COPYUID codes,
 CONDSTORE (RFC 7162) HIGHESTMODSEQ/NOMODSEQ/MODIFIED codes, FETCH MODSEQ
 and SEARCH (MODSEQ n), ENABLE (RFC 5161), ID (RFC 2971), NAMESPACE
 (RFC 2342), ACL (RFC 4314: ACL, LISTRIGHTS, MYRIGHTS), QUOTA (RFC 9208:
-QUOTA, QUOTAROOT), ESEARCH (RFC 4731, also as ESORT's answer, RFC 5267),
+QUOTA, QUOTAROOT), ESEARCH (RFC 4731, also as ESORT's answer, RFC 5267,
+with RFC 5267's PARTIAL, ADDTO and REMOVEFROM),
 SORT and THREAD (RFC 5256), QRESYNC (RFC 7162: VANISHED,
 VANISHED (EARLIER)), LIST-EXTENDED (RFC 5258: mbox-list-extended
 items such as CHILDINFO after the name), LIST-STATUS (RFC 5819, STATUS
@@ -483,11 +484,35 @@ class Parser:
         seen = set()
         while self.opt(b" "):
             w = self.atom().upper()
-            if w in seen:
+            if w in seen and w not in (b"ADDTO", b"REMOVEFROM"):
                 self.fail("repeated ESEARCH item %r" % w)
             seen.add(w)
+            if b"ALL" in seen and b"PARTIAL" in seen:
+                self.fail("ALL and PARTIAL together")
             self.sp()
-            if w in (b"MIN", b"MAX"):
+            if w in (b"ADDTO", b"REMOVEFROM"):
+                # RFC 5267: "(" context-position SP sequence-set
+                # *(SP context-position SP sequence-set) ")"
+                self.lit(b"(")
+                while True:
+                    self.number()
+                    self.sp()
+                    self.seq_set(False)
+                    if not self.opt(b" "):
+                        break
+                self.lit(b")")
+            elif w == b"PARTIAL":
+                # RFC 5267 4.4: "(" nz-number ":" nz-number SP
+                # (sequence-set / "NIL") ")"
+                self.lit(b"(")
+                self.number(nz=True)
+                self.lit(b":")
+                self.number(nz=True)
+                self.sp()
+                if not self.opt(b"NIL"):
+                    self.seq_set(False)
+                self.lit(b")")
+            elif w in (b"MIN", b"MAX"):
                 self.number(nz=True)
             elif w == b"ALL":
                 self.seq_set(False)
@@ -908,6 +933,10 @@ SELFTEST_GOOD = [
     b'* ESEARCH (TAG "a") UID ALL 1:3 MODSEQ 917162500',
     b'* ESEARCH (TAG "A284")',
     b"* ESEARCH COUNT 0",
+    b'* ESEARCH (TAG "A1") UID PARTIAL (1:100 200:250,300) COUNT 60',
+    b'* ESEARCH (TAG "A2") PARTIAL (501:1000 NIL)',
+    b'* ESEARCH (TAG "B01") UID ADDTO (0 32768:32769)',
+    b'* ESEARCH (TAG "C01") UID ADDTO (1 2733 1 2732) REMOVEFROM (0 5)',
     b"* SORT 2 84 882",
     b"* SORT",
     b"* THREAD (2)(3 6 (4 23)(44 7 96))",
@@ -961,6 +990,13 @@ SELFTEST_BAD = [
     b'* ESEARCH (TAG "a") MIN 0',
     b'* ESEARCH (TAG "a") COUNT 1 COUNT 2',
     b'* ESEARCH (TAG "a") FOO 1',
+    b'* ESEARCH (TAG "a") PARTIAL (0:5 1)',
+    b'* ESEARCH (TAG "a") PARTIAL (1:5)',
+    b'* ESEARCH (TAG "a") PARTIAL 1:5 1',
+    b'* ESEARCH (TAG "a") ALL 1 PARTIAL (1:5 1)',
+    b'* ESEARCH (TAG "a") ADDTO ()',
+    b'* ESEARCH (TAG "a") ADDTO (1)',
+    b'* ESEARCH (TAG "a") REMOVEFROM (0 *)',
     b"* SORT 0",
     b"* THREAD (2)(3 (4))",
     b"* THREAD ((3))",

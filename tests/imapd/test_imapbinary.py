@@ -9,7 +9,9 @@ sent as a literal; a partial <o.n> counts decoded bytes; an unknown
 Content-Transfer-Encoding answers NO [UNKNOWN-CTE] (and does not set
 \\Seen); BINARY.PEEK leaves \\Seen alone, BINARY sets it; a message/rfc822
 part and BINARY[] are sent as stored; a part that does not exist is NIL
-(size 0); malformed BINARY items are BAD and the session goes on.
+(size 0); malformed BINARY items are BAD and the session goes on.  A
+message stored with NUL octets is sent by BODY[...] and RFC822* with
+0x80 for each NUL (a literal holds no NUL), by BINARY[] as stored.
 
 UTF8=ACCEPT: ENABLE UTF8=ACCEPT is answered "* ENABLED UTF8=ACCEPT";
 then mailbox names are UTF-8 in CREATE/LIST/LSUB/STATUS/SELECT/RENAME,
@@ -155,6 +157,58 @@ def test_binary_base64_nul():
                 + SINGLE_BODY + b" BINARY.SIZE[1] %d)" % len(SINGLE_BODY))
         check(r[0] == want, "single part: %r" % r[0])
         ok(c.cmd("l1", "LOGOUT"), "l1")
+
+
+NUL_MSG = (b"From: <ann@example.com>\r\nSubject: nul\0here\r\n\r\n"
+           b"line\0one\r\n\0\r\n")
+
+
+def test_body_with_nul():
+    """A message stored with NUL octets (APPEND of a literal8): BODY[],
+    BODY[TEXT], BODY[HEADER.FIELDS], a partial BODY[]<o.n>, RFC822,
+    RFC822.HEADER and RFC822.TEXT are literals (no literal8 outside
+    BINARY, RFC 3516 4.3) with each NUL sent as 0x80, octet for octet,
+    so the sizes match RFC822.SIZE; BINARY[] sends the stored bytes,
+    NULs included, as a literal8.  Every response passes imapgrammar.py,
+    which refuses a NUL in a literal."""
+    i = inst()
+    i.create("user.alice.NUL")
+    x = NUL_MSG.replace(b"\0", b"\x80")
+    hdr_len = NUL_MSG.index(b"\r\n\r\n") + 4
+    with session(i) as c:
+        c.send(b"a1 APPEND INBOX.NUL ~{%d+}\r\n" % len(NUL_MSG) + NUL_MSG
+               + b"\r\n")
+        r = c.until_tagged("a1")
+        check(r[-1].startswith(b"a1 OK"), "APPEND: %r" % r)
+        ok(c.cmd("s1", "SELECT INBOX.NUL"), "s1")
+        cases = [
+            ("BODY.PEEK[]", b"BODY[] {%d}\r\n" % len(x) + x),
+            ("BODY.PEEK[TEXT]", b"BODY[TEXT] {%d}\r\n" % (len(x) - hdr_len)
+             + x[hdr_len:]),
+            ("BODY.PEEK[HEADER.FIELDS (SUBJECT)]",
+             b"BODY[HEADER.FIELDS (SUBJECT)] {21}\r\n"
+             b"Subject: nul\x80here\r\n\r\n"),
+            ("BODY.PEEK[]<%d.6>" % (hdr_len + 2),
+             b"BODY[]<%d> {6}\r\n" % (hdr_len + 2) +
+             x[hdr_len + 2:hdr_len + 8]),
+            ("RFC822.HEADER", b"RFC822.HEADER {%d}\r\n" % hdr_len
+             + x[:hdr_len]),
+            ("RFC822.SIZE", b"RFC822.SIZE %d" % len(NUL_MSG)),
+            ("BINARY.PEEK[]", b"BINARY[] ~{%d}\r\n" % len(NUL_MSG)
+             + NUL_MSG),
+            ("RFC822.TEXT", b"RFC822.TEXT {%d}\r\n" % (len(x) - hdr_len)
+             + x[hdr_len:]),
+            ("RFC822", b"RFC822 {%d}\r\n" % len(x) + x),
+        ]
+        for n, (item, want) in enumerate(cases):
+            tag = "f%d" % n
+            r = ok(fetch1(c, tag, "FETCH 1 (%s)" % item), tag)
+            # RFC822(.TEXT) set \Seen: its FLAGS come along once
+            got = re.sub(rb" FLAGS \([^)]*\)\)$", b")", r[0])
+            check(got == b"* 1 FETCH (" + want + b")",
+                  "%s: %r, want %r" % (item, r[0], want))
+        ok(c.cmd("l1", "LOGOUT"), "l1")
+    check(i.messages("user.alice.NUL") == [NUL_MSG], "stored bytes changed")
 
 
 def test_binary_qp_and_partial():
@@ -464,6 +518,7 @@ def finish():
 if __name__ == "__main__":
     rc = run_imap_tests([
         test_binary_base64_nul,
+        test_body_with_nul,
         test_binary_qp_and_partial,
         test_binary_unknown_cte,
         test_binary_seen,

@@ -470,6 +470,85 @@ def test_searchres_rfc5182():
         check(r[0] == b"* SEARCH", "$ after SELECT %r" % r)
 
 
+def test_partial_rfc5267():
+    """RETURN (PARTIAL lo:hi) (RFC 5267 4.4) on SEARCH, UID SEARCH and
+    SORT: the lo-th to hi-th of the result (SORT: in sort order), a
+    reversed range as the same range, a range past the end NIL, MIN MAX
+    COUNT still of the whole result; with SAVE only the range is saved;
+    ALL with PARTIAL, a zero, a missing or malformed range and a repeated
+    PARTIAL are BAD and the session goes on.  CONTEXT=SEARCH and
+    CONTEXT=SORT are not offered (no UPDATE)."""
+    i = inst()
+    esearch_box(i, "PA")
+    sort_box(i, "PS")
+    with ZRaw(i.addr()) as c:
+        login(c)
+        ok(c.cmd("s1", "SELECT INBOX.PA"), "s1")
+        ok(c.cmd("s2", "STORE 2,5,10:11 +FLAGS.SILENT (\\Flagged)"), "s2")
+        ok(c.cmd("s3", "STORE 1 +FLAGS.SILENT (\\Deleted)"), "s3")
+        ok(c.cmd("s4", "EXPUNGE"), "s4")      # numbers 1..10, UIDs 2..11
+        cases = [
+            ("p1", "SEARCH RETURN (PARTIAL 1:3) ALL",
+             b'* ESEARCH (TAG "p1") PARTIAL (1:3 1:3)'),
+            ("p2", "UID SEARCH RETURN (PARTIAL 2:4) ALL",
+             b'* ESEARCH (TAG "p2") UID PARTIAL (2:4 3:5)'),
+            ("p3", "SEARCH RETURN (PARTIAL 3:2) FLAGGED",
+             b'* ESEARCH (TAG "p3") PARTIAL (2:3 4,9)'),
+            ("p4", "SEARCH RETURN (PARTIAL 3:100 COUNT MIN MAX) FLAGGED",
+             b'* ESEARCH (TAG "p4") MIN 1 MAX 10 PARTIAL (3:100 9:10)'
+             b' COUNT 4'),
+            ("p5", "SEARCH RETURN (PARTIAL 5:9) FLAGGED",
+             b'* ESEARCH (TAG "p5") PARTIAL (5:9 NIL)'),
+            ("p6", "SEARCH RETURN (PARTIAL 1:10) SUBJECT nothing-like-it",
+             b'* ESEARCH (TAG "p6") PARTIAL (1:10 NIL)'),
+            ("p7", "UID SEARCH RETURN (PARTIAL 4294967295:10) ALL",
+             b'* ESEARCH (TAG "p7") UID PARTIAL (10:4294967295 11)'),
+        ]
+        for tag, cmd, want in cases:
+            r = ok(c.cmd(tag, cmd), tag)
+            check(len(r) == 2 and r[0] == want, "%s: %r, want %r"
+                  % (cmd, r, want))
+        # SAVE with PARTIAL keeps only the range
+        r = ok(c.cmd("v1", "SEARCH RETURN (SAVE PARTIAL 2:3) FLAGGED"), "v1")
+        check(r[0] == b'* ESEARCH (TAG "v1") PARTIAL (2:3 4,9)', "%r" % r)
+        r = ok(c.cmd("v2", "UID SEARCH UID $"), "v2")
+        check(r[0] == b"* SEARCH 5 10", "SAVE PARTIAL %r" % r)
+        for n, bad in enumerate(["SEARCH RETURN (ALL PARTIAL 1:2) ALL",
+                                 "SEARCH RETURN (PARTIAL 1:2 ALL) ALL",
+                                 "SEARCH RETURN (PARTIAL 0:5) ALL",
+                                 "SEARCH RETURN (PARTIAL 1) ALL",
+                                 "SEARCH RETURN (PARTIAL 1:*) ALL",
+                                 "SEARCH RETURN (PARTIAL -1:5) ALL",
+                                 "SEARCH RETURN (PARTIAL) ALL",
+                                 "SEARCH RETURN (PARTIAL 1:2 PARTIAL 3:4) "
+                                 "ALL",
+                                 "SEARCH RETURN (PARTIAL 1:4294967296) ALL",
+                                 "SEARCH RETURN (UPDATE) ALL",
+                                 "SORT RETURN (ALL PARTIAL 1:2) (DATE) "
+                                 "UTF-8 ALL"]):
+            tag = "b%d" % n
+            r = c.cmd(tag, bad)
+            check(r[-1].startswith(tag.encode() + b" BAD"), "%s: %r"
+                  % (bad, r))
+            ok(c.cmd("n%d" % n, "NOOP"), "n%d" % n)
+        # ESORT: positions in the sort order (SORT (DATE) is 8 6 2 1 3 4
+        # 5 7, UIDs 9 7 3 2 4 5 6 8)
+        ok(c.cmd("s5", "SELECT INBOX.PS"), "s5")
+        ok(c.cmd("s6", "STORE 1 +FLAGS.SILENT (\\Deleted)"), "s6")
+        ok(c.cmd("s7", "EXPUNGE"), "s7")
+        r = ok(c.cmd("e1", "SORT RETURN (PARTIAL 2:5 MIN) (DATE) UTF-8 "
+                     "ALL"), "e1")
+        check(r[0] == b'* ESEARCH (TAG "e1") MIN 8 PARTIAL (2:5 6,2,1,3)',
+              "ESORT PARTIAL %r" % r)
+        r = ok(c.cmd("e2", "UID SORT RETURN (PARTIAL 6:20) (DATE) UTF-8 "
+                     "ALL"), "e2")
+        check(r[0] == b'* ESEARCH (TAG "e2") UID PARTIAL (6:20 5:6,8)',
+              "UID ESORT PARTIAL %r" % r)
+        r = ok(c.cmd("c1", "CAPABILITY"), "c1")
+        for cap in (b"CONTEXT=SEARCH", b"CONTEXT=SORT"):
+            check(cap not in caps_of(r), "%s offered: %r" % (cap, r))
+
+
 def test_within_rfc5032():
     """OLDER / YOUNGER on the internal date: one message appended with a
     date in 2020, one now."""
@@ -487,7 +566,7 @@ def test_within_rfc5032():
         ok(c.cmd("s1", "SELECT INBOX.W"), "s1")
         cases = [("SEARCH YOUNGER 259200", b"* SEARCH 2"),
                  ("SEARCH OLDER 259200", b"* SEARCH 1"),
-                 ("SEARCH OLDER 1 YOUNGER 1000000000", b"* SEARCH 1"),
+                 ("SEARCH OLDER 3600 YOUNGER 1000000000", b"* SEARCH 1"),
                  ("UID SEARCH RETURN (COUNT) YOUNGER 3600",
                   b'* ESEARCH (TAG "t3") UID COUNT 1'),
                  ("SEARCH NOT OLDER 3600", b"* SEARCH 2")]
@@ -702,6 +781,7 @@ if __name__ == "__main__":
         test_imaplib_unaffected,
         test_esearch_rfc4731,
         test_searchres_rfc5182,
+        test_partial_rfc5267,
         test_within_rfc5032,
         test_sort_rfc5256,
         test_thread_rfc5256,

@@ -164,6 +164,39 @@ static void test_simple(void **state)
     message_free(&m);
 }
 
+/* ---- NUL octets: 0x80 in a literal, kept by message_get_section ---- */
+
+static void test_nul_in_literal(void **state)
+{
+    static const char raw[] = "Subject: n\0l\r\n\r\nab\0c\0\r\n";
+    struct message *m = NULL;
+    struct message_section sec;
+    struct buf out = BUF_INITIALIZER;
+    (void)state;
+
+    assert_int_equal(message_parse(raw, sizeof(raw) - 1, &m), MESSAGE_OK);
+    memset(&sec, 0, sizeof(sec));
+    sec.kind = MESSAGE_SECTION_TEXT;
+    assert_int_equal(message_write_section(m, &sec, 0, SIZE_MAX, &out), 0);
+    assert_int_equal(out.len, 5 + 7);
+    assert_memory_equal(out.s, "{7}\r\nab\x80" "c\x80\r\n", 12);
+    buf_reset(&out);
+    assert_int_equal(message_write_section(m, &sec, 3, 2, &out), 0);
+    assert_memory_equal(out.s, "{2}\r\nc\x80", 7);
+    buf_reset(&out);
+    sec.kind = MESSAGE_SECTION_CONTENT;
+    assert_int_equal(message_write_section(m, &sec, 0, SIZE_MAX, &out), 0);
+    assert_int_equal(out.len, 6 + sizeof(raw) - 1);
+    assert_null(memchr(out.s, '\0', out.len));
+    assert_memory_equal(out.s, "{23}\r\nSubject: n\x80l\r\n", 20);
+    buf_reset(&out);
+    assert_int_equal(message_get_section(m, &sec, &out), 0);
+    assert_int_equal(out.len, sizeof(raw) - 1);
+    assert_memory_equal(out.s, raw, sizeof(raw) - 1);
+    buf_free(&out);
+    message_free(&m);
+}
+
 /* ---- partial fetches ---- */
 
 static void test_partial(void **state)
@@ -878,6 +911,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simple),
         cmocka_unit_test(test_partial),
+        cmocka_unit_test(test_nul_in_literal),
         cmocka_unit_test(test_alternative),
         cmocka_unit_test(test_mixed),
         cmocka_unit_test(test_nested),

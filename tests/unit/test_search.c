@@ -891,13 +891,34 @@ static void test_sort_helpers(void **state)
     assert_string_equal(buf_cstring(&b), "8,6,2,1,3:5,7");
     buf_reset(&b);
     search_esearch(&b, "A1", 1, IMAPPARSE_RET_MIN | IMAPPARSE_RET_MAX |
-                   IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT, nums, 8, 0, 0);
+                   IMAPPARSE_RET_ALL | IMAPPARSE_RET_COUNT, nums, 8, 0, 0,
+                   0, 0);
     assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A1\") UID MIN 8 "
                         "MAX 7 ALL 8,6,2,1,3:5,7 COUNT 8\r\n");
     buf_reset(&b);
     search_esearch(&b, "A2", 0, IMAPPARSE_RET_MIN | IMAPPARSE_RET_COUNT,
-                   NULL, 0, 1, 5);
+                   NULL, 0, 1, 5, 0, 0);
     assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A2\") COUNT 0\r\n");
+    /* PARTIAL (RFC 5267 4.4): positions in the result, in its order */
+    buf_reset(&b);
+    search_esearch(&b, "A3", 1, IMAPPARSE_RET_PARTIAL | IMAPPARSE_RET_COUNT,
+                   nums, 8, 0, 0, 2, 5);
+    assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A3\") UID "
+                        "PARTIAL (2:5 6,2,1,3) COUNT 8\r\n");
+    buf_reset(&b);
+    search_esearch(&b, "A4", 0, IMAPPARSE_RET_PARTIAL, nums, 8, 0, 0, 7,
+                   100);
+    assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A4\") "
+                        "PARTIAL (7:100 5,7)\r\n");
+    buf_reset(&b);
+    search_esearch(&b, "A5", 0, IMAPPARSE_RET_PARTIAL | IMAPPARSE_RET_MIN,
+                   nums, 8, 0, 0, 9, 10);
+    assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A5\") MIN 8 "
+                        "PARTIAL (9:10 NIL)\r\n");
+    buf_reset(&b);
+    search_esearch(&b, "A6", 0, IMAPPARSE_RET_PARTIAL, NULL, 0, 0, 0, 1, 1);
+    assert_string_equal(buf_cstring(&b), "* ESEARCH (TAG \"A6\") "
+                        "PARTIAL (1:1 NIL)\r\n");
     buf_free(&b);
 }
 
