@@ -234,6 +234,12 @@ struct imap_session {
     size_t nmsgs, msgalloc;
     uint32_t lastuid;            /* highest uid in the view */
     int in_update;               /* imap_update() running */
+    /* the index as the view last matched it (imap_reconcile): when the
+     * header still says the same, no record changed and none is read */
+    int view_known;
+    uint64_t view_hms;
+    uint32_t view_visible, view_uidnext, view_compactions, view_uidvalidity;
+    int view_condstore, view_gone;
     int no_expunge;              /* the command may not see EXPUNGE */
     struct stat ist;             /* cyrus.index at the last update */
     int nkeywords;               /* keywords the client was told of */
@@ -1813,6 +1819,7 @@ static int imap_unselect(struct imap_session *s, int expunge)
     s->msgs = NULL;
     s->nmsgs = s->msgalloc = 0;
     s->lastuid = 0;
+    s->view_known = 0;
     s->state = IMAP_AUTH;
     return r;
 }
@@ -2255,11 +2262,24 @@ static void imap_keywords_announce(struct imap_session *s, struct buf *out)
 static int imap_reconcile(struct imap_session *s, int allow_expunge,
                           struct buf *out)
 {
-    uint32_t visible = mailbox_get_header(s->sel)->visible;
+    const struct mailbox_header *h = mailbox_get_header(s->sel);
+    uint32_t visible = h->visible;
     size_t i = 0, oldn = s->nmsgs;
     int r = STORE_OK;
 
     imap_keywords_announce(s, out);
+
+    /* every change of a record (flags, \Seen, expunge) raises the
+     * index's highest modseq, and every append its visible prefix: a
+     * header as it was at the last pass means a view that still matches,
+     * unless expunges are still to be told */
+    if (s->view_known && h->highestmodseq == s->view_hms &&
+        visible == s->view_visible && h->uidnext == s->view_uidnext &&
+        h->compactions == s->view_compactions &&
+        h->uidvalidity == s->view_uidvalidity &&
+        s->condstore == s->view_condstore &&
+        !(s->view_gone && allow_expunge))
+        return STORE_OK;
 
     for (uint32_t recno = 0; recno < visible; recno++) {
         struct mailbox_record rec;
@@ -2326,6 +2346,16 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
     } else if (s->nmsgs != oldn) {
         buf_printf(out, "* %zu EXISTS\r\n", s->nmsgs);
     }
+    s->view_gone = 0;
+    for (i = 0; i < s->nmsgs && !s->view_gone; i++)
+        s->view_gone = s->msgs[i].gone;
+    s->view_known = 1;
+    s->view_hms = h->highestmodseq;
+    s->view_visible = visible;
+    s->view_uidnext = h->uidnext;
+    s->view_compactions = h->compactions;
+    s->view_uidvalidity = h->uidvalidity;
+    s->view_condstore = s->condstore;
     return r;
 }
 

@@ -853,6 +853,14 @@ struct mailbox {
     int notify;                /* header written: wake IDLE sessions */
     struct mbx_pending *pending;  /* this process's reservations */
     size_t npending, pending_alloc;
+    /* records read ahead under the current lock (mbx_read_rec): visible
+     * records [ra_first, ra_first + ra_n), which only an exclusive lock
+     * holder rewrites (through mbx_write_rec, which keeps ra current);
+     * dropped at every lock and unlock */
+    unsigned char *ra;
+    uint32_t ra_first, ra_n;
+    uint32_t ra_next;          /* the record after the last one read:
+                                  reading it starts a sequential run */
 };
 
 static struct mailbox *mbx_registry;
@@ -926,6 +934,7 @@ static void mbx_free(struct mailbox *mb)
     free(mb->header_path);
     mbx_free_flags(mb->flags);
     free(mb->pending);
+    free(mb->ra);
     free(mb);
 }
 
@@ -987,6 +996,7 @@ static void mbx_release(struct mailbox *mb)
         log_error("mailbox: unlock failed mailbox=<%s> error=<%s>", mb->name,
                   strerror(errno));
     mb->locktype = 0;
+    mb->ra_n = 0;
     mb->records_changed = 0;
     mb->dir_changed = 0;
     mb->counters_changed = 0;
@@ -1067,12 +1077,50 @@ static int mbx_write_header(struct mailbox *mb)
 
 /* Read record recno from the file (no range check against the header).
  * STORE_NOTFOUND beyond the end of file, STORE_CORRUPT on a bad CRC. */
+/* Records read at once when a caller walks the index in order. */
+#define MBX_READAHEAD 64
+
+/* Serve recno from the read-ahead, or fill it when recno continues a
+ * sequential run of visible records.  Returns the record's bytes, or
+ * NULL for "read it alone". */
+static const unsigned char *mbx_readahead(struct mailbox *mb, uint32_t recno)
+{
+    uint32_t n;
+
+    if (!mb->locktype)
+        return NULL;
+    if (recno >= mb->ra_first && recno - mb->ra_first < mb->ra_n)
+        return mb->ra + (size_t)(recno - mb->ra_first) * MBX_REC_SIZE;
+    if (recno != mb->ra_next || recno + 1 >= mb->slot.visible)
+        return NULL;
+    n = mb->slot.visible - recno;
+    if (n > MBX_READAHEAD)
+        n = MBX_READAHEAD;
+    if (!mb->ra && !(mb->ra = malloc((size_t)MBX_READAHEAD * MBX_REC_SIZE)))
+        return NULL;
+    mb->ra_n = 0;
+    if (fs_pread_all(mb->fd, mb->ra, (size_t)n * MBX_REC_SIZE,
+                     mbx_rec_offset(recno)) < 0)
+        return NULL;            /* short or failed: the single read says */
+    mb->ra_first = recno;
+    mb->ra_n = n;
+    return mb->ra;
+}
+
 static int mbx_read_rec(struct mailbox *mb, uint32_t recno,
                         struct mailbox_record *rec)
 {
-    unsigned char p[MBX_REC_SIZE];
+    unsigned char one[MBX_REC_SIZE];
+    const unsigned char *p = mbx_readahead(mb, recno);
 
-    if (fs_pread_all(mb->fd, p, sizeof(p), mbx_rec_offset(recno)) < 0) {
+    mb->ra_next = recno + 1;
+    if (p) {
+        if (mbx_rec_decode(p, rec) == 0)
+            return STORE_OK;
+        mb->ra_n = 0;           /* the single read below logs it */
+    }
+    p = one;
+    if (fs_pread_all(mb->fd, one, sizeof(one), mbx_rec_offset(recno)) < 0) {
         if (errno == EIO)
             return STORE_NOTFOUND;
         log_error("mailbox: record read failed mailbox=<%s> error=<%s>",
@@ -1096,10 +1144,14 @@ static int mbx_write_rec(struct mailbox *mb, uint32_t recno,
     if (fs_pwrite_all(mb->fd, p, sizeof(p), mbx_rec_offset(recno)) < 0) {
         int e = errno;
 
+        mb->ra_n = 0;
         log_error("mailbox: record write failed mailbox=<%s> recno=<%u> "
                   "error=<%s>", mb->name, recno, strerror(e));
         return mbx_errno(e);
     }
+    if (recno >= mb->ra_first && recno - mb->ra_first < mb->ra_n)
+        memcpy(mb->ra + (size_t)(recno - mb->ra_first) * MBX_REC_SIZE, p,
+               sizeof(p));
     return STORE_OK;
 }
 
@@ -1707,6 +1759,7 @@ static int mbx_recover(struct mailbox *mb)
                     "mailbox=<%s> records=<%u> in_file=<%u> partial=<%u>",
                     mb->name, nvalid, nfile,
                     (unsigned)(body % MBX_REC_SIZE));
+        mb->ra_n = 0;
         if (ftruncate(mb->fd, mbx_rec_offset(nvalid)) < 0) {
             r = mbx_errno(errno);
             goto out;
@@ -1906,6 +1959,7 @@ static int mbx_lock(struct mailbox *mb, enum mailbox_locktype type)
 
     if (mb->locktype)
         return STORE_INTERNAL;
+    mb->ra_n = 0;
     r = mbx_lock_fd(mb, type == MAILBOX_LOCK_EXCLUSIVE ? F_WRLCK : F_RDLCK);
     if (r)
         return r;
@@ -2741,6 +2795,7 @@ int mailbox_append_reserve_keywords(struct mailbox *mb,
         }
     }
     if (r) {
+        mb->ra_n = 0;
         if (ftruncate(mb->fd, off) < 0)
             log_error("mailbox: truncate failed mailbox=<%s> error=<%s>",
                       mb->name, strerror(errno));
