@@ -695,7 +695,7 @@ static int cu_move(int argc, char **argv)
     struct buf cmd = BUF_INITIALIZER, args = BUF_INITIALIZER;
     const char *userid, *to, *st;
     char stamp[16] = "";
-    struct timespec t0, t1;
+    struct timespec t0, ts, t1;
     int p[2], rd, rl, r, ret = CYR_USER_EXIT_FAIL;
     pid_t pd, pl;
 
@@ -763,7 +763,7 @@ static int cu_move(int argc, char **argv)
     /* the switch: every frontend's next lookup after its cache sends here */
     if (cu_dir_cas(userid, buf_cstring(&from), to) != 0)
         goto undo;
-    buf_printf(&args, "user-mark");
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     if (cu_xfer_cmd(buf_cstring(&from), "user-mark", userid, &cmd) == 0) {
         buf_printf(&cmd, " moved %s", to);
         if (cu_run(buf_cstring(&cmd), NULL) != 0)
@@ -779,12 +779,18 @@ static int cu_move(int argc, char **argv)
                 "above); remove it with mbtool user-purge there", userid,
                 buf_cstring(&from));
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    printf("moved %s from %s to %s: %s seconds=%.3f\n", userid,
-           buf_cstring(&from), to,
-           strstr(buf_cstring(&out), "mailboxes=") ?
-           strstr(buf_cstring(&out), "mailboxes=") : "",
-           (double)(t1.tv_sec - t0.tv_sec) +
-           (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+    {
+        const char *counts = strstr(buf_cstring(&out), "mailboxes=");
+        size_t clen = counts ? strcspn(counts, "\n") : 0;
+
+        printf("moved %s from %s to %s: %.*s switched=%.3f seconds=%.3f\n",
+               userid, buf_cstring(&from), to, (int)clen,
+               counts ? counts : "",
+               (double)(ts.tv_sec - t0.tv_sec) +
+               (double)(ts.tv_nsec - t0.tv_nsec) / 1e9,
+               (double)(t1.tv_sec - t0.tv_sec) +
+               (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+    }
     ret = CYR_USER_EXIT_OK;
     goto out;
 undo:

@@ -55,7 +55,8 @@ sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "lmtpd"),
                 os.path.join(TESTS, "conformance")]
 from testlib import (TMPDIR, TOP_BUILDDIR, check, run_tests,  # noqa: E402
                      wait_until)
-from lmtphelp import MBTOOL, Conn, make_message, transaction  # noqa: E402
+from lmtphelp import (MBTOOL, Conn, dot_stuff, make_message,  # noqa: E402
+                      transaction)
 from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
 from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
 from test_lmtp_proxy import Backend  # noqa: E402
@@ -248,6 +249,22 @@ def test_marks():
         except imaplib.IMAP4.abort as e:
             check("UNAVAILABLE" in str(e) or "moved" in str(e).lower(),
                   "BYE: %r" % e)
+        # a delivery whose RCPT was accepted before the mark: its DATA
+        # gets 451, nothing is stored (the dump could have missed it)
+        n0 = B["beta"].count("user.gina")
+        with Conn(("127.0.0.1", B["beta"].lmtp_port)) as c:
+            c.reply()
+            B["beta"].mbtool("user-mark", "gina", "here")
+            check(c.cmd("LHLO client.test").code == 250, "LHLO")
+            check(c.cmd("MAIL FROM:<s@example.org>").code == 250, "MAIL")
+            r = c.cmd("RCPT TO:<gina>")
+            check(r.code == 250, "RCPT before the mark: %r" % r)
+            B["beta"].mbtool("user-mark", "gina", "moving")
+            check(c.cmd("DATA").code == 354, "DATA")
+            c.send(dot_stuff(make_message(msgid="race@test")))
+            r = c.replies(1)[0]
+            check(r.code == 451, "DATA after the mark: %r" % r)
+        check(B["beta"].count("user.gina") == n0, "stored after the mark")
         B["beta"].mbtool("user-mark", "gina", "moved", "alpha")
         r, _ = backend_deliver("beta", "gina", make_message(msgid="m3@test"))
         check(r.code == 451 and "4.2.1" in str(r), "moved: %r" % r)
@@ -372,18 +389,47 @@ def test_big():
         c.cmd("QUIT")
     info_before = B["beta"].mbtool("info", "user.big")[1]
     t0 = time.monotonic()
-    _, out, _ = cyr_user("move", "big", "alpha")
-    t = time.monotonic() - t0
+    move = subprocess.Popen([CYR_USER, "-C", FRONT.imapd_conf, "move", "big",
+                             "alpha"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    # deliveries through the frontend while it runs, and until one lands
+    # on alpha: each is 250 (stored, on beta before the mark or on alpha
+    # after the switch) or 451, and every 250 is on alpha at the end
+    acked = refused = 0
+    t = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if t is None and move.poll() is not None:
+            t = time.monotonic() - t0
+        r, final = front_deliver("big", make_message(
+            msgid="during-%d@test" % (acked + refused)))
+        code = final.code if r.code == 250 and final else r.code
+        check(code in (250, 451), "delivery during the move: %r %r"
+              % (r, final))
+        if code == 250:
+            acked += 1
+        else:
+            refused += 1
+        if code == 250 and t is not None:
+            break
+        if code == 451:
+            time.sleep(0.05)
+    out, err = move.communicate(timeout=600)
+    out = out.decode(errors="replace")
+    check(move.returncode == 0, "move: %s%s" % (out, err.decode()))
+    check(refused > 0, "no delivery was refused during the move")
     print("# move of a user with %d messages (%d bytes each) from beta to "
-          "alpha: %.2f s (%.0f messages/s); cyr_user: %s"
-          % (n, len(msg), t, n / t, out.strip()))
+          "alpha: %.2f s (%.0f messages/s), deliveries through the frontend "
+          "meanwhile: %d refused (451), %d stored; cyr_user: %s"
+          % (n, len(msg), t, n / t, refused, acked, out.strip()))
+    _, out, _ = B["alpha"].mbtool("list", "user.big")
     info_after = B["alpha"].mbtool("info", "user.big")[1]
 
     def field(text, name):
         return re.search(r"^%s: (\d+)$" % name, text, re.M).group(1)
-    # n messages below uidnext n + 1: every UID 1..n is there
+    # the UIDs of the dump, then the deliveries after the switch
     for f, want in (("uidvalidity", field(info_before, "uidvalidity")),
-                    ("uidnext", str(n + 1)), ("messages", str(n))):
+                    ("messages", str(n + acked))):
         check(field(info_after, f) == want, "alpha's user.big %s: %s, want "
               "%s" % (f, field(info_after, f), want))
     check(mailboxes("beta", "big") == [], "beta kept big")
