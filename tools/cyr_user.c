@@ -58,6 +58,7 @@
 #include "lib/tls.h"
 #include "store/autocreate.h"
 #include "store/directory.h"
+#include "store/userid.h"
 
 #define CYR_USER_EXIT_OK 0
 #define CYR_USER_EXIT_FAIL 1
@@ -69,6 +70,22 @@ static const struct imapconf *cu_conf;
 static struct directory_peer *cu_peers;
 static size_t cu_npeers;
 static struct tls_client *cu_tls;
+static struct userid_policy cu_policy;
+static struct buf cu_user = BUF_INITIALIZER;
+
+/* The internal user id of a command-line argument (userid_canon(), the
+ * way lmtpd and imapd make it), in cu_user.  0, or -1 (said). */
+static int cu_userid(const char *arg)
+{
+    const char *err = NULL;
+
+    if (userid_canon(&cu_policy, arg, NULL, &cu_user, &err) != 0) {
+        fprintf(stderr, "%s: not a user id: %s (%s)\n", cu_progname, arg,
+                err ? err : "invalid");
+        return -1;
+    }
+    return 0;
+}
 
 static void cu_usage(FILE *out)
 {
@@ -393,13 +410,18 @@ static int cu_imap_open(struct cu_imap *c, const char *name,
     return ret;
 }
 
-/* The internal-style name "user" SEP userid as the admin writes it. */
+/* The user's INBOX as an admin writes it: "user" SEP userid; with '.'
+ * as the separator a '.' of the local part is written '^' (the part
+ * after '@' is the domain, kept). */
 static void cu_inbox_name(const char *userid, struct buf *out)
 {
     int unixsep = imapconf_getswitch(cu_conf, "unixhierarchysep");
+    const char *at = strchr(userid, '@'), *p;
 
     buf_reset(out);
-    buf_printf(out, "user%c%s", unixsep ? '/' : '.', userid);
+    buf_printf(out, "user%c", unixsep ? '/' : '.');
+    for (p = userid; *p; p++)
+        buf_putc(out, !unixsep && *p == '.' && (!at || p < at) ? '^' : *p);
 }
 
 /* ---- commands ---------------------------------------------------------------- */
@@ -411,7 +433,9 @@ static int cu_where(int argc, char **argv)
 
     if (argc != 2)
         return cu_fail("usage: where USER"), CYR_USER_EXIT_USAGE;
-    r = cu_dir_get(argv[1], &b);
+    if (cu_userid(argv[1]))
+        return CYR_USER_EXIT_FAIL;
+    r = cu_dir_get(buf_cstring(&cu_user), &b);
     if (r == 1)
         printf("%s\n", buf_cstring(&b));
     else if (r == 0)
@@ -537,7 +561,9 @@ static int cu_create(int argc, char **argv)
 
     if (argc < 2 || argc > 3)
         return cu_fail("usage: create USER [BACKEND]"), CYR_USER_EXIT_USAGE;
-    userid = argv[1];
+    if (cu_userid(argv[1]))
+        return CYR_USER_EXIT_FAIL;
+    userid = buf_cstring(&cu_user);
     r = cu_dir_get(userid, &b);
     if (r != 0) {
         if (r == 1)
@@ -592,16 +618,18 @@ static int cu_delete(int argc, char **argv)
 
     if (argc != 2)
         return cu_fail("usage: delete USER"), CYR_USER_EXIT_USAGE;
-    r = cu_dir_get(argv[1], &b);
+    if (cu_userid(argv[1]))
+        return CYR_USER_EXIT_FAIL;
+    r = cu_dir_get(buf_cstring(&cu_user), &b);
     if (r != 1) {
         if (r == 0)
-            cu_fail("%s has no directory record", argv[1]);
+            cu_fail("%s has no directory record", buf_cstring(&cu_user));
         buf_free(&b);
         return CYR_USER_EXIT_FAIL;
     }
-    r = cu_delete_inbox(buf_cstring(&b), argv[1]);
+    r = cu_delete_inbox(buf_cstring(&b), buf_cstring(&cu_user));
     if (r == 0)
-        r = cu_dir_cas(argv[1], buf_cstring(&b), NULL);
+        r = cu_dir_cas(buf_cstring(&cu_user), buf_cstring(&b), NULL);
     buf_free(&b);
     return r == 0 ? CYR_USER_EXIT_OK : CYR_USER_EXIT_FAIL;
 }
@@ -701,7 +729,9 @@ static int cu_move(int argc, char **argv)
 
     if (argc != 3)
         return cu_fail("usage: move USER BACKEND"), CYR_USER_EXIT_USAGE;
-    userid = argv[1];
+    if (cu_userid(argv[1]))
+        return CYR_USER_EXIT_FAIL;
+    userid = buf_cstring(&cu_user);
     to = argv[2];
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (directory_peers_find(cu_peers, cu_npeers, to) < 0)
@@ -844,6 +874,12 @@ int main(int argc, char **argv)
     }
     cu_conf = conf;
     cyrusdb_etcd_configure(conf);
+    if (userid_policy_init(conf, &cu_policy, &err) != 0) {
+        fprintf(stderr, "%s: bad defaultdomain: %s\n", cu_progname,
+                err ? err : "out of memory");
+        imapconf_free(&conf);
+        return CYR_USER_EXIT_FAIL;
+    }
     if (directory_peers_parse(imapconf_getstring(conf, "proxy_imap_backends"),
                               &cu_peers, &cu_npeers, &err) != 0) {
         fprintf(stderr, "%s: proxy_imap_backends: %s\n", cu_progname, err);
@@ -880,6 +916,8 @@ int main(int argc, char **argv)
     }
     tls_client_free(&cu_tls);
     directory_peers_free(cu_peers, cu_npeers);
+    userid_policy_free(&cu_policy);
+    buf_free(&cu_user);
     imapconf_free(&conf);
     return ret;
 }

@@ -210,6 +210,13 @@ def test_create():
     check("placed already" in err, "second create: %r" % err)
     check(where("erin") == "beta" and mailboxes("alpha", "erin") == [],
           "the second create changed something")
+    # bad input: a clear error, nothing placed
+    _, _, err = cyr_user("create", "bad user", rc=1)
+    check("not a user id" in err, "bad user id: %r" % err)
+    _, _, err = cyr_user("create", "frank", "gamma", rc=1)
+    check("no backend gamma" in err, "unknown backend: %r" % err)
+    cyr_user("where", "frank", rc=1)
+    cyr_user("frobnicate", rc=2)
     # explicit backend
     cyr_user("create", "frank", "alpha")
     check(where("frank") == "alpha", "frank: %r" % where("frank"))
