@@ -843,6 +843,10 @@ out:
 
 int main(int argc, char **argv)
 {
+    static const struct option cu_longopts[] = {
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 }
+    };
     const char *config = IMAPCONF_DEFAULT_PATH, *cmd, *err = NULL;
     struct imapconf *conf = NULL;
     char *cerr = NULL;
@@ -854,7 +858,7 @@ int main(int argc, char **argv)
     log_init(cu_progname, LOG_TO_STDERR);
     log_set_info(0);
     signal(SIGPIPE, SIG_IGN);
-    while ((opt = getopt(argc, argv, "+C:h")) != -1) {
+    while ((opt = getopt_long(argc, argv, "+C:h", cu_longopts, NULL)) != -1) {
         switch (opt) {
         case 'C': config = optarg; break;
         case 'h': cu_usage(stdout); return CYR_USER_EXIT_OK;
