@@ -594,14 +594,12 @@ static int cu_create(int argc, char **argv)
     if (r == 0)
         r = cu_imap_cmd(&c, NULL, NULL, "CREATE %s", buf_cstring(&q));
     cu_imap_close(&c);
-    if (r == 0 && cu_create_folders(backend, userid) != 0)
-        r = -1;
-    if (r == 0 && cu_dir_cas(userid, NULL, backend) != 0) {
-        /* another placement won, or the directory failed: undo ours */
+    /* from here on the INBOX is ours: a failure deletes it again (an
+     * INBOX that existed before made CREATE fail and is never touched) */
+    if (r == 0 && (cu_create_folders(backend, userid) != 0 ||
+                   cu_dir_cas(userid, NULL, backend) != 0)) {
         (void)cu_delete_inbox(backend, userid);
         r = -1;
-    } else if (r != 0) {
-        (void)cu_delete_inbox(backend, userid);
     }
     if (r == 0)
         printf("%s %s\n", userid, backend);

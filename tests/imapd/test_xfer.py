@@ -217,6 +217,15 @@ def test_create():
     check("no backend gamma" in err, "unknown backend: %r" % err)
     cyr_user("where", "frank", rc=1)
     cyr_user("frobnicate", rc=2)
+    # a backend that has the INBOX already (no record): refused, and the
+    # mailbox there is left alone
+    B["alpha"].mbtool("create", "user.gina")
+    _, _, err = cyr_user("create", "gina", "alpha", rc=1)
+    check("CREATE" in err, "create over an existing INBOX: %r" % err)
+    check(mailboxes("alpha", "gina") == ["user.gina"], "alpha's user.gina "
+          "touched: %r" % mailboxes("alpha", "gina"))
+    cyr_user("where", "gina", rc=1)
+    B["alpha"].mbtool("delete", "user.gina")
     # explicit backend
     cyr_user("create", "frank", "alpha")
     check(where("frank") == "alpha", "frank: %r" % where("frank"))
