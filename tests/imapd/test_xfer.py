@@ -13,11 +13,16 @@ imapd.conf (the ssh-less form of "ssh %b mbtool").
             backend with fewer mailboxes, with the INBOX, the autocreate
             folders (special use) and their subscriptions, and writes the
             record; a second create of the user is refused and changes
-            nothing; an explicit backend is honoured
+            nothing; a bad user id, an unknown backend, an unknown
+            command are refused; a backend holding the INBOX already
+            (no record) refuses and its mailbox is left alone; an
+            explicit backend is honoured
   marks     a user marked "moving" on its backend: deliveries through the
-            frontend and straight to the backend get 451 4.2.1, a login
-            at the backend NO [UNAVAILABLE], a session open before the
-            mark BYE at its next command; unmarked, 250 again
+            frontend and straight to the backend get 451 4.2.1, a DATA
+            whose RCPT came before the mark 451 with nothing stored, a
+            login at the backend NO [UNAVAILABLE], a session open
+            (through the frontend) before the mark BYE at its next
+            command; marked "moved": 451 4.2.1; unmarked, 250 again
   move      a user with messages in two folders, flags, keywords, \\Seen,
             an expunged message (a UID gap), internal dates, a folder of
             its own, subscriptions, a quota root and an active Sieve
@@ -33,8 +38,10 @@ imapd.conf (the ssh-less form of "ssh %b mbtool").
   move_undo a load that fails (the user has a mailbox on the target
             already): the record and the old backend are as before
             (mark lifted, 250), nothing was removed
-  big       a user with 10,000 messages moved; the time is printed as a
-            "# " line; every UID is there
+  big       a user with 10,000 messages moved while deliveries for it
+            arrive through the frontend: each is 250 or 451, some are 451,
+            every 250 is on the new backend at the end; UIDVALIDITY kept;
+            the time is printed as a "# " line
   delete    cyr_user delete removes the mailboxes on the backend and the
             record
 
