@@ -60,8 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "lmtpd"),
                 os.path.join(TESTS, "conformance")]
-from testlib import (TMPDIR, TOP_BUILDDIR, check, run_tests,  # noqa: E402
-                     wait_until)
+from testlib import TMPDIR, TOP_BUILDDIR, check, run_tests  # noqa: E402
 from lmtphelp import (MBTOOL, Conn, dot_stuff, make_message,  # noqa: E402
                       transaction)
 from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
