@@ -126,6 +126,7 @@
 #include "imapd/aclcmd.h"
 #include "imapd/appendcmd.h"
 #include "imapd/admincmd.h"
+#include "store/userstate.h"
 #include "imapd/imapcmd.h"
 #include "imapd/imapparse.h"
 #include "imapd/imapurl.h"
@@ -868,9 +869,39 @@ static void imap_sasl_reset(struct imap_session *s)
 }
 
 /* The state after a successful authentication. */
+/* The text of the tagged NO for imap_login_done()'s failure r. */
+static const char *imap_login_refusal(int r)
+{
+    return r == -2 ? "[UNAVAILABLE] Mailbox is being moved to another "
+                     "server, try again later"
+                   : "[UNAVAILABLE] Out of memory";
+}
+
+/* 1 (logged) when a move takes user away from this backend or took it
+ * (store/userstate.h); admins are never held back. */
+static int imap_user_moved(struct imap_session *s, const char *user)
+{
+    struct buf where = BUF_INITIALIZER;
+    enum userstate st;
+
+    if (acl_rights("", user, s->srv->admins) & ACL_ADMIN)
+        return 0;
+    st = userstate_get(s->srv->conf, user, &where);
+    if (st != USERSTATE_HERE)
+        log_info("imap: user is %s user=<%s> backend=<%s> peer=<%s>",
+                 userstate_name(st), user, buf_cstring(&where),
+                 s->conn->peer);
+    buf_free(&where);
+    return st != USERSTATE_HERE;
+}
+
+/* The state after a successful authentication: 0, -1 out of memory, -2
+ * the user is being moved away or has moved (no session here). */
 static int imap_login_done(struct imap_session *s, const char *user,
                            const char *mech)
 {
+    if (imap_user_moved(s, user))
+        return -2;
     /* the user id as SASL reports it went through imap_sasl_canon() */
     s->userid = strdup(user);
     if (!s->userid)
@@ -1005,8 +1036,10 @@ static void imap_cmd_authenticate(struct imap_session *s)
         goto out;
     }
     if (r == SASLSERVER_DONE && saslserver_user(s->sasl)) {
-        if (imap_login_done(s, saslserver_user(s->sasl), mech) != 0) {
-            imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
+        int lr = imap_login_done(s, saslserver_user(s->sasl), mech);
+
+        if (lr != 0) {
+            imap_tagged(s, "NO", "%s", imap_login_refusal(lr));
             imap_sasl_reset(s);
             goto out;
         }
@@ -1106,8 +1139,10 @@ static void imap_cmd_login(struct imap_session *s)
         imap_proxy_login(s, "LOGIN");
     } else if (r == SASLSERVER_DONE && !s->canon_error &&
                saslserver_user(s->sasl)) {
-        if (imap_login_done(s, saslserver_user(s->sasl), "LOGIN") != 0) {
-            imap_tagged(s, "NO", "[UNAVAILABLE] Out of memory");
+        int lr = imap_login_done(s, saslserver_user(s->sasl), "LOGIN");
+
+        if (lr != 0) {
+            imap_tagged(s, "NO", "%s", imap_login_refusal(lr));
             imap_sasl_reset(s);
         } else {
             imap_auth_ok(s);
@@ -1347,8 +1382,15 @@ static void imap_cmd_create(struct imap_session *s)
     } else if (r != STORE_OK) {
         imap_store_no(s, r);
     } else {
+        struct buf owner = BUF_INITIALIZER;
+
         log_info("imap: created mailbox=<%s> user=<%s> specialuse=<%s>",
                  buf_cstring(&name), s->userid, buf_cstring(&uses));
+        /* a user placed here again (it had moved away) is here now */
+        if (admincmd_is_user_inbox(buf_cstring(&name), &owner))
+            (void)userstate_set(s->srv->conf, buf_cstring(&owner),
+                                USERSTATE_HERE, NULL);
+        buf_free(&owner);
         imap_tagged(s, "OK", "CREATE completed");
     }
 out:
@@ -4155,6 +4197,16 @@ static void imap_command(struct imap_session *s)
     struct imapparse_cmd *c = &s->cmd;
     struct buf caps = BUF_INITIALIZER;
 
+    /* a move took the user away: no more commands here */
+    if (s->state != IMAP_NOTAUTH && s->userid && !s->admin &&
+        imap_user_moved(s, s->userid)) {
+        imap_unselect(s, 0);
+        prot_puts(s->p, "* BYE [UNAVAILABLE] Mailbox moved to another "
+                        "server, log in again\r\n");
+        s->end_reason = "moved";
+        s->quit = 1;
+        return;
+    }
     /* ACL changes reach the selected mailbox before any command */
     if (s->state == IMAP_SELECTED && imap_sel_rights_refresh(s))
         return;

@@ -294,6 +294,10 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 0, .max = 3600,
       .desc = "seconds a frontend reuses a directory answer before it "
               "reads the record again; 0 = read it for every recipient" },
+    { .name = "xfer_command", .type = IMAPCONF_STRING, .def = "",
+      .desc = "cyr_user move: the shell command that runs mbtool on a "
+              "backend, %b standing for the backend's name (\"ssh "
+              "%b.example.com mbtool -C /etc/imapd.conf\")" },
     { .name = "proxy_backends", .type = IMAPCONF_STRING, .def = "",
       .desc = "the backends of lmtp_proxy: space-separated NAME=ADDRESS, "
               "ADDRESS host:port, [v6addr]:port or /path of a UNIX socket "

@@ -77,6 +77,7 @@
 #include "store/directory.h"
 #include "store/store.h"
 #include "store/userid.h"
+#include "store/userstate.h"
 
 #define LMTP_CMD_MAX 4096        /* command line, without CRLF */
 #define LMTP_LINE_MAX 65536      /* message text line, without CRLF */
@@ -98,6 +99,8 @@
 #define R_LONGLINE "554 5.6.0 Message contains a line too long"
 #define R_HDRLINES "554 5.6.0 Message has too many header lines"
 #define R_BADMSG "554 5.6.0 Message refused"
+#define R_MOVING "451 4.2.1 Mailbox is being moved, try again later"
+#define R_MOVED "451 4.2.1 Mailbox has moved to another server, try again later"
 #define R_NODIRECTORY "451 4.4.3 Directory server failure, try again later"
 
 struct lmtp_server {
@@ -1444,6 +1447,51 @@ static int lmtp_rcpt_proxy(struct lmtp_session *s,
     }
 }
 
+/* A backend's RCPT for a user that a move is taking away, or that has
+ * left (store/userstate.h): 451 4.2.1 and 1, never a 250 (a frontend
+ * with a stale directory answer retries and then reaches the new
+ * backend) nor a 550 (the user's mailboxes here may be gone already);
+ * 0 for everybody else.  The user id is the recipient's, as
+ * lmtp_rcpt_proxy() makes it. */
+static int lmtp_rcpt_moved(struct lmtp_session *s,
+                           const struct rcpt_path *path, uint64_t t0)
+{
+    struct lmtp_server *srv = s->srv;
+    struct buf raw = BUF_INITIALIZER, userid = BUF_INITIALIZER;
+    struct buf where = BUF_INITIALIZER;
+    const char *local = path->local.s ? path->local.s : "";
+    const char *err = NULL;
+    enum userstate st = USERSTATE_HERE;
+    size_t ulen = strcspn(local, "+"), i;
+
+    if (ulen == 0 || ulen > path->local.len)
+        return 0;                       /* a shared mailbox */
+    buf_setmap(&raw, local, ulen);
+    if (srv->downcase)
+        for (i = 0; i < raw.len; i++)
+            if (raw.s[i] >= 'A' && raw.s[i] <= 'Z')
+                raw.s[i] = (char)(raw.s[i] - 'A' + 'a');
+    if (srv->policy.virtdomains != USERID_VIRTDOMAINS_OFF &&
+        path->domain.len) {
+        buf_putc(&raw, '@');
+        buf_append(&raw, path->domain.s, path->domain.len);
+    }
+    if (userid_canon(&srv->policy, buf_cstring(&raw), NULL, &userid,
+                     &err) == STORE_OK)
+        st = userstate_get(srv->conf, buf_cstring(&userid), &where);
+    if (st != USERSTATE_HERE) {
+        log_info("lmtp: user is %s user=<%s> backend=<%s>",
+                 userstate_name(st), buf_cstring(&userid),
+                 buf_cstring(&where));
+        lmtp_rcpt_refused(s, path, t0, st == USERSTATE_MOVED ? R_MOVED
+                                                             : R_MOVING);
+    }
+    buf_free(&raw);
+    buf_free(&userid);
+    buf_free(&where);
+    return st != USERSTATE_HERE;
+}
+
 static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
                           size_t len)
 {
@@ -1507,8 +1555,12 @@ static void lmtp_cmd_rcpt(struct lmtp_session *s, const char *arg,
                                        &mailbox, &err);
     switch (res) {
     case RCPT_OK:
+        if (!s->srv->proxy && lmtp_rcpt_moved(s, &path, t0))
+            goto out;
         break;
     case RCPT_UNKNOWN:
+        if (lmtp_rcpt_moved(s, &path, t0))
+            goto out;
         lmtp_rcpt_refused(s, &path, t0, R_UNKNOWN);
         goto out;
     case RCPT_BADDOMAIN:

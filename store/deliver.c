@@ -30,7 +30,9 @@
 #include "store/duplicate.h"
 #include "store/mailbox.h"
 #include "store/mboxlist.h"
+#include "store/mboxname.h"
 #include "store/store.h"
+#include "store/userstate.h"
 
 #define DELIVER_CACHE 64
 
@@ -161,6 +163,34 @@ int deliver_duplicate_db(struct deliver_ctx *ctx, struct duplicate_db **d_r)
     return r;
 }
 
+/* 1 when the user of a reserved recipient's mailbox is marked as moving
+ * or moved (logged). */
+static int deliver_moving(struct deliver_ctx *ctx,
+                          const struct deliver_rcpt *rcpts,
+                          const unsigned char *reserved, size_t nrcpts)
+{
+    struct buf userid = BUF_INITIALIZER;
+    size_t i, k;
+    int moving = 0;
+
+    for (i = 0; !moving && i < nrcpts; i++) {
+        if (!reserved[i] || !mboxname_userid(rcpts[i].mailbox, &userid))
+            continue;
+        for (k = 0; k < userid.len; k++)
+            if (userid.s[k] == '^')
+                userid.s[k] = '.';
+        if (userstate_get(ctx->conf, buf_cstring(&userid), NULL) !=
+            USERSTATE_HERE) {
+            log_info("deliver: user marked moving after RCPT user=<%s> "
+                     "mailbox=<%s>", buf_cstring(&userid),
+                     rcpts[i].mailbox);
+            moving = 1;
+        }
+    }
+    buf_free(&userid);
+    return moving;
+}
+
 int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
                     const char *msgid, size_t msgidlen,
                     struct deliver_rcpt *rcpts, size_t nrcpts, int flags)
@@ -244,6 +274,19 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
         any = 1;
     }
 
+    /* the user of a recipient marked "moving" after its RCPT: the dump
+     * of the move waits for these reservations, so the mark is either
+     * seen here or the commit is in the dump (store/userstate.h) */
+    if (any && deliver_moving(ctx, rcpts, reserved, nrcpts)) {
+        append_abort(txn);
+        for (i = 0; i < nrcpts; i++)
+            if (reserved[i]) {
+                rcpts[i].result = STORE_BUSY;
+                rcpts[i].uid = 0;
+                reserved[i] = 0;
+            }
+        any = 0;
+    }
     if (any) {
         r = append_commit(txn);
         if (r) {

@@ -7,7 +7,10 @@
  * check quota, reserve the message (append_add).  Then one durable commit
  * for all of them (append_commit), and only after that the duplicate
  * records are written: a duplicate record never exists for mail that was
- * not stored.  Each recipient gets its own result.
+ * not stored.  Each recipient gets its own result.  Just before the
+ * commit, a recipient whose user is marked moving or moved
+ * (store/userstate.h: a move began after its RCPT) cancels the whole
+ * transaction: every reserved recipient gets STORE_BUSY.
  *
  * A context keeps the per-process handles (mailbox list, duplicate
  * database, open mailboxes) between messages; create it after fork().

@@ -2310,6 +2310,28 @@ int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
     return r;
 }
 
+int mailbox_restore_counters(struct mailbox *mb, uint32_t uidvalidity,
+                             uint32_t uidnext, uint64_t highestmodseq)
+{
+    if (!mb || mb->locktype != MAILBOX_LOCK_EXCLUSIVE)
+        return STORE_INTERNAL;
+    if (uidvalidity && uidvalidity != mb->slot.uidvalidity) {
+        if (mb->slot.num_records != 0)
+            return STORE_EXISTS;
+        mb->slot.uidvalidity = uidvalidity;
+    }
+    if (uidnext > mb->slot.uidnext)
+        mb->slot.uidnext = uidnext;
+    if (highestmodseq > mb->slot.highestmodseq)
+        mb->slot.highestmodseq = highestmodseq;
+    /* expunges of the mailbox this one restores are not records here */
+    if (highestmodseq > mb->slot.deletedmodseq)
+        mb->slot.deletedmodseq = highestmodseq;
+    mb->records_changed = 1;   /* the header is written at the unlock */
+    mbx_publish(mb);
+    return STORE_OK;
+}
+
 int mailbox_user_flag(struct mailbox *mb, const char *name, int create,
                       int *num_r)
 {

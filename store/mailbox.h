@@ -207,6 +207,18 @@ int mailbox_open_message(const struct mailbox *mb, uint32_t uid, int *fd_r);
 int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
                            const struct mailbox_record *rec);
 
+/* Under the exclusive lock, for a mailbox restored from another server
+ * (mbtool userload): set uidvalidity (0: keep; another value only while
+ * the index has no record, else STORE_EXISTS), raise uidnext and
+ * highestmodseq to the given values when they are higher (never lower
+ * them), and raise deletedmodseq with highestmodseq (expunges of the
+ * original are not records here: QRESYNC reports them as a client's
+ * known UIDs that are gone).  Messages appended afterwards get the next
+ * UIDs from uidnext and modseqs above highestmodseq.  Durable at
+ * mailbox_unlock().  STORE_OK, STORE_EXISTS, STORE_INTERNAL. */
+int mailbox_restore_counters(struct mailbox *mb, uint32_t uidvalidity,
+                             uint32_t uidnext, uint64_t highestmodseq);
+
 /* User flag names (cyrus.header): the number of `name` (case-insensitive,
  * as IMAP keywords), creating it when `create` and the exclusive lock is
  * held.  STORE_OK and *num_r, STORE_NOTFOUND, STORE_OVERQUOTA when all 128

@@ -49,6 +49,7 @@
 #include "store/sievedir.h"
 #include "store/userid.h"
 #include "sieve/sieve.h"
+#include "tools/mbtool_xfer.h"
 
 #define MBTOOL_DEFAULT_CONFIG IMAPCONF_DEFAULT_PATH
 #define MBTOOL_EXIT_OK 0
@@ -115,6 +116,15 @@ static void mbtool_usage(FILE *out)
 "  sieve activate USER NAME      make NAME the active script\n"
 "  sieve deactivate USER         no active script\n"
 "  sieve delete USER NAME        delete script NAME (not the active one)\n"
+"  user-dump [-n] USER           mark USER moving (-n: do not) and write\n"
+"                                all of USER to stdout (cyr_user move)\n"
+"  user-load USER                create USER from a dump on stdin\n"
+"  user-mark USER here|moving|moved BACKEND\n"
+"                                set USER's move mark (451 at RCPT, no\n"
+"                                IMAP login while not \"here\")\n"
+"  user-purge [-s STAMP] USER    remove all of USER but the mark (-s: only\n"
+"                                if unchanged since the dump of STAMP)\n"
+"  user-stamp USER               the stamp of USER's mailboxes\n"
 "  journal-replay [PARTITION]    redo the delivery journal of PARTITION (or\n"
 "                                of every partition) after a power loss;\n"
 "                                only while no delivery runs\n"
@@ -1501,6 +1511,16 @@ int main(int argc, char **argv)
         ret = mbtool_delete_domain(argc, argv);
     else if (strcmp(cmd, "sieve") == 0)
         ret = mbtool_sieve(argc, argv);
+    else if (strcmp(cmd, "user-dump") == 0)
+        ret = mbtool_user_dump(conf, argc, argv);
+    else if (strcmp(cmd, "user-load") == 0)
+        ret = mbtool_user_load(conf, argc, argv);
+    else if (strcmp(cmd, "user-mark") == 0)
+        ret = mbtool_user_mark(conf, argc, argv);
+    else if (strcmp(cmd, "user-purge") == 0)
+        ret = mbtool_user_purge(conf, argc, argv);
+    else if (strcmp(cmd, "user-stamp") == 0)
+        ret = mbtool_user_stamp(conf, argc, argv);
     else {
         fprintf(stderr, "%s: unknown command \"%s\"\n", mbtool_progname, cmd);
         ret = MBTOOL_EXIT_USAGE;

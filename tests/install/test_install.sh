@@ -73,7 +73,7 @@ layout_ok=yes
 for f in "$sbindir/master" "$sbindir/mbtool" "$sbindir/cyr_dbtool" \
          "$sbindir/cvt_cyrusdb" "$sbindir/ctl_cyrusdb" "$sbindir/cyr_info" \
          "$sbindir/masterstatus" "$sbindir/cyr_hotbackup" "$sbindir/cyr_expire" \
-         "$sbindir/sievec" \
+         "$sbindir/sievec" "$sbindir/cyr_user" \
          "$libexec/lmtpd" "$libexec/imapd" "$libexec/metricsd" \
          "$libexec/timsieved" \
          "$bindir/mailbench" "$bindir/dbbench" "$bindir/appendbench" \
@@ -93,8 +93,8 @@ done
 # nothing more in bin and sbin than the above, no worker there
 nbin=$(ls "$dest$bindir" 2>/dev/null | wc -l)
 nsbin=$(ls "$dest$sbindir" 2>/dev/null | wc -l)
-if [ "$nbin" -ne 4 ] || [ "$nsbin" -ne 10 ]; then
-    bad "bin has $nbin files (4 expected), sbin $nsbin (10 expected): $(ls "$dest$bindir" "$dest$sbindir" 2>&1 | tr '\n' ' ')"
+if [ "$nbin" -ne 4 ] || [ "$nsbin" -ne 11 ]; then
+    bad "bin has $nbin files (4 expected), sbin $nsbin (11 expected): $(ls "$dest$bindir" "$dest$sbindir" 2>&1 | tr '\n' ' ')"
     layout_ok=no
 fi
 [ $layout_ok = yes ] && ok "layout: sbin, $libexec, bin, man8"

@@ -1485,6 +1485,52 @@ static void test_finish_many(void **state)
     fx_close(&fx);
 }
 
+/* mailbox_restore_counters(): the uidvalidity of an empty mailbox, uidnext
+ * and highestmodseq raised (never lowered), durable; appends continue
+ * from there */
+static void test_restore_counters(void **state)
+{
+    struct fx fx;
+    struct mailbox *mb;
+    struct mailbox_header h;
+    struct mailbox_record rec;
+
+    fx_open(&fx, state, NULL);
+    create_mb(&fx, TH_D "user.a");
+    mb = open_mb(&fx, TH_D "user.a");
+    assert_int_equal(mailbox_restore_counters(mb, 4242, 50, 900),
+                     STORE_INTERNAL);              /* not locked */
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE), STORE_OK);
+    assert_int_equal(mailbox_restore_counters(mb, 4242, 50, 900), STORE_OK);
+    assert_int_equal(mailbox_restore_counters(mb, 0, 10, 5), STORE_OK);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    mailbox_close(&mb);
+    mb = open_mb(&fx, TH_D "user.a");             /* from the file */
+    h = header_of(mb);
+    assert_int_equal(h.uidvalidity, 4242);
+    assert_int_equal(h.uidnext, 50);
+    assert_int_equal(h.highestmodseq, 900);
+    assert_int_equal(h.deletedmodseq, 900);
+    assert_int_equal(append(&fx, mb, 1, 300), 50);
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_SHARED), STORE_OK);
+    assert_int_equal(mailbox_read_record(mb, 0, &rec), STORE_OK);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    assert_int_equal(rec.uid, 50);
+    assert_int_equal(rec.modseq, 901);
+    /* a gap: uidnext raised between two appends */
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE), STORE_OK);
+    assert_int_equal(mailbox_restore_counters(mb, 4242, 60, 0), STORE_OK);
+    assert_int_equal(mailbox_restore_counters(mb, 7, 0, 0), STORE_EXISTS);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    assert_int_equal(append(&fx, mb, 2, 300), 60);
+    h = header_of(mb);
+    assert_int_equal(h.uidvalidity, 4242);
+    assert_int_equal(h.exists, 2);
+    expect_check_ok(mb);
+    mailbox_close(&mb);
+    fx_close(&fx);
+}
+
 int main(void)
 {
     static const struct th_case cases[] = {
@@ -1509,6 +1555,7 @@ int main(void)
         { "lost_finish_write", test_lost_finish_write },
         { "quota", test_quota },
         { "finish_many", test_finish_many },
+        { "restore_counters", test_restore_counters },
     };
 
     return th_run_per_backend("mailbox", cases,

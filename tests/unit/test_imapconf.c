@@ -266,6 +266,7 @@ static const struct {
     { "directory_cache_ttl", IMAPCONF_INT, "5" },
     { "proxy_backends", IMAPCONF_STRING, "" },
     { "proxy_timeout", IMAPCONF_INT, "60" },
+    { "xfer_command", IMAPCONF_STRING, "" },
 };
 #define NEXPECTED (sizeof(expected_keys) / sizeof(expected_keys[0]))
 

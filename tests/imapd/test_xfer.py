@@ -1,0 +1,568 @@
+#!/usr/bin/env python3
+"""test_xfer.py - placement and moves of users in the frontend tier
+(tools/cyr_user.c, mbtool user-dump/user-load/user-mark/user-purge,
+store/userstate.c), on the fixture of test_lmtp_proxy.py: a private
+3-member etcd cluster holding the directory, two backends (a master
+each with imapd and lmtpd -a on 127.0.0.1) and a frontend (a master with
+imapd in imap_proxy mode and lmtpd in lmtp_proxy mode), everything on
+loopback and stopped by PID.  cyr_user runs with the frontend's
+imapd.conf; its xfer_command runs mbtool with each backend's
+imapd.conf (the ssh-less form of "ssh %b mbtool").
+
+  create    cyr_user load counts mailboxes; create places a user on the
+            backend with fewer mailboxes, with the INBOX, the autocreate
+            folders (special use) and their subscriptions, and writes the
+            record; a second create of the user is refused and changes
+            nothing; a bad user id, an unknown backend, an unknown
+            command are refused; a backend holding the INBOX already
+            (no record) refuses and its mailbox is left alone; an
+            explicit backend is honoured
+  marks     a user marked "moving" on its backend: deliveries through the
+            frontend and straight to the backend get 451 4.2.1, a DATA
+            whose RCPT came before the mark 451 with nothing stored, a
+            login at the backend NO [UNAVAILABLE], a session open
+            (through the frontend) before the mark BYE at its next
+            command; marked "moved": 451 4.2.1; unmarked, 250 again
+  move      a user with messages in two folders, flags, keywords, \\Seen,
+            an expunged message (a UID gap), internal dates, a folder of
+            its own, subscriptions, a quota root and an active Sieve
+            script is moved to the other backend: through the frontend
+            every mailbox has the same UIDVALIDITY, UIDNEXT, UIDs,
+            flags, internal dates and bytes, HIGHESTMODSEQ not lower, the
+            same subscriptions and quota; the Sieve script is there and
+            active; the old backend answers 451 4.2.1 for the user, NO
+            [UNAVAILABLE] to a login, and holds none of its mailboxes;
+            through the frontend (after directory_cache_ttl) 250 lands
+            on the new backend; a move to where the user is already, and
+            a move of a user without a record, fail
+  move_undo a load that fails (the user has a mailbox on the target
+            already): the record and the old backend are as before
+            (mark lifted, 250), nothing was removed
+  big       a user with 10,000 messages moved while deliveries for it
+            arrive through the frontend: each is 250 or 451, some are 451,
+            every 250 is on the new backend at the end; UIDVALIDITY kept;
+            the time is printed as a "# " line
+  delete    cyr_user delete removes the mailboxes on the backend and the
+            record
+
+Skipped (exit 77) without /usr/bin/etcd.  XFER_TESTS picks tests by name
+(later tests use the users of earlier ones).
+"""
+import imaplib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "lmtpd"),
+                os.path.join(TESTS, "conformance")]
+from testlib import TMPDIR, TOP_BUILDDIR, check, run_tests  # noqa: E402
+from lmtphelp import (MBTOOL, Conn, dot_stuff, make_message,  # noqa: E402
+                      transaction)
+from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
+from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
+from test_lmtp_proxy import Backend  # noqa: E402
+
+CYR_USER = os.path.join(TOP_BUILDDIR, "tools", "cyr_user")
+PROXY_USER, PROXY_PW = "proxy", "pr0xy-pw"
+USERS = ["erin", "frank", "gina", "big"]
+PREFIX = "/xfertest-%d/" % os.getpid()
+CLUSTER = None
+WORK = None
+B = {}
+FRONT = None
+DIRCONF = None
+
+
+def pw(user):
+    return "pw-" + user
+
+
+def cyr_user(*args, rc=0):
+    p = subprocess.run([CYR_USER, "-C", FRONT.imapd_conf] + list(args),
+                       capture_output=True, timeout=600)
+    out = p.stdout.decode(errors="replace")
+    err = p.stderr.decode(errors="replace")
+    if rc is not None:
+        check(p.returncode == rc, "cyr_user %s: exit %d (want %d): %s%s"
+              % (" ".join(args), p.returncode, rc, out, err))
+    return p.returncode, out, err
+
+
+def where(user):
+    return cyr_user("where", user)[1].strip()
+
+
+def lmtp(addr, user, msg):
+    """One LMTP transaction for user at addr: the RCPT reply, and the
+    final reply when RCPT was accepted."""
+    with Conn(addr) as c:
+        c.reply()
+        mr, rr, dr, per = transaction(c, "sender@example.org", [user], msg,
+                                      lhlo="client.test")
+        check(mr.code == 250, "MAIL: %r" % mr)
+        c.cmd("QUIT")
+    return rr[0], (per[0] if per else None)
+
+
+def front_deliver(user, msg):
+    return lmtp(FRONT.unix_socket, user, msg)
+
+
+def backend_deliver(name, user, msg):
+    return lmtp(("127.0.0.1", B[name].lmtp_port), user, msg)
+
+
+def login(user, inst=None):
+    inst = inst or FRONT
+    m = imaplib.IMAP4("127.0.0.1", inst.tcp_port, timeout=60)
+    typ, data = m.login(user, pw(user))
+    check(typ == "OK", "LOGIN %s: %r" % (user, data))
+    return m
+
+
+def close(m):
+    try:
+        m.logout()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def login_refused(user, inst):
+    m = imaplib.IMAP4("127.0.0.1", inst.tcp_port, timeout=60)
+    try:
+        m.login(user, pw(user))
+    except imaplib.IMAP4.error as e:
+        return str(e)
+    finally:
+        close(m)
+    raise AssertionError("LOGIN %s at %s succeeded" % (user, inst.name))
+
+
+def mailboxes(name, user):
+    """user's mailboxes on backend name (mbtool list: name -> fields)."""
+    _, out, _ = B[name].mbtool("list", "user.%s*" % user)
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def state(user):
+    """Everything IMAP shows of user through the frontend."""
+    m = login(user)
+    try:
+        st = {}
+        typ, data = m.list('""', "*")
+        check(typ == "OK", "LIST: %r" % data)
+        names = sorted(re.search(rb'"([^"]*)"$', d).group(1).decode()
+                       if d.endswith(b'"') else d.split()[-1].decode()
+                       for d in data if d)
+        typ, data = m.lsub('""', "*")
+        st["lsub"] = sorted(d.split()[-1].decode().strip('"')
+                            for d in data if d)
+        typ, data = m.getquotaroot("INBOX")
+        st["quota"] = [d for d in data[1:] if d] if typ == "OK" else typ
+        for n in names:
+            typ, data = m.status('"%s"' % n,
+                                 "(UIDVALIDITY UIDNEXT MESSAGES "
+                                 "HIGHESTMODSEQ)")
+            check(typ == "OK", "STATUS %s: %r" % (n, data))
+            s = data[0].decode()
+            vals = dict(re.findall(r"([A-Z]+) (\d+)", s))
+            typ, data = m.select('"%s"' % n, readonly=True)
+            check(typ == "OK", "SELECT %s: %r" % (n, data))
+            msgs = []
+            if int(data[0]) > 0:
+                typ, data = m.uid("FETCH", "1:*",
+                                  "(UID FLAGS INTERNALDATE BODY.PEEK[])")
+                check(typ == "OK", "FETCH: %r" % data)
+                for d in data:
+                    if isinstance(d, tuple):
+                        meta = d[0].decode()
+                        uid = int(re.search(r"UID (\d+)", meta).group(1))
+                        flags = sorted(re.search(r"FLAGS \(([^)]*)\)",
+                                                 meta).group(1).split())
+                        date = re.search(r'INTERNALDATE "([^"]+)"',
+                                         meta).group(1)
+                        msgs.append((uid, flags, date, d[1]))
+            st[n] = {"uidvalidity": vals["UIDVALIDITY"],
+                     "uidnext": vals["UIDNEXT"],
+                     "modseq": int(vals["HIGHESTMODSEQ"]),
+                     "messages": sorted(msgs)}
+        return st
+    finally:
+        close(m)
+
+
+# ---- tests -----------------------------------------------------------------
+
+def test_create():
+    _, out, _ = cyr_user("load")
+    counts = dict((l.split()[0], int(l.split()[1]))
+                  for l in out.splitlines())
+    check(set(counts) == {"alpha", "beta"} and
+          counts["alpha"] > counts["beta"], "load: %r" % counts)
+    _, out, _ = cyr_user("create", "erin")
+    check(out.strip() == "erin beta", "create erin: %r" % out)
+    check(where("erin") == "beta", "erin's record: %r" % where("erin"))
+    check(mailboxes("beta", "erin") ==
+          ["user.erin", "user.erin.Sent", "user.erin.Trash"],
+          "erin on beta: %r" % mailboxes("beta", "erin"))
+    check(mailboxes("alpha", "erin") == [], "erin on alpha too")
+    # never twice
+    _, _, err = cyr_user("create", "erin", "alpha", rc=1)
+    check("placed already" in err, "second create: %r" % err)
+    check(where("erin") == "beta" and mailboxes("alpha", "erin") == [],
+          "the second create changed something")
+    # bad input: a clear error, nothing placed
+    _, _, err = cyr_user("create", "bad user", rc=1)
+    check("not a user id" in err, "bad user id: %r" % err)
+    _, _, err = cyr_user("create", "frank", "gamma", rc=1)
+    check("no backend gamma" in err, "unknown backend: %r" % err)
+    cyr_user("where", "frank", rc=1)
+    cyr_user("frobnicate", rc=2)
+    # a backend that has the INBOX already (no record): refused, and the
+    # mailbox there is left alone
+    B["alpha"].mbtool("create", "user.gina")
+    _, _, err = cyr_user("create", "gina", "alpha", rc=1)
+    check("CREATE" in err, "create over an existing INBOX: %r" % err)
+    check(mailboxes("alpha", "gina") == ["user.gina"], "alpha's user.gina "
+          "touched: %r" % mailboxes("alpha", "gina"))
+    cyr_user("where", "gina", rc=1)
+    B["alpha"].mbtool("delete", "user.gina")
+    # explicit backend
+    cyr_user("create", "frank", "alpha")
+    check(where("frank") == "alpha", "frank: %r" % where("frank"))
+    cyr_user("create", "gina", "beta")
+    # the special uses and subscriptions, seen through the frontend
+    m = login("erin")
+    try:
+        typ, data = m.list('""', "*")
+        text = b" ".join(data).decode()
+        check("\\Sent" in text and "\\Trash" in text, "LIST: %r" % data)
+        typ, data = m.lsub('""', "*")
+        subs = sorted(d.split()[-1].decode().strip('"') for d in data)
+        check(subs == ["INBOX", "INBOX.Sent", "INBOX.Trash"],
+              "subscriptions: %r" % subs)
+    finally:
+        close(m)
+    r, final = front_deliver("erin", make_message(msgid="c1@test"))
+    check(r.code == 250 and final.code == 250, "delivery: %r %r" % (r, final))
+
+
+def test_marks():
+    m = login("gina")          # a session on beta through the frontend
+    try:
+        B["beta"].mbtool("user-mark", "gina", "moving")
+        r, final = front_deliver("gina", make_message(msgid="m1@test"))
+        check(final and final.code == 451 and "4.2.1" in str(final),
+              "frontend, moving: %r %r" % (r, final))
+        r, _ = backend_deliver("beta", "gina", make_message(msgid="m2@test"))
+        check(r.code == 451 and "4.2.1" in str(r),
+              "backend, moving: %r" % r)
+        text = login_refused("gina", B["beta"])
+        check("UNAVAILABLE" in text, "login at the backend: %r" % text)
+        try:
+            typ, data = m.select("INBOX")
+            raise AssertionError("command after the mark: %r %r"
+                                 % (typ, data))
+        except imaplib.IMAP4.abort as e:
+            check("UNAVAILABLE" in str(e) or "moved" in str(e).lower(),
+                  "BYE: %r" % e)
+        # a delivery whose RCPT was accepted before the mark: its DATA
+        # gets 451, nothing is stored (the dump could have missed it)
+        n0 = B["beta"].count("user.gina")
+        with Conn(("127.0.0.1", B["beta"].lmtp_port)) as c:
+            c.reply()
+            B["beta"].mbtool("user-mark", "gina", "here")
+            check(c.cmd("LHLO client.test").code == 250, "LHLO")
+            check(c.cmd("MAIL FROM:<s@example.org>").code == 250, "MAIL")
+            r = c.cmd("RCPT TO:<gina>")
+            check(r.code == 250, "RCPT before the mark: %r" % r)
+            B["beta"].mbtool("user-mark", "gina", "moving")
+            check(c.cmd("DATA").code == 354, "DATA")
+            c.send(dot_stuff(make_message(msgid="race@test")))
+            r = c.replies(1)[0]
+            check(r.code == 451, "DATA after the mark: %r" % r)
+        check(B["beta"].count("user.gina") == n0, "stored after the mark")
+        B["beta"].mbtool("user-mark", "gina", "moved", "alpha")
+        r, _ = backend_deliver("beta", "gina", make_message(msgid="m3@test"))
+        check(r.code == 451 and "4.2.1" in str(r), "moved: %r" % r)
+    finally:
+        close(m)
+        B["beta"].mbtool("user-mark", "gina", "here")
+    r, final = front_deliver("gina", make_message(msgid="m4@test"))
+    check(r.code == 250 and final.code == 250, "unmarked: %r %r"
+          % (r, final))
+
+
+SIEVE = b'require ["fileinto"];\r\nif header :contains "subject" "x" ' \
+        b'{ fileinto "INBOX.Trash"; }\r\n'
+
+
+def test_move():
+    for i in range(5):
+        r, final = front_deliver("erin", make_message(
+            msgid="mv%d@test" % i, subject="move %d" % i,
+            body="body %d\r\n" % i))
+        check(final and final.code == 250, "delivery %d: %r" % (i, final))
+    m = login("erin")
+    try:
+        typ, _ = m.append("INBOX.Sent", "(\\Seen $Sent)",
+                          imaplib.Time2Internaldate(1_600_000_000),
+                          make_message(msgid="sent@test", subject="sent"))
+        check(typ == "OK", "APPEND")
+        m.create("INBOX.Projects")
+        m.subscribe("INBOX.Projects")
+        m.unsubscribe("INBOX.Trash")
+        m.select("INBOX")
+        m.store("2", "+FLAGS", "(\\Flagged \\Seen)")
+        m.store("3", "+FLAGS", "($Label1 \\Answered)")
+        m.store("4", "+FLAGS", "(\\Seen)")
+        m.store("1,6", "+FLAGS", "(\\Deleted)")
+        m.expunge()
+    finally:
+        close(m)
+    B["beta"].mbtool("quota", "set", "user.erin", "50000", "none")
+    sieve = os.path.join(WORK, "erin.sieve")
+    with open(sieve, "wb") as f:
+        f.write(SIEVE)
+    os.chmod(sieve, 0o644)
+    B["beta"].mbtool("sieve", "put", "erin", "main", sieve)
+    B["beta"].mbtool("sieve", "activate", "erin", "main")
+    before = state("erin")
+    uids = [x[0] for x in before["INBOX"]["messages"]]
+    check(uids == [2, 3, 4, 5] and before["INBOX"]["uidnext"] == "7",
+          "UIDs before the move: %r" % before["INBOX"])
+
+    _, out, _ = cyr_user("move", "erin", "alpha")
+    check(out.startswith("moved erin from beta to alpha"), "move: %r" % out)
+    check(where("erin") == "alpha", "record: %r" % where("erin"))
+    # the old backend knows the user left
+    check(mailboxes("beta", "erin") == [], "beta still has %r"
+          % mailboxes("beta", "erin"))
+    r, _ = backend_deliver("beta", "erin", make_message(msgid="old@test"))
+    check(r.code == 451 and "4.2.1" in str(r), "old backend: %r" % r)
+    text = login_refused("erin", B["beta"])
+    check("UNAVAILABLE" in text, "login at the old backend: %r" % text)
+
+    time.sleep(1.2)            # past the frontend's directory_cache_ttl
+    after = state("erin")
+    check(set(after) == set(before), "mailboxes: %r vs %r"
+          % (sorted(after), sorted(before)))
+    for k in before:
+        if k in ("lsub", "quota"):
+            check(after[k] == before[k], "%s: %r, before %r"
+                  % (k, after[k], before[k]))
+            continue
+        a, b = after[k], before[k]
+        for f in ("uidvalidity", "uidnext"):
+            check(a[f] == b[f], "%s %s: %s, before %s" % (k, f, a[f], b[f]))
+        check(a["modseq"] >= b["modseq"], "%s modseq went back" % k)
+        check(a["messages"] == b["messages"], "%s messages: %r, before %r"
+              % (k, [x[:3] for x in a["messages"]],
+                 [x[:3] for x in b["messages"]]))
+    _, out, _ = B["alpha"].mbtool("sieve", "list", "erin")
+    check(re.search(r"^main.*active", out, re.M), "sieve list: %r" % out)
+    _, out, _ = B["alpha"].mbtool("sieve", "get", "erin", "main")
+    check(out.encode() == SIEVE, "sieve text: %r" % out)
+    # through the frontend now: 250, on alpha
+    n0 = len(after["INBOX"]["messages"])
+    r, final = front_deliver("erin", make_message(msgid="new@test",
+                                                  subject="after"))
+    check(r.code == 250 and final.code == 250, "after the move: %r %r"
+          % (r, final))
+    _, out, _ = B["alpha"].mbtool("info", "user.erin")
+    check(("exists=%d" % (n0 + 1)) in out.replace(" ", "") or
+          str(n0 + 1) in out, "alpha's INBOX: %r" % out)
+    # refusals
+    _, _, err = cyr_user("move", "erin", "alpha", rc=1)
+    check("already" in err, "move to the same backend: %r" % err)
+    cyr_user("move", "nobody", "alpha", rc=1)
+
+
+def test_move_undo():
+    # frank is on alpha; beta has a stray mailbox of frank's
+    B["beta"].mbtool("create", "user.frank")
+    before = B["alpha"].mbtool("list", "user.frank*")[1]
+    _, _, err = cyr_user("move", "frank", "beta", rc=1)
+    check("undone" in err, "failed move: %r" % err)
+    check(where("frank") == "alpha", "record changed")
+    check(B["alpha"].mbtool("list", "user.frank*")[1] == before,
+          "alpha's mailboxes of frank changed")
+    r, final = front_deliver("frank", make_message(msgid="u@test"))
+    check(r.code == 250 and final.code == 250, "mark not lifted: %r" % r)
+    B["beta"].mbtool("delete", "user.frank")
+
+
+def test_big():
+    n = 10000
+    cyr_user("create", "big", "beta")
+    msg = make_message(msgid=None, subject="big",
+                       body=("line of text %d\r\n" * 20) % tuple(range(20)))
+    with Conn(("127.0.0.1", B["beta"].lmtp_port), timeout=120) as c:
+        c.reply()
+        r = c.cmd("LHLO client.test")
+        for i in range(n):
+            mr, rr, dr, per = transaction(c, "s@example.org", ["big"], msg)
+            check(per and per[0].code == 250, "delivery %d: %r" % (i, per))
+        c.cmd("QUIT")
+    info_before = B["beta"].mbtool("info", "user.big")[1]
+    t0 = time.monotonic()
+    move = subprocess.Popen([CYR_USER, "-C", FRONT.imapd_conf, "move", "big",
+                             "alpha"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    # deliveries through the frontend while it runs, and until one lands
+    # on alpha: each is 250 (stored, on beta before the mark or on alpha
+    # after the switch) or 451, and every 250 is on alpha at the end
+    acked = refused = 0
+    t = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if t is None and move.poll() is not None:
+            t = time.monotonic() - t0
+        r, final = front_deliver("big", make_message(
+            msgid="during-%d@test" % (acked + refused)))
+        code = final.code if r.code == 250 and final else r.code
+        check(code in (250, 451), "delivery during the move: %r %r"
+              % (r, final))
+        if code == 250:
+            acked += 1
+        else:
+            refused += 1
+        if code == 250 and t is not None:
+            break
+        if code == 451:
+            time.sleep(0.05)
+    out, err = move.communicate(timeout=600)
+    out = out.decode(errors="replace")
+    check(move.returncode == 0, "move: %s%s" % (out, err.decode()))
+    check(refused > 0, "no delivery was refused during the move")
+    print("# move of a user with %d messages (%d bytes each) from beta to "
+          "alpha: %.2f s (%.0f messages/s), deliveries through the frontend "
+          "meanwhile: %d refused (451), %d stored; cyr_user: %s"
+          % (n, len(msg), t, n / t, refused, acked, out.strip()))
+    _, out, _ = B["alpha"].mbtool("list", "user.big")
+    info_after = B["alpha"].mbtool("info", "user.big")[1]
+
+    def field(text, name):
+        return re.search(r"^%s: (\d+)$" % name, text, re.M).group(1)
+    # the UIDs of the dump, then the deliveries after the switch
+    for f, want in (("uidvalidity", field(info_before, "uidvalidity")),
+                    ("messages", str(n + acked))):
+        check(field(info_after, f) == want, "alpha's user.big %s: %s, want "
+              "%s" % (f, field(info_after, f), want))
+    check(mailboxes("beta", "big") == [], "beta kept big")
+
+
+def test_delete():
+    cyr_user("delete", "erin")
+    rc, _, _ = cyr_user("where", "erin", rc=1)
+    check(mailboxes("alpha", "erin") == [], "alpha kept erin: %r"
+          % mailboxes("alpha", "erin"))
+    time.sleep(1.2)            # past the frontend's directory_cache_ttl
+    r, final = front_deliver("erin", make_message(msgid="gone@test"))
+    check(r.code == 550, "deleted user: %r %r" % (r, final))
+    cyr_user("delete", "erin", rc=1)
+
+
+# ---- setup -----------------------------------------------------------------
+
+def new_backend(name):
+    conf = {"allowplaintext": "yes", "sasl_mech_list": "PLAIN LOGIN",
+            "admins": PROXY_USER, "proxyservers": PROXY_USER}
+    b = Backend(name, conf=conf, sasl=(PROXY_USER, PROXY_PW))
+    for u in USERS:
+        make_sasldb_extra(b, u, pw(u))
+    b.write_cyrus_conf()
+    b.start()
+    os.symlink(b.imapd_conf, os.path.join(WORK, name + ".conf"))
+    return b
+
+
+def main():
+    global CLUSTER, WORK, FRONT, DIRCONF
+    if not os.access(ETCD, os.X_OK) or not os.access(ETCDCTL, os.X_OK):
+        print("SKIP: all (no %s or etcdctl)" % ETCD)
+        return 77
+    for prog in (IMAPD, DBTOOL, CYR_USER, MBTOOL):
+        if not os.access(prog, os.X_OK):
+            print("FAIL: setup (missing %s)" % prog)
+            return 1
+    WORK = tempfile.mkdtemp(prefix="xfer.", dir=TMPDIR)
+    os.chmod(WORK, 0o755)
+    CLUSTER = Cluster(WORK)
+    rc = 1
+    problems = []
+    try:
+        CLUSTER.start()
+        if not CLUSTER.leader(90):
+            print("FAIL: setup (the cluster elected no leader in 90 s)")
+            return 1
+        B["alpha"] = new_backend("alpha")
+        B["beta"] = new_backend("beta")
+        for i in range(3):            # alpha is the busier backend
+            B["alpha"].mbtool("create", "user.filler%d" % i)
+        conf = {
+            "imap_proxy": "yes",
+            "lmtp_proxy": "yes",
+            "allowplaintext": "yes",
+            "directory_db": "etcd",
+            "directory_db_path": "directory",
+            "directory_cache_ttl": "1",
+            "etcd_endpoints": CLUSTER.endpoints(),
+            "etcd_prefix": PREFIX,
+            "etcd_timeout": "3000",
+            "proxy_imap_backends": " ".join(
+                "%s=127.0.0.1:%d" % (n, b.tcp_port) for n, b in B.items()),
+            "proxy_backends": " ".join(
+                "%s=127.0.0.1:%d" % (n, b.lmtp_port) for n, b in B.items()),
+            "proxy_authname": PROXY_USER,
+            "proxy_password": PROXY_PW,
+            "proxy_starttls": "no",
+            "proxy_timeout": "10",
+            "autocreate_inbox_folders": "Sent|Trash",
+            "xlist-sent": "Sent",
+            "xlist-trash": "Trash",
+            "xfer_command": "%s -C %s/%%b.conf" % (MBTOOL, WORK),
+        }
+        FRONT = ImapInstance("front", conf=conf, sasl=(USERS[0], pw(USERS[0])))
+        for u in USERS[1:]:
+            make_sasldb_extra(FRONT, u, pw(u))
+        FRONT.write_cyrus_conf(imaps=False, lmtp=True)
+        FRONT.start()
+        tests = [test_create, test_marks, test_move, test_move_undo,
+                 test_big, test_delete]
+        rc = run_tests(tests, "XFER_TESTS", [IMAPD, DBTOOL, CYR_USER])
+    finally:
+        for inst in [FRONT] + list(B.values()):
+            if inst is None:
+                continue
+            problems += inst.stop()
+            trouble = inst.worker_trouble(inst.log())
+            if trouble:
+                problems.append("%s: %s" % (inst.name, " | ".join(trouble[:3])))
+            if rc != 0:
+                print("# %s log (%s), last lines:" % (inst.name, inst.dir))
+                for line in inst.log().splitlines()[-15:]:
+                    print("#   " + line)
+        CLUSTER.stop()
+    left = [m["name"] for m in CLUSTER.members
+            if m["proc"] and m["proc"].poll() is None]
+    if left:
+        problems.append("etcd members still running: %s" % left)
+    if problems:
+        print("FAIL: teardown: %s" % "; ".join(problems))
+        return 1
+    if rc == 0:
+        for inst in [FRONT] + list(B.values()):
+            inst.cleanup()
+        import shutil
+        shutil.rmtree(WORK, ignore_errors=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
