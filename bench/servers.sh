@@ -592,7 +592,7 @@ srv_setup_dovecot() {   # DIR KEY=VALUE...
     [[ $(id -u) -eq 0 ]] || { srv_die "dovecot: run as root (its master drops to dovecot/dovenull, mail as user mail)"; return 1; }
     local x
     x=$(srv_dovecot_imap_dir) || return 1
-    srv_parse_kv "format partition" "$@" || return 1
+    srv_parse_kv "format partition sieve" "$@" || return 1
     local format=${srv_kv[format]:-sdbox}
     local mail=$d/mail
     [[ -n ${srv_kv[partition]:-} ]] && mail=${srv_kv[partition]%/}/$(basename "$d")
@@ -670,6 +670,18 @@ service lmtp {
   }
 }
 EOF
+    if [[ -n ${srv_kv[sieve]:-} ]]; then
+        # Pigeonhole at delivery: the user's active script ~/.dovecot.sieve
+        cat >> "$d/dovecot.conf" <<EOF
+sendmail_path = $d/sendmail
+protocol lmtp {
+  mail_plugins = \$mail_plugins sieve
+}
+plugin {
+  sieve = file:~/sieve;active=~/.dovecot.sieve
+}
+EOF
+    fi
     ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}" | sed 's/: / = /' >> "$d/dovecot.conf"
     cat > "$d/bench.env" <<EOF
 SERVER=dovecot
@@ -705,6 +717,33 @@ with ThreadPoolExecutor(8) as ex:
 PY
     srv_stop "$d" || return 1
     ((ok)) || { srv_die "dovecot: creating the INBOXes failed"; return 1; }
+    if [[ -n ${srv_kv[sieve]:-} ]]; then
+        srv_sieve_scripts_dovecot "$d" "$mail" "${srv_kv[sieve]}" || return 1
+    fi
+}
+
+# Every user's active script of KIND for Pigeonhole: HOME/sieve/bench.sieve,
+# HOME/.dovecot.sieve the link to it, compiled beforehand with Pigeonhole's
+# sievec (bench.svbin beside it, as a first delivery would leave it).
+srv_sieve_scripts_dovecot() {   # DIR MAILDIR KIND
+    local d=$1 mail=$2 kind=$3 text u
+    command -v sievec >/dev/null || { srv_die "dovecot: no sievec (dovecot-sieve)"; return 1; }
+    text=$(srv_sieve_text "$kind") || return 1
+    srv_sieve_sendmail "$d"
+    srv_users | while read -r u; do
+        mkdir -p "$mail/$u/sieve"
+        printf '%s\n' "${text//@USER@/$u}" > "$mail/$u/sieve/bench.sieve"
+        ln -s sieve/bench.sieve "$mail/$u/.dovecot.sieve"
+    done
+    chown -R mail:mail "$mail"
+    srv_log "dovecot: compiling the $kind script for $BENCH_USERS users (sievec)"
+    srv_users | sed "s|^\(.*\)|$mail/\1/sieve/bench.sieve|" |
+        xargs -P 4 -n 50 setpriv --reuid=mail --regid=mail --clear-groups \
+            sh -c 'for f; do sievec -c "$0" "$f" || exit 255; done' "$d/dovecot.conf" ||
+        { srv_die "dovecot: sievec refused the $kind script"; return 1; }
+    local n
+    n=$(find "$mail" -name bench.svbin | wc -l)
+    [[ $n -eq $BENCH_USERS ]] || { srv_die "dovecot: $n of $BENCH_USERS scripts compiled"; return 1; }
 }
 
 srv_start_dovecot() {   # DIR
