@@ -652,6 +652,14 @@ static int test_header_values(struct exec *ex, struct frame *fr,
         if (n->id == SV_T_ADDRESS &&
             !sieve_check_address_header(buf_cstring(&nb)))
             continue;
+        if (!n->index && out->count == 0) {
+            /* the common case: straight into out, no copy */
+            if (fetch_header(ex, n->line, buf_cstring(&nb), 1, out) < 0) {
+                buf_free(&nb);
+                return -1;
+            }
+            continue;
+        }
         if (fetch_header(ex, n->line, buf_cstring(&nb), 1, &vals) < 0) {
             strarray_fini(&vals);
             buf_free(&nb);
