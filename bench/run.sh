@@ -716,7 +716,8 @@ cell() {
         # did the script run? flagged messages (filing) or replies (vacation)
         local chk
         chk=$(srv_sieve_check "$d" 2>>"$results/$name.txt")
-        python3 - "$results/$json" "$cell_sieve" "$BENCH_USERS" $chk <<'PY' || rc=1
+        local sok=0
+        python3 - "$results/$json" "$cell_sieve" "$BENCH_USERS" $chk <<'PY' || sok=1
 import json, sys
 path, kind, users = sys.argv[1], sys.argv[2], int(sys.argv[3])
 j = json.load(open(path))
@@ -730,7 +731,10 @@ j["sieve"] = {"kind": kind, "messages": n, "flagged": f, "replies": rep, "ok": o
 json.dump(j, open(path, "w"))
 sys.exit(0 if ok else 1)
 PY
-        ((rc)) && echo "run: sieve check failed: messages/flagged/replies ${chk:-none}" >> "$results/$name.txt"
+        if ((sok)); then
+            rc=1
+            echo "run: sieve check failed: messages/flagged/replies ${chk:-none}" >> "$results/$name.txt"
+        fi
     fi
     srv_stop "$d"
     case $? in
