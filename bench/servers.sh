@@ -46,7 +46,11 @@
 # mboxlist_db=lmdb spool_sync=off stage_dirs=1 ...).  For cyrus:
 # prefork=N maxchild=N (defaults 0 and 20, Debian's /etc/cyrus.conf) and
 # imapd.conf keys.  For dovecot: format=sdbox
-# (default) | mdbox | maildir, and any dovecot.conf top-level key.
+# (default) | mdbox | maildir, and any dovecot.conf top-level key.  For
+# every server: sieve=filing|filing-own|vacation gives every user that
+# active Sieve script (srv_sieve_text), put in with the server's own
+# means, and a counting `sendmail` in DIR; srv_sieve_check DIR counts
+# the messages, the flagged ones and the replies after a run.
 #
 # Environment: BENCH_BUILD (our build directory, default ./build),
 # BENCH_USERS (2000), BENCH_CACHE (/var/cache/mailbench: the
