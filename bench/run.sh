@@ -27,7 +27,11 @@
 #               nosync    ours: spool_sync group/file/journal/off on disk, off
 #                         on tmpfs
 #               tool      mailbench vs smtp-source -L against smtp-sink -L
-#               sieve     ours: no script, a 20-rule filing script, vacation
+#               sieve     ours and Cyrus (and Dovecot with Pigeonhole) running
+#                         the same Sieve scripts: none, a 20-rule filing
+#                         script (one text for every user, and one text
+#                         per user), vacation; every user has the script;
+#                         flagged messages and replies counted afterwards
 #               idle      ours: CPU of 1,000 idle IDLE sessions and the delay
 #                         from an LMTP delivery to their EXISTS (bench/idle.py)
 #                         (every user; 40 connections; Cyrus not measured)
@@ -169,7 +173,9 @@ def ok(r):
     if r["rc"] != 0 or not j:
         return False
     v = j.get("verify") or {}
-    return j.get("error_total", 0) == 0 and v.get("ok") is not False
+    sv = j.get("sieve") or {}
+    return (j.get("error_total", 0) == 0 and v.get("ok") is not False
+            and sv.get("ok") is not False)
 
 def cells(exp):
     """{group: {variant: [rows]}} in first-seen order."""
@@ -438,9 +444,59 @@ variant_table("backends", "Ours: database backends (40 connections)",
               "`duplicate_db` with `mboxlist_db` at its default.")
 variant_table("prefork", "Ours: lmtpunix prefork / maxchild")
 variant_table("stage", "Ours: staging directories (stage_dirs)")
-variant_table("sieve", "Ours: Sieve at delivery (40 connections)",
-              "Every user with the script; vacation replies go to a sendmail "
-              "that drops them.  Cyrus's Sieve is not measured here.")
+g = cells("sieve")
+if g:
+    vs = [s for s in peers if any(s in byv for byv in g.values())]
+    first = next(iter(g))
+    w("## Sieve at delivery, the same scripts on every server (40 connections)")
+    w("")
+    w("Every user has the script as its active one (ours: the script file; "
+      "Cyrus: uploaded through its timsieved, which compiles it to bytecode; "
+      "Dovecot: Pigeonhole, the script precompiled with its sievec). "
+      "*filing*: 20 rules, 19 that do not match the load's messages and a "
+      "last one that files each into INBOX flagged \\Flagged; *filing, one "
+      "text per user*: the same with the user's name in one rule, so that no "
+      "two users share a text; *vacation*: a reply to every message (one per "
+      "user and run), with the user's address in :addresses, through a "
+      "`sendmail` that reads the reply and drops it (Cyrus speaks SMTP to "
+      "`sendmail -bs`, the others write to `sendmail -i`). After each run "
+      "the flagged messages (IMAP SEARCH FLAGGED in every INBOX) or the "
+      "replies are counted: a count that is not the number of delivered "
+      "messages marks the run (!). *vs no script*: the median over rounds "
+      "of the rate with the script divided by the same server's rate "
+      "without one in the same round.")
+    w("")
+    rat = [b for b in vs if b != "ours"] if "ours" in vs else []
+    head = "| script | " + " | ".join("%s msgs/s" % s for s in vs)
+    head += "".join(" | ours/%s" % b for b in rat)
+    head += "".join(" | %s vs no script" % s for s in vs)
+    head += " | " + " | ".join("%s p99 ms" % s for s in vs)
+    head += " | checked (median per run) |"
+    w(head)
+    w("|---" + "|---:" * (3 * len(vs) + len(rat)) + "|---|")
+    for grp, byv in g.items():
+        line = "| %s" % grp
+        for s in vs:
+            rs = byv.get(s, [])
+            line += " | %s%s" % (fmt(med(rate(r) for r in rs)), flag(rs))
+        for b in rat:
+            line += " | %s" % fmt(ratio_med(byv.get("ours", []), byv.get(b, [])), 2)
+        for s in vs:
+            line += " | %s" % ("-" if grp == first else
+                               fmt(ratio_med(byv.get(s, []), g[first].get(s, [])), 2))
+        for s in vs:
+            line += " | %s" % fmt(med(lat(r) for r in byv.get(s, [])), 1)
+        chk = []
+        for s in vs:
+            sv = [((r["j"] or {}).get("sieve") or {}) for r in byv.get(s, [])]
+            sv = [x for x in sv if x]
+            if not sv:
+                continue
+            key = "replies" if sv[0].get("kind") == "vacation" else "flagged"
+            chk.append("%s %s %s" % (s, fmt(med(x.get(key) for x in sv)), key))
+        line += " | %s |" % ("; ".join(chk) if chk else "-")
+        w(line)
+    w("")
 variant_table("nosync", "Ours: spool_sync (durability) on disk and on tmpfs",
               "`off` = no sync at all (UNSAFE, the ceiling); on tmpfs only the "
               "partition (messages, indexes) is in memory, the databases stay "
@@ -659,6 +715,30 @@ cell() {
         echo "run: mailbench killed after $cell_timeout s" >> "$results/$name.txt"
         rm -f "$results/$json"
     fi
+    if [[ -n ${cell_sieve:-} && $cell_sieve != none && -f $results/$json ]]; then
+        # did the script run? flagged messages (filing) or replies (vacation)
+        local chk
+        chk=$(srv_sieve_check "$d" 2>>"$results/$name.txt")
+        local sok=0
+        python3 - "$results/$json" "$cell_sieve" "$BENCH_USERS" $chk <<'PY' || sok=1
+import json, sys
+path, kind, users = sys.argv[1], sys.argv[2], int(sys.argv[3])
+j = json.load(open(path))
+n = f = rep = None
+if len(sys.argv) >= 7:
+    n, f, rep = (int(x) for x in sys.argv[4:7])
+d = j.get("delivered_msgs") or 0
+# every message is flagged; one reply per user (one sender, :days 1)
+ok = n is not None and ((rep == min(d, users)) if kind == "vacation" else f == d)
+j["sieve"] = {"kind": kind, "messages": n, "flagged": f, "replies": rep, "ok": ok}
+json.dump(j, open(path, "w"))
+sys.exit(0 if ok else 1)
+PY
+        if ((sok)); then
+            rc=1
+            echo "run: sieve check failed: messages/flagged/replies ${chk:-none}" >> "$results/$name.txt"
+        fi
+    fi
     srv_stop "$d"
     case $? in
     0) ;;
@@ -799,12 +879,6 @@ if has_server ours; then
         ours_runs stage 40 "${v[@]}"
         ours_runs stage 100 "${v[@]}"
     fi
-    if has sieve; then
-        v=("no script|ours-default|"
-           "20-rule filing script|ours-sieve-filing|sieve=filing"
-           "vacation|ours-sieve-vacation|sieve=vacation")
-        ours_runs sieve 40 "${v[@]}"
-    fi
     if has nosync; then
         tmpfs_dir=$(mktemp -d /dev/shm/mailbench-spool.XXXXXX)
         chmod 755 "$tmpfs_dir"
@@ -817,6 +891,35 @@ if has_server ours; then
         ours_runs nosync 40 "${v[@]}"
         ours_runs nosync 100 "${v[@]}"
     fi
+fi
+
+# Sieve: every server with the same scripts, round by round, every
+# script in turn, every server in turn; the checks are in cell()
+if has sieve; then
+    declare -A stpl=()
+    skinds=("none|no script" "filing|20-rule filing" "filing-own|20-rule filing, one text per user" "vacation|vacation")
+    for s in $servers; do
+        for kv in "${skinds[@]}"; do
+            k=${kv%%|*}
+            if [[ $k == none ]]; then
+                t=$(tpl "$s-default" "$s") || die "cannot set up $s"
+            elif ! t=$(tpl "$s-sieve-$k" "$s" "sieve=$k"); then
+                log "cannot set up $s with sieve=$k: left out"
+                continue
+            fi
+            stpl[$s:$k]=$t
+        done
+    done
+    for ((r = 1; r <= runs; r++)); do
+        for kv in "${skinds[@]}"; do
+            k=${kv%%|*}
+            for s in $servers; do
+                [[ -n ${stpl[$s:$k]:-} ]] || continue
+                cell_sieve=$k cell sieve "${kv#*|}" "$s" "${stpl[$s:$k]}" 40 "$r" lmtp \
+                    -n "$msgs" -m "$BENCH_USERS"
+            done
+        done
+    done
 fi
 
 if has tool; then

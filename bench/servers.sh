@@ -46,7 +46,11 @@
 # mboxlist_db=lmdb spool_sync=off stage_dirs=1 ...).  For cyrus:
 # prefork=N maxchild=N (defaults 0 and 20, Debian's /etc/cyrus.conf) and
 # imapd.conf keys.  For dovecot: format=sdbox
-# (default) | mdbox | maildir, and any dovecot.conf top-level key.
+# (default) | mdbox | maildir, and any dovecot.conf top-level key.  For
+# every server: sieve=filing|filing-own|vacation gives every user that
+# active Sieve script (srv_sieve_text), put in with the server's own
+# means, and a counting `sendmail` in DIR; srv_sieve_check DIR counts
+# the messages, the flagged ones and the replies after a run.
 #
 # Environment: BENCH_BUILD (our build directory, default ./build),
 # BENCH_USERS (2000), BENCH_CACHE (/var/cache/mailbench: the
@@ -282,35 +286,116 @@ EOF
     [[ $n -eq $BENCH_USERS ]] || { srv_die "ours: $n of $BENCH_USERS mailboxes created"; return 1; }
 }
 
-# Every user's active Sieve script of KIND (filing: 20 rules, none of
-# which matches the load's messages, so each is evaluated and the mail
-# kept; vacation: an auto-reply, through DIR/sendmail, which reads the
-# message and drops it), in the layout lmtpd reads (SIEVEDIR/H/USER).
-srv_sieve_scripts() {   # DIR KIND
-    local d=$1 kind=$2 text u i
-    case $kind in
-    filing)
+# The benchmark's Sieve script of KIND, the same for every server; @USER@
+# stands for the user's name (uNNNN), replaced per user:
+# filing: 20 rules, the same text for every user; the first 19 do not
+#   match the load's messages (so each is evaluated), the 20th matches
+#   every one of them ("mailbench message" in the Subject) and files it
+#   into INBOX flagged \Flagged, so that a run can check that the script
+#   ran (srv_sieve_check);
+# filing-own: the same rules, but rule 18 names the user, so that every
+#   user's text is different (nothing shared between users' scripts);
+# vacation: an auto-reply to each message (the load sends one message
+#   per user from one sender: one reply per message), with the user's
+#   address in :addresses as webmail filter editors write it (Cyrus's
+#   lmtpd answers only mail whose To/Cc names the envelope recipient as
+#   it sees it, the bare user name here, or one of :addresses).
+srv_sieve_text() {   # KIND
+    local i text
+    case $1 in
+    filing|filing-own)
         text='require ["fileinto", "imap4flags"];'$'\n'
-        for ((i = 1; i <= 20; i++)); do
+        for ((i = 1; i <= 19; i++)); do
             if ((i % 2)); then
                 text+="if header :contains \"subject\" \"topic-$i\" { fileinto \"INBOX\"; stop; }"$'\n'
+            elif [[ $1 == filing-own && $i == 18 ]]; then
+                text+="if address :is \"from\" \"boss-of-@USER@@lists.example\" { addflag \"\\\\Seen\"; }"$'\n'
             else
-                text+="if address :is \"from\" \"list-$i@lists.example\" { addflag \"\\\\Flagged\"; }"$'\n'
+                text+="if address :is \"from\" \"list-$i@lists.example\" { addflag \"\\\\Seen\"; }"$'\n'
             fi
-        done ;;
+        done
+        text+='if header :contains "subject" "mailbench message" { fileinto :flags "\\Flagged" "INBOX"; stop; }'$'\n' ;;
     vacation)
-        text='require "vacation";'$'\n''vacation :days 1 :subject "away" "I am away.";'$'\n' ;;
-    *) srv_die "sieve=$kind: filing or vacation"; return 1 ;;
+        text='require "vacation";'$'\n''vacation :days 1 :addresses ["@USER@@'"$BENCH_DOMAIN"'"] :subject "away" "I am away.";'$'\n' ;;
+    *) srv_die "sieve=$1: filing, filing-own or vacation"; return 1 ;;
     esac
-    printf '#!/bin/sh\ncat >/dev/null\nexit 0\n' > "$d/sendmail"
-    chmod 755 "$d/sendmail"
+    printf '%s' "$text"
+}
+
+# The `sendmail` every server's Sieve hands its replies to: reads the
+# message, counts it (one line in DIR/sendmail.count), drops it.  Ours
+# and Dovecot write the message on its standard input (`sendmail -i -f
+# FROM -- TO`); Cyrus 3.6 speaks SMTP to `sendmail -bs`, answered here
+# by a minimal SMTP dialogue (220, 250 to every command, 354 after DATA
+# until ".", 221 at QUIT).
+srv_sieve_sendmail() {   # DIR
+    cat > "$1/sendmail" <<'EOF'
+#!/bin/bash
+count=${0%/*}/sendmail.count
+case " $* " in
+*" -bs "*)
+    printf '220 bench ESMTP\r\n'
+    while IFS= read -r line; do
+        line=${line%$'\r'}
+        case ${line^^} in
+        EHLO*) printf '250-bench\r\n250 8BITMIME\r\n' ;;
+        DATA)
+            printf '354 go on\r\n'
+            while IFS= read -r line && [[ ${line%$'\r'} != . ]]; do :; done
+            echo x >> "$count"
+            printf '250 2.0.0 ok\r\n' ;;
+        QUIT) printf '221 2.0.0 bye\r\n'; exit 0 ;;
+        *) printf '250 2.0.0 ok\r\n' ;;
+        esac
+    done ;;
+*)
+    cat > /dev/null
+    echo x >> "$count" ;;
+esac
+exit 0
+EOF
+    chmod 755 "$1/sendmail"
+    : > "$1/sendmail.count"
+    chmod 666 "$1/sendmail.count"
+}
+
+# Every user's active Sieve script of KIND in the layout lmtpd reads
+# (SIEVEDIR/H/USER/NAME.script, defaultbc the link to it).
+srv_sieve_scripts() {   # DIR KIND
+    local d=$1 kind=$2 text u
+    text=$(srv_sieve_text "$kind") || return 1
+    srv_sieve_sendmail "$d"
     srv_users | while read -r u; do
         mkdir -p "$d/sieve/${u:0:1}/$u"
-        printf '%s' "$text" > "$d/sieve/${u:0:1}/$u/bench.script"
+        printf '%s\n' "${text//@USER@/$u}" > "$d/sieve/${u:0:1}/$u/bench.script"
         ln -s bench.script "$d/sieve/${u:0:1}/$u/defaultbc"
     done
     [[ -n $OWNER ]] && chown -R "$OWNER:$(id -gn "$OWNER")" "$d/sieve"
     return 0
+}
+
+# Sieve checks after a run of DIR: "MESSAGES FLAGGED REPLIES" over every
+# user's INBOX (IMAP, 8 sessions at a time) and DIR/sendmail.count.
+srv_sieve_check() {   # DIR
+    local replies=0
+    [[ -f $1/sendmail.count ]] && replies=$(wc -l < "$1/sendmail.count")
+    python3 - "$(srv_imap "$1")" "$BENCH_PASSWORD" "$BENCH_USERS" "$replies" <<'PY'
+import imaplib, re, sys
+from concurrent.futures import ThreadPoolExecutor
+host, port = sys.argv[1].rsplit(":", 1)
+def one(i):
+    im = imaplib.IMAP4(host, int(port))
+    im.login("u%04d" % i, sys.argv[2])
+    typ, data = im.select("INBOX", readonly=True)
+    n = int(data[0])
+    typ, data = im.search(None, "FLAGGED")
+    f = len(data[0].split()) if data and data[0] else 0
+    im.logout()
+    return n, f
+with ThreadPoolExecutor(8) as ex:
+    r = list(ex.map(one, range(1, int(sys.argv[3]) + 1)))
+print(sum(x[0] for x in r), sum(x[1] for x in r), sys.argv[4])
+PY
 }
 
 srv_start_ours() {   # DIR
@@ -331,7 +416,7 @@ srv_setup_cyrus() {   # DIR KEY=VALUE...
         [[ -x $CYRUS_BIN/$p ]] || { srv_die "missing $CYRUS_BIN/$p (Debian package cyrus-imapd)"; return 1; }
     done
     [[ $(id -u) -eq 0 ]] || { srv_die "cyrus: run as root (its master becomes the cyrus user)"; return 1; }
-    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition" "$@" || return 1
+    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve" "$@" || return 1
     local prefork=${srv_kv[prefork]:-0} maxchild=${srv_kv[maxchild]:-20}
     local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
     local partition=$d/spool
@@ -355,10 +440,16 @@ srv_setup_cyrus() {   # DIR KEY=VALUE...
         echo "lmtpsocket: $d/socket/lmtp"
         echo "temp_path: $d/tmp"
         echo "syslog_prefix: cyrus-bench"
+        if [[ -n ${srv_kv[sieve]:-} ]]; then
+            echo "sievedir: $d/sieve"
+            echo "sendmail: $d/sendmail"
+        fi
         ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}"
     } > "$c"
-    local lport iport
-    lport=$(srv_free_port) iport=$(srv_free_port)
+    local lport iport sport sieveline=
+    lport=$(srv_free_port) iport=$(srv_free_port) sport=$(srv_free_port)
+    [[ -n ${srv_kv[sieve]:-} ]] &&
+        sieveline="  sieve    cmd=\"$CYRUS_BIN/timsieved -C $c\" listen=\"127.0.0.1:$sport\" prefork=0 maxchild=20"
     # its master does not hand -C to the children: every cmd names it
     cat > "$d/cyrus.conf" <<EOF
 START {
@@ -368,6 +459,7 @@ SERVICES {
   imap     cmd="$CYRUS_BIN/imapd -C $c" listen="127.0.0.1:$iport" prefork=$iprefork maxchild=$imaxchild
   lmtpunix cmd="$CYRUS_BIN/lmtpd -C $c" listen="$d/socket/lmtp" prefork=$prefork maxchild=$maxchild
   lmtp     cmd="$CYRUS_BIN/lmtpd -a -C $c" listen="127.0.0.1:$lport" prefork=0 maxchild=$maxchild
+$sieveline
 }
 EVENTS {
   checkpoint cmd="$CYRUS_BIN/ctl_cyrusdb -C $c -c" period=30
@@ -406,8 +498,64 @@ if len(data) != n:
     sys.exit("LIST shows %d of %d mailboxes" % (len(data), n))
 im.logout()
 PY
+    if ((ok)) && [[ -n ${srv_kv[sieve]:-} ]]; then
+        srv_sieve_scripts_cyrus "$d" "${srv_kv[sieve]}" "$sport" || ok=0
+    fi
     srv_stop "$d" || return 1
-    ((ok)) || { srv_die "cyrus: creating the mailboxes failed"; return 1; }
+    ((ok)) || { srv_die "cyrus: creating the mailboxes or scripts failed"; return 1; }
+}
+
+# Every user's active script of KIND, put in through Cyrus's own
+# timsieved (ManageSieve: AUTHENTICATE PLAIN as the user, PUTSCRIPT, which
+# compiles the bytecode, and SETACTIVE, 8 sessions at a time), so that
+# the files land where Cyrus's lmtpd looks for them (with 3.6's uuid
+# mailbox paths, SIEVEDIR/uuid/...); its sievec checks the text first.
+srv_sieve_scripts_cyrus() {   # DIR KIND SIEVEPORT
+    local d=$1 kind=$2 port=$3 ok=0
+    [[ -x $CYRUS_BIN/sievec ]] || { srv_die "missing $CYRUS_BIN/sievec"; return 1; }
+    srv_sieve_text "$kind" > "$d/bench.sieve.in" || return 1
+    cp "$d/bench.sieve.in" "$d/bench.sieve"
+    chown cyrus:mail "$d/bench.sieve"
+    sed -i 's/@USER@/u0001/g' "$d/bench.sieve"   # the check only
+    srv_as_owner "$CYRUS_BIN/sievec" -C "$d/imapd.conf" "$d/bench.sieve" "$d/tmp/bench.bc" ||
+        { srv_die "cyrus: sievec refused the $kind script"; return 1; }
+    srv_sieve_sendmail "$d"
+    srv_log "cyrus: uploading the $kind script for $BENCH_USERS users through timsieved"
+    python3 - "127.0.0.1:$port" "$BENCH_PASSWORD" "$BENCH_USERS" "$d/bench.sieve.in" <<'PY' && ok=1
+import base64, socket, sys
+from concurrent.futures import ThreadPoolExecutor
+host, port = sys.argv[1].rsplit(":", 1)
+script = open(sys.argv[4], "rb").read()
+def lines(f):
+    out = []
+    while True:
+        ln = f.readline()
+        if not ln:
+            raise SystemExit("timsieved closed the connection")
+        out.append(ln)
+        if ln.startswith((b"OK", b"NO", b"BYE")):
+            if not ln.startswith(b"OK"):
+                raise SystemExit("timsieved: %r" % out[-3:])
+            return out
+def one(i):
+    user = "u%04d" % i
+    text = script.replace(b"@USER@", user.encode()).replace(b"\n", b"\r\n")
+    s = socket.create_connection((host, int(port)), timeout=30)
+    f = s.makefile("rb")
+    lines(f)
+    cred = base64.b64encode(b"\0" + user.encode() + b"\0" + sys.argv[2].encode())
+    s.sendall(b'AUTHENTICATE "PLAIN" "' + cred + b'"\r\n'); lines(f)
+    s.sendall(b'PUTSCRIPT "bench" {%d+}\r\n' % len(text) + text + b"\r\n"); lines(f)
+    s.sendall(b'SETACTIVE "bench"\r\n'); lines(f)
+    s.sendall(b"LOGOUT\r\n")
+    s.close()
+with ThreadPoolExecutor(8) as ex:
+    list(ex.map(one, range(1, int(sys.argv[3]) + 1)))
+PY
+    ((ok)) || { srv_die "cyrus: uploading the scripts failed"; return 1; }
+    local n
+    n=$(find "$d/sieve" -name defaultbc | wc -l)
+    [[ $n -eq $BENCH_USERS ]] || { srv_die "cyrus: $n of $BENCH_USERS active scripts"; return 1; }
 }
 
 srv_start_cyrus() {   # DIR
@@ -448,7 +596,7 @@ srv_setup_dovecot() {   # DIR KEY=VALUE...
     [[ $(id -u) -eq 0 ]] || { srv_die "dovecot: run as root (its master drops to dovecot/dovenull, mail as user mail)"; return 1; }
     local x
     x=$(srv_dovecot_imap_dir) || return 1
-    srv_parse_kv "format partition" "$@" || return 1
+    srv_parse_kv "format partition sieve" "$@" || return 1
     local format=${srv_kv[format]:-sdbox}
     local mail=$d/mail
     [[ -n ${srv_kv[partition]:-} ]] && mail=${srv_kv[partition]%/}/$(basename "$d")
@@ -526,6 +674,18 @@ service lmtp {
   }
 }
 EOF
+    if [[ -n ${srv_kv[sieve]:-} ]]; then
+        # Pigeonhole at delivery: the user's active script ~/.dovecot.sieve
+        cat >> "$d/dovecot.conf" <<EOF
+sendmail_path = $d/sendmail
+protocol lmtp {
+  mail_plugins = \$mail_plugins sieve
+}
+plugin {
+  sieve = file:~/sieve;active=~/.dovecot.sieve
+}
+EOF
+    fi
     ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}" | sed 's/: / = /' >> "$d/dovecot.conf"
     cat > "$d/bench.env" <<EOF
 SERVER=dovecot
@@ -561,6 +721,33 @@ with ThreadPoolExecutor(8) as ex:
 PY
     srv_stop "$d" || return 1
     ((ok)) || { srv_die "dovecot: creating the INBOXes failed"; return 1; }
+    if [[ -n ${srv_kv[sieve]:-} ]]; then
+        srv_sieve_scripts_dovecot "$d" "$mail" "${srv_kv[sieve]}" || return 1
+    fi
+}
+
+# Every user's active script of KIND for Pigeonhole: HOME/sieve/bench.sieve,
+# HOME/.dovecot.sieve the link to it, compiled beforehand with Pigeonhole's
+# sievec (bench.svbin beside it, as a first delivery would leave it).
+srv_sieve_scripts_dovecot() {   # DIR MAILDIR KIND
+    local d=$1 mail=$2 kind=$3 text u
+    command -v sievec >/dev/null || { srv_die "dovecot: no sievec (dovecot-sieve)"; return 1; }
+    text=$(srv_sieve_text "$kind") || return 1
+    srv_sieve_sendmail "$d"
+    srv_users | while read -r u; do
+        mkdir -p "$mail/$u/sieve"
+        printf '%s\n' "${text//@USER@/$u}" > "$mail/$u/sieve/bench.sieve"
+        ln -s sieve/bench.sieve "$mail/$u/.dovecot.sieve"
+    done
+    chown -R mail:mail "$mail"
+    srv_log "dovecot: compiling the $kind script for $BENCH_USERS users (sievec)"
+    srv_users | sed "s|^\(.*\)|$mail/\1/sieve/bench.sieve|" |
+        xargs -P 4 -n 50 setpriv --reuid=mail --regid=mail --clear-groups \
+            sh -c 'for f; do sievec -c "$0" "$f" || exit 255; done' "$d/dovecot.conf" ||
+        { srv_die "dovecot: sievec refused the $kind script"; return 1; }
+    local n
+    n=$(find "$mail" -name bench.svbin | wc -l)
+    [[ $n -eq $BENCH_USERS ]] || { srv_die "dovecot: $n of $BENCH_USERS scripts compiled"; return 1; }
 }
 
 srv_start_dovecot() {   # DIR

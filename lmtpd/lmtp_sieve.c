@@ -29,6 +29,7 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -51,13 +52,24 @@
 #define LMTP_SIEVE_KEY_MAX 400
 #define LMTP_SIEVE_SENDMAIL_ARGS 16   /* words of the sendmail key */
 
+/* A compiled text, shared by every cache entry whose file holds the same
+ * bytes (users with identical scripts, as a webmail's filter editor
+ * writes them, compile once per process). */
+struct lmtp_sieve_compiled {
+    char *text;                    /* the script's bytes, for comparison */
+    size_t len;
+    uint64_t hash;                 /* FNV-1a of the bytes */
+    struct sieve_script *script;   /* NULL: the script does not compile */
+    char *error;                   /* its compile error */
+    unsigned refs;                 /* cache entries pointing here */
+};
+
 struct lmtp_sieve_cached {
     dev_t dev;
     ino_t ino;
     off_t size;
     struct timespec mtime;
-    struct sieve_script *script;   /* NULL: the script does not compile */
-    char *error;                   /* its compile error */
+    struct lmtp_sieve_compiled *comp;
     unsigned long used;
     int valid;
 };
@@ -134,8 +146,14 @@ int lmtp_sieve_new(const struct imapconf *conf, struct deliver_ctx *dctx,
 
 static void lmtp_sieve_cache_drop(struct lmtp_sieve_cached *c)
 {
-    sieve_script_free(&c->script);
-    free(c->error);
+    struct lmtp_sieve_compiled *k = c->comp;
+
+    if (k && --k->refs == 0) {
+        sieve_script_free(&k->script);
+        free(k->error);
+        free(k->text);
+        free(k);
+    }
     memset(c, 0, sizeof(*c));
 }
 
@@ -160,17 +178,55 @@ unsigned long lmtp_sieve_compiles(const struct lmtp_sieve *ls)
 
 /* ---- the compiled-script cache ------------------------------------------ */
 
-/* The compiled script behind the open file fd (path for logs).  Returns
- * the cache entry (script NULL with error set when it did not compile),
- * or NULL on an I/O or memory failure. */
-static struct lmtp_sieve_cached *lmtp_sieve_load(struct lmtp_sieve *ls,
-                                                 int fd, const char *path)
+static uint64_t lmtp_sieve_hash(const char *p, size_t len)
 {
-    struct lmtp_sieve_cached *c, *victim = NULL;
-    struct stat sb;
-    struct buf text = BUF_INITIALIZER, err = BUF_INITIALIZER;
+    uint64_t h = 14695981039346656037ULL;
+    size_t i;
+
+    for (i = 0; i < len; i++) {
+        h ^= (unsigned char)p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Read the whole open file fd into text (at most max + 1 bytes).  0, or
+ * -1 (errno set). */
+static int lmtp_sieve_read(int fd, size_t max, struct buf *text)
+{
     char chunk[8192];
     ssize_t n;
+
+    for (;;) {
+        n = read(fd, chunk, sizeof(chunk));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            return 0;
+        if (buf_append(text, chunk, (size_t)n) != 0) {
+            errno = ENOMEM;
+            return -1;
+        }
+        if (text->len > max)
+            return 0;
+    }
+}
+
+/* The compiled script behind the open file fd (path for logs): the cache
+ * entry of the file (device, inode, size, mtime), else the compiled form
+ * of another entry whose file holds the same bytes, else a compilation.
+ * Returns the compiled text (script NULL with error set when it did not
+ * compile), or NULL on an I/O or memory failure. */
+static const struct lmtp_sieve_compiled *
+lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path)
+{
+    struct lmtp_sieve_cached *c, *victim = NULL;
+    struct lmtp_sieve_compiled *k = NULL;
+    struct stat sb;
+    struct buf text = BUF_INITIALIZER, err = BUF_INITIALIZER;
+    uint64_t hash;
     size_t i;
     int r;
 
@@ -184,7 +240,7 @@ static struct lmtp_sieve_cached *lmtp_sieve_load(struct lmtp_sieve *ls,
             c->mtime.tv_sec == sb.st_mtim.tv_sec &&
             c->mtime.tv_nsec == sb.st_mtim.tv_nsec) {
             c->used = ls->tick;
-            return c;
+            return c->comp;
         }
         if (c->valid && c->used > ls->run_tick)
             continue;   /* a script of the running execution */
@@ -201,49 +257,64 @@ static struct lmtp_sieve_cached *lmtp_sieve_load(struct lmtp_sieve *ls,
         buf_printf(&err, "script of %lld bytes over sieve_maxscriptsize",
                    (long long)sb.st_size);
     } else {
-        for (;;) {
-            n = read(fd, chunk, sizeof(chunk));
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n < 0) {
-                buf_free(&text);
-                return NULL;
-            }
-            if (n == 0)
-                break;
-            if (buf_append(&text, chunk, (size_t)n) != 0) {
-                buf_free(&text);
-                return NULL;
-            }
+        if (lmtp_sieve_read(fd, ls->limits.max_script_size, &text) != 0) {
+            buf_free(&text);
+            return NULL;
         }
         r = SIEVE_OK;
     }
-    lmtp_sieve_cache_drop(victim);
+    hash = lmtp_sieve_hash(text.s ? text.s : "", text.len);
     if (r == SIEVE_OK)
-        r = sieve_compile(text.s ? text.s : "", text.len, &ls->limits,
-                          &ls->allowed, &victim->script, &err);
-    buf_free(&text);
-    if (r == SIEVE_ENOMEM) {
-        buf_free(&err);
-        return NULL;
+        for (i = 0; i < LMTP_SIEVE_CACHE && !k; i++) {
+            struct lmtp_sieve_compiled *o = ls->cache[i].comp;
+
+            if (ls->cache[i].valid && &ls->cache[i] != victim && o &&
+                o->text && o->hash == hash && o->len == text.len &&
+                memcmp(o->text, text.s ? text.s : "", text.len) == 0)
+                k = o;
+        }
+    if (!k) {
+        k = calloc(1, sizeof(*k));
+        if (!k) {
+            buf_free(&text);
+            buf_free(&err);
+            return NULL;
+        }
+        if (r == SIEVE_OK)
+            r = sieve_compile(text.s ? text.s : "", text.len, &ls->limits,
+                              &ls->allowed, &k->script, &err);
+        if (r == SIEVE_ENOMEM) {
+            free(k);
+            buf_free(&text);
+            buf_free(&err);
+            return NULL;
+        }
+        ls->compiles++;
+        if (r != SIEVE_OK)
+            k->error = strdup(err.len ? buf_cstring(&err)
+                                      : sieve_strerror(r));
+        else if (text.len) {
+            k->len = text.len;
+            k->hash = hash;
+            k->text = buf_release(&text);
+        }
+        log_info("lmtp: sieve compiled script=<%s> result=<%s>%s%s%s "
+                 "compiles=<%lu>", path, r == SIEVE_OK ? "ok" : "error",
+                 k->error ? " error=<" : "", k->error ? k->error : "",
+                 k->error ? ">" : "", ls->compiles);
     }
-    ls->compiles++;
+    k->refs++;
+    lmtp_sieve_cache_drop(victim);
+    victim->comp = k;
     victim->dev = sb.st_dev;
     victim->ino = sb.st_ino;
     victim->size = sb.st_size;
     victim->mtime = sb.st_mtim;
     victim->used = ls->tick;
     victim->valid = 1;
-    if (r != SIEVE_OK)
-        victim->error = strdup(err.len ? buf_cstring(&err)
-                                       : sieve_strerror(r));
-    log_info("lmtp: sieve compiled script=<%s> result=<%s>%s%s%s "
-             "compiles=<%lu>", path, r == SIEVE_OK ? "ok" : "error",
-             victim->error ? " error=<" : "",
-             victim->error ? victim->error : "", victim->error ? ">" : "",
-             ls->compiles);
+    buf_free(&text);
     buf_free(&err);
-    return victim;
+    return k;
 }
 
 /* ---- the message as the script sees it ---------------------------------- */
@@ -522,7 +593,7 @@ static int lmtp_sieve_cb_include(void *rock, int global, const char *name,
                                  struct buf *errmsg)
 {
     struct lmtp_sieve_run *run = rock;
-    struct lmtp_sieve_cached *c;
+    const struct lmtp_sieve_compiled *c;
     struct buf dir = BUF_INITIALIZER, path = BUF_INITIALIZER;
     int fd, r = 0;
 
@@ -626,7 +697,7 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
     const char *prog = imapconf_getstring(ls->conf, "sendmail");
     long timeout = imapconf_getint(ls->conf, "lmtp_timeout");
     struct strarray words = STRARRAY_INITIALIZER;
-    int pfd[2], status = -1, ok = 1, late = 0;
+    int pfd[2], status = -1, ok = 1, late = 0, pidfd;
     uint64_t deadline;
     pid_t pid;
 
@@ -710,8 +781,17 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
                                      &late) != 0))
         ok = 0;
     close(pfd[1]);
+    /* wait for its exit: a pidfd becomes readable at once when it exits
+     * (no sleeping in steps, which cost each reply up to a step); where
+     * pidfds are missing, steps of 1 ms */
+#ifdef SYS_pidfd_open
+    pidfd = late ? -1 : (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    pidfd = -1;
+#endif
     for (;;) {
         pid_t w = late ? 0 : waitpid(pid, &status, WNOHANG);
+        long left;
 
         if (w == pid)
             break;
@@ -719,7 +799,8 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
             status = -1;
             break;
         }
-        if (late || lmtp_sieve_left(deadline) == 0) {
+        left = late ? 0 : lmtp_sieve_left(deadline);
+        if (left == 0) {
             late = 1;
             kill(-pid, SIGKILL);
             kill(pid, SIGKILL);
@@ -728,11 +809,18 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
             status = -1;
             break;
         }
-        {
-            struct timespec nap = { 0, 5 * 1000000L };
+        if (pidfd >= 0) {
+            struct pollfd wfd = { .fd = pidfd, .events = POLLIN };
+
+            (void)poll(&wfd, 1, (int)(left > 1000 ? 1000 : left));
+        } else {
+            struct timespec nap = { 0, 1000000L };
+
             nanosleep(&nap, NULL);
         }
     }
+    if (pidfd >= 0)
+        close(pidfd);
     if (!ok || status == -1 || !WIFEXITED(status) ||
         WEXITSTATUS(status) != 0) {
         log_error("lmtp: sieve sendmail failed program=<%s> to=<%s> "
@@ -1447,7 +1535,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     struct buf userid = BUF_INITIALIZER, inbox = BUF_INITIALIZER;
     struct buf path = BUF_INITIALIZER, err = BUF_INITIALIZER;
     struct buf log = BUF_INITIALIZER, name = BUF_INITIALIZER;
-    struct lmtp_sieve_cached *c;
+    const struct lmtp_sieve_compiled *c;
     char scriptname[256], clog[2048], crcpt[300];
     const char *status = "ok";
     ssize_t n;

@@ -5,7 +5,9 @@
  * For a recipient whose mailbox is a user's (INBOX or a +detail folder),
  * the active script (store/sievedir.h: SIEVEDIR/.../USER/defaultbc) is
  * compiled once per process and cached by the script file's (device,
- * inode, size, mtime), LRU-bounded to LMTP_SIEVE_CACHE entries; it runs
+ * inode, size, mtime), LRU-bounded to LMTP_SIEVE_CACHE entries; files
+ * holding the same bytes share one compiled script (compiled scripts are
+ * immutable, so sharing is safe); it runs
  * against the staged message with that recipient's envelope.  The
  * result is turned into:
  *   - local targets (keep, fileinto: mailbox, system flags, keywords)

@@ -52,6 +52,8 @@ struct frame {
     int returned;
 };
 
+#define EXEC_ADDR_MEMO 8
+
 struct exec {
     const struct sieve_limits *lim;
     const struct sieve_message_ctx *ctx;
@@ -73,6 +75,15 @@ struct exec {
     size_t nstack;
     int stopped;
     time_t now;
+    /* address parts of recently parsed header values: scripts test the
+     * same From/To in many rules, and a parse is a pure function of the
+     * value and the part */
+    struct addr_memo {
+        char *value;
+        int part;
+        struct strarray parts;
+    } addr_memo[EXEC_ADDR_MEMO];
+    unsigned addr_memo_next;
 };
 
 #define HALT(ex) ((ex)->rc != SIEVE_OK || (ex)->stopped)
@@ -581,20 +592,45 @@ static int addr_cb(void *rock, const char *name, size_t namelen,
     return addr_part(rock, mailbox, mailboxlen, host, hostlen);
 }
 
-/* append the address parts of an address-list value */
+/* append the address parts of an address-list value (parsed once per
+ * execution for each value and part: see struct exec's addr_memo) */
 static int value_addresses(struct exec *ex, const char *value, int part,
                            struct strarray *out)
 {
     struct addrpart_rock r;
+    struct addr_memo *m = NULL;
+    size_t i;
 
-    r.ex = ex;
-    r.part = part;
-    r.sep = ex->ctx->subaddress_sep ? ex->ctx->subaddress_sep : '+';
-    r.out = out;
-    r.nomem = 0;
-    if (message_addresses(value, strlen(value), addr_cb, &r) != MESSAGE_OK ||
-        r.nomem)
-        return rt_nomem(ex);
+    for (i = 0; i < EXEC_ADDR_MEMO; i++)
+        if (ex->addr_memo[i].value && ex->addr_memo[i].part == part &&
+            strcmp(ex->addr_memo[i].value, value) == 0) {
+            m = &ex->addr_memo[i];
+            break;
+        }
+    if (!m) {
+        m = &ex->addr_memo[ex->addr_memo_next++ % EXEC_ADDR_MEMO];
+        free(m->value);
+        strarray_fini(&m->parts);
+        m->part = part;
+        m->value = strdup(value);
+        if (!m->value)
+            return rt_nomem(ex);
+        r.ex = ex;
+        r.part = part;
+        r.sep = ex->ctx->subaddress_sep ? ex->ctx->subaddress_sep : '+';
+        r.out = &m->parts;
+        r.nomem = 0;
+        if (message_addresses(value, strlen(value), addr_cb, &r) !=
+                MESSAGE_OK || r.nomem) {
+            free(m->value);
+            m->value = NULL;
+            strarray_fini(&m->parts);
+            return rt_nomem(ex);
+        }
+    }
+    for (i = 0; i < m->parts.count; i++)
+        if (strarray_append(out, m->parts.data[i]) < 0)
+            return rt_nomem(ex);
     return 0;
 }
 
@@ -623,6 +659,14 @@ static int test_header_values(struct exec *ex, struct frame *fr,
         if (n->id == SV_T_ADDRESS &&
             !sieve_check_address_header(buf_cstring(&nb)))
             continue;
+        if (!n->index && out->count == 0) {
+            /* the common case: straight into out, no copy */
+            if (fetch_header(ex, n->line, buf_cstring(&nb), 1, out) < 0) {
+                buf_free(&nb);
+                return -1;
+            }
+            continue;
+        }
         if (fetch_header(ex, n->line, buf_cstring(&nb), 1, &vals) < 0) {
             strarray_fini(&vals);
             buf_free(&nb);
@@ -1999,6 +2043,10 @@ done:
         strarray_fini(&ex.edits[i].dec);
     }
     free(ex.edits);
+    for (i = 0; i < EXEC_ADDR_MEMO; i++) {
+        free(ex.addr_memo[i].value);
+        strarray_fini(&ex.addr_memo[i].parts);
+    }
     strarray_fini(&ex.flags);
     strarray_fini(&ex.matchvars);
     strarray_fini(&ex.once);

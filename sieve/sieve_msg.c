@@ -33,8 +33,27 @@ void sieve_msg_init(struct sieve_msg *m, const char *base, size_t len)
     }
 }
 
+struct sieve_msg_field {
+    const char *name;      /* in the message: up to the colon */
+    size_t namelen;
+    const char *value;     /* after the colon, to the field's end */
+    size_t valuelen;
+    char *raw;             /* unfolded and trimmed, made when asked for */
+    char *dec;             /* ... and RFC 2047 decoded */
+};
+
 void sieve_msg_fini(struct sieve_msg *m)
 {
+    size_t i;
+
+    for (i = 0; i < m->nfields; i++) {
+        free(m->fields[i].raw);
+        free(m->fields[i].dec);
+    }
+    free(m->fields);
+    m->fields = NULL;
+    m->nfields = 0;
+    m->indexed = 0;
     strarray_fini(&m->env_to);
     strarray_fini(&m->env_auth);
     strarray_fini(&m->mailboxes);
@@ -63,6 +82,59 @@ static int msg_envelope(void *rock, const char *part, struct strarray *v)
     return 0;
 }
 
+/* The field starting at p in [p, end): this line and its continuation
+ * lines.  Returns its end; *colon_r the first colon in it or NULL. */
+static const char *field_next(const char *p, const char *end,
+                              const char **colon_r)
+{
+    const char *fs = p;
+
+    for (;;) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        p = eol ? eol + 1 : end;
+        if (p >= end || (*p != ' ' && *p != '\t'))
+            break;
+    }
+    *colon_r = memchr(fs, ':', (size_t)(p - fs));
+    return p;
+}
+
+/* A field value [vs, ve) unfolded (CR and LF dropped), RFC 2047 decoded
+ * when asked, and trimmed of blanks at both ends, as a new string; NULL
+ * when out of memory. */
+static char *field_value(const char *vs, const char *ve, int decoded)
+{
+    struct buf raw = BUF_INITIALIZER, v = BUF_INITIALIZER;
+    const char *q, *s;
+    char *val;
+    size_t a = 0, b;
+
+    for (q = vs; q < ve; q++)
+        if (*q != '\r' && *q != '\n' && buf_putc(&raw, *q) < 0) {
+            buf_free(&raw);
+            return NULL;
+        }
+    if (decoded) {
+        if (search_decode_header(raw.s ? raw.s : "", raw.len, &v) < 0) {
+            buf_free(&raw);
+            buf_free(&v);
+            return NULL;
+        }
+        buf_free(&raw);
+    } else {
+        v = raw;
+    }
+    s = v.s ? v.s : "";
+    b = v.len;
+    while (a < b && (s[a] == ' ' || s[a] == '\t'))
+        a++;
+    while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t'))
+        b--;
+    val = strndup(s + a, b - a);
+    buf_free(&v);
+    return val;
+}
+
 /* the fields of a header block [p, end): name -> values */
 static int header_scan(const char *p, const char *end, const char *name,
                        int decoded, struct strarray *out)
@@ -70,55 +142,53 @@ static int header_scan(const char *p, const char *end, const char *name,
     size_t nlen = strlen(name);
 
     while (p < end) {
-        const char *fs = p, *fe, *colon;
-        struct buf v = BUF_INITIALIZER;
-        /* the field: this line and its continuation lines */
-        for (;;) {
-            const char *eol = memchr(p, '\n', (size_t)(end - p));
-            p = eol ? eol + 1 : end;
-            if (p >= end || (*p != ' ' && *p != '\t'))
-                break;
-        }
-        fe = p;
-        colon = memchr(fs, ':', (size_t)(fe - fs));
+        const char *fs = p, *colon;
+        char *val;
+
+        p = field_next(p, end, &colon);
         if (!colon || (size_t)(colon - fs) != nlen ||
             strncasecmp(fs, name, nlen) != 0)
             continue;
-        {
-            const char *vs = colon + 1, *ve = fe;
-            struct buf raw = BUF_INITIALIZER;
-            const char *q;
-            /* unfold: drop CR and LF */
-            for (q = vs; q < ve; q++)
-                if (*q != '\r' && *q != '\n' && buf_putc(&raw, *q) < 0) {
-                    buf_free(&raw);
-                    return -1;
-                }
-            if (decoded) {
-                if (search_decode_header(raw.s ? raw.s : "", raw.len, &v) < 0) {
-                    buf_free(&raw);
-                    buf_free(&v);
-                    return -1;
-                }
-                buf_free(&raw);
-            } else {
-                v = raw;
-            }
-        }
-        {
-            const char *s = v.s ? v.s : "";
-            size_t a = 0, b = v.len;
-            char *val;
-            while (a < b && (s[a] == ' ' || s[a] == '\t'))
-                a++;
-            while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t'))
-                b--;
-            val = strndup(s + a, b - a);
-            buf_free(&v);
-            if (strarray_appendm(out, val) < 0)
-                return -1;
-        }
+        val = field_value(colon + 1, p, decoded);
+        if (!val || strarray_appendm(out, val) < 0)
+            return -1;
     }
+    return 0;
+}
+
+/* The index of the header's fields (names and value spans only).  0 or
+ * -1 (out of memory). */
+static int header_index(struct sieve_msg *m)
+{
+    const char *p = m->base, *end = m->base + m->header_len;
+    size_t cap = 0;
+
+    m->nfields = 0;   /* a retry after a failure starts over */
+    while (p < end) {
+        const char *fs = p, *colon;
+        struct sieve_msg_field *f;
+
+        p = field_next(p, end, &colon);
+        if (!colon)
+            continue;
+        if (m->nfields == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            struct sieve_msg_field *nf =
+                realloc(m->fields, ncap * sizeof(*nf));
+
+            if (!nf)
+                return -1;
+            m->fields = nf;
+            cap = ncap;
+        }
+        f = &m->fields[m->nfields++];
+        memset(f, 0, sizeof(*f));
+        f->name = fs;
+        f->namelen = (size_t)(colon - fs);
+        f->value = colon + 1;
+        f->valuelen = (size_t)(p - (colon + 1));
+    }
+    m->indexed = 1;
     return 0;
 }
 
@@ -126,8 +196,25 @@ static int msg_header(void *rock, const char *name, int decoded,
                       struct strarray *out)
 {
     struct sieve_msg *m = rock;
+    size_t nlen = strlen(name), i;
 
-    return header_scan(m->base, m->base + m->header_len, name, decoded, out);
+    if (!m->indexed && header_index(m) < 0)
+        return -1;
+    for (i = 0; i < m->nfields; i++) {
+        struct sieve_msg_field *f = &m->fields[i];
+        char **v = decoded ? &f->dec : &f->raw;
+
+        if (f->namelen != nlen || strncasecmp(f->name, name, nlen) != 0)
+            continue;
+        if (!*v) {
+            *v = field_value(f->value, f->value + f->valuelen, decoded);
+            if (!*v)
+                return -1;
+        }
+        if (strarray_append(out, *v) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 /* the value of parameter `param` in a Content-Type value, or NULL */

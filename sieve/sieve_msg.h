@@ -12,7 +12,10 @@
  *   sieve_msg_fini(&m);
  *
  * Header values are unfolded and trimmed; decoded values have RFC 2047
- * encoded words decoded (B and Q; UTF-8, US-ASCII, ISO-8859-1).  The body
+ * encoded words decoded (B and Q; UTF-8, US-ASCII, ISO-8859-1).  The
+ * header is scanned once, at the first lookup, into an index of its
+ * fields; each value is unfolded (and decoded) once, when first asked
+ * for, and kept until sieve_msg_fini().  The body
  * test sees: :raw the bytes after the header; :text / :content the bodies
  * of the leaf parts of the top-level entity and of one level of
  * multipart (type text for :text; the listed types for :content, "" for
@@ -42,6 +45,11 @@ struct sieve_msg {
     const struct sieve_script **scripts; /* ... and their scripts */
     time_t now;
     int zone_minutes;
+    /* private: the header's fields, indexed at the first header lookup
+     * (one scan per message, not one per test) */
+    struct sieve_msg_field *fields;
+    size_t nfields;
+    int indexed;
 };
 
 /* Set up over len bytes at base (not copied). */
@@ -50,7 +58,7 @@ void sieve_msg_init(struct sieve_msg *m, const char *base, size_t len);
 /* Fill ctx with callbacks reading m (ctx->rock = m). */
 void sieve_msg_ctx(struct sieve_msg *m, struct sieve_message_ctx *ctx);
 
-/* Free the lists (not the scripts). */
+/* Free the lists and the header index (not the scripts). */
 void sieve_msg_fini(struct sieve_msg *m);
 
 #endif

@@ -16,7 +16,7 @@ ereject (550 5.7.1 with the reason), three recipients with three
 different scripts in one transaction, runtime and compile errors
 (implicit keep), duplicatesuppression with fileinto targets, the
 compiled-script cache (an unchanged script is compiled once per worker,
-a changed one again), and workers SIGKILLed while delivering with
+a changed one again; users with the same text share one), and workers SIGKILLed while delivering with
 scripts (no acknowledged message lost, nothing partial visible).
 
 Environment: see lmtphelp.py (top_builddir, TEST_TMPDIR, LMTP_TESTS,
@@ -499,6 +499,36 @@ def test_compiled_cache():
               "recompiled without change")
 
 
+def test_compiled_shared():
+    """Users whose script files hold the same text share one compiled
+    script in a worker; a user whose text differs gets its own, and each
+    still runs its own script."""
+    with SieveInstance("sv-share", maxchild=1) as inst:
+        text = 'require "fileinto";\nfileinto "INBOX.work";\n'
+        for u in ("alice", "bob", "carol"):
+            inst.create("user.%s.work" % u)
+            inst.script(u, text)
+        inst.start()
+        for u in ("alice", "bob", "carol"):
+            send(inst, ["%s@test.example" % u], make_message(msgid()))
+        n = inst.log().count("lmtp: sieve compiled")
+        check(n == 1, "three copies of one text compiled %d times" % n)
+        for u in ("alice", "bob", "carol"):
+            check(len(inst.messages("user.%s.work" % u)) == 1,
+                  "%s: not filed" % u)
+        inst.script("carol", text + "# carol's own\nkeep;\n")
+        send(inst, ["carol@test.example"], make_message(msgid()))
+        send(inst, ["bob@test.example"], make_message(msgid()))
+        check(inst.log().count("lmtp: sieve compiled") == 2,
+              "a different text not compiled on its own")
+        check(len(inst.messages("user.carol")) == 1 and
+              len(inst.messages("user.carol.work")) == 2,
+              "carol's new script did not run")
+        check(len(inst.messages("user.bob.work")) == 2 and
+              len(inst.messages("user.bob")) == 0,
+              "bob's script changed with carol's")
+
+
 CRASH_SCRIPTS = {
     "alice": 'require "fileinto";\nfileinto "INBOX.work";\n',
     "bob": 'require "copy";\nredirect :copy "bob@elsewhere.example";\n',
@@ -593,6 +623,7 @@ TESTS = [
     test_errors_keep,
     test_duplicatesuppression,
     test_compiled_cache,
+    test_compiled_shared,
     test_crash_during_sieve_deliveries,
 ]
 

@@ -64,6 +64,59 @@ static int run(const char *text, const struct sieve_limits *l,
     return rc;
 }
 
+/* The header is indexed once, at the first lookup: every field listed
+ * (also one without a value, folded ones as one), each value unfolded
+ * and decoded when first asked for and served from then on; the answers
+ * are those of a scan (repeated fields in order, names case-blind). */
+static void test_header_index(void **state)
+{
+    static const char msg[] =
+        "Subject: =?utf-8?q?caf=C3=A9?= day\r\n"
+        "X-A: one\r\n"
+        "x-a:  two\r\n\tfolded \r\n"
+        "Empty:\r\n"
+        "no colon here\r\n"
+        "X-A: three\r\n"
+        "\r\n"
+        "X-A: in the body\r\n";
+    struct sieve_msg m;
+    struct sieve_message_ctx ctx;
+    struct strarray v = STRARRAY_INITIALIZER;
+    int round;
+
+    (void)state;
+    sieve_msg_init(&m, msg, sizeof(msg) - 1);
+    sieve_msg_ctx(&m, &ctx);
+    assert_int_equal(m.indexed, 0);
+    for (round = 0; round < 2; round++) {
+        assert_int_equal(ctx.header(ctx.rock, "X-A", 0, &v), 0);
+        assert_int_equal(m.indexed, 1);
+        assert_int_equal(m.nfields, 5);
+        assert_int_equal(v.count, 3);
+        assert_string_equal(v.data[0], "one");
+        assert_string_equal(v.data[1], "two\tfolded");
+        assert_string_equal(v.data[2], "three");
+        strarray_fini(&v);
+        assert_int_equal(ctx.header(ctx.rock, "subject", 1, &v), 0);
+        assert_int_equal(v.count, 1);
+        assert_string_equal(v.data[0], "caf\xc3\xa9 day");
+        strarray_fini(&v);
+        assert_int_equal(ctx.header(ctx.rock, "Subject", 0, &v), 0);
+        assert_string_equal(v.data[0], "=?utf-8?q?caf=C3=A9?= day");
+        strarray_fini(&v);
+        assert_int_equal(ctx.header(ctx.rock, "empty", 0, &v), 0);
+        assert_int_equal(v.count, 1);
+        assert_string_equal(v.data[0], "");
+        strarray_fini(&v);
+        assert_int_equal(ctx.header(ctx.rock, "no colon here", 0, &v), 0);
+        assert_int_equal(v.count, 0);
+    }
+    assert_int_equal(m.nfields, 5);
+    sieve_msg_fini(&m);
+    assert_null(m.fields);
+    assert_int_equal(m.indexed, 0);
+}
+
 static void test_compile_errors(void **state)
 {
     static const struct { const char *text; int rc; const char *prefix; }
@@ -525,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_callbacks),
         cmocka_unit_test(test_reuse_and_allowed),
         cmocka_unit_test(test_prefixes_and_mutations),
+        cmocka_unit_test(test_header_index),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
