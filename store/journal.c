@@ -131,8 +131,11 @@
  *     durable: a PENDING record whose file verifies is committed by the
  *     mailbox's own recovery (mailbox.c (b), (c)) at the next exclusive
  *     lock.  For that, `synced` must not claim more than is durable: in
- *     journal mode F does not raise it (mailbox.c); group rounds of flag
- *     changes and cleanup still do, as they sync the index.
+ *     journal mode F raises it only right after an fdatasync() of the
+ *     index that it makes once 128 records lie past it (mailbox.c; the
+ *     resolved prefix is then durable in place, as intact records); group
+ *     rounds of flag changes and cleanup raise it too, as they sync the
+ *     index.
  *     A segment is overwritten only after its checkpoint's file header
  *     (generation >= the segment's) is durable, so a record is lost from
  *     the journal only once it is durable in place.
@@ -226,8 +229,8 @@
  * Limits: a record must fit in a segment (else the group way); the
  * mailboxes of a record must be on the journal's partition (append.c
  * checks; a partition is one file system).  In journal mode the mailbox
- * recovery re-reads records from `synced` on, which only group rounds of
- * flag changes and cleanup advance.
+ * recovery re-reads records from `synced` on: fewer than 128 plus those
+ * of pending appends (see 3).
  */
 #include "config.h"
 
