@@ -17,7 +17,7 @@
 # Listen backlog: Cyrus's master gets -l 128 (our master's default; its
 # own default of 32 drops connections when 100 clients connect at once).
 #
-# Every server keeps its DEFAULT durability: ours spool_sync group,
+# Every server keeps its DEFAULT durability: ours spool_sync journal,
 # Cyrus's fsyncs (skiplist/twoskip, message files, index), Dovecot's
 # mail_fsync=optimized.  Users u0001..uN (BENCH_USERS, default 2000) log
 # in with the password "pw"; recipients uNNNN@example.com land in that
