@@ -25,7 +25,10 @@
 #               prefork   ours: lmtpunix prefork/maxchild settings, 40 and 100
 #               stage     ours: stage_dirs 1 vs 16, 40 and 100 connections
 #               nosync    ours: spool_sync group/file/journal/off on disk, off
-#                         on tmpfs
+#                         on tmpfs, at 40 and 100 connections (or at -c's
+#                         when -c is given); with BENCH_BASELINE=BUILDDIR
+#                         also that build's journal mode (the code before
+#                         a change, in the same rounds)
 #               tool      mailbench vs smtp-source -L against smtp-sink -L
 #               sieve     ours and Cyrus (and Dovecot with Pigeonhole) running
 #                         the same Sieve scripts: none, a 20-rule filing
@@ -65,6 +68,7 @@ users_env=${BENCH_USERS:-}
 runs=
 servers="ours cyrus dovecot"
 concs="1 10 20 40 100"
+concs_given=no
 all_exps="disk conc rcpt10 big mixed imap backends prefork stage nosync tool sieve idle"
 exps=$all_exps
 quick=no
@@ -80,7 +84,7 @@ while getopts "r:s:c:x:qb:d:o:kP:h" opt; do
     case $opt in
     r) runs=$OPTARG ;;
     s) servers=$OPTARG ;;
-    c) concs=$OPTARG ;;
+    c) concs=$OPTARG; concs_given=yes ;;
     x) exps=$OPTARG ;;
     q) quick=yes ;;
     b) BENCH_BUILD=$OPTARG ;;
@@ -883,13 +887,17 @@ if has_server ours; then
         tmpfs_dir=$(mktemp -d /dev/shm/mailbench-spool.XXXXXX)
         chmod 755 "$tmpfs_dir"
         [[ $(stat -f -c %T "$tmpfs_dir") == tmpfs ]] || die "/dev/shm is not tmpfs"
-        v=("spool_sync=group (default)|ours-default|"
+        v=("spool_sync=group|ours-sync-group|spool_sync=group"
            "spool_sync=file|ours-sync-file|spool_sync=file"
-           "spool_sync=journal|ours-sync-journal|spool_sync=journal"
-           "spool_sync=off|ours-sync-off|spool_sync=off"
-           "spool_sync=off, partition on tmpfs|ours-sync-off-tmpfs|spool_sync=off partition=$tmpfs_dir")
-        ours_runs nosync 40 "${v[@]}"
-        ours_runs nosync 100 "${v[@]}"
+           "spool_sync=journal|ours-sync-journal|spool_sync=journal")
+        if [[ -n ${BENCH_BASELINE:-} ]]; then
+            v+=("spool_sync=journal, baseline build|ours-sync-journal-base|spool_sync=journal build=$BENCH_BASELINE")
+        fi
+        v+=("spool_sync=off|ours-sync-off|spool_sync=off"
+            "spool_sync=off, partition on tmpfs|ours-sync-off-tmpfs|spool_sync=off partition=$tmpfs_dir")
+        nc="40 100"
+        [[ $concs_given == yes ]] && nc=$concs
+        for c in $nc; do ours_runs nosync "$c" "${v[@]}"; done
     fi
 fi
 

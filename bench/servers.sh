@@ -17,7 +17,7 @@
 # Listen backlog: Cyrus's master gets -l 128 (our master's default; its
 # own default of 32 drops connections when 100 clients connect at once).
 #
-# Every server keeps its DEFAULT durability: ours spool_sync group,
+# Every server keeps its DEFAULT durability: ours spool_sync journal,
 # Cyrus's fsyncs (skiplist/twoskip, message files, index), Dovecot's
 # mail_fsync=optimized.  Users u0001..uN (BENCH_USERS, default 2000) log
 # in with the password "pw"; recipients uNNNN@example.com land in that
@@ -42,7 +42,8 @@
 #
 # KEY=VALUE for ours: prefork=N maxchild=N (lmtpunix service; defaults 5
 # and 20), imap_prefork=N imap_maxchild=N, partition=DIR (the spool's
-# directory, e.g. on tmpfs), and any imapd.conf key (duplicate_db=lmdb
+# directory, e.g. on tmpfs), build=DIR (another build directory than
+# BENCH_BUILD, e.g. the code before a change), and any imapd.conf key (duplicate_db=lmdb
 # mboxlist_db=lmdb spool_sync=off stage_dirs=1 ...).  For cyrus:
 # prefork=N maxchild=N (defaults 0 and 20, Debian's /etc/cyrus.conf) and
 # imapd.conf keys.  For dovecot: format=sdbox
@@ -213,11 +214,15 @@ srv_newdir() {
 srv_setup_ours() {   # DIR KEY=VALUE...
     local d=$1; shift
     local b p
-    b=$(srv_build_dir) || return 1
+    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve build" "$@" || return 1
+    if [[ -n ${srv_kv[build]:-} ]]; then
+        b=$(cd "${srv_kv[build]}" 2>/dev/null && pwd) || { srv_die "no build directory ${srv_kv[build]}"; return 1; }
+    else
+        b=$(srv_build_dir) || return 1
+    fi
     for p in master/master lmtpd/lmtpd imapd/imapd tools/mbtool; do
         [[ -x $b/$p ]] || { srv_die "missing $b/$p (build first, or set BENCH_BUILD)"; return 1; }
     done
-    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve" "$@" || return 1
     local prefork=${srv_kv[prefork]:-5} maxchild=${srv_kv[maxchild]:-20}
     local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
     local partition=$d/spool
@@ -268,6 +273,7 @@ PIDFILE=$d/master.pid
 LOG=$d/master.log
 OWNER=$OWNER
 PARTITION=$partition
+BUILD=$b
 EOF
     srv_make_sasldb "$d/sasldb2" || return 1
     if [[ -n $OWNER ]]; then
@@ -399,8 +405,8 @@ PY
 }
 
 srv_start_ours() {   # DIR
-    local d=$1 b
-    b=$(srv_build_dir) || return 1
+    local d=$1 b=${BUILD:-}
+    [[ -n $b ]] || b=$(srv_build_dir) || return 1
     rm -f "$d/master.pid" "$d/master.status"
     BENCH_SERVER_TAG=$d "$b/master/master" -D -l -C "$d/imapd.conf" -M "$d/cyrus.conf" \
         -p "$d/master.pid" -s "$d/master.status" -T 10 >>"$d/master.log" 2>&1 </dev/null &

@@ -199,13 +199,15 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 1, .max = 1024,
       .desc = "staging directories per partition (PARTITION/stage./NN); "
               "concurrent deliveries are spread over them by process id" },
-    /* default group, by measurement on this machine kind (ext4 on a
-     * virtual disk, 2 cores): tests/bench/lmtpstorm.sh, smtp-source -L,
-     * 2,000 messages of 13,870 bytes, median of 3, msgs/s group vs file:
-     * 960 vs 841 (1 connection), 1532 vs 1463 (10), 1430 vs 1362 (20),
-     * 1570 vs 1321 (40), 1300 vs 1278 (100); off (no sync) 1119-1705.
-     * 0.26-1 syncfs per message instead of 3 fsyncs.  doc/bench/lmtp.md */
-    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "group",
+    /* default journal, by measurement on this machine kind (ext4 on a
+     * virtual disk, 2 cores): bench/run.sh -x nosync, 2,000 messages of
+     * 13,870 bytes, variants interleaved, medians of msgs/s, journal vs
+     * the best other durable mode: 1,459 vs 913 file (20 connections),
+     * 717 vs 697 file (40), 1,495 vs 835 file (100); again at 40 with 5
+     * rounds: see doc/bench/durable.md.  It needs ctl_cyrusdb -r in
+     * START (the stock cyrus.conf has it) to replay after a power loss.
+     * Before it, group (doc/bench/lmtp.md: 5-19% over file). */
+    { .name = "spool_sync", .type = IMAPCONF_ENUM, .def = "journal",
       .words = imapconf_spool_sync_words,
       .desc = "how a delivery is made durable before it is acknowledged: "
               "group = deliveries waiting at the same moment share one "

@@ -374,7 +374,7 @@ static void commit_batch_empty(struct commit_batch *b)
 
 #define COMMIT_SHM_NAME "commit.shm"
 #define COMMIT_SHM_MAGIC 0x43474331u      /* "CGC1" */
-#define COMMIT_SHM_VERSION 2u
+#define COMMIT_SHM_VERSION 3u
 #define COMMIT_SHM_SLOTS 16
 #define COMMIT_JOURNAL_SLOTS 16
 /* the round slot of a journal file: a key no st_dev has (top bit) */

@@ -138,6 +138,8 @@ int commit_shared_stats(const struct imapconf *conf,
  * read and changed only between commit_journal_lock() and
  * commit_journal_unlock() (the one shared mutex of commit.shm).  The
  * meaning of the fields is journal.c's (see the top of journal.c). */
+#define COMMIT_JOURNAL_INFLIGHT 64   /* records reserved, not yet written */
+
 struct commit_journal_state {
     uint64_t dev, ino;        /* the journal file */
     uint32_t used;            /* 1 once claimed */
@@ -150,6 +152,17 @@ struct commit_journal_state {
     uint64_t seq;             /* the next record's sequence number */
     uint64_t segsize;         /* bytes per segment */
     uint64_t filled;          /* zeros written and synced up to here */
+    uint64_t written;         /* every record up to this sequence has its
+                               * pwrite() finished (or a filler instead) */
+    uint32_t wake;            /* futex word: bumped when written advances */
+    uint32_t pad;
+    struct commit_journal_write {   /* a reserved record, by seq % size */
+        uint64_t seq, off, gen;
+        uint32_t len;
+        int32_t pid;          /* its writer */
+        uint32_t state;       /* journal.c's JNL_W_* */
+        uint32_t pad;
+    } inflight[COMMIT_JOURNAL_INFLIGHT];
 };
 
 /* Find or claim the entry of journal (dev, ino) and return with the shared

@@ -54,18 +54,27 @@
  *
  * The shared state (struct commit_journal_state in CONFIGDIR/commit.shm,
  * under commit.shm's robust mutex) holds the active segment, the offset
- * of its next free byte, the next sequence, each segment's generation and
- * whether the other segment still needs a checkpoint.  A committer builds
- * its record in memory, then under the mutex: takes offset and sequence,
- * pwrite()s the record there, and only then advances offset and sequence
- * (a committer killed inside pwrite() leaves the offset unclaimed: the
- * next record overwrites its bytes).  The pwrite happens under the mutex
- * so that records reach the page cache in offset order: when a record's
- * pwrite has completed, every record before it in the segment has too.
- * Then the committer joins a group round on the journal file (commit.c's
- * leader/follower protocol with fdatasync() instead of syncfs()): it
- * returns when a round that began after its arrival, hence after its
- * pwrite, succeeded.
+ * of its next free byte, the next sequence, each segment's generation,
+ * whether the other segment still needs a checkpoint, the written mark
+ * and a ring of the records reserved but not yet written (inflight[seq %
+ * 64]: sequence, offset, length, generation, writer pid, WRITING/DONE).
+ * A committer builds its record in memory (the staged message read back),
+ * then under the mutex RESERVES: offset and sequence taken and advanced,
+ * its ring entry set WRITING; it releases the mutex, puts generation,
+ * sequence and CRC into the record and pwrite()s it there, so the writes
+ * of many committers overlap.  Then, under the mutex, its entry becomes
+ * DONE and `written` advances over every DONE entry in sequence order
+ * (a futex word wakes the waiters): `written` = s means every record
+ * with a sequence <= s has its bytes in the page cache.  The committer
+ * waits until `written` >= its own sequence, and only then joins a group
+ * round on the journal file (commit.c's leader/follower protocol with
+ * fdatasync() instead of syncfs()): it returns when a round that began
+ * after that moment succeeded.  A waiter that finds the oldest WRITING
+ * entry's writer dead (killed inside its pwrite, or before it) writes a
+ * FILLER in its place: a valid record of the same length, generation and
+ * sequence with no entries and no message (replay skips it), then marks
+ * it DONE.  A reservation waits when 64 records are in flight, and a
+ * segment switch waits until every record reserved before it is written.
  *
  * When the record does not fit in the active segment, the writer switches
  * to the other segment, which must be checkpointed: it gets generation
@@ -86,29 +95,47 @@
  * digest and those flags, committed; a message never acknowledged is
  * absent or complete, as before.
  *
- *  1. The record is on disk.  Its pwrite completed before the round's
- *     arrival; the round's fdatasync() began after it and returned 0, so
- *     the record's bytes and everything written to the file before it
- *     (earlier records of the segment, the segment header) are durable.
+ *  1. The record is on disk, and so is every record before it in its
+ *     segment.  Offsets and sequences are handed out together, in order,
+ *     under the mutex, so the records of a segment lie in sequence order
+ *     from offset 4096 on, back to back.  The committer joined its round
+ *     only after `written` reached its sequence, i.e. after the pwrite of
+ *     its own record and of every earlier one (or of the filler in place
+ *     of a dead writer's) had completed; the round's fdatasync() began
+ *     after that and returned 0, so all of those bytes and the segment
+ *     header (written before the first record of the segment was
+ *     reserved) are durable.  A record whose pwrite failed sets the
+ *     journal BROKEN before its entry is marked DONE, and a committer
+ *     that finds the journal not READY after its wait commits the group
+ *     way instead (syncfs: durable in place, its record is not needed),
+ *     so no record is acknowledged through the journal behind a hole.
  *  2. The record is replayed unless its generation was checkpointed.
  *     Replay reads the run of valid records of each segment newer than
  *     the checkpoint.  Every record before ours in its segment is durable
- *     by 1 and valid, and ours is, so the run reaches ours.  Records
- *     after ours may be lost or torn: they end the run, and none of them
- *     was acknowledged (a round acknowledging one would have covered
- *     everything before it, in offset order, including the gap).
+ *     by 1 and valid (a filler is valid), and ours is, so the run reaches
+ *     ours.  Records after ours may be lost, torn or missing while later
+ *     ones are whole (they were written out of order): the first of them
+ *     ends the run, and none of them was acknowledged (a round
+ *     acknowledging one began after everything before it, the gap
+ *     included, was written).
  *  3. A checkpointed record is durable in place.  Everything an append
  *     writes in place (staging data = the message file's inode, the link
  *     DIR/UID., the PENDING record and header: R in commit.c) was written
- *     before the record's pwrite, which is before the segment left the
- *     active state, which is before the checkpoint's syncfs() began; that
- *     syncfs() writes back and commits all of it.  What the append writes
+ *     before the record was reserved, which is before the segment left
+ *     the active state, which is before the checkpoint's syncfs() began;
+ *     that syncfs() writes back and commits all of it.  No pwrite into a
+ *     segment is still running when it is checkpointed or reused: the
+ *     switch away from it waited until every record reserved in it was
+ *     written.  What the append writes
  *     after the round (F: PENDING cleared, visible advanced) need not be
  *     durable: a PENDING record whose file verifies is committed by the
  *     mailbox's own recovery (mailbox.c (b), (c)) at the next exclusive
  *     lock.  For that, `synced` must not claim more than is durable: in
- *     journal mode F does not raise it (mailbox.c); group rounds of flag
- *     changes and cleanup still do, as they sync the index.
+ *     journal mode F raises it only right after an fdatasync() of the
+ *     index that it makes once 128 records lie past it (mailbox.c; the
+ *     resolved prefix is then durable in place, as intact records); group
+ *     rounds of flag changes and cleanup raise it too, as they sync the
+ *     index.
  *     A segment is overwritten only after its checkpoint's file header
  *     (generation >= the segment's) is durable, so a record is lost from
  *     the journal only once it is durable in place.
@@ -202,8 +229,8 @@
  * Limits: a record must fit in a segment (else the group way); the
  * mailboxes of a record must be on the journal's partition (append.c
  * checks; a partition is one file system).  In journal mode the mailbox
- * recovery re-reads records from `synced` on, which only group rounds of
- * flag changes and cleanup advance.
+ * recovery re-reads records from `synced` on: fewer than 128 plus those
+ * of pending appends (see 3).
  */
 #include "config.h"
 
@@ -218,7 +245,9 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
+#include <linux/futex.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -246,6 +275,16 @@
 #define JNL_FILE_MODE 0600
 #define JNL_ZERO_CHUNK (1024 * 1024)
 
+/* a reserved record (commit_journal_state.inflight) */
+enum {
+    JNL_W_FREE = 0,
+    JNL_W_WRITING = 1,        /* reserved, its pwrite() not finished */
+    JNL_W_DONE = 2            /* written (or a filler in its place) */
+};
+
+#define JNL_WAIT_NS 50000000L   /* futex wait step: dead writers are
+                                 * looked for this often */
+
 enum {
     JNL_STATE_NEW = 0,        /* not yet looked at in this boot */
     JNL_STATE_READY = 1,
@@ -265,6 +304,7 @@ struct jnl_file {
 
 static struct jnl_file *jnl_files;
 static int jnl_test_errno;
+static int jnl_test_die;
 static unsigned jnl_warned;   /* reasons already logged, a bit each */
 static pid_t jnl_warned_pid;
 
@@ -311,6 +351,11 @@ int journal_mode(const struct imapconf *conf)
 void journal_test_fail_sync(int e)
 {
     jnl_test_errno = e;
+}
+
+void journal_test_die_reserved(int on)
+{
+    jnl_test_die = on;
 }
 
 static int jnl_errno(int e)
@@ -635,6 +680,8 @@ static int jnl_state_init(struct jnl_file *jf, struct commit_journal_state *js)
     js->full[0] = js->full[1] = 0;
     js->off = JNL_SEG_HDR;
     js->seq = 1;
+    js->written = 0;
+    memset(js->inflight, 0, sizeof(js->inflight));
     js->ckpt_pid = 0;
     js->state = JNL_STATE_READY;
     return 0;
@@ -763,6 +810,103 @@ static void jnl_break(const struct imapconf *conf, struct jnl_file *jf, int e,
     }
 }
 
+/* Mark record seq written (mutex held) and advance js->written over every
+ * record written in sequence; wake the waiters when it moved. */
+static void jnl_written(struct commit_journal_state *js, uint64_t seq)
+{
+    struct commit_journal_write *w;
+    uint64_t before = js->written;
+
+    w = &js->inflight[seq % COMMIT_JOURNAL_INFLIGHT];
+    if (w->seq == seq && w->state == JNL_W_WRITING)
+        w->state = JNL_W_DONE;
+    for (;;) {
+        w = &js->inflight[(js->written + 1) % COMMIT_JOURNAL_INFLIGHT];
+        if (w->seq != js->written + 1 || w->state != JNL_W_DONE)
+            break;
+        w->state = JNL_W_FREE;
+        js->written++;
+    }
+    if (js->written != before) {
+        __atomic_add_fetch(&js->wake, 1, __ATOMIC_RELEASE);
+        syscall(SYS_futex, &js->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+/* A record with no entries and no message, of length len, sequence seq
+ * and generation gen, written at off in place of the record of a writer
+ * that died before its pwrite() finished, so that replay's run of valid
+ * records goes on past it.  0 or an errno. */
+static int jnl_write_filler(struct jnl_file *jf, uint64_t off, uint32_t len,
+                            uint64_t gen, uint64_t seq)
+{
+    unsigned char *rec = calloc(1, len);
+    int e = 0;
+
+    if (!rec)
+        return ENOMEM;
+    put32(rec, JNL_REC_MAGIC);
+    put32(rec + 4, len);
+    put64(rec + 8, gen);
+    put64(rec + 16, seq);
+    put32(rec + 32, jnl_rec_crc(rec, len));
+    if (fs_pwrite_all(jf->fd, rec, len, (off_t)off) != 0)
+        e = errno;
+    free(rec);
+    return e;
+}
+
+/*
+ * Wait until every record up to sequence upto is written (js->written >=
+ * upto), writing a filler for a writer found dead.  Returns 0 with the
+ * mutex held and *js_r, or an errno without the mutex.
+ */
+static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
+                            uint64_t upto, struct commit_journal_state **js_r)
+{
+    struct timespec ts = { 0, JNL_WAIT_NS };
+    struct commit_journal_state *js;
+    struct commit_journal_write *w;
+    uint32_t wake;
+    int e;
+
+    for (;;) {
+        if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0)
+            return e;
+        if (js->written >= upto || js->state != JNL_STATE_READY) {
+            *js_r = js;
+            return 0;
+        }
+        w = &js->inflight[(js->written + 1) % COMMIT_JOURNAL_INFLIGHT];
+        if (w->seq == js->written + 1 && w->state == JNL_W_WRITING &&
+            !jnl_pid_alive(w->pid)) {
+            uint64_t off = w->off, gen = w->gen, seq = w->seq;
+            uint32_t len = w->len;
+
+            log_warning("journal: a writer died before its record was "
+                        "written, filler written pid=<%ld> seq=<%llu>",
+                        (long)w->pid, (unsigned long long)seq);
+            w->pid = getpid();
+            commit_journal_unlock(conf);
+            e = jnl_write_filler(jf, off, len, gen, seq);
+            if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0)
+                return e ? e : ENOTRECOVERABLE;
+            if (e)
+                js->state = JNL_STATE_BROKEN;
+            jnl_written(js, seq);
+            commit_journal_unlock(conf);
+            if (e)
+                log_error("journal: filler write failed, journal given up "
+                          "until replay file=<%s> error=<%s>", jf->path,
+                          strerror(e));
+            continue;
+        }
+        wake = __atomic_load_n(&js->wake, __ATOMIC_ACQUIRE);
+        commit_journal_unlock(conf);
+        syscall(SYS_futex, &js->wake, FUTEX_WAIT, wake, &ts, NULL, 0);
+    }
+}
+
 int journal_commit(const struct imapconf *conf, const char *partition,
                    int msgfd, uint32_t msgsize,
                    const struct journal_entry *entries, size_t n)
@@ -771,7 +915,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
     struct jnl_file *jf;
     unsigned char *rec = NULL, seghdr[JNL_SEG_HDR];
     uint32_t len;
-    uint64_t ckpt_gen = 0;
+    uint64_t ckpt_gen = 0, seq, gen, off;
     unsigned other;
     int r, e;
 
@@ -813,8 +957,34 @@ int journal_commit(const struct imapconf *conf, const char *partition,
                 jnl_fallback(8, "given up after an I/O error", jf->path);
             return STORE_NOTIMPLEMENTED;
         }
+        if (js->seq - js->written > COMMIT_JOURNAL_INFLIGHT) {
+            /* every in-flight slot taken: wait for the oldest */
+            uint64_t want = js->seq - COMMIT_JOURNAL_INFLIGHT;
+
+            commit_journal_unlock(conf);
+            if ((e = jnl_wait_written(conf, jf, want, &js)) != 0) {
+                free(rec);
+                return STORE_NOTIMPLEMENTED;
+            }
+            commit_journal_unlock(conf);
+            continue;
+        }
         if (js->off + len <= js->segsize)
             break;
+        /* switching segments: every record of the one left must be
+         * written first (its checkpoint covers them, and a segment is
+         * reused only after its checkpoint) */
+        if (js->written + 1 < js->seq) {
+            uint64_t want = js->seq - 1;
+
+            commit_journal_unlock(conf);
+            if ((e = jnl_wait_written(conf, jf, want, &js)) != 0) {
+                free(rec);
+                return STORE_NOTIMPLEMENTED;
+            }
+            commit_journal_unlock(conf);
+            continue;
+        }
         /* switch segments; the other one must be checkpointed */
         other = 1 - js->active;
         if (js->full[other]) {
@@ -869,26 +1039,64 @@ int journal_commit(const struct imapconf *conf, const char *partition,
         commit_journal_unlock(conf);
     }
 
-    /* mutex held, room in the active segment */
-    put64(rec + 8, js->gen[js->active]);
-    put64(rec + 16, js->seq);
-    put32(rec + 32, jnl_rec_crc(rec, len));
+    /* mutex held, room in the active segment: reserve offset and
+     * sequence (zeros made sure of first), then write without the mutex */
     if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, js->active) +
-                              js->off + len)) != 0 ||
-        fs_pwrite_all(jf->fd, rec, len,
-                      jnl_seg_base(jf, js->active) + (off_t)js->off) != 0) {
-        if (!e)
-            e = errno;
+                              js->off + len)) != 0) {
         commit_journal_unlock(conf);
         free(rec);
+        jnl_break(conf, jf, e, "zero fill");
+        return jnl_errno(e);
+    }
+    {
+        struct commit_journal_write *w;
+
+        seq = js->seq;
+        gen = js->gen[js->active];
+        off = (uint64_t)jnl_seg_base(jf, js->active) + js->off;
+        w = &js->inflight[seq % COMMIT_JOURNAL_INFLIGHT];
+        w->seq = seq;
+        w->off = off;
+        w->gen = gen;
+        w->len = len;
+        w->pid = (int32_t)getpid();
+        w->state = JNL_W_WRITING;
+        js->off += len;
+        js->seq = seq + 1;
+    }
+    commit_journal_unlock(conf);
+    if (jnl_test_die)
+        kill(getpid(), SIGKILL);
+
+    put64(rec + 8, gen);
+    put64(rec + 16, seq);
+    put32(rec + 32, jnl_rec_crc(rec, len));
+    e = fs_pwrite_all(jf->fd, rec, len, (off_t)off) != 0 ? errno : 0;
+    free(rec);
+    if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0)
+        return STORE_NOTIMPLEMENTED;   /* the mutex is unrecoverable */
+    if (e)
+        js->state = JNL_STATE_BROKEN;  /* a hole: later records are not
+                                        * acknowledged through the journal */
+    jnl_written(js, seq);
+    commit_journal_unlock(conf);
+    if (e) {
         jnl_break(conf, jf, e, "record write");
         return jnl_errno(e);
     }
-    js->off += len;
-    js->seq++;
-    commit_journal_unlock(conf);
-    free(rec);
     commit_journal_count(conf, 0);
+
+    /* the round must begin after every record up to ours is written, so
+     * that it makes the run of valid records reaching ours durable */
+    if ((e = jnl_wait_written(conf, jf, seq, &js)) != 0)
+        return STORE_NOTIMPLEMENTED;
+    if (js->state != JNL_STATE_READY) {
+        /* an earlier record was not written (I/O error): ours may sit
+         * behind a hole; the group way makes the delivery durable */
+        commit_journal_unlock(conf);
+        return STORE_NOTIMPLEMENTED;
+    }
+    commit_journal_unlock(conf);
 
     if (jnl_test_errno) {
         e = jnl_test_errno;

@@ -113,4 +113,9 @@ int journal_replay_all(const struct imapconf *conf,
  * errno e (0 clears), as if fdatasync() had returned it. */
 void journal_test_fail_sync(int e);
 
+/* on != 0: the next journal_commit() of this process kills the process
+ * (SIGKILL) after its record is reserved, before the record is written,
+ * as a writer killed there. */
+void journal_test_die_reserved(int on);
+
 #endif

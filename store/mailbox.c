@@ -94,7 +94,10 @@
  *  F  finish, under the exclusive lock: PENDING cleared in place; visible
  *     advanced (modseq, exists, quota_used); `synced` raised to the
  *     visible value seen at R (everything resolved before R was written
- *     before R, and C synced the whole file); header written; record lock
+ *     before R, and C synced the whole file; with spool_sync: journal C
+ *     synced the journal instead, and `synced` is raised to visible only
+ *     after an fdatasync() of the index, done once visible is
+ *     MBX_JOURNAL_SYNC_GAP records past it); header written; record lock
  *     released; quota told (under the lock, so two processes never report
  *     out of order; then bit 2 cleared).  Not synced: everything the
  *     header describes is already durable (the record, its file and the
@@ -206,6 +209,8 @@
 #define MBX_SLOT_SIZE 2048
 #define MBX_SLOT_LEN 92          /* bytes of a slot in use, CRCs included */
 #define MBX_REC_SIZE 128
+#define MBX_JOURNAL_SYNC_GAP 128 /* spool_sync: journal: records past
+                                  * `synced` before the index is synced */
 
 static int mbx_errno(int e)
 {
@@ -2903,6 +2908,26 @@ static int mbx_resolve_locked(struct mailbox *mb, uint32_t uid, int commit,
          * index: `synced` stays, see journal.c) */
         mb->slot.synced = v_r;
         *changed_r = 1;
+    } else if (commit && journal_mode(mb->conf) &&
+               mb->slot.visible - mb->slot.synced >= MBX_JOURNAL_SYNC_GAP) {
+        /* with spool_sync: journal nothing else raises `synced` between
+         * group rounds, and every exclusive lock's recovery reads
+         * [synced, end) again: once that is MBX_JOURNAL_SYNC_GAP records,
+         * one fdatasync() of the index (every write of the resolved
+         * prefix was made before, under this lock or an earlier one)
+         * makes [0, visible) durable in its resolved state */
+        int rc;
+
+        do
+            rc = fdatasync(mb->fd);
+        while (rc < 0 && errno == EINTR);
+        if (rc == 0) {
+            mb->slot.synced = mb->slot.visible;
+            *changed_r = 1;
+        } else {
+            log_warning("mailbox: index sync failed, synced mark kept "
+                        "mailbox=<%s> error=<%s>", mb->name, strerror(errno));
+        }
     }
     return STORE_OK;
 }

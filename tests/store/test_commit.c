@@ -4,7 +4,7 @@
  *
  * Real files and directories on the real disk ($TEST_TMPDIR or the build
  * tree), real fork()ed processes sharing CONFIGDIR/commit.shm:
- *   - spool_sync file, off, group (the default) and a NULL configuration
+ *   - spool_sync file, off, group and a NULL configuration
  *     each commit files and directories, with the per-process and shared
  *     counters each mode must move, and the error mapping (a closed
  *     descriptor, a missing directory);
@@ -270,7 +270,7 @@ static void test_mode_group(void **state)
 
     (void)state;
     conf = th_store_conf(dir, "flat", "spool_sync: group\n");
-    /* asked for explicitly (it is also the default) */
+    /* asked for explicitly (the default is journal) */
     assert_string_equal(imapconf_getstring(conf, "spool_sync"), "group");
     spool = th_path(dir, "spool");
     sub = tc_mkdir(spool, "a");

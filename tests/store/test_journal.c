@@ -47,6 +47,17 @@
  *              one: recovery makes it an aborted placeholder and unlinks
  *              the file; replay rebuilds and the message keeps its uid
  *              (uidnext not moved, nothing restored under a new uid)
+ *   dead writer a process killed after reserving its record and before
+ *              writing it (journal_test_die_reserved): the next delivery
+ *              is not held up (within 60 s) and succeeds through the
+ *              journal, the dead writer's bytes are a filler (a valid
+ *              record without entries), and replay goes on past it to the
+ *              next record
+ *   synced     300 deliveries to one mailbox: the index's `synced` mark
+ *              (read from cyrus.index's current header slot) follows at
+ *              most 128 records behind, so the recovery of each exclusive
+ *              lock does not re-read every record since the last group
+ *              round; all 300 went through the journal, no syncfs()
  *   tail cut   the last record's sector lost while the header that counts
  *              it reached the disk (visible before it): the recovery cuts
  *              the record off and unlinks the file replay had restored;
@@ -1062,6 +1073,185 @@ static void test_tail_cut(void **state)
     tj_teardown(&f);
 }
 
+static void tj_alarm(int sig)
+{
+    (void)sig;
+    /* the delivery waited for the dead writer's record forever */
+    _exit(99);
+}
+
+static void test_dead_writer(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m1 = BUF_INITIALIZER, m2 = BUF_INITIALIZER,
+               m3 = BUF_INITIALIZER, j = BUF_INITIALIZER;
+    struct commit_shared_stats s0, s1;
+    struct journal_replay_stats st;
+    struct mailbox_record rec;
+    char *jpath;
+    const unsigned char *p;
+    uint32_t uid1, uid3, len1, len2;
+    pid_t pid;
+    int status;
+
+    (void)state;
+    tj_setup(&f, "jdead", NULL);
+    mb = tj_create(&f, "user.dora");
+    mailbox_close(&mb);
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(mailbox_open(f.conf, "user.dora", NULL, &mb), 0);
+    tj_message(&m1, 1, 3000);
+    tj_message(&m2, 2, 5000);
+    tj_message(&m3, 3, 7000);
+    assert_int_equal(tj_deliver(&f, &mb, 1, &m1, 0, NULL, 0, &uid1),
+                     STORE_OK);
+
+    /* a writer killed between its reservation and its pwrite */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct mailbox *own = NULL;
+        uint32_t u;
+
+        if (mailbox_open(f.conf, "user.dora", NULL, &own) != STORE_OK)
+            _exit(2);
+        journal_test_die_reserved(1);
+        tj_deliver(&f, &own, 1, &m2, 0, NULL, 0, &u);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+    /* the next delivery goes through the journal, behind a filler */
+    tj_shared(&f, &s0);
+    signal(SIGALRM, tj_alarm);
+    alarm(60);
+    assert_int_equal(tj_deliver(&f, &mb, 1, &m3, 0, NULL, 0, &uid3),
+                     STORE_OK);
+    alarm(0);
+    tj_shared(&f, &s1);
+    assert_int_equal(s1.journal_records, s0.journal_records + 1);
+    assert_int_equal(s1.syncfs_calls, s0.syncfs_calls);
+
+    jpath = tj_journal_path(&f);
+    tj_read_file(jpath, &j);
+    p = (const unsigned char *)j.s + 8192;
+    len1 = le32(p + 4);
+    assert_int_equal(le64(p + 16), 1);
+    p += len1;
+    /* the filler: magic, sequence 2, no entries, no message, a CRC */
+    assert_int_equal(le32(p), 0x524a4443u);
+    assert_int_equal(le64(p + 16), 2);
+    assert_int_equal(le32(p + 24), 0);
+    assert_int_equal(le32(p + 28), 0);
+    len2 = le32(p + 4);
+    assert_true(len2 > m2.len);
+    {
+        unsigned char *c = malloc(len2);
+
+        assert_non_null(c);
+        memcpy(c, p, len2);
+        memset(c + 32, 0, 4);
+        assert_int_equal(crc32c(c, len2), le32(p + 32));
+        free(c);
+    }
+    p += len2;
+    assert_int_equal(le32(p), 0x524a4443u);
+    assert_int_equal(le64(p + 16), 3);
+    assert_int_equal(le32(p + 28), m3.len);
+
+    /* both acknowledged messages lost from the spool: replay reads past
+     * the filler and restores them */
+    tj_unlink_file(mb, uid1);
+    tj_unlink_file(mb, uid3);
+    mailbox_close(&mb);
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.records, 3);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(mailbox_open(f.conf, "user.dora", NULL, &mb), 0);
+    assert_int_equal(tj_record(mb, uid1, &rec), STORE_OK);
+    tj_check_file(mb, uid1, &m1);
+    assert_int_equal(tj_record(mb, uid3, &rec), STORE_OK);
+    tj_check_file(mb, uid3, &m3);
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    free(jpath);
+    buf_free(&m1);
+    buf_free(&m2);
+    buf_free(&m3);
+    buf_free(&j);
+    tj_teardown(&f);
+}
+
+/* `synced` of mb's cyrus.index (the current header slot). */
+static uint32_t tj_synced(struct mailbox *mb)
+{
+    struct buf path = BUF_INITIALIZER, idx = BUF_INITIALIZER;
+    const unsigned char *a, *b, *cur;
+    char *slash;
+    uint32_t v;
+
+    mailbox_message_path(mb, 1, &path);
+    slash = strrchr(path.s, '/');
+    assert_non_null(slash);
+    buf_truncate(&path, (size_t)(slash - path.s));
+    buf_appendcstr(&path, "/cyrus.index");
+    tj_read_file(buf_cstring(&path), &idx);
+    assert_true(idx.len >= 4096);
+    a = (const unsigned char *)idx.s;
+    b = a + 2048;
+    if (memcmp(b, "CDMBIDX1", 8) != 0 || crc32c(b, 76) != le32(b + 76))
+        cur = a;
+    else if (memcmp(a, "CDMBIDX1", 8) != 0 || crc32c(a, 76) != le32(a + 76))
+        cur = b;
+    else
+        cur = le64(a + 12) > le64(b + 12) ? a : b;
+    assert_int_equal(crc32c(cur, 76), le32(cur + 76));
+    v = le32(cur + 72);
+    buf_free(&path);
+    buf_free(&idx);
+    return v;
+}
+
+static void test_synced(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m = BUF_INITIALIZER;
+    struct commit_shared_stats s0, s1;
+    struct journal_replay_stats st;
+    uint32_t uid, synced, max_gap = 0;
+    unsigned i;
+
+    (void)state;
+    tj_setup(&f, "jsynced", NULL);
+    mb = tj_create(&f, "user.sam");
+    mailbox_close(&mb);
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(mailbox_open(f.conf, "user.sam", NULL, &mb), 0);
+    tj_shared(&f, &s0);
+    for (i = 1; i <= 300; i++) {
+        tj_message(&m, i, 600);
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, &uid),
+                         STORE_OK);
+        assert_int_equal(uid, i);
+        synced = tj_synced(mb);
+        assert_true(synced <= i);
+        if (i - synced > max_gap)
+            max_gap = i - synced;
+    }
+    tj_shared(&f, &s1);
+    assert_int_equal(s1.journal_records, s0.journal_records + 300);
+    assert_int_equal(s1.syncfs_calls, s0.syncfs_calls);
+    assert_true(max_gap <= 128);
+    assert_true(tj_synced(mb) >= 300 - 128);
+    assert_int_equal(mailbox_check(mb, NULL), STORE_OK);
+    mailbox_close(&mb);
+    buf_free(&m);
+    tj_teardown(&f);
+}
+
 static void test_placeholder(void **state)
 {
     struct tj_fix f;
@@ -1128,6 +1318,8 @@ int main(void)
         cmocka_unit_test(test_torn_files),
         cmocka_unit_test(test_tail_cut),
         cmocka_unit_test(test_placeholder),
+        cmocka_unit_test(test_dead_writer),
+        cmocka_unit_test(test_synced),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);

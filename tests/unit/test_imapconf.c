@@ -221,7 +221,7 @@ static const struct {
     { "tls_server_key", IMAPCONF_STRING, "" },
     { "cyrus_user", IMAPCONF_STRING, "cyrus" },
     { "stage_dirs", IMAPCONF_INT, "16" },
-    { "spool_sync", IMAPCONF_ENUM, "group" },
+    { "spool_sync", IMAPCONF_ENUM, "journal" },
     { "journal_size", IMAPCONF_INT, "16777216" },
     { "lmtp_bare_newlines", IMAPCONF_ENUM, "reject" },
     { "expunge_mode", IMAPCONF_ENUM, "immediate" },
