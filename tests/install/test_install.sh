@@ -155,9 +155,12 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "cyrus_user: $(id -un)" >> "$tmp/imapd.conf"
 fi
-# LMTP on a UNIX socket only: no port taken
+# LMTP on a UNIX socket only: no port taken (the IMAP and ManageSieve
+# services of the sample listen on every address, so they go)
 sed -e "s|/run/cyrusdeliver|$tmp/run|g" -e '/cmd="imapd/d' \
-    "$EX/cyrus.conf" > "$tmp/cyrus.conf"
+    -e '/cmd="timsieved/d' "$EX/cyrus.conf" > "$tmp/cyrus.conf"
+grep -q 'listen="[a-z]' "$tmp/cyrus.conf" &&
+    bad "the trimmed sample cyrus.conf still listens on a network port"
 grep -q 'cmd="lmtpd"' "$tmp/cyrus.conf" || bad "the sample cyrus.conf has no bare lmtpd"
 # PATH without the build tree: the worker can only come from -S
 PATH=/usr/bin:/bin "$dest$sbindir/master" -D -l -C "$tmp/imapd.conf" -M "$tmp/cyrus.conf" \
