@@ -88,7 +88,11 @@ def new_backend(name, users):
     for u in users:
         b.create("user." + u)
     b.write_cyrus_conf(imaps=False)
-    b.start()
+    try:
+        b.start()
+    except BaseException:
+        b.stop()                # a master that never got ready is ours too
+        raise
     return b
 
 
@@ -117,7 +121,11 @@ def new_front(name, ca_file):
     for u in users[1:]:
         make_sasldb_extra(f, u, pw(u))
     f.write_cyrus_conf(imaps=False, lmtp=False)
-    f.start()
+    try:
+        f.start()
+    except BaseException:
+        f.stop()                # a master that never got ready is ours too
+        raise
     return f
 
 
