@@ -477,7 +477,11 @@ def new_backend(name):
     for u in USERS:
         make_sasldb_extra(b, u, pw(u))
     b.write_cyrus_conf()
-    b.start()
+    try:
+        b.start()
+    except BaseException:
+        b.stop()                # a master that never got ready is ours too
+        raise
     os.symlink(b.imapd_conf, os.path.join(WORK, name + ".conf"))
     return b
 

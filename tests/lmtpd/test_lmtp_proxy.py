@@ -137,7 +137,11 @@ def new_backend(name, users):
     for u in users:
         b.create("user." + u)
     b.write_cyrus_conf()
-    b.start()
+    try:
+        b.start()
+    except BaseException:
+        b.stop()                # a master that never got ready is ours too
+        raise
     return b
 
 
