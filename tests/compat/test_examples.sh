@@ -58,7 +58,12 @@ sed -e "s|/var/lib/cyrusdeliver|$tmp/lib|g" -e "s|/var/spool/cyrusdeliver|$tmp/s
     "$EX/imapd.conf" > "$tmp/imapd.conf"
 printf 'sasl_sasldb_path: %s/sasldb2\n' "$tmp" >> "$tmp/imapd.conf"
 if [ "$(id -u)" -eq 0 ]; then
-    if id cyrus >/dev/null 2>&1; then
+    # the master started as root becomes cyrus and runs ctl_cyrusdb,
+    # lmtpd and imapd from the build tree: when that user cannot reach
+    # it (a checkout below a private mktemp directory) everything stays
+    # root instead
+    if id cyrus >/dev/null 2>&1 &&
+       runuser -u cyrus -- test -x "$top_builddir/tools/ctl_cyrusdb"; then
         chown -R cyrus "$tmp"
     else
         echo "cyrus_user: root" >> "$tmp/imapd.conf"
