@@ -193,20 +193,15 @@ static void proxy_take_caps(const char *line, struct buf *caps)
     }
 }
 
-/* Send "TAG CMD" and read through its tagged reply: 0 for OK (untagged
- * capability lists go to caps when caps is not NULL), -1 with *why_r
- * (static, or px->line's text) otherwise. */
-static int proxy_command(struct imap_proxy *px, const char *tag,
-                         const char *cmd, struct buf *caps,
-                         const char **why_r)
+/* Read through the reply to TAG: 0 for a tagged OK, 1 for a
+ * continuation when cont is set, -1 with *why_r (static, or px->line's
+ * text) for anything else.  Untagged capability lists go to caps when
+ * caps is not NULL. */
+static int proxy_reply(struct imap_proxy *px, const char *tag, int cont,
+                       struct buf *caps, const char **why_r)
 {
     size_t taglen = strlen(tag);
 
-    prot_printf(px->p, "%s %s\r\n", tag, cmd);
-    if (prot_flush(px->p) != PROT_OK) {
-        *why_r = prot_error(px->p);
-        return -1;
-    }
     for (;;) {
         const char *l;
 
@@ -222,9 +217,28 @@ static int proxy_command(struct imap_proxy *px, const char *tag,
             *why_r = proxy_line_text(px);
             return -1;
         }
+        if (l[0] == '+') {
+            if (cont)
+                return 1;
+            *why_r = "unexpected continuation request";
+            return -1;
+        }
         if (caps)
             proxy_take_caps(l, caps);
     }
+}
+
+/* Send "TAG CMD" and read through its tagged reply (proxy_reply()). */
+static int proxy_command(struct imap_proxy *px, const char *tag,
+                         const char *cmd, struct buf *caps,
+                         const char **why_r)
+{
+    prot_printf(px->p, "%s %s\r\n", tag, cmd);
+    if (prot_flush(px->p) != PROT_OK) {
+        *why_r = prot_error(px->p);
+        return -1;
+    }
+    return proxy_reply(px, tag, 0, caps, why_r);
 }
 
 /* AUTHENTICATE PLAIN as authname for userid (two steps). */
@@ -253,18 +267,14 @@ static int proxy_authenticate(struct imap_proxy *px, const char *userid,
         *why_r = prot_error(px->p);
         goto out;
     }
-    for (;;) {
-        const char *l;
-
-        if (proxy_getline(px, why_r) != 0)
-            goto out;
-        l = buf_cstring(&px->line);
-        if (l[0] == '+')
-            break;
-        if (strncmp(l, "P2 ", 3) == 0) {
-            *why_r = proxy_line_text(px);
-            goto out;
-        }
+    switch (proxy_reply(px, "P2", 1, NULL, why_r)) {
+    case 1:
+        break;
+    case 0:
+        *why_r = "authenticated before the PLAIN response";
+        goto out;
+    default:
+        goto out;
     }
     prot_write(px->p, b64, b64len);
     prot_puts(px->p, "\r\n");
@@ -272,27 +282,8 @@ static int proxy_authenticate(struct imap_proxy *px, const char *userid,
         *why_r = prot_error(px->p);
         goto out;
     }
-    for (;;) {
-        const char *l;
-
-        if (proxy_getline(px, why_r) != 0)
-            goto out;
-        l = buf_cstring(&px->line);
-        if (strncmp(l, "P2 ", 3) == 0) {
-            if (strncasecmp(l + 3, "OK", 2) == 0) {
-                proxy_take_caps(l, caps);
-                r = 0;
-            } else {
-                *why_r = proxy_line_text(px);
-            }
-            goto out;
-        }
-        if (l[0] == '+') {              /* more than PLAIN's one step */
-            *why_r = "unexpected continuation after the PLAIN response";
-            goto out;
-        }
-        proxy_take_caps(l, caps);
-    }
+    /* PLAIN has one step: a second continuation is an error */
+    r = proxy_reply(px, "P2", 0, caps, why_r);
 out:
     if (blob.s)
         memset(blob.s, 0, blob.len);

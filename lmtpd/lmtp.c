@@ -1383,27 +1383,23 @@ static void lmtp_rcpt_refused(struct lmtp_session *s,
                   reply ? reply : "550 5.1.2", 0, t0, -1);
 }
 
-/* A frontend's RCPT: the user id of the recipient, its record in the
- * directory, the backend the record names.  Returns the backend's index
- * with the user id in *userid_r, or -1 after replying (550 5.1.1 no such
- * user, 451 4.4.3 the directory does not answer, 451 4.3.0 a damaged
- * record or one naming a backend this frontend does not know, logged). */
-static int lmtp_rcpt_proxy(struct lmtp_session *s,
-                           const struct rcpt_path *path, uint64_t t0,
-                           struct buf *userid_r)
+/* The user id a personal recipient names: the local part up to a '+'
+ * detail, downcased when lmtp_downcase_rcpt says so, with the domain
+ * when virtual domains are on, canonicalized.  0 with it in *userid_r;
+ * 1 for a shared mailbox's address (no local part before the '+');
+ * -1 when it is no valid user id. */
+static int lmtp_rcpt_userid(const struct lmtp_server *srv,
+                            const struct rcpt_path *path,
+                            struct buf *userid_r)
 {
-    struct lmtp_server *srv = s->srv;
     struct buf raw = BUF_INITIALIZER;
     const char *local = path->local.s ? path->local.s : "";
-    const char *err = NULL, *backend = NULL;
+    const char *err = NULL;
     size_t ulen = strcspn(local, "+"), i;
-    int b = -1;
-    char caddr[300];
+    int r;
 
-    if (ulen == 0 || ulen > path->local.len) {
-        lmtp_rcpt_refused(s, path, t0, R_UNKNOWN);   /* shared: not here */
-        return -1;
-    }
+    if (ulen == 0 || ulen > path->local.len)
+        return 1;
     buf_setmap(&raw, local, ulen);
     if (srv->downcase)
         for (i = 0; i < raw.len; i++)
@@ -1414,13 +1410,31 @@ static int lmtp_rcpt_proxy(struct lmtp_session *s,
         buf_putc(&raw, '@');
         buf_append(&raw, path->domain.s, path->domain.len);
     }
-    if (userid_canon(&srv->policy, buf_cstring(&raw), NULL, userid_r,
-                     &err) != STORE_OK) {
-        buf_free(&raw);
+    r = userid_canon(&srv->policy, buf_cstring(&raw), NULL, userid_r,
+                     &err) == STORE_OK ? 0 : -1;
+    buf_free(&raw);
+    return r;
+}
+
+/* A frontend's RCPT: the user id of the recipient, its record in the
+ * directory, the backend the record names.  Returns the backend's index
+ * with the user id in *userid_r, or -1 after replying (550 5.1.1 no such
+ * user, 451 4.4.3 the directory does not answer, 451 4.3.0 a damaged
+ * record or one naming a backend this frontend does not know, logged). */
+static int lmtp_rcpt_proxy(struct lmtp_session *s,
+                           const struct rcpt_path *path, uint64_t t0,
+                           struct buf *userid_r)
+{
+    struct lmtp_server *srv = s->srv;
+    const char *backend = NULL;
+    int b = -1;
+    char caddr[300];
+
+    /* a shared mailbox's address or no valid user id: not here */
+    if (lmtp_rcpt_userid(srv, path, userid_r) != 0) {
         lmtp_rcpt_refused(s, path, t0, R_UNKNOWN);
         return -1;
     }
-    buf_free(&raw);
     log_sanitize(path->addr.s ? path->addr.s : "", path->addr.len, caddr,
                  sizeof(caddr));
     switch (directory_lookup(srv->dir, buf_cstring(userid_r), &backend)) {
@@ -1457,27 +1471,10 @@ static int lmtp_rcpt_moved(struct lmtp_session *s,
                            const struct rcpt_path *path, uint64_t t0)
 {
     struct lmtp_server *srv = s->srv;
-    struct buf raw = BUF_INITIALIZER, userid = BUF_INITIALIZER;
-    struct buf where = BUF_INITIALIZER;
-    const char *local = path->local.s ? path->local.s : "";
-    const char *err = NULL;
+    struct buf userid = BUF_INITIALIZER, where = BUF_INITIALIZER;
     enum userstate st = USERSTATE_HERE;
-    size_t ulen = strcspn(local, "+"), i;
 
-    if (ulen == 0 || ulen > path->local.len)
-        return 0;                       /* a shared mailbox */
-    buf_setmap(&raw, local, ulen);
-    if (srv->downcase)
-        for (i = 0; i < raw.len; i++)
-            if (raw.s[i] >= 'A' && raw.s[i] <= 'Z')
-                raw.s[i] = (char)(raw.s[i] - 'A' + 'a');
-    if (srv->policy.virtdomains != USERID_VIRTDOMAINS_OFF &&
-        path->domain.len) {
-        buf_putc(&raw, '@');
-        buf_append(&raw, path->domain.s, path->domain.len);
-    }
-    if (userid_canon(&srv->policy, buf_cstring(&raw), NULL, &userid,
-                     &err) == STORE_OK)
+    if (lmtp_rcpt_userid(srv, path, &userid) == 0)
         st = userstate_get(srv->conf, buf_cstring(&userid), &where);
     if (st != USERSTATE_HERE) {
         log_info("lmtp: user is %s user=<%s> backend=<%s>",
@@ -1486,7 +1483,6 @@ static int lmtp_rcpt_moved(struct lmtp_session *s,
         lmtp_rcpt_refused(s, path, t0, st == USERSTATE_MOVED ? R_MOVED
                                                              : R_MOVING);
     }
-    buf_free(&raw);
     buf_free(&userid);
     buf_free(&where);
     return st != USERSTATE_HERE;
