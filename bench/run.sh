@@ -37,6 +37,12 @@
 #                         flagged messages and replies counted afterwards
 #               idle      ours: CPU of 1,000 idle IDLE sessions and the delay
 #                         from an LMTP delivery to their EXISTS (bench/idle.py)
+#               tier      ours: a private 3-member etcd, a backend and a
+#                         frontend (lmtp_proxy): msgs/s and p99 at 40
+#                         connections through the frontend vs straight to
+#                         the backend, etcd reads per delivery, and the
+#                         time of a cyr_user move of a 10,000-message user
+#                         (bench/tier.py; doc/bench/tier.md)
 #                         (every user; 40 connections; Cyrus not measured)
 #   -q        quick: 200 users, 400 messages (big: 2,000), 1 run, short disk
 #             test; output under DIR/mailbench-quick unless -o is given
@@ -69,7 +75,7 @@ runs=
 servers="ours cyrus dovecot"
 concs="1 10 20 40 100"
 concs_given=no
-all_exps="disk conc rcpt10 big mixed imap backends prefork stage nosync tool sieve idle"
+all_exps="disk conc rcpt10 big mixed imap backends prefork stage nosync tool sieve idle tier"
 exps=$all_exps
 quick=no
 base=/var/tmp
@@ -514,6 +520,18 @@ if os.path.exists(os.path.join(res, "idle.md")):
       "`* N EXISTS`.  Cyrus and Dovecot are not measured here.")
     w("")
     for ln in open(os.path.join(res, "idle.md")):
+        w(ln.rstrip("\n"))
+    w("")
+
+if os.path.exists(os.path.join(res, "tier.md")):
+    w("## Ours: the frontend tier (bench/tier.py)")
+    w("")
+    w("A private 3-member etcd holding the directory, one backend, one "
+      "frontend (lmtpd in lmtp_proxy mode); mailbench through the frontend "
+      "and straight to the backend; directory reads from the frontend's "
+      "metrics; a cyr_user move (doc/bench/tier.md).")
+    w("")
+    for ln in open(os.path.join(res, "tier.md")):
         w(ln.rstrip("\n"))
     w("")
 
@@ -969,6 +987,15 @@ if has idle; then
     TEST_TMPDIR=$work top_builddir=$BENCH_BUILD python3 "$here/idle.py" \
         -n "$n_idle" -u 100 -s 20 -d 20 -r "$runs" > "$results/idle.md" \
         2> "$results/idle.log" || log "idle: failed, see $results/idle.log"
+fi
+
+if has tier; then
+    tier_args=(-r "$runs" -c 40 -s "$msgsize" -n 4000 -u 100 -M 10000 -R "$runs")
+    [[ $quick == yes ]] && tier_args=(-r 1 -c 40 -s "$msgsize" -n 1000 -u 50 -M 2000 -R 1)
+    TEST_TMPDIR=$work top_builddir=$BENCH_BUILD python3 "$here/tier.py" \
+        "${tier_args[@]}" --json "$results/tier.json" > "$results/tier.md" \
+        2> "$results/tier.log" || log "tier: failed, see $results/tier.log"
+    cat "$results/tier.md" >&2
 fi
 
 log "experiments done in $((SECONDS - t_start)) s"

@@ -45,7 +45,7 @@
 struct imapconf;
 
 #define METRICS_MAGIC 0x43444d31u       /* "CDM1" */
-#define METRICS_VERSION 2u
+#define METRICS_VERSION 3u
 #define METRICS_SLOTS 256
 #define METRICS_SERVICES 32
 #define METRICS_SERVICE_NAME 32
@@ -57,6 +57,10 @@ enum metrics_counter {
     METRICS_QUOTA_REFUSALS,      /* RCPT or delivery refused over quota */
     METRICS_IMAP_LOGINS_OK,
     METRICS_IMAP_LOGINS_FAILED,
+    METRICS_DIRECTORY_CACHED,    /* directory lookups answered by the cache */
+    METRICS_DIRECTORY_READS,     /* directory lookups that read the database
+                                    (etcd: a linearizable read), failed
+                                    ones included */
     METRICS_NCOUNTERS
 };
 

@@ -123,6 +123,15 @@ static int metricsd_render(struct buf *b)
     buf_printf(b, P "quota_refusals_total %llu\n",
                (unsigned long long)sum.counter[METRICS_QUOTA_REFUSALS]);
 
+    head(b, "directory_lookups_total", "counter",
+         "Lookups of a recipient's or login's backend in the directory "
+         "(proxy mode), by where the answer came from: the worker's cache, "
+         "or the directory database (etcd: a linearizable read).");
+    buf_printf(b, P "directory_lookups_total{source=\"cache\"} %llu\n",
+               (unsigned long long)sum.counter[METRICS_DIRECTORY_CACHED]);
+    buf_printf(b, P "directory_lookups_total{source=\"database\"} %llu\n",
+               (unsigned long long)sum.counter[METRICS_DIRECTORY_READS]);
+
     head(b, "commit_commits_total", "counter",
          "Commits that made message batches durable (every spool_sync "
          "mode).");

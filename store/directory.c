@@ -36,6 +36,7 @@
 #include "cyrusdb/cyrusdb_etcd.h"
 #include "lib/buf.h"
 #include "lib/log.h"
+#include "lib/metrics.h"
 #include "lib/strarray.h"
 #include "store/directory.h"
 
@@ -385,12 +386,14 @@ enum directory_result directory_lookup(struct directory *dir,
     directory_watch_apply(dir);
     e = directory_cached(dir, userid, bucket);
     if (e && e->expires_ms > directory_now_ms()) {
+        metrics_count(METRICS_DIRECTORY_CACHED, 1);
         if (!e->backend)
             return DIRECTORY_NOTFOUND;
         snprintf(dir->answer, sizeof(dir->answer), "%s", e->backend);
         *backend_r = dir->answer;
         return DIRECTORY_OK;
     }
+    metrics_count(METRICS_DIRECTORY_READS, 1);
     if (!dir->db) {
         r = cyrusdb_open(dir->backend, dir->path, CYRUSDB_RDONLY, &dir->db,
                          NULL);

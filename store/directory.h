@@ -26,6 +26,11 @@
  * DIRECTORY_UNAVAILABLE: never a cached answer past its time, never
  * "not found".
  *
+ * Every lookup is counted once in the process's metrics slot
+ * (lib/metrics.h): METRICS_DIRECTORY_CACHED when the cache answered,
+ * METRICS_DIRECTORY_READS when the database was asked (opened and read;
+ * a failed attempt too).
+ *
  * A directory belongs to one process (open it after fork()); not
  * thread-safe (its watch thread shares only a queue under a mutex with
  * it).  directory_free() stops and joins that thread (within about a

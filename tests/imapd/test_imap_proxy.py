@@ -9,8 +9,9 @@ by PID:
   proxyservers: proxy; the frontend: a master with imapd (imap_proxy,
   directory_db: etcd, proxy_imap_backends localhost:PORT, STARTTLS to the
   backends verified against their certificates).  Users are placed with
-  cyr_dbtool on the etcd directory.  Clients are Python's imaplib over
-  STARTTLS, every response checked against the grammar (imaphelp.IMAP4).
+  cyr_dbtool on the etcd directory (the fixture: tests/tierhelp.py).
+  Clients are Python's imaplib over STARTTLS, every response checked
+  against the grammar (imaphelp.IMAP4).
 
   both_backends   alice (alpha) and carol (beta) log in at the frontend:
                   the backend's capabilities after login, SELECT, FETCH of
@@ -47,36 +48,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "lmtpd"),
                 os.path.join(TESTS, "conformance")]
-from testlib import TMPDIR, check, run_tests, wait_until  # noqa: E402
+from testlib import check, run_tests, wait_until  # noqa: E402
 from lmtphelp import make_cert, make_message  # noqa: E402
 from imaphelp import (IMAP4, IMAPD, ImapInstance,  # noqa: E402
                       make_sasldb_extra, tls_context)
-from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
+from test_cyrusdb_etcd import DBTOOL  # noqa: E402
+from tierhelp import Tier, pw, usable  # noqa: E402
 
 USERS = {"alice": "alpha", "bob": "alpha", "carol": "beta"}
 PROXY_USER, PROXY_PW = "proxy", "pr0xy-pw"
-PREFIX = "/imapproxytest-%d/" % os.getpid()
+TIER = None
 CLUSTER = None
 WORK = None
 B = {}          # name -> backend instance
 FRONT = None
-DIRCONF = None
-
-
-def pw(user):
-    return "pw-" + user
-
-
-def dbtool(*args, stdin=None):
-    import subprocess
-    p = subprocess.run([DBTOOL, "-C", DIRCONF] + list(args), input=stdin,
-                       capture_output=True, timeout=60)
-    check(p.returncode == 0, "cyr_dbtool %s: %r" % (args, p.stderr))
-    return p
 
 
 def place(user, backend):
-    dbtool("directory", "etcd", "set", user, backend)
+    TIER.place(user, backend)
 
 
 def new_backend(name, users):
@@ -88,30 +77,21 @@ def new_backend(name, users):
     for u in users:
         b.create("user." + u)
     b.write_cyrus_conf(imaps=False)
-    try:
-        b.start()
-    except BaseException:
-        b.stop()                # a master that never got ready is ours too
-        raise
-    return b
+    return TIER.start(b)
 
 
 def front_conf(ca_file):
-    return {
+    conf = TIER.directory_conf(ttl="1", timeout="1500")
+    conf.update({
         "imap_proxy": "yes",
-        "directory_db": "etcd",
-        "directory_db_path": "directory",
-        "directory_cache_ttl": "1",
-        "etcd_endpoints": CLUSTER.endpoints(),
-        "etcd_prefix": PREFIX,
-        "etcd_timeout": "1500",
         "proxy_imap_backends": "alpha=localhost:%d beta=localhost:%d"
                                % (B["alpha"].tcp_port, B["beta"].tcp_port),
         "proxy_authname": PROXY_USER,
         "proxy_password": PROXY_PW,
         "proxy_timeout": "5",
         "tls_client_ca_file": ca_file,
-    }
+    })
+    return conf
 
 
 def new_front(name, ca_file):
@@ -121,12 +101,7 @@ def new_front(name, ca_file):
     for u in users[1:]:
         make_sasldb_extra(f, u, pw(u))
     f.write_cyrus_conf(imaps=False, lmtp=False)
-    try:
-        f.start()
-    except BaseException:
-        f.stop()                # a master that never got ready is ours too
-        raise
-    return f
+    return TIER.start(f)
 
 
 def connect(inst=None, starttls=True):
@@ -369,31 +344,17 @@ def test_etcd_down():
 # ---- setup -----------------------------------------------------------------
 
 def main():
-    global CLUSTER, WORK, FRONT, DIRCONF
-    if not os.access(ETCD, os.X_OK) or not os.access(ETCDCTL, os.X_OK):
-        print("SKIP: all (no %s or etcdctl)" % ETCD)
-        return 77
-    for prog in (IMAPD, DBTOOL):
-        if not os.access(prog, os.X_OK):
-            print("FAIL: setup (missing %s)" % prog)
-            return 1
-    WORK = tempfile.mkdtemp(prefix="imapproxy.", dir=TMPDIR)
-    os.chmod(WORK, 0o755)
-    CLUSTER = Cluster(WORK)
+    global TIER, CLUSTER, WORK, FRONT
+    rc = usable([IMAPD, DBTOOL])
+    if rc is not None:
+        return rc
+    TIER = Tier("imapproxytest", "imapproxy.", mode=0o755)
+    CLUSTER, WORK = TIER.cluster, TIER.work
     rc = 1
-    problems = []
     try:
-        CLUSTER.start()
-        if not CLUSTER.leader(90):
-            print("FAIL: setup (the cluster elected no leader in 90 s)")
+        if not TIER.start_cluster():
             return 1
-        DIRCONF = os.path.join(WORK, "dir.conf")
-        with open(DIRCONF, "w") as f:
-            f.write("etcd_endpoints: %s\netcd_prefix: %s\netcd_timeout: 3000\n"
-                    % (CLUSTER.endpoints(), PREFIX))
-        dbtool("-n", "directory", "etcd", "set", "alice", "alpha")
-        dbtool("directory", "etcd", "set",
-               stdin="".join("%s\t%s\n" % kv for kv in USERS.items()).encode())
+        TIER.place_all(USERS)
         B["alpha"] = new_backend("alpha", ["alice", "bob"])
         B["beta"] = new_backend("beta", ["carol"])
         ca = os.path.join(WORK, "backends-ca.pem")
@@ -407,30 +368,7 @@ def main():
                  test_backend_dies, test_tls_verified, test_etcd_down]
         rc = run_tests(tests, "IMAP_PROXY_TESTS", [IMAPD, DBTOOL])
     finally:
-        for inst in [FRONT] + list(B.values()):
-            if inst is None:
-                continue
-            problems += inst.stop()
-            trouble = inst.worker_trouble(inst.log())
-            if trouble:
-                problems.append("%s: %s" % (inst.name, " | ".join(trouble[:3])))
-            if rc != 0:
-                print("# %s log (%s), last lines:" % (inst.name, inst.dir))
-                for line in inst.log().splitlines()[-12:]:
-                    print("#   " + line)
-        CLUSTER.stop()
-    left = [m["name"] for m in CLUSTER.members
-            if m["proc"] and m["proc"].poll() is None]
-    if left:
-        problems.append("etcd members still running: %s" % left)
-    if problems:
-        print("FAIL: teardown: %s" % "; ".join(problems))
-        return 1
-    if rc == 0:
-        for inst in [FRONT] + list(B.values()):
-            inst.cleanup()
-        import shutil
-        shutil.rmtree(WORK, ignore_errors=True)
+        rc = TIER.finish(rc, [FRONT] + list(B.values()))
     return rc
 
 

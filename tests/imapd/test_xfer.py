@@ -7,7 +7,8 @@ each with imapd and lmtpd -a on 127.0.0.1) and a frontend (a master with
 imapd in imap_proxy mode and lmtpd in lmtp_proxy mode), everything on
 loopback and stopped by PID.  cyr_user runs with the frontend's
 imapd.conf; its xfer_command runs mbtool with each backend's
-imapd.conf (the ssh-less form of "ssh %b mbtool").
+imapd.conf (the ssh-less form of "ssh %b mbtool").  The fixture is
+tests/tierhelp.py's.
 
   create    cyr_user load counts mailboxes; create places a user on the
             backend with fewer mailboxes, with the INBOX, the autocreate
@@ -53,33 +54,26 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "lmtpd"),
                 os.path.join(TESTS, "conformance")]
-from testlib import TMPDIR, TOP_BUILDDIR, check, run_tests  # noqa: E402
+from testlib import TOP_BUILDDIR, check, run_tests  # noqa: E402
 from lmtphelp import (MBTOOL, Conn, dot_stuff, make_message,  # noqa: E402
                       transaction)
 from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
-from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
-from test_lmtp_proxy import Backend  # noqa: E402
+from test_cyrusdb_etcd import DBTOOL  # noqa: E402
+from tierhelp import Backend, Tier, pw, usable  # noqa: E402
 
 CYR_USER = os.path.join(TOP_BUILDDIR, "tools", "cyr_user")
 PROXY_USER, PROXY_PW = "proxy", "pr0xy-pw"
 USERS = ["erin", "frank", "gina", "big"]
-PREFIX = "/xfertest-%d/" % os.getpid()
-CLUSTER = None
+TIER = None
 WORK = None
 B = {}
 FRONT = None
-DIRCONF = None
-
-
-def pw(user):
-    return "pw-" + user
 
 
 def cyr_user(*args, rc=0):
@@ -477,48 +471,31 @@ def new_backend(name):
     for u in USERS:
         make_sasldb_extra(b, u, pw(u))
     b.write_cyrus_conf()
-    try:
-        b.start()
-    except BaseException:
-        b.stop()                # a master that never got ready is ours too
-        raise
+    TIER.start(b)
     os.symlink(b.imapd_conf, os.path.join(WORK, name + ".conf"))
     return b
 
 
 def main():
-    global CLUSTER, WORK, FRONT, DIRCONF
-    if not os.access(ETCD, os.X_OK) or not os.access(ETCDCTL, os.X_OK):
-        print("SKIP: all (no %s or etcdctl)" % ETCD)
-        return 77
-    for prog in (IMAPD, DBTOOL, CYR_USER, MBTOOL):
-        if not os.access(prog, os.X_OK):
-            print("FAIL: setup (missing %s)" % prog)
-            return 1
-    WORK = tempfile.mkdtemp(prefix="xfer.", dir=TMPDIR)
-    os.chmod(WORK, 0o755)
-    CLUSTER = Cluster(WORK)
+    global TIER, WORK, FRONT
+    rc = usable([IMAPD, DBTOOL, CYR_USER, MBTOOL])
+    if rc is not None:
+        return rc
+    TIER = Tier("xfertest", "xfer.", mode=0o755)
+    WORK = TIER.work
     rc = 1
-    problems = []
     try:
-        CLUSTER.start()
-        if not CLUSTER.leader(90):
-            print("FAIL: setup (the cluster elected no leader in 90 s)")
+        if not TIER.start_cluster():
             return 1
         B["alpha"] = new_backend("alpha")
         B["beta"] = new_backend("beta")
         for i in range(3):            # alpha is the busier backend
             B["alpha"].mbtool("create", "user.filler%d" % i)
-        conf = {
+        conf = TIER.directory_conf(ttl="1", timeout="3000")
+        conf.update({
             "imap_proxy": "yes",
             "lmtp_proxy": "yes",
             "allowplaintext": "yes",
-            "directory_db": "etcd",
-            "directory_db_path": "directory",
-            "directory_cache_ttl": "1",
-            "etcd_endpoints": CLUSTER.endpoints(),
-            "etcd_prefix": PREFIX,
-            "etcd_timeout": "3000",
             "proxy_imap_backends": " ".join(
                 "%s=127.0.0.1:%d" % (n, b.tcp_port) for n, b in B.items()),
             "proxy_backends": " ".join(
@@ -531,7 +508,7 @@ def main():
             "xlist-sent": "Sent",
             "xlist-trash": "Trash",
             "xfer_command": "%s -C %s/%%b.conf" % (MBTOOL, WORK),
-        }
+        })
         FRONT = ImapInstance("front", conf=conf, sasl=(USERS[0], pw(USERS[0])))
         for u in USERS[1:]:
             make_sasldb_extra(FRONT, u, pw(u))
@@ -541,30 +518,7 @@ def main():
                  test_big, test_delete]
         rc = run_tests(tests, "XFER_TESTS", [IMAPD, DBTOOL, CYR_USER])
     finally:
-        for inst in [FRONT] + list(B.values()):
-            if inst is None:
-                continue
-            problems += inst.stop()
-            trouble = inst.worker_trouble(inst.log())
-            if trouble:
-                problems.append("%s: %s" % (inst.name, " | ".join(trouble[:3])))
-            if rc != 0:
-                print("# %s log (%s), last lines:" % (inst.name, inst.dir))
-                for line in inst.log().splitlines()[-15:]:
-                    print("#   " + line)
-        CLUSTER.stop()
-    left = [m["name"] for m in CLUSTER.members
-            if m["proc"] and m["proc"].poll() is None]
-    if left:
-        problems.append("etcd members still running: %s" % left)
-    if problems:
-        print("FAIL: teardown: %s" % "; ".join(problems))
-        return 1
-    if rc == 0:
-        for inst in [FRONT] + list(B.values()):
-            inst.cleanup()
-        import shutil
-        shutil.rmtree(WORK, ignore_errors=True)
+        rc = TIER.finish(rc, [FRONT] + list(B.values()), loglines=15)
     return rc
 
 

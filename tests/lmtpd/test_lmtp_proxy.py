@@ -7,7 +7,8 @@ stopped by PID:
   backends alpha and beta: a master each with imapd and lmtpd -a on
   their own 127.0.0.1 ports and directories; the frontend: a master with
   lmtpd (lmtp_proxy, directory_db: etcd) on a UNIX socket.  Users are
-  placed with cyr_dbtool on the etcd directory.
+  placed with cyr_dbtool on the etcd directory.  The fixture is
+  tests/tierhelp.py's, shared with test_imap_proxy.py and test_xfer.py.
 
   span            one message, recipients on both backends and one unknown
                   (550 5.1.1 at RCPT): every recipient gets its own 250
@@ -42,6 +43,11 @@ stopped by PID:
                   other's 250; started again, both get 250
   watch           a worker with a 300 s cache TTL sees a moved user at
                   once: the etcd watch drops the changed entry
+  lookups         directory lookups counted in the frontend's metrics
+                  (cyrusdeliver_directory_lookups_total{source}): after a
+                  warm-up, N deliveries to known users (the 300 s cache)
+                  read the database fewer than N/50 times and are answered
+                  by the cache; a moved user is read again
   etcd_down       two of three etcd members stopped (no quorum, one
                   member still answering), then all: 451 4.4.3, never
                   250; the cluster started again: 250
@@ -56,7 +62,6 @@ import smtplib
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -64,69 +69,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 sys.path[:0] = [TESTS, HERE, os.path.join(TESTS, "imapd"),
                 os.path.join(TESTS, "conformance")]
-from testlib import (TMPDIR, Skip, check, free_port,  # noqa: E402
-                     read_text, run_tests, service_line, wait_until)
+from testlib import (Skip, check, free_port, read_text,  # noqa: E402
+                     run_tests, service_line, wait_until)
 from lmtphelp import (LMTPD, MBTOOL, Conn, Instance,  # noqa: E402
                       make_message, split_added_headers)
-from imaphelp import IMAPD, ImapInstance, make_sasldb_extra  # noqa: E402
-from test_cyrusdb_etcd import DBTOOL, ETCD, ETCDCTL, Cluster  # noqa: E402
+from imaphelp import IMAPD, make_sasldb_extra  # noqa: E402
+from test_cyrusdb_etcd import DBTOOL  # noqa: E402
+from tierhelp import (IPV6, Backend, Tier, directory_lookups,  # noqa: E402
+                      pw, usable)
 
 USERS = {"alice": "alpha", "bob": "alpha", "carol": "beta", "dave": "beta"}
-PREFIX = "/proxytest-%d/" % os.getpid()
+TIER = None
 CLUSTER = None
 WORK = None
 B = {}          # name -> Backend
 FRONT = None
-DIRCONF = None
 JUNK = None     # the garbage server
-
-
-def have_ipv6():
-    try:
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        try:
-            s.bind(("::1", 0))
-            return True
-        finally:
-            s.close()
-    except OSError:
-        return False
-
-
-IPV6 = have_ipv6()
-
-
-def pw(user):
-    return "pw-" + user
-
-
-class Backend(ImapInstance):
-    """A master with imapd and lmtpd -a on 127.0.0.1 (two free ports)."""
-
-    def write_cyrus_conf(self, prefork=1, maxchild=20):
-        if not self.tcp_port:
-            self.tcp_port = free_port()
-            self.lmtp_port = free_port()
-            self.lmtp6_port = free_port(socket.AF_INET6, "::1") if IPV6 else 0
-        lines = [service_line("imap", "imapd", "127.0.0.1:%d" % self.tcp_port,
-                              prefork=1, maxchild=maxchild),
-                 service_line("lmtp", LMTPD + " -a",
-                              "127.0.0.1:%d" % self.lmtp_port,
-                              prefork=prefork, maxchild=maxchild),
-                 # the same lmtpd on a UNIX socket and on [::1]
-                 service_line("lmtpunix", LMTPD, self.unix_socket,
-                              prefork=0, maxchild=maxchild)]
-        if IPV6:
-            lines.append(service_line("lmtp6", LMTPD + " -a",
-                                      "[::1]:%d" % self.lmtp6_port,
-                                      proto="tcp6", prefork=0,
-                                      maxchild=maxchild))
-        with open(self.cyrus_conf, "w") as f:
-            f.write("SERVICES {\n" + "".join(lines) + "}\n")
-        return self
-
-    def lmtp_addr(self):
-        return "127.0.0.1:%d" % self.lmtp_port
 
 
 def new_backend(name, users):
@@ -137,37 +95,25 @@ def new_backend(name, users):
     for u in users:
         b.create("user." + u)
     b.write_cyrus_conf()
-    try:
-        b.start()
-    except BaseException:
-        b.stop()                # a master that never got ready is ours too
-        raise
-    return b
+    return TIER.start(b)
 
 
 def dbtool(*args, stdin=None):
-    p = subprocess.run([DBTOOL, "-C", DIRCONF] + list(args), input=stdin,
-                       capture_output=True, timeout=60)
-    check(p.returncode == 0, "cyr_dbtool %s: %r" % (args, p.stderr))
-    return p
+    return TIER.dbtool(*args, stdin=stdin)
 
 
 def place(user, backend):
-    dbtool("directory", "etcd", "set", user, backend)
+    TIER.place(user, backend)
 
 
-def front_conf(endpoints, backends):
-    return {
+def front_conf(backends):
+    conf = TIER.directory_conf(ttl="1", timeout="1500")
+    conf.update({
         "lmtp_proxy": "yes",
-        "directory_db": "etcd",
-        "directory_db_path": "directory",
-        "directory_cache_ttl": "1",
-        "etcd_endpoints": endpoints,
-        "etcd_prefix": PREFIX,
-        "etcd_timeout": "1500",
         "proxy_backends": " ".join("%s=%s" % kv for kv in backends),
         "proxy_timeout": "3",
-    }
+    })
+    return conf
 
 
 def lmtp_client(sock=None):
@@ -420,7 +366,7 @@ def test_bad_config():
     for bad, why in (("alpha", "without NAME=ADDRESS"),
                      ("a=1.2.3.4:1 a=1.2.3.4:2", "given twice"),
                      ("bad/name=1.2.3.4:1", "backend name")):
-        conf = front_conf(CLUSTER.endpoints(), [])
+        conf = front_conf([])
         conf["proxy_backends"] = bad
         inst = Instance("front-bad", conf=conf)
         try:
@@ -659,6 +605,8 @@ def test_storm():
           "%.0f messages/s" % (ok2, dt2, ok2 / dt2))
 
 
+METRICSD = os.path.join(os.environ.get("top_builddir") or ".", "metricsd",
+                        "metricsd")
 MAILBENCH = os.path.join(os.environ.get("top_builddir") or ".", "tools",
                          "mailbench")
 
@@ -751,6 +699,76 @@ def test_watch():
           "no log line for the watch")
 
 
+def test_lookups():
+    # every delivery looks its recipient up; with lmtpwatch's 300 s
+    # cache (kept current by the watch) only new and changed users are
+    # read from etcd, which the frontend's metrics show
+    n = 400
+    users = sorted(USERS)
+    c = lmtp_client(FRONT.watch_socket)
+
+    def one(user, i):
+        code, text = c.mail("lookups@example.org")
+        check(code == 250, "MAIL: %d %r" % (code, text))
+        rep = c.rcpt(user + "@example.org")
+        if rep[0] != 250:
+            c.rset()
+            return rep
+        return c.data(make_message(msgid="lookups-%d@test" % i))
+
+    def counters():
+        v = directory_lookups(FRONT.metrics_port)
+        check(v is not None, "metricsd does not answer")
+        return v
+
+    try:
+        # warm-up: rounds over the users until one reads nothing (the
+        # watch's start empties the cache once)
+        i = 0
+        for _ in range(20):
+            before = counters()
+            for u in users:
+                r = one(u, i)
+                i += 1
+                check(r[0] == 250, "warm-up %s: %r" % (u, r))
+            if counters()[1] == before[1]:
+                break
+            time.sleep(0.2)
+        else:
+            check(False, "every warm-up round read the directory: %r"
+                  % (counters(),))
+        before = counters()
+        for k in range(n):
+            u = users[k % len(users)]
+            r = one(u, i)
+            i += 1
+            check(r[0] == 250, "delivery %d to %s: %r" % (k, u, r))
+        after = counters()
+        reads = after[1] - before[1]
+        cached = after[0] - before[0]
+        print("# %d deliveries to known users: %d directory lookups from "
+              "the cache, %d reads of the database" % (n, cached, reads))
+        check(cached >= n, "%d lookups answered by the cache for %d "
+              "deliveries" % (cached, n))
+        check(reads < n / 50, "%d reads of the directory database for %d "
+              "deliveries to known users (the cache should answer)"
+              % (reads, n))
+        # a moved user: the watch drops the entry, the next lookup reads
+        # the record again (beta has no mailbox for alice: 550 5.1.1)
+        place("alice", "beta")
+        check(wait_until(lambda: reply_is(one("alice", i), 550, "5.1.1"), 10,
+                         step=0.2),
+              "alice's move was not seen in 10 s")
+        check(counters()[1] > after[1], "the moved user was not read again "
+              "from the directory: %r then %r" % (after, counters()))
+    finally:
+        try:
+            c.quit()
+        except (smtplib.SMTPException, OSError):
+            pass
+        place("alice", "alpha")
+
+
 def test_etcd_down():
     # first the quorum goes: one member still answers, but a
     # linearizable read cannot be served, so no answer is a guess
@@ -792,40 +810,30 @@ def test_etcd_down():
 # ---- setup -----------------------------------------------------------------
 
 def main():
-    global CLUSTER, WORK, FRONT, DIRCONF, JUNK
-    if not os.access(ETCD, os.X_OK) or not os.access(ETCDCTL, os.X_OK):
-        print("SKIP: all (no %s or etcdctl)" % ETCD)
-        return 77
-    for prog in (LMTPD, IMAPD, MBTOOL, DBTOOL):
-        if not os.access(prog, os.X_OK):
-            print("FAIL: setup (missing %s)" % prog)
-            return 1
-    WORK = tempfile.mkdtemp(prefix="proxy.", dir=TMPDIR)
-    CLUSTER = Cluster(WORK)
+    global TIER, CLUSTER, WORK, FRONT, JUNK
+    rc = usable([LMTPD, IMAPD, MBTOOL, DBTOOL])
+    if rc is not None:
+        return rc
+    TIER = Tier("proxytest", "proxy.")
+    CLUSTER, WORK = TIER.cluster, TIER.work
     rc = 1
-    problems = []
     try:
-        CLUSTER.start()
-        if not CLUSTER.leader(90):
-            print("FAIL: setup (the cluster elected no leader in 90 s)")
+        if not TIER.start_cluster():
             return 1
-        DIRCONF = os.path.join(WORK, "dir.conf")
-        with open(DIRCONF, "w") as f:
-            f.write("etcd_endpoints: %s\netcd_prefix: %s\netcd_timeout: 3000\n"
-                    % (CLUSTER.endpoints(), PREFIX))
-        dbtool("-n", "directory", "etcd", "set", "alice", "alpha")
-        dbtool("directory", "etcd", "set",
-               stdin="".join("%s\t%s\n" % kv for kv in USERS.items()).encode())
+        TIER.place_all(USERS)
         B["alpha"] = new_backend("alpha", ["alice", "bob"])
         B["beta"] = new_backend("beta", ["carol", "dave"])
         JUNK = JunkServer()
-        FRONT = Instance("front", conf=front_conf(
-            CLUSTER.endpoints(),
+        conf = front_conf(
             [("alpha", B["alpha"].lmtp_addr()), ("beta", B["beta"].lmtp_addr()),
              ("junk", "127.0.0.1:%d" % JUNK.port),
              ("alphaunix", B["alpha"].unix_socket)]
             + ([("alpha6", "[::1]:%d" % B["alpha"].lmtp6_port)] if IPV6
-               else [])))
+               else []))
+        metrics_port = free_port()
+        conf["metrics_listen"] = "127.0.0.1:%d" % metrics_port
+        FRONT = Instance("front", conf=conf)
+        FRONT.metrics_port = metrics_port
         # lmtpunix has one worker (the pooled test sees its pool);
         # lmtpmany as many as a storm asks for, and a generous
         # proxy_timeout: a backend slow to commit is no failure there
@@ -848,38 +856,23 @@ def main():
                                + service_line("lmtpwatch", LMTPD + " -C " +
                                               watch_conf, FRONT.watch_socket,
                                               prefork=0, maxchild=1))
+        # metricsd named by its path (the master's own DAEMON entry would
+        # look for it beside the -S directory, lmtpd/)
+        with open(FRONT.cyrus_conf, "a") as f:
+            f.write('DAEMON {\n  metricsd cmd="%s"\n}\n' % METRICSD)
         FRONT.start()
+        check(wait_until(lambda: directory_lookups(metrics_port) is not None,
+                         60, step=0.1),
+              "the frontend's metricsd does not answer on 127.0.0.1:%d"
+              % metrics_port)
         tests = [test_span, test_bdat, test_addresses, test_backend_replies, test_pooled,
                  test_unknown_backend, test_bad_config, test_garbage, test_storm,
-                 test_bench, test_backend_down, test_watch, test_etcd_down]
+                 test_bench, test_backend_down, test_watch, test_lookups,
+                 test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
     finally:
-        for inst in [FRONT] + list(B.values()):
-            if inst is None:
-                continue
-            problems += inst.stop()
-            trouble = inst.worker_trouble(inst.log())
-            if trouble:
-                problems.append("%s: %s" % (inst.name, " | ".join(trouble[:3])))
-            if rc != 0:
-                print("# %s log (%s), last lines:" % (inst.name, inst.dir))
-                for line in inst.log().splitlines()[-12:]:
-                    print("#   " + line)
-        if JUNK:
-            JUNK.close()
-        CLUSTER.stop()
-    left = [m["name"] for m in CLUSTER.members
-            if m["proc"] and m["proc"].poll() is None]
-    if left:
-        problems.append("etcd members still running: %s" % left)
-    if problems:
-        print("FAIL: teardown: %s" % "; ".join(problems))
-        return 1
-    if rc == 0:
-        for inst in [FRONT] + list(B.values()):
-            inst.cleanup()
-        import shutil
-        shutil.rmtree(WORK, ignore_errors=True)
+        rc = TIER.finish(rc, [FRONT] + list(B.values()),
+                         before_cluster=JUNK.close if JUNK else None)
     return rc
 
 
