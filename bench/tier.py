@@ -13,8 +13,10 @@ cluster holding the directory, backend alpha (a master with lmtpd -a on
 backend beta (only the target of the moves), and a frontend (a master
 with lmtpd in lmtp_proxy mode on a UNIX socket, the directory in etcd,
 metricsd for its counters).  The frontend has two LMTP services: the
-default directory_cache_ttl (5 s) and one of 300 s (the etcd watch keeps
-both current).
+defaults (directory_cache_ttl 5 s, directory_cache_watched_ttl 600 s: an
+answer naming a backend lives 600 s while the etcd watch is up) and one
+where every answer lives 5 s, watch or not (the etcd watch keeps both
+current).
 
 1. Throughput: tools/mailbench, MSGS messages of BYTES bytes over CONNS
    connections to the USERS users, through each frontend service and
@@ -136,7 +138,7 @@ def main():
         for n, b in (("alpha", alpha), ("beta", beta)):
             os.symlink(b.imapd_conf, os.path.join(tier.work, n + ".conf"))
         metrics_port = free_port()
-        conf = tier.directory_conf(ttl="5", timeout="3000")
+        conf = tier.directory_conf(ttl="5", timeout="3000", watched_ttl="")
         conf.update({
             "lmtp_proxy": "yes",
             "proxy_backends": "alpha=%s beta=%s" % (alpha.lmtp_addr(),
@@ -156,8 +158,8 @@ def main():
         insts.insert(0, front)
         long_conf = front.path("imapd-long.conf")
         with open(long_conf, "w") as f:
-            f.write(read_text(front.imapd_conf).replace(
-                "directory_cache_ttl: 5\n", "directory_cache_ttl: 300\n"))
+            f.write(read_text(front.imapd_conf)
+                    + "directory_cache_watched_ttl: 5\n")
         long_sock = front.path("long.sock")
         front.write_cyrus_conf(unix=True, prefork=5, maxchild=50,
                                extra=service_line(
@@ -170,9 +172,10 @@ def main():
                           step=0.1):
             raise RuntimeError("the frontend's metricsd does not answer")
 
-        targets = [("frontend, cache TTL 5 s", "unix:" + front.unix_socket,
+        targets = [("frontend, defaults (TTL 5 s, 600 s watched)",
+                    "unix:" + front.unix_socket, True),
+                   ("frontend, TTL 5 s watched or not", "unix:" + long_sock,
                     True),
-                   ("frontend, cache TTL 300 s", "unix:" + long_sock, True),
                    ("backend (no frontend)", alpha.lmtp_addr(), False)]
         res = {t[0]: [] for t in targets}
         warm = {}

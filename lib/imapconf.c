@@ -296,6 +296,11 @@ static const struct imapconf_option imapconf_options[] = {
       .min = 0, .max = 3600,
       .desc = "seconds a frontend reuses a directory answer before it "
               "reads the record again; 0 = read it for every recipient" },
+    { .name = "directory_cache_watched_ttl", .type = IMAPCONF_INT,
+      .def = "600", .min = 0, .max = 86400,
+      .desc = "seconds a frontend reuses an answer naming a backend while "
+              "its etcd watch is up (a change drops it at once); never "
+              "less than directory_cache_ttl" },
     { .name = "xfer_command", .type = IMAPCONF_STRING, .def = "",
       .desc = "cyr_user move: the shell command that runs mbtool on a "
               "backend, %b standing for the backend's name (\"ssh "

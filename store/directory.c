@@ -3,8 +3,15 @@
  * directory.h).
  *
  * The cache is a hash table of chained entries (user id, backend name or
- * none, expiry on the monotonic clock).  An expired entry is never
- * answered from: it is looked up again, and when that read fails the
+ * none, when it was read on the monotonic clock).  An entry lives
+ * directory_cache_ttl seconds; while the watch below is up, an entry
+ * naming a backend lives directory_cache_watched_ttl instead (the watch
+ * drops it when its record changes, so in steady state a delivery reads
+ * nothing).  "No such user" always keeps the short life: were a watch
+ * silently cut off, a new user would otherwise be refused with a
+ * permanent 550 for a long time, while a stale backend name only costs
+ * a 451 from the old backend, which knows the user left
+ * (store/userstate.h).  An expired entry is never answered from: it is looked up again, and when that read fails the
  * answer is DIRECTORY_UNAVAILABLE.  When the table holds
  * DIRECTORY_CACHE_MAX entries it is emptied (its only cost is the reads
  * that refill it).  The database handle is opened lazily and closed
@@ -19,8 +26,10 @@
  * first applies the queue to the cache, so a change reaches the cache
  * within the watch's latency; an answer read before a change is dropped
  * because the change's event is queued after that read and applied at
- * the next lookup.  Whatever happens to the watch, an entry never
- * outlives its TTL.  The thread logs nothing; the lookups log when the
+ * the next lookup.  When the watch fails, every entry falls back to the
+ * short life at once (counted from its read).  The watch's connection
+ * has TCP keepalives of a few seconds (cyrusdb/etcd.c), so a cut link
+ * ends it instead of leaving it silently deaf.  The thread logs nothing; the lookups log when the
  * watch starts and when it fails (once per streak).
  */
 #include "config.h"
@@ -44,7 +53,7 @@
 
 struct directory_entry {
     struct directory_entry *next;
-    uint64_t expires_ms;
+    uint64_t read_ms;               /* 0: unusable, read it again */
     char *backend;                  /* NULL: the user has no record */
     char userid[];
 };
@@ -54,6 +63,8 @@ struct directory {
     char *backend;                  /* cyrusdb backend name */
     char *path;                     /* database file name */
     uint64_t ttl_ms;
+    uint64_t watched_ttl_ms;        /* a backend's name, watch up */
+    int watching;                   /* the watch is up (main thread) */
     struct cyrusdb *db;             /* NULL until opened */
     int failing;                    /* in a streak of failures (logged) */
     struct directory_entry *buckets[DIRECTORY_BUCKETS];
@@ -117,6 +128,7 @@ int directory_new(const struct imapconf *conf, struct directory **dir_r,
     const char *path = imapconf_getstring(conf, "directory_db_path");
     struct buf b = BUF_INITIALIZER;
     long ttl = imapconf_getint(conf, "directory_cache_ttl");
+    long wttl = imapconf_getint(conf, "directory_cache_watched_ttl");
 
     *dir_r = NULL;
     if (!cyrusdb_lookup(backend)) {
@@ -138,6 +150,7 @@ int directory_new(const struct imapconf *conf, struct directory **dir_r,
     dir->path = strdup(path);
     buf_free(&b);
     dir->ttl_ms = ttl > 0 ? (uint64_t)ttl * 1000 : 0;
+    dir->watched_ttl_ms = wttl > ttl ? (uint64_t)wttl * 1000 : dir->ttl_ms;
     dir->watch_wanted = strcmp(backend, "etcd") == 0 && dir->ttl_ms > 0;
     pthread_mutex_init(&dir->mu, NULL);
     if (!dir->backend || !dir->path) {
@@ -305,6 +318,7 @@ static void directory_watch_apply(struct directory *dir)
     up = dir->watch_up;
     why = dir->watch_why;
     pthread_mutex_unlock(&dir->mu);
+    dir->watching = up;
     if (up && dir->logged_up != 1) {
         log_info("directory: watching the directory for changes "
                  "path=<%s>", dir->path);
@@ -356,10 +370,20 @@ static void directory_remember(struct directory *dir, const char *userid,
     free(e->backend);
     e->backend = backend ? strdup(backend) : NULL;
     if (backend && !e->backend) {
-        e->expires_ms = 0;   /* unusable: looked up again */
+        e->read_ms = 0;      /* unusable: looked up again */
         return;
     }
-    e->expires_ms = directory_now_ms() + dir->ttl_ms;
+    e->read_ms = directory_now_ms();
+}
+
+/* True when e may still be answered from (the header comment). */
+static int directory_fresh(const struct directory *dir,
+                           const struct directory_entry *e)
+{
+    uint64_t life = e->backend && dir->watching ? dir->watched_ttl_ms
+                                                : dir->ttl_ms;
+
+    return e->read_ms != 0 && directory_now_ms() < e->read_ms + life;
 }
 
 static void directory_failed(struct directory *dir, const char *what, int r)
@@ -385,7 +409,7 @@ enum directory_result directory_lookup(struct directory *dir,
     *backend_r = NULL;
     directory_watch_apply(dir);
     e = directory_cached(dir, userid, bucket);
-    if (e && e->expires_ms > directory_now_ms()) {
+    if (e && directory_fresh(dir, e)) {
         metrics_count(METRICS_DIRECTORY_CACHED, 1);
         if (!e->backend)
             return DIRECTORY_NOTFOUND;

@@ -145,9 +145,11 @@ class Tier:
                     stdin="".join("%s\t%s\n" % kv
                                   for kv in placement.items()).encode())
 
-    def directory_conf(self, ttl="1", timeout="1500"):
-        """A frontend's imapd.conf keys for the directory in etcd."""
-        return {
+    def directory_conf(self, ttl="1", timeout="1500", watched_ttl=None):
+        """A frontend's imapd.conf keys for the directory in etcd.  The
+        watched TTL is the plain one unless given ("": the key is left
+        at its default)."""
+        keys = {
             "directory_db": "etcd",
             "directory_db_path": "directory",
             "directory_cache_ttl": ttl,
@@ -155,6 +157,9 @@ class Tier:
             "etcd_prefix": self.prefix,
             "etcd_timeout": timeout,
         }
+        if watched_ttl != "":
+            keys["directory_cache_watched_ttl"] = watched_ttl or ttl
+        return keys
 
     @staticmethod
     def start(inst):

@@ -48,6 +48,9 @@ stopped by PID:
                   warm-up, N deliveries to known users (the 300 s cache)
                   read the database fewer than N/50 times and are answered
                   by the cache; a moved user is read again
+  watched_ttl     directory_cache_ttl 1 s, directory_cache_watched_ttl
+                  300 s: answers outlive the short TTL while the watch
+                  is up (no read 2.5 s later), a move still comes through
   etcd_down       two of three etcd members stopped (no quorum, one
                   member still answering), then all: 451 4.4.3, never
                   250; the cluster started again: 250
@@ -769,6 +772,65 @@ def test_lookups():
         place("alice", "alpha")
 
 
+def test_watched_ttl():
+    # lmtpwttl: directory_cache_ttl 1 s, directory_cache_watched_ttl
+    # 300 s.  While the watch is up an answer outlives the short TTL
+    # (a round 2.5 s after the last read reads nothing); a changed
+    # record still comes through the watch at once
+    users = sorted(USERS)
+    c = lmtp_client(FRONT.wttl_socket)
+
+    def one(user, i):
+        code, text = c.mail("wttl@example.org")
+        check(code == 250, "MAIL: %d %r" % (code, text))
+        rep = c.rcpt(user + "@example.org")
+        if rep[0] != 250:
+            c.rset()
+            return rep
+        return c.data(make_message(msgid="wttl-%d@test" % i))
+
+    def reads():
+        v = directory_lookups(FRONT.metrics_port)
+        check(v is not None, "metricsd does not answer")
+        return v[1]
+
+    try:
+        i = 0
+        for _ in range(20):
+            before = reads()
+            for u in users:
+                r = one(u, i)
+                i += 1
+                check(r[0] == 250, "warm-up %s: %r" % (u, r))
+            if reads() == before:
+                break
+            time.sleep(0.2)
+        else:
+            check(False, "every warm-up round read the directory")
+        time.sleep(2.5)             # past directory_cache_ttl
+        before = reads()
+        for u in users:
+            r = one(u, i)
+            i += 1
+            check(r[0] == 250, "%s after 2.5 s: %r" % (u, r))
+        got = reads() - before
+        print("# %d deliveries 2.5 s after the last read (TTL 1 s, "
+              "watched 300 s): %d reads" % (len(users), got))
+        check(got == 0, "%d reads of the directory for %d users whose "
+              "answers the watch keeps current (directory_cache_watched_ttl "
+              "ignored?)" % (got, len(users)))
+        place("alice", "beta")
+        check(wait_until(lambda: reply_is(one("alice", i), 550, "5.1.1"), 10,
+                         step=0.2),
+              "alice's move was not seen in 10 s")
+    finally:
+        try:
+            c.quit()
+        except (smtplib.SMTPException, OSError):
+            pass
+        place("alice", "alpha")
+
+
 def test_etcd_down():
     # first the quorum goes: one member still answers, but a
     # linearizable read cannot be served, so no answer is a guess
@@ -848,6 +910,13 @@ def main():
         with open(watch_conf, "w") as f:
             f.write(read_text(FRONT.imapd_conf).replace(
                 "directory_cache_ttl: 1\n", "directory_cache_ttl: 300\n"))
+        # lmtpwttl: answers live 1 s, but 300 s while the watch is up
+        FRONT.wttl_socket = FRONT.path("wttl.sock")
+        wttl_conf = FRONT.path("imapd-wttl.conf")
+        with open(wttl_conf, "w") as f:
+            f.write(read_text(FRONT.imapd_conf).replace(
+                "directory_cache_watched_ttl: 1\n",
+                "directory_cache_watched_ttl: 300\n"))
         FRONT.write_cyrus_conf(unix=True, prefork=1, maxchild=1,
                                extra=service_line("lmtpmany", LMTPD + " -C " +
                                                   many_conf,
@@ -855,6 +924,9 @@ def main():
                                                   prefork=2, maxchild=20)
                                + service_line("lmtpwatch", LMTPD + " -C " +
                                               watch_conf, FRONT.watch_socket,
+                                              prefork=0, maxchild=1)
+                               + service_line("lmtpwttl", LMTPD + " -C " +
+                                              wttl_conf, FRONT.wttl_socket,
                                               prefork=0, maxchild=1))
         # metricsd named by its path (the master's own DAEMON entry would
         # look for it beside the -S directory, lmtpd/)
@@ -868,7 +940,7 @@ def main():
         tests = [test_span, test_bdat, test_addresses, test_backend_replies, test_pooled,
                  test_unknown_backend, test_bad_config, test_garbage, test_storm,
                  test_bench, test_backend_down, test_watch, test_lookups,
-                 test_etcd_down]
+                 test_watched_ttl, test_etcd_down]
         rc = run_tests(tests, "LMTP_TESTS", [LMTPD, IMAPD, MBTOOL, DBTOOL])
     finally:
         rc = TIER.finish(rc, [FRONT] + list(B.values()),

@@ -264,6 +264,7 @@ static const struct {
     { "directory_db", IMAPCONF_DBNAME, "flat" },
     { "directory_db_path", IMAPCONF_STRING, "" },
     { "directory_cache_ttl", IMAPCONF_INT, "5" },
+    { "directory_cache_watched_ttl", IMAPCONF_INT, "600" },
     { "proxy_backends", IMAPCONF_STRING, "" },
     { "proxy_timeout", IMAPCONF_INT, "60" },
     { "xfer_command", IMAPCONF_STRING, "" },
