@@ -561,6 +561,8 @@ size_t master_compat_apply(struct master_conf *conf, const char *confname,
         buf_free(&r.cmd);
         buf_free(&r.ignored);
     }
-    compat_servicedir = compat_masterdir = NULL;
+    /* the directories stay: master_compat_find_ours() serves the
+     * master's exec of names added later (its own metricsd entry), and
+     * the caller keeps them until it exits */
     return removed;
 }

@@ -60,7 +60,8 @@
 
 /* Rewrite conf in place as above.  confname names the file in messages;
  * servicedir and masterdir (may be NULL) are where our programs are
- * looked for; imapdconf (absolute) is given to every mapped command.
+ * looked for (kept, not copied: they must stay valid for
+ * master_compat_find_ours()); imapdconf (absolute) is given to every mapped command.
  * Must run after master_service_setup() (bare names are resolved the way
  * master_service_resolve() does).  Returns the number of entries
  * removed. */

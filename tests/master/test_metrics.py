@@ -27,7 +27,9 @@ second.  Then:
     metricsd runs and no metrics.shm exists;
   - the database checkpoints the master ran (`ctl_cyrusdb -c` from START,
     reaped before any worker, and from EVENTS, run at start) are in the
-    checkpoint duration histogram; one run by hand is not.
+    checkpoint duration histogram; one run by hand is not;
+  - a master whose -S directory has no metricsd finds the build tree's
+    (beside its own directory) for the entry it adds.
 The Prometheus part is skipped (with a note) when prometheus is not
 installed.  Every process is stopped by pid.  Environment: see
 ../imapd/imaphelp.py; METRICS_TESTS picks tests by name.
@@ -518,9 +520,24 @@ def test_metrics_off():
               % i.log()[-600:])
 
 
+def test_sibling_metricsd():
+    # a master of the build tree whose -S directory (imapd/) has no
+    # metricsd finds the one beside it (../metricsd/) for the DAEMON
+    # entry it adds itself, as it finds its other programs
+    port = free_port()
+    with ImapInstance("sibling", conf={
+            "metrics_listen": "127.0.0.1:%d" % port}) as i:
+        i.write_cyrus_conf(prefork=1, maxchild=4, imaps=False)
+        i.start()
+        ok = wait_until(lambda: try_scrape(port), 60, step=0.1)
+        check(ok, "metricsd does not answer on 127.0.0.1:%d (log: %s)"
+              % (port, i.log()[-800:]))
+
+
 if __name__ == "__main__":
     rc = run_tests([test_storm_and_prometheus, test_fold_keeps_counts,
-                    test_checkpoint, test_http_errors, test_metrics_off],
+                    test_checkpoint, test_http_errors, test_metrics_off,
+                    test_sibling_metricsd],
                    "METRICS_TESTS", (MASTER, IMAPD, METRICSD, MAILBENCH,
                                      CTL_CYRUSDB))
     try:
