@@ -38,6 +38,9 @@ imapd.conf (the ssh-less form of "ssh %b mbtool").
   move_undo a load that fails (the user has a mailbox on the target
             already): the record and the old backend are as before
             (mark lifted, 250), nothing was removed
+  dups      a message stored on the old backend and delivered again
+            after the move (an MTA retrying a lost 250) is a duplicate
+            on the new backend, not a second copy
   big       a user with 10,000 messages moved while deliveries for it
             arrive through the frontend: each is 250 or 451, some are 451,
             every 250 is on the new backend at the end; UIDVALIDITY kept;
@@ -397,6 +400,27 @@ def test_move_undo():
     B["beta"].mbtool("delete", "user.frank")
 
 
+def test_dups():
+    # a message stored on the old backend whose 250 was lost (the MTA
+    # retries it) must not be stored again on the new one: the move
+    # carries the duplicate-delivery records of the user's mailboxes
+    msg = make_message(msgid="dup-across-move@test", subject="dup")
+    r, final = backend_deliver("alpha", "frank", msg)
+    check(final and final.code == 250, "first delivery: %r %r" % (r, final))
+    cyr_user("move", "frank", "beta")
+    n = B["beta"].count("user.frank")
+    r, final = backend_deliver("beta", "frank", msg)
+    check(final and final.code == 250, "the retry: %r %r" % (r, final))
+    check(B["beta"].count("user.frank") == n, "the retried message was "
+          "stored a second time after the move (%d messages, were %d)"
+          % (B["beta"].count("user.frank"), n))
+    # and a new message is stored as ever
+    r, final = backend_deliver("beta", "frank",
+                               make_message(msgid="after-dup@test"))
+    check(final and final.code == 250 and
+          B["beta"].count("user.frank") == n + 1, "a new message: %r" % final)
+
+
 def test_big():
     n = 10000
     cyr_user("create", "big", "beta")
@@ -538,7 +562,7 @@ def main():
         FRONT.write_cyrus_conf(imaps=False, lmtp=True)
         FRONT.start()
         tests = [test_create, test_marks, test_move, test_move_undo,
-                 test_big, test_delete]
+                 test_dups, test_big, test_delete]
         rc = run_tests(tests, "XFER_TESTS", [IMAPD, DBTOOL, CYR_USER])
     finally:
         for inst in [FRONT] + list(B.values()):
