@@ -247,10 +247,9 @@ static int cu_dir_cas(const char *userid, const char *expect,
         cu_fail("cannot write the directory record of %s: %s%s", userid,
                 cyrusdb_strerror(r), r == CYRUSDB_AGAIN
                 ? " (changed meanwhile)" : "");
-        if (r != CYRUSDB_AGAIN) {
+        if (!tid && r != CYRUSDB_AGAIN) {
             /* a commit that failed this way may have been applied (etcd:
              * no answer, or a proposal that timed out): look */
-            tid = NULL;
             cyrusdb_close(&db);
             ret = cu_dir_outcome(userid, expect, value);
         }
