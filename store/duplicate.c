@@ -531,6 +531,41 @@ static int duplicate_walk_cb(void *rock, const char *key, size_t keylen,
     return 0;
 }
 
+struct duplicate_each {
+    duplicate_foreach_cb *cb;
+    void *rock;
+};
+
+static int duplicate_each_cb(void *rock, const char *key, size_t keylen,
+                             const char *data, size_t datalen)
+{
+    struct duplicate_each *e = rock;
+    const char *nul = memchr(key, '\0', keylen);
+    time_t t;
+    uint32_t uid;
+
+    if (!nul || nul == key || (size_t)(nul - key) == keylen - 1 ||
+        duplicate_parse(data, datalen, &t, &uid) < 0)
+        return 0;   /* damaged: not handed on (prune removes it) */
+    return e->cb(e->rock, key, (size_t)(nul - key), nul + 1,
+                 keylen - (size_t)(nul - key) - 1, t, uid) != 0;
+}
+
+int duplicate_foreach(struct duplicate_db *d, duplicate_foreach_cb *cb,
+                      void *rock)
+{
+    struct duplicate_each e = { cb, rock };
+    int r = cyrusdb_foreach(d->db, NULL, 0, NULL, duplicate_each_cb, &e,
+                            NULL);
+
+    if (r < 0) {
+        log_error("duplicate: walk failed file=<%s> error=<%s>", d->fname,
+                  cyrusdb_strerror(r));
+        return store_from_cyrusdb(r);
+    }
+    return STORE_OK;
+}
+
 /* Delete the collected keys from *pos on, at most one batch, in one
  * transaction.  Adds to *pruned / *kept. */
 static int duplicate_delete_batch(struct duplicate_db *d,

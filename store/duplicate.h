@@ -63,6 +63,19 @@ int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
                         const char *const *mailboxes, const uint32_t *uids,
                         size_t n, time_t when);
 
+/* Call cb(rock, id, idlen, mailbox, mboxlen, when, uid) for every
+ * record of deliver.db in key order (damaged records are skipped; mailbox
+ * is not NUL-terminated); a non-zero return of cb ends the walk (and is
+ * no error).  cb must not change the database (one read walk: a move's
+ * dump carries a user's records to the new backend, so that a message
+ * delivered before the move is still known there).  STORE_OK,
+ * STORE_IOERROR, STORE_BUSY. */
+typedef int duplicate_foreach_cb(void *rock, const char *id, size_t idlen,
+                                 const char *mailbox, size_t mboxlen,
+                                 time_t when, uint32_t uid);
+int duplicate_foreach(struct duplicate_db *d, duplicate_foreach_cb *cb,
+                      void *rock);
+
 /* Delete every record older than `days` days (TIME < now - days * 86400),
  * and every damaged record; *pruned_r / *kept_r (may be NULL) get the
  * counts.  Deletes run in transactions of at most 1000 records, so

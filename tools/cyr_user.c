@@ -167,9 +167,50 @@ static int cu_dir_get(const char *userid, struct buf *out)
     return ret;
 }
 
+/* After a commit of cu_dir_cas() that failed with an unknown outcome:
+ * read the record again (for up to CU_OUTCOME_TRIES tries) and decide.
+ * 0: it holds value (the write went through), -1: it holds expect (it
+ * did not), -2: still unknown (unreadable, or something else). */
+#define CU_OUTCOME_TRIES 10
+
+static int cu_dir_outcome(const char *userid, const char *expect,
+                          const char *value)
+{
+    struct buf b = BUF_INITIALIZER;
+    int i, r = -1;
+
+    for (i = 0; i < CU_OUTCOME_TRIES; i++) {
+        if (i)
+            sleep(1);
+        r = cu_dir_get(userid, &b);
+        if (r < 0)
+            continue;
+        if (value ? (r == 1 && strcmp(buf_cstring(&b), value) == 0)
+                  : r == 0) {
+            fprintf(stderr, "%s: the write went through after all: the "
+                    "record of %s is %s\n", cu_progname, userid,
+                    value ? value : "gone");
+            r = 0;
+        } else if (expect ? (r == 1 &&
+                             strcmp(buf_cstring(&b), expect) == 0)
+                          : r == 0) {
+            r = -1;
+        } else {
+            r = -2;
+        }
+        buf_free(&b);
+        return r;
+    }
+    buf_free(&b);
+    return -2;
+}
+
 /* Compare and swap the record of userid: it must be `expect` (NULL:
  * absent); it becomes `value` (NULL: removed).  One transaction (etcd:
- * one txn whose compares are what was read).  0, or -1 (said). */
+ * one txn whose compares are what was read).  0, -1 (not written;
+ * said), or -2: the commit failed without saying whether it was applied
+ * and the record could not be read back to tell (said): the caller must
+ * not undo anything that rests on either answer. */
 static int cu_dir_cas(const char *userid, const char *expect,
                       const char *value)
 {
@@ -206,6 +247,12 @@ static int cu_dir_cas(const char *userid, const char *expect,
         cu_fail("cannot write the directory record of %s: %s%s", userid,
                 cyrusdb_strerror(r), r == CYRUSDB_AGAIN
                 ? " (changed meanwhile)" : "");
+        if (!tid && r != CYRUSDB_AGAIN) {
+            /* a commit that failed this way may have been applied (etcd:
+             * no answer, or a proposal that timed out): look */
+            cyrusdb_close(&db);
+            ret = cu_dir_outcome(userid, expect, value);
+        }
         goto out;
     }
     ret = 0;
@@ -596,10 +643,15 @@ static int cu_create(int argc, char **argv)
     cu_imap_close(&c);
     /* from here on the INBOX is ours: a failure deletes it again (an
      * INBOX that existed before made CREATE fail and is never touched) */
-    if (r == 0 && (cu_create_folders(backend, userid) != 0 ||
-                   cu_dir_cas(userid, NULL, backend) != 0)) {
-        (void)cu_delete_inbox(backend, userid);
-        r = -1;
+    if (r == 0) {
+        r = cu_create_folders(backend, userid) != 0 ? -1
+            : cu_dir_cas(userid, NULL, backend);
+        if (r == -2)
+            cu_fail("the record of %s may name %s or nothing: its INBOX "
+                    "there is kept (cyr_user where %s)", userid, backend,
+                    userid);
+        else if (r != 0)
+            (void)cu_delete_inbox(backend, userid);
     }
     if (r == 0)
         printf("%s %s\n", userid, backend);
@@ -789,7 +841,19 @@ static int cu_move(int argc, char **argv)
         goto undo;
     }
     /* the switch: every frontend's next lookup after its cache sends here */
-    if (cu_dir_cas(userid, buf_cstring(&from), to) != 0)
+    r = cu_dir_cas(userid, buf_cstring(&from), to);
+    if (r == -2) {
+        /* either answer may hold: undoing could leave the record naming
+         * a backend without the mail; FROM stays "moving" (its mail gets
+         * 451 and waits at the MTA), both copies stay */
+        cu_fail("the record of %s may name %s or %s: nothing undone; %s "
+                "stays marked moving on %s and its copy on %s is kept "
+                "(cyr_user where %s, then mbtool user-mark / user-purge "
+                "there)", userid, buf_cstring(&from), to, userid,
+                buf_cstring(&from), to, userid);
+        goto out;
+    }
+    if (r != 0)
         goto undo;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     if (cu_xfer_cmd(buf_cstring(&from), "user-mark", userid, &cmd) == 0) {

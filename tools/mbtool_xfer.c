@@ -29,6 +29,7 @@
 #include "lib/crc32c.h"
 #include "lib/strarray.h"
 #include "store/append.h"
+#include "store/duplicate.h"
 #include "store/mailbox.h"
 #include "store/mboxlist.h"
 #include "store/mboxname.h"
@@ -41,7 +42,8 @@
 #include "store/userstate.h"
 #include "tools/mbtool_xfer.h"
 
-#define XFER_MAGIC "CYRUSDELIVER-XFER 1"
+#define XFER_MAGIC "CYRUSDELIVER-XFER 2"
+#define XFER_MAGIC_V1 "CYRUSDELIVER-XFER 1"   /* read too: no DUPLICATE */
 #define XFER_LINE_MAX 65536
 #define XFER_BATCH 64             /* messages per append transaction */
 #define XFER_PENDING_WAIT_MS 60000
@@ -292,6 +294,64 @@ static int xfer_dump_sieve(const struct imapconf *conf, FILE *out,
     return r == SIEVEDIR_OK ? 0 : -1;
 }
 
+/* The duplicate-delivery records of the user's mailboxes, collected
+ * first (the walk holds deliver.db's lock; the pipe to the loader may
+ * not be drained at once). */
+struct xfer_dups {
+    const char *inbox;
+    struct buf out;
+    unsigned long n;
+    int nomem;
+};
+
+static int xfer_dup_cb(void *rock, const char *id, size_t idlen,
+                       const char *mailbox, size_t mboxlen, time_t when,
+                       uint32_t uid)
+{
+    struct xfer_dups *x = rock;
+    char name[600];
+
+    if (mboxlen >= sizeof(name))
+        return 0;
+    memcpy(name, mailbox, mboxlen);
+    name[mboxlen] = '\0';
+    if (!mboxname_is_self_or_child(x->inbox, name) ||
+        memchr(name, ' ', mboxlen) || memchr(name, '\n', mboxlen))
+        return 0;
+    if (buf_printf(&x->out, "DUPLICATE %lld %" PRIu32 " %s %zu\n",
+                   (long long)when, uid, name, idlen) < 0 ||
+        buf_append(&x->out, id, idlen) < 0 || buf_putc(&x->out, '\n') < 0) {
+        x->nomem = 1;
+        return 1;
+    }
+    x->n++;
+    return 0;
+}
+
+static int xfer_dump_dups(const struct imapconf *conf, FILE *out,
+                          const char *inbox)
+{
+    struct duplicate_db *d = NULL;
+    struct xfer_dups x;
+    int r;
+
+    memset(&x, 0, sizeof(x));
+    x.inbox = inbox;
+    r = duplicate_open(conf, &d);
+    if (r == STORE_OK)
+        r = duplicate_foreach(d, xfer_dup_cb, &x);
+    duplicate_close(&d);
+    if (r == STORE_OK && x.nomem)
+        r = STORE_NOMEM;
+    if (r == STORE_OK)
+        fwrite(x.out.s ? x.out.s : "", 1, x.out.len, out);
+    else
+        xfer_fail("cannot read the duplicate-delivery records of", inbox,
+                  r);
+    buf_free(&x.out);
+    return r == STORE_OK ? 0 : -1;
+}
+
 int mbtool_user_dump(const struct imapconf *conf, int argc, char **argv)
 {
     struct xfer_tree t = { STRARRAY_INITIALIZER, STRARRAY_INITIALIZER,
@@ -355,7 +415,8 @@ int mbtool_user_dump(const struct imapconf *conf, int argc, char **argv)
         xfer_fail("cannot read the subscriptions of", userid, r);
         goto out;
     }
-    if (xfer_dump_sieve(conf, stdout, userid))
+    if (xfer_dump_sieve(conf, stdout, userid) ||
+        xfer_dump_dups(conf, stdout, buf_cstring(&inbox)))
         goto out;
     if ((r = xfer_stamp(conf, &t, &stamp)) != STORE_OK) {
         xfer_fail("cannot stamp", userid, r);
@@ -541,6 +602,7 @@ struct xfer_load {
     struct quota_db *q;
     struct seen_db *seen;
     struct subs_db *subs;
+    struct duplicate_db *dup;      /* opened at the first DUPLICATE */
     struct buf line;
     unsigned long lineno;
     /* the mailbox being loaded */
@@ -855,15 +917,48 @@ out:
     return r;
 }
 
+/* DUPLICATE TIME UID MAILBOX IDLEN, the id's bytes, LF: recorded here
+ * (the uid stays valid: a move keeps every UID). */
+static int xfer_load_dup(struct xfer_load *L)
+{
+    char name[600], id[DUPLICATE_ID_MAX + 1];
+    long long when;
+    unsigned long uid;
+    size_t idlen;
+    int r;
+
+    if (sscanf(buf_cstring(&L->line), "DUPLICATE %lld %lu %599s %zu",
+               &when, &uid, name, &idlen) != 4 || when < 0 ||
+        uid > UINT32_MAX || idlen == 0 || idlen > DUPLICATE_ID_MAX)
+        return xfer_load_error(L, "malformed DUPLICATE line");
+    if (!mboxname_is_self_or_child(buf_cstring(&L->inbox), name))
+        return xfer_load_error(L, "a DUPLICATE record of another user");
+    if (fread(id, 1, idlen, L->in) != idlen || getc(L->in) != '\n')
+        return xfer_load_error(L, "DUPLICATE record cut short");
+    if (!L->dup && (r = duplicate_open(L->conf, &L->dup)) != STORE_OK) {
+        xfer_fail("cannot open the duplicate-delivery database", NULL, r);
+        return -1;
+    }
+    r = duplicate_mark(L->dup, id, idlen, name, (time_t)when,
+                       (uint32_t)uid);
+    if (r) {
+        xfer_fail("cannot record a delivery of", name, r);
+        return -1;
+    }
+    return 0;
+}
+
 static int xfer_load_all(struct xfer_load *L, char *stamp_r)
 {
     const char *l;
-    char hdr[600];
+    char hdr[600], hdr1[600];
 
     if (xfer_getline(L))
         return -1;
     snprintf(hdr, sizeof(hdr), "%s %s", XFER_MAGIC, L->userid);
-    if (strcmp(buf_cstring(&L->line), hdr) != 0)
+    snprintf(hdr1, sizeof(hdr1), "%s %s", XFER_MAGIC_V1, L->userid);
+    if (strcmp(buf_cstring(&L->line), hdr) != 0 &&
+        strcmp(buf_cstring(&L->line), hdr1) != 0)
         return xfer_load_error(L, "not a dump of this user (or version)");
     for (;;) {
         int r;
@@ -886,6 +981,8 @@ static int xfer_load_all(struct xfer_load *L, char *stamp_r)
             r = r ? -1 : 0;
         } else if (strncmp(l, "SIEVE ", 6) == 0)
             r = xfer_finish_mailbox(L) ? -1 : xfer_load_sieve(L);
+        else if (strncmp(l, "DUPLICATE ", 10) == 0)
+            r = xfer_finish_mailbox(L) ? -1 : xfer_load_dup(L);
         else if (strncmp(l, "END ", 4) == 0) {
             unsigned long nm, nmsg;
 
@@ -972,6 +1069,7 @@ out:
     subs_close(&L.subs);
     seen_close(&L.seen);
     quota_close(&L.q);
+    duplicate_close(&L.dup);
     mailbox_close(&L.mb);
     mboxlist_close(&L.ml);
     free(L.name);

@@ -17,8 +17,9 @@
  *                                   with that stamp saw them
  *   mbtool user-stamp USER          print the stamp of USER's mailboxes
  *
- * The dump format (version 1, lines end in LF, numbers decimal):
- *   CYRUSDELIVER-XFER 1 USER
+ * The dump format (version 2, lines end in LF, numbers decimal; user-load
+ * reads version 1, which has no DUPLICATE lines, too):
+ *   CYRUSDELIVER-XFER 2 USER
  *   QUOTA ROOT STORAGE_KB MESSAGES           (-1: no limit) per root
  *   MAILBOX NAME UIDVALIDITY UIDNEXT HIGHESTMODSEQ
  *   ACL TEXT                                 (the list entry's ACL)
@@ -30,6 +31,11 @@
  *   ... (MAILBOX blocks in mailbox order, the INBOX first)
  *   SUBSCRIBE NAME                           per subscription
  *   SIEVE NAME ACTIVE SIZE  <SIZE bytes> LF  per script (ACTIVE 0 or 1)
+ *   DUPLICATE TIME UID MAILBOX IDLEN  <IDLEN bytes: the Message-ID> LF
+ *                                   per duplicate-delivery record of the
+ *                                   user's mailboxes (store/duplicate.h):
+ *                                   a message stored here whose 250 was
+ *                                   lost is a duplicate after the move
  *   END MAILBOXES MESSAGES STAMP
  * Names are internal names (no spaces, store/mboxname.h).  Expunged
  * messages are not dumped.  STAMP is the CRC-32C of the lines "NAME

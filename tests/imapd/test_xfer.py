@@ -39,6 +39,13 @@ tests/tierhelp.py's.
   move_undo a load that fails (the user has a mailbox on the target
             already): the record and the old backend are as before
             (mark lifted, 250), nothing was removed
+  dups      a message stored on the old backend and delivered again
+            after the move (an MTA retrying a lost 250) is a duplicate
+            on the new backend, not a second copy
+  move_lost_reply  the directory switch applied by etcd but answered
+            with an error (a proxy in front of etcd answers 503 "request
+            timed out" after passing the txn on): cyr_user reads the
+            record back and finishes the move; nothing is undone
   big       a user with 10,000 messages moved while deliveries for it
             arrive through the frontend: each is 250 or 451, some are 451,
             every 250 is on the new backend at the end; UIDVALIDITY kept;
@@ -391,6 +398,117 @@ def test_move_undo():
     B["beta"].mbtool("delete", "user.frank")
 
 
+def test_dups():
+    # a message stored on the old backend whose 250 was lost (the MTA
+    # retries it) must not be stored again on the new one: the move
+    # carries the duplicate-delivery records of the user's mailboxes
+    msg = make_message(msgid="dup-across-move@test", subject="dup")
+    r, final = backend_deliver("alpha", "frank", msg)
+    check(final and final.code == 250, "first delivery: %r %r" % (r, final))
+    cyr_user("move", "frank", "beta")
+    n = B["beta"].count("user.frank")
+    r, final = backend_deliver("beta", "frank", msg)
+    check(final and final.code == 250, "the retry: %r %r" % (r, final))
+    check(B["beta"].count("user.frank") == n, "the retried message was "
+          "stored a second time after the move (%d messages, were %d)"
+          % (B["beta"].count("user.frank"), n))
+    # and a new message is stored as ever
+    r, final = backend_deliver("beta", "frank",
+                               make_message(msgid="after-dup@test"))
+    check(final and final.code == 250 and
+          B["beta"].count("user.frank") == n + 1, "a new message: %r" % final)
+
+
+class LostReplyProxy:
+    """An HTTP proxy in front of one etcd member: everything is passed
+    on, but the first /v3/kv/txn, once etcd applied it, is answered with
+    the error etcd gives for a proposal whose outcome it does not know
+    (503, "request timed out"): a commit with an unknown outcome."""
+
+    def __init__(self, target):
+        import http.client
+        import http.server
+        import threading
+        proxy = self
+        self.dropped = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get(
+                    "Content-Length") or 0))
+                c = http.client.HTTPConnection(target[0], target[1],
+                                               timeout=30)
+                c.request("POST", self.path, body,
+                          {"Content-Type": "application/json"})
+                resp = c.getresponse()
+                data = resp.read()
+                status = resp.status
+                c.close()
+                if self.path.endswith("/kv/txn") and not proxy.dropped:
+                    proxy.dropped += 1
+                    status = 503
+                    data = b'{"error":"etcdserver: request timed out",' \
+                           b'"code":14,"message":"etcdserver: request ' \
+                           b'timed out"}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                      Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+def test_move_lost_reply():
+    # the directory switch is applied by etcd but its answer is an error
+    # (the leader lost, a timeout): cyr_user must read the record back
+    # and finish the move, never undo it (that would leave the record
+    # naming a backend whose copy it removed)
+    m = CLUSTER.members[0]
+    proxy = LostReplyProxy(("127.0.0.1", m["client"]))
+    conf = os.path.join(WORK, "lostreply.conf")
+    with open(FRONT.imapd_conf) as f:
+        text = f.read()
+    with open(conf, "w") as f:
+        f.write(re.sub(r"(?m)^etcd_endpoints: .*$",
+                       "etcd_endpoints: http://127.0.0.1:%d" % proxy.port,
+                       text))
+    try:
+        check(where("gina") == "beta", "gina: %r" % where("gina"))
+        p = subprocess.run([CYR_USER, "-C", conf, "move", "gina", "alpha"],
+                           capture_output=True, timeout=600)
+        err = p.stderr.decode(errors="replace")
+        check(proxy.dropped == 1, "the proxy saw no directory write")
+        check(where("gina") == "alpha", "record: %r" % where("gina"))
+        check(mailboxes("alpha", "gina") and
+              mailboxes("beta", "gina") == [],
+              "after a switch with a lost answer: alpha %r, beta %r (%s)"
+              % (mailboxes("alpha", "gina"), mailboxes("beta", "gina"),
+                 err))
+        check(p.returncode == 0 and "went through" in err,
+              "cyr_user: exit %d: %s" % (p.returncode, err))
+    finally:
+        proxy.close()
+    r, final = front_deliver("gina", make_message(msgid="lost@test"))
+    check(final and final.code == 250, "gina after the move: %r %r"
+          % (r, final))
+
+
 def test_big():
     n = 10000
     cyr_user("create", "big", "beta")
@@ -515,7 +633,7 @@ def main():
         FRONT.write_cyrus_conf(imaps=False, lmtp=True)
         FRONT.start()
         tests = [test_create, test_marks, test_move, test_move_undo,
-                 test_big, test_delete]
+                 test_dups, test_move_lost_reply, test_big, test_delete]
         rc = run_tests(tests, "XFER_TESTS", [IMAPD, DBTOOL, CYR_USER])
     finally:
         rc = TIER.finish(rc, [FRONT] + list(B.values()), loglines=15)
