@@ -2153,6 +2153,30 @@ int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type)
     return STORE_OK;
 }
 
+void mailbox_version(const struct mailbox *mb, struct mailbox_version *v)
+{
+    v->generation = mb->slot.generation;
+    v->dev = (uint64_t)mb->dev;
+    v->ino = (uint64_t)mb->ino;
+}
+
+int mailbox_unchanged(struct mailbox *mb, const struct stat *st,
+                      const struct mailbox_version *v)
+{
+    struct mbx_slot cur;
+    int cur_slot;
+
+    if (!mb || !st || !v || mb->locktype || mb->fd < 0 || mb->ino == 0 ||
+        mb->pid != procid_get())
+        return 0;
+    if ((uint64_t)st->st_ino != v->ino || (uint64_t)st->st_dev != v->dev ||
+        st->st_ino != mb->ino || st->st_dev != mb->dev)
+        return 0;
+    if (mbx_read_slots(mb->fd, &cur, &cur_slot, NULL) != STORE_OK)
+        return 0;
+    return cur.generation == v->generation;
+}
+
 /* One commit round over the index (and the directory when its entries
  * changed). */
 static int mbx_commit_round(struct mailbox *mb)
