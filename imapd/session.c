@@ -2540,6 +2540,7 @@ int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
                       struct imap_msgfile *mf)
 {
     struct stat st;
+    ssize_t n;
     int r;
 
     memset(mf, 0, sizeof(*mf));
@@ -2547,14 +2548,33 @@ int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
     r = mailbox_open_message(mb, uid, &mf->fd);
     if (r != STORE_OK)
         return r;
-    if (fstat(mf->fd, &st) != 0)
+    /* one read: a regular file's read is short only at its end */
+    mf->base = malloc(IMAP_MSGFILE_READ);
+    if (!mf->base) {
+        r = STORE_NOMEM;
+        goto fail;
+    }
+    do
+        n = pread(mf->fd, mf->base, IMAP_MSGFILE_READ, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
         goto ioerr;
-    mf->len = (size_t)st.st_size;
-    if (mf->len) {
-        mf->base = mmap(NULL, mf->len, PROT_READ, MAP_SHARED, mf->fd, 0);
-        if (mf->base == MAP_FAILED) {
-            mf->base = NULL;
+    if (n < IMAP_MSGFILE_READ) {
+        mf->len = (size_t)n;
+    } else {
+        free(mf->base);
+        mf->base = NULL;
+        if (fstat(mf->fd, &st) != 0)
             goto ioerr;
+        mf->len = (size_t)st.st_size;
+        if (mf->len) {
+            mf->base = mmap(NULL, mf->len, PROT_READ, MAP_SHARED, mf->fd,
+                            0);
+            if (mf->base == MAP_FAILED) {
+                mf->base = NULL;
+                goto ioerr;
+            }
+            mf->mapped = 1;
         }
     }
     if (message_parse(mf->base, mf->len, &mf->msg) != MESSAGE_OK) {
@@ -2565,8 +2585,10 @@ int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
 ioerr:
     r = STORE_IOERROR;
 fail:
-    if (mf->base)
+    if (mf->mapped)
         munmap(mf->base, mf->len);
+    else
+        free(mf->base);
     close(mf->fd);
     memset(mf, 0, sizeof(*mf));
     mf->fd = -1;
@@ -2576,8 +2598,10 @@ fail:
 void imap_msgfile_close(struct imap_msgfile *mf)
 {
     message_free(&mf->msg);
-    if (mf->base)
+    if (mf->mapped)
         munmap(mf->base, mf->len);
+    else
+        free(mf->base);
     if (mf->fd >= 0)
         close(mf->fd);
     memset(mf, 0, sizeof(*mf));
