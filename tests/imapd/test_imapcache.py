@@ -16,10 +16,14 @@ that the next command of the first session reports it:
   - a flag stored and a message delivered while the session ran a
     command that locked the mailbox itself (FETCH): the closing update
     compares with its own last pass, not with that lock;
-  - the selected mailbox's read right taken away by its owner.
+  - the selected mailbox's read right taken away by its owner;
+and that message files are served whole whichever way they are read
+(below 64 KiB in one read, from 64 KiB on mapped): FETCH BODY[] and
+SEARCH BODY of messages around that size.
 
 Environment: see imaphelp.py.
 """
+import imaplib
 import os
 import re
 import subprocess
@@ -193,6 +197,57 @@ def test_rights_revoked():
         b.close()
 
 
+def big_message(size, marker):
+    head = ("From: a@example.com\r\nTo: b@example.com\r\n"
+            "Subject: size %d\r\nMessage-ID: <%s@test>\r\n\r\n"
+            % (size, marker)).encode()
+    tail = ("%s\r\n" % marker).encode()
+    fill = size - len(head) - len(tail)
+    lines = []
+    while fill > 0:
+        n = min(fill, 78)
+        if n >= 3:
+            lines.append(b"x" * (n - 2) + b"\r\n")
+        else:
+            lines.append(b"\r\n"[:n] if n == 2 else b" ")
+        fill -= n
+    msg = head + b"".join(lines) + tail
+    check(len(msg) == size, "message size %d != %d" % (len(msg), size))
+    return msg
+
+
+def test_message_sizes():
+    host, port = inst().addr()
+    c = imaplib.IMAP4(host, port)
+    try:
+        c.login("alice", ALICE_PW)
+        c.create("INBOX.Sizes")
+        msgs = {}
+        for size in (65535, 65536, 65537, 200000):
+            marker = "endmark%d" % size
+            msgs[marker] = big_message(size, marker)
+            typ, resp = c.append("INBOX.Sizes", None, None, msgs[marker])
+            check(typ == "OK", "APPEND %d: %s %r" % (size, typ, resp))
+        typ, _ = c.select("INBOX.Sizes")
+        check(typ == "OK", "SELECT INBOX.Sizes")
+        for n, (marker, msg) in enumerate(msgs.items(), 1):
+            typ, data = c.fetch(str(n), "(BODY.PEEK[])")
+            check(typ == "OK" and data[0][1] == msg,
+                  "FETCH %d: %d bytes, want %d" % (n, len(data[0][1]),
+                                                   len(msg)))
+            typ, data = c.search(None, "BODY", marker)
+            check(typ == "OK" and data[0].split() == [str(n).encode()],
+                  "SEARCH BODY %s: %r" % (marker, data))
+        c.close()
+        c.delete("INBOX.Sizes")
+        c.logout()
+    finally:
+        try:
+            c.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def finish():
     global _inst
     if _inst is not None:
@@ -205,6 +260,7 @@ if __name__ == "__main__":
         test_seen_from_elsewhere,
         test_changes_during_own_lock,
         test_rights_revoked,
+        test_message_sizes,
     ])
     try:
         finish()
