@@ -107,6 +107,19 @@ int cyrusdb_notimplemented(struct cyrusdb *db)
     return CYRUSDB_NOTIMPLEMENTED;
 }
 
+int cyrusdb_stamp(struct cyrusdb *db, int now, struct cyrusdb_stamp *st)
+{
+    if (!db->backend->stamp)
+        return CYRUSDB_NOTIMPLEMENTED;
+    return db->backend->stamp(db, now, st);
+}
+
+int cyrusdb_stamp_equal(const struct cyrusdb_stamp *a,
+                        const struct cyrusdb_stamp *b)
+{
+    return a->v[0] == b->v[0] && a->v[1] == b->v[1] && a->v[2] == b->v[2];
+}
+
 /* ---- key order ------------------------------------------------------- */
 
 /* Mailbox order: '.' ranks below every other byte (including NUL), so

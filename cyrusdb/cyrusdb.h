@@ -36,6 +36,7 @@
 #define CYRUSDB_CYRUSDB_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* Return codes.  Negative values are errors; DONE is a non-error status. */
@@ -98,6 +99,12 @@ enum {
                                  * makes everything committed so far durable. */
 
 struct cyrusdb;       /* an open database: opaque */
+
+/* A database's change stamp (cyrusdb_stamp()); compare with
+ * cyrusdb_stamp_equal(). */
+struct cyrusdb_stamp {
+    uint64_t v[3];
+};
 struct cyrusdb_txn;   /* a write transaction: opaque */
 
 /*
@@ -157,6 +164,8 @@ struct cyrusdb_backend {
     int (*dump)(struct cyrusdb *db, FILE *out, int detail);
     int (*consistent)(struct cyrusdb *db);
     int (*checkpoint)(struct cyrusdb *db);
+    /* may be NULL: cyrusdb_stamp() is then NOTIMPLEMENTED */
+    int (*stamp)(struct cyrusdb *db, int now, struct cyrusdb_stamp *st);
 };
 
 /* Every handle starts with this header so that cyrusdb.c can find the
@@ -260,6 +269,22 @@ int cyrusdb_consistent(struct cyrusdb *db);
 /* Rewrite / compact the file (skiplist repack, flat rewrite, db3 log
  * checkpoint, lmdb copy); NOTIMPLEMENTED where meaningless. */
 int cyrusdb_checkpoint(struct cyrusdb *db);
+
+/*
+ * A change stamp, for a cache of what was read: now == 0 gives the stamp
+ * of the database as this handle's last read (outside a transaction)
+ * saw it, without any system call; now != 0 the stamp as the database is
+ * now, cheaply (skiplist: one stat() of the file, no lock).  When a stamp
+ * taken now equals one taken (now == 0) right after a read, no commit of
+ * any process changed the database in between, and what that read
+ * returned is still what a read would return.  CYRUSDB_OK;
+ * CYRUSDB_NOTIMPLEMENTED for backends that cannot tell cheaply (flat,
+ * db3, lmdb, etcd: read again every time); CYRUSDB_INTERNAL inside a
+ * transaction or before the first read; CYRUSDB_IOERROR.
+ */
+int cyrusdb_stamp(struct cyrusdb *db, int now, struct cyrusdb_stamp *st);
+int cyrusdb_stamp_equal(const struct cyrusdb_stamp *a,
+                        const struct cyrusdb_stamp *b);
 
 /*
  * Which backend format wrote `fname`?  *format_r gets "flat", "skiplist",

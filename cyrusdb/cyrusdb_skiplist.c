@@ -497,6 +497,16 @@ static int cyrusdb_skiplist_consistent(struct cyrusdb *db)
     return cyrusdb_skiplist_code(skiplist_consistent(h->sl));
 }
 
+static int cyrusdb_skiplist_stamp(struct cyrusdb *db, int now,
+                                  struct cyrusdb_stamp *st)
+{
+    struct cyrusdb_skiplist *h = (struct cyrusdb_skiplist *)db;
+
+    if (h->txn)
+        return CYRUSDB_INTERNAL;
+    return cyrusdb_skiplist_code(skiplist_stamp(h->sl, now, st->v));
+}
+
 static int cyrusdb_skiplist_checkpoint(struct cyrusdb *db)
 {
     struct cyrusdb_skiplist *h = (struct cyrusdb_skiplist *)db;
@@ -600,4 +610,5 @@ const struct cyrusdb_backend cyrusdb_skiplist = {
     .dump = cyrusdb_skiplist_dump,
     .consistent = cyrusdb_skiplist_consistent,
     .checkpoint = cyrusdb_skiplist_checkpoint,
+    .stamp = cyrusdb_skiplist_stamp,
 };

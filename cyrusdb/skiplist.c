@@ -1740,6 +1740,26 @@ fail:
 
 /* ---- transactions -------------------------------------------------- */
 
+int skiplist_stamp(struct skiplist *sl, int now, uint64_t stamp[3])
+{
+    struct stat st;
+
+    if (sl->in_txn || sl->ino == 0)
+        return SKIPLIST_MISUSE;
+    if (!now) {
+        stamp[0] = (uint64_t)sl->dev;
+        stamp[1] = (uint64_t)sl->ino;
+        stamp[2] = (uint64_t)sl->size;
+        return SKIPLIST_OK;
+    }
+    if (stat(sl->fname, &st) < 0)
+        return skiplist_syserr(sl, "stat");
+    stamp[0] = (uint64_t)st.st_dev;
+    stamp[1] = (uint64_t)st.st_ino;
+    stamp[2] = (uint64_t)st.st_size;
+    return SKIPLIST_OK;
+}
+
 int skiplist_in_txn(const struct skiplist *sl)
 {
     return sl->in_txn;

@@ -43,6 +43,7 @@
 #define CYRUSDB_SKIPLIST_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* Engine return codes; the adapter maps them to CYRUSDB_* codes. */
@@ -153,6 +154,17 @@ int skiplist_delete(struct skiplist *sl, const char *key, size_t keylen);
  * over fname and fsync the directory.  Not inside a transaction (MISUSE);
  * takes the exclusive lock itself.  OK, READONLY, IOERROR, FULL, AGAIN. */
 int skiplist_checkpoint(struct skiplist *sl);
+
+/* A stamp of the file: its device, inode and size.  now == 0: as the
+ * last lock of this handle found them (no system call); now != 0: as
+ * they are on disk now (one stat() of the path).  Every commit appends
+ * to the file (its size grows), an abort truncates it back, and a
+ * rewrite (checkpoint, recovery) replaces it by rename (its inode
+ * changes; while this handle keeps its descriptor open, the old inode's
+ * number names no other file): a stamp taken now that equals the one of
+ * the last lock proves that nothing was committed since.  OK; IOERROR
+ * (stat failed); MISUSE with no lock taken yet or inside a transaction. */
+int skiplist_stamp(struct skiplist *sl, int now, uint64_t stamp[3]);
 
 /* Verify the whole file: header, every record, every forward pointer at
  * every level, key order, and that the linked list equals the records a

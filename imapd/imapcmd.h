@@ -125,11 +125,15 @@ void imap_set_end(struct buf *out, uint32_t prev, int run);
 int imap_read_uid(struct imap_session *s, struct mailbox *mb,
                   uint32_t uid, uint32_t *recno_r,
                   struct mailbox_record *rec);
-/* A message file mapped and parsed (store/message.h). */
+/* A message file read or mapped, and parsed (store/message.h): a file
+ * below IMAP_MSGFILE_READ bytes is read into memory with one pread (no
+ * fstat, mmap and munmap for the usual message), a larger one mapped. */
+#define IMAP_MSGFILE_READ 65536
 struct imap_msgfile {
     int fd;
     void *base;
     size_t len;
+    int mapped;         /* base is a mapping (else malloc'd, or NULL) */
     struct message *msg;
 };
 int imap_msgfile_open(struct mailbox *mb, uint32_t uid,

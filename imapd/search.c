@@ -629,6 +629,8 @@ static int compile(struct ctx *c, const struct imapparse_search *k,
 
 /* ---- one message ------------------------------------------------------ */
 
+#define MSG_READ 65536
+
 struct msg {
     uint32_t seq, uid;
     struct mailbox_record rec;
@@ -639,6 +641,8 @@ struct msg {
     int loaded;
     void *map;
     size_t maplen;
+    char *rbuf;             /* MSG_READ bytes, kept from message to message:
+                             * a file shorter is read, not mapped */
     const char *base;
     size_t len, hdr_len;
     int have_hdrtext, have_body, have_sent;
@@ -679,6 +683,33 @@ static int msg_load(struct ctx *c, struct msg *m)
     }
     if (r != STORE_OK)
         return r;
+    /* the usual message: one read (short only at the end of a regular
+     * file), no fstat, mmap and munmap */
+    if (!m->rbuf)
+        m->rbuf = malloc(MSG_READ);
+    if (m->rbuf) {
+        ssize_t n;
+
+        do
+            n = pread(fd, m->rbuf, MSG_READ, 0);
+        while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            log_error("search: read failed mailbox=<%s> uid=<%u> error=<%s>",
+                      mailbox_name(c->sp->mb), m->uid, strerror(errno));
+            close(fd);
+            return STORE_IOERROR;
+        }
+        if (n < MSG_READ) {
+            close(fd);
+            if (n > 0) {
+                m->base = m->rbuf;
+                m->len = (size_t)n;
+                m->hdr_len = message_header_length(m->base,
+                                                   m->base + m->len);
+            }
+            return STORE_OK;
+        }
+    }
     if (fstat(fd, &sb) < 0) {
         log_error("search: fstat failed mailbox=<%s> uid=<%u> error=<%s>",
                   mailbox_name(c->sp->mb), m->uid, strerror(errno));
@@ -1443,6 +1474,7 @@ int search_run(const struct search_params *sp,
 
 out:
     msg_release(&m);
+    free(m.rbuf);
     buf_free(&m.hdrtext);
     buf_free(&m.body);
     buf_free(&m.tmp1);

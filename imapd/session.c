@@ -123,6 +123,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cyrusdb/cyrusdb.h"
 #include "imapd/aclcmd.h"
 #include "imapd/appendcmd.h"
 #include "imapd/admincmd.h"
@@ -225,6 +226,10 @@ struct imap_session {
                                     between commands) */
     int sel_readonly;            /* EXAMINE, or no write rights */
     int sel_rights;
+    /* the mailbox list as sel_rights was read from it: while it is
+     * unchanged, the rights are too (imap_sel_rights_refresh()) */
+    int sel_rights_known;
+    struct cyrusdb_stamp sel_rights_stamp;
     int quit;
     int append_refused;          /* the continuation callback refused an
                                     APPEND literal: answer NO (1) or BAD
@@ -249,6 +254,8 @@ struct imap_session {
     int sel_useseen;             /* \Seen of s->sel is in s->seen (else
                                     the index bit: no unique id) */
     struct seen_data seen;       /* the user's seen state of s->sel */
+    struct buf seen_prev;        /* imap_update(): s->seen before the reload */
+    struct mailbox_version view_version;  /* the index at the last pass */
     struct imap_seen_chg *seenchg;  /* changes to s->seen not yet written */
     size_t nseenchg, seenchg_alloc;
     uint32_t recent_base;        /* read-only view: uids above it were
@@ -1984,6 +1991,7 @@ static void imap_cmd_select(struct imap_session *s, int examine)
         goto out;
     }
     s->sel_rights = rights;
+    s->sel_rights_known = 0;
     s->sel_readonly = examine ||
         !(rights & (ACL_SEEN | ACL_WRITE | ACL_DELETEMSG | ACL_EXPUNGE |
                     ACL_INSERT));
@@ -2320,8 +2328,10 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
         h->compactions == s->view_compactions &&
         h->uidvalidity == s->view_uidvalidity &&
         s->condstore == s->view_condstore &&
-        !(s->view_gone && allow_expunge))
+        !(s->view_gone && allow_expunge)) {
+        mailbox_version(s->sel, &s->view_version);
         return STORE_OK;
+    }
 
     for (uint32_t recno = 0; recno < visible; recno++) {
         struct mailbox_record rec;
@@ -2392,6 +2402,7 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
     for (i = 0; i < s->nmsgs && !s->view_gone; i++)
         s->view_gone = s->msgs[i].gone;
     s->view_known = 1;
+    mailbox_version(s->sel, &s->view_version);
     s->view_hms = h->highestmodseq;
     s->view_visible = visible;
     s->view_uidnext = h->uidnext;
@@ -2406,17 +2417,35 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
 static void imap_update(struct imap_session *s)
 {
     struct buf out = BUF_INITIALIZER;
-    int r;
+    int r, quiet;
 
     if (s->state != IMAP_SELECTED || !s->sel || s->in_update)
         return;
     s->in_update = 1;
     imap_index_stat(s, &s->ist);
+    /* the view needs no pass when nothing it depends on moved: the index
+     * (header generation, without the lock), the user's \Seen (the seen
+     * state as reread now, and no local change it forgets), expunges
+     * still to be told, the CONDSTORE mode */
+    quiet = s->view_known && s->nseenchg == 0 &&
+            !(s->view_gone && !s->no_expunge) &&
+            s->condstore == s->view_condstore;
+    if (quiet && s->sel_useseen)
+        buf_setcstr(&s->seen_prev, buf_cstring(&s->seen.seenuids));
     imap_seen_reload(s);
-    r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
-    if (r == STORE_OK) {
-        r = imap_reconcile(s, !s->no_expunge, &out);
-        mailbox_unlock(s->sel);
+    if (quiet && s->sel_useseen &&
+        (s->seen.seenuids.len != s->seen_prev.len ||
+         memcmp(buf_cstring(&s->seen.seenuids), buf_cstring(&s->seen_prev),
+                s->seen_prev.len) != 0))
+        quiet = 0;
+    if (quiet && mailbox_unchanged(s->sel, &s->ist, &s->view_version)) {
+        r = STORE_OK;
+    } else {
+        r = mailbox_lock(s->sel, MAILBOX_LOCK_SHARED);
+        if (r == STORE_OK) {
+            r = imap_reconcile(s, !s->no_expunge, &out);
+            mailbox_unlock(s->sel);
+        }
     }
     /* new messages: \Recent to this session if no other has them (the
      * claim takes the seen file's lock, never under the mailbox lock) */
@@ -2511,6 +2540,7 @@ int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
                       struct imap_msgfile *mf)
 {
     struct stat st;
+    ssize_t n;
     int r;
 
     memset(mf, 0, sizeof(*mf));
@@ -2518,14 +2548,33 @@ int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
     r = mailbox_open_message(mb, uid, &mf->fd);
     if (r != STORE_OK)
         return r;
-    if (fstat(mf->fd, &st) != 0)
+    /* one read: a regular file's read is short only at its end */
+    mf->base = malloc(IMAP_MSGFILE_READ);
+    if (!mf->base) {
+        r = STORE_NOMEM;
+        goto fail;
+    }
+    do
+        n = pread(mf->fd, mf->base, IMAP_MSGFILE_READ, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
         goto ioerr;
-    mf->len = (size_t)st.st_size;
-    if (mf->len) {
-        mf->base = mmap(NULL, mf->len, PROT_READ, MAP_SHARED, mf->fd, 0);
-        if (mf->base == MAP_FAILED) {
-            mf->base = NULL;
+    if (n < IMAP_MSGFILE_READ) {
+        mf->len = (size_t)n;
+    } else {
+        free(mf->base);
+        mf->base = NULL;
+        if (fstat(mf->fd, &st) != 0)
             goto ioerr;
+        mf->len = (size_t)st.st_size;
+        if (mf->len) {
+            mf->base = mmap(NULL, mf->len, PROT_READ, MAP_SHARED, mf->fd,
+                            0);
+            if (mf->base == MAP_FAILED) {
+                mf->base = NULL;
+                goto ioerr;
+            }
+            mf->mapped = 1;
         }
     }
     if (message_parse(mf->base, mf->len, &mf->msg) != MESSAGE_OK) {
@@ -2536,8 +2585,10 @@ int imap_msgfile_open(struct mailbox *mb, uint32_t uid,
 ioerr:
     r = STORE_IOERROR;
 fail:
-    if (mf->base)
+    if (mf->mapped)
         munmap(mf->base, mf->len);
+    else
+        free(mf->base);
     close(mf->fd);
     memset(mf, 0, sizeof(*mf));
     mf->fd = -1;
@@ -2547,8 +2598,10 @@ fail:
 void imap_msgfile_close(struct imap_msgfile *mf)
 {
     message_free(&mf->msg);
-    if (mf->base)
+    if (mf->mapped)
         munmap(mf->base, mf->len);
+    else
+        free(mf->base);
     if (mf->fd >= 0)
         close(mf->fd);
     memset(mf, 0, sizeof(*mf));
@@ -4074,10 +4127,16 @@ static int imap_sel_rights_refresh(struct imap_session *s)
 {
     struct mboxlist *ml = imap_ml(s->srv);
     struct mboxlist_entry *e = NULL;
+    struct cyrusdb_stamp now;
     int rights, id = s->cmd.id;
 
-    if (!ml || !s->sel ||
-        mboxlist_lookup(ml, mailbox_name(s->sel), &e) != STORE_OK)
+    if (!ml || !s->sel)
+        return 0;
+    if (s->sel_rights_known && mboxlist_stamp(ml, 1, &now) == STORE_OK &&
+        cyrusdb_stamp_equal(&now, &s->sel_rights_stamp))
+        return 0;       /* no entry changed: neither did the ACL */
+    s->sel_rights_known = 0;
+    if (mboxlist_lookup(ml, mailbox_name(s->sel), &e) != STORE_OK)
         return 0;
     if (mailbox_uniqueid(s->sel) && e->uniqueid &&
         strcmp(mailbox_uniqueid(s->sel), e->uniqueid) != 0) {
@@ -4088,6 +4147,8 @@ static int imap_sel_rights_refresh(struct imap_session *s)
     mboxlist_entry_free(&e);
     if (rights & ACL_READ) {
         s->sel_rights = rights;
+        s->sel_rights_known =
+            mboxlist_stamp(ml, 0, &s->sel_rights_stamp) == STORE_OK;
         return 0;
     }
     log_info("imap: read right revoked, mailbox closed mailbox=<%s> "
@@ -4533,6 +4594,7 @@ out:
     imap_unselect(&s, 0);
     seen_close(&s.seendb);
     free(s.seenchg);
+    buf_free(&s.seen_prev);
     free(s.saved_ranges);
     imapparse_cmd_free(&s.cmd);
     buf_free(&s.line);

@@ -2153,6 +2153,30 @@ int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type)
     return STORE_OK;
 }
 
+void mailbox_version(const struct mailbox *mb, struct mailbox_version *v)
+{
+    v->generation = mb->slot.generation;
+    v->dev = (uint64_t)mb->dev;
+    v->ino = (uint64_t)mb->ino;
+}
+
+int mailbox_unchanged(struct mailbox *mb, const struct stat *st,
+                      const struct mailbox_version *v)
+{
+    struct mbx_slot cur;
+    int cur_slot;
+
+    if (!mb || !st || !v || mb->locktype || mb->fd < 0 || mb->ino == 0 ||
+        mb->pid != procid_get())
+        return 0;
+    if ((uint64_t)st->st_ino != v->ino || (uint64_t)st->st_dev != v->dev ||
+        st->st_ino != mb->ino || st->st_dev != mb->dev)
+        return 0;
+    if (mbx_read_slots(mb->fd, &cur, &cur_slot, NULL) != STORE_OK)
+        return 0;
+    return cur.generation == v->generation;
+}
+
 /* One commit round over the index (and the directory when its entries
  * changed). */
 static int mbx_commit_round(struct mailbox *mb)
@@ -2258,10 +2282,30 @@ static int mbx_search(struct mailbox *mb, uint32_t lo, uint32_t hi,
     return STORE_NOTFOUND;
 }
 
+/* A small index (every visible record fits the read-ahead): read all its
+ * records at once, so that the searches of this lock read nothing more.
+ * A failed read leaves the single reads to tell. */
+static void mbx_ra_fill_all(struct mailbox *mb)
+{
+    uint32_t n = mb->slot.visible;
+
+    if (n == 0 || n > MBX_READAHEAD || (mb->ra_first == 0 && mb->ra_n >= n))
+        return;
+    if (!mb->ra && !(mb->ra = malloc((size_t)MBX_READAHEAD * MBX_REC_SIZE)))
+        return;
+    mb->ra_n = 0;
+    if (fs_pread_all(mb->fd, mb->ra, (size_t)n * MBX_REC_SIZE,
+                     mbx_rec_offset(0)) < 0)
+        return;
+    mb->ra_first = 0;
+    mb->ra_n = n;
+}
+
 int mailbox_find_uid(struct mailbox *mb, uint32_t uid, uint32_t *recno_r)
 {
     if (!mb || !recno_r || !mb->locktype)
         return STORE_INTERNAL;
+    mbx_ra_fill_all(mb);
     return mbx_search(mb, 0, mb->slot.visible, uid, recno_r, NULL);
 }
 

@@ -161,6 +161,27 @@ enum mailbox_locktype { MAILBOX_LOCK_SHARED = 1, MAILBOX_LOCK_EXCLUSIVE = 2 };
  * STORE_INTERNAL (the handle is already locked: locks do not nest). */
 int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type);
 
+/* The version of the index the last lock of this handle read: header
+ * generation (every header write raises it), device and inode. */
+struct mailbox_version {
+    uint64_t generation;
+    uint64_t dev;
+    uint64_t ino;
+};
+void mailbox_version(const struct mailbox *mb, struct mailbox_version *v);
+
+/* Without taking the lock: is the index still at version v (as
+ * mailbox_version() gave it under an earlier lock)?  `st` is a stat() of
+ * the index's path the caller took just before.  1 when the path still
+ * names that file, the one this handle has open, and the current
+ * header's generation (both slots read with one pread, the valid one
+ * with the higher generation) is v's: nothing was committed since, and a
+ * lock would find the same header.  0 otherwise (changed, or not known:
+ * locked now, or a read error): lock and look. */
+struct stat;
+int mailbox_unchanged(struct mailbox *mb, const struct stat *st,
+                      const struct mailbox_version *v);
+
 /* Finish the changes made under an exclusive lock: write the header, make
  * the changes durable through a commit round (commit.h), update quota, and
  * release the lock.  Under a shared lock: release it.  STORE_OK, or the

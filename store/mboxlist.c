@@ -405,6 +405,15 @@ const struct imapconf *mboxlist_conf(const struct mboxlist *ml)
 
 /* ---- lookup ------------------------------------------------------------ */
 
+int mboxlist_stamp(struct mboxlist *ml, int now, struct cyrusdb_stamp *st)
+{
+    int r = cyrusdb_stamp(ml->db, now, st);
+
+    if (r == CYRUSDB_OK)
+        return STORE_OK;
+    return r == CYRUSDB_IOERROR ? STORE_IOERROR : STORE_NOTFOUND;
+}
+
 int mboxlist_lookup(struct mboxlist *ml, const char *name,
                     struct mboxlist_entry **entry_r)
 {

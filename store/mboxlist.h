@@ -73,6 +73,13 @@ int mboxlist_specialuse_check(const char *uses);
 int mboxlist_open(const struct imapconf *conf, struct mboxlist **ml_r);
 void mboxlist_close(struct mboxlist **mlp);
 
+/* The change stamp of the mailbox list (cyrusdb_stamp(): now == 0 as
+ * the last lookup saw it, now != 0 as it is now): equal stamps mean no
+ * entry changed in between.  STORE_OK; STORE_NOTFOUND when the backend
+ * cannot tell cheaply (look up again); STORE_IOERROR. */
+struct cyrusdb_stamp;
+int mboxlist_stamp(struct mboxlist *ml, int now, struct cyrusdb_stamp *st);
+
 /* Look a name up.  On STORE_OK *entry_r is a new entry the caller frees
  * with mboxlist_entry_free(); STORE_NOTFOUND, STORE_BADNAME (name invalid),
  * STORE_IOERROR, STORE_BUSY, STORE_CORRUPT (the stored value does not

@@ -40,9 +40,22 @@
 #define SEEN_DBFLAGS 0
 #define SEEN_VERSION "1"
 
+/* The last record seen_read() fetched, kept while the database's stamp
+ * (cyrusdb_stamp()) says no commit happened since: a session reads its
+ * mailbox's state before every reply, and most of the time nothing
+ * changed.  Any write through the handle drops it. */
+struct seen_cache {
+    int valid;
+    int found;                  /* the key was present */
+    struct buf key;
+    struct buf val;
+    struct cyrusdb_stamp stamp; /* of the database when it was read */
+};
+
 struct seen_db {
     struct cyrusdb *db;
     char *fname;
+    struct seen_cache cache;
 };
 
 /* ---- sequence sets ---------------------------------------------------- */
@@ -307,11 +320,54 @@ void seen_close(struct seen_db **sp)
         return;
     cyrusdb_close(&s->db);
     free(s->fname);
+    buf_free(&s->cache.key);
+    buf_free(&s->cache.val);
     free(s);
     *sp = NULL;
 }
 
 /* ---- read / write ----------------------------------------------------- */
+
+/* The cached record of key, when the database has not changed since it
+ * was read: 1 with *r_r CYRUSDB_OK (*data_r, *datalen_r) or
+ * CYRUSDB_NOTFOUND; 0 to fetch it. */
+static int seen_cache_get(struct seen_db *s, const char *key, size_t keylen,
+                          const char **data_r, size_t *datalen_r, int *r_r)
+{
+    struct cyrusdb_stamp now;
+
+    if (!s->cache.valid || s->cache.key.len != keylen ||
+        memcmp(s->cache.key.s, key, keylen) != 0)
+        return 0;
+    if (cyrusdb_stamp(s->db, 1, &now) != CYRUSDB_OK ||
+        !cyrusdb_stamp_equal(&now, &s->cache.stamp)) {
+        s->cache.valid = 0;
+        return 0;
+    }
+    *data_r = s->cache.val.s ? s->cache.val.s : "";
+    *datalen_r = s->cache.val.len;
+    *r_r = s->cache.found ? CYRUSDB_OK : CYRUSDB_NOTFOUND;
+    return 1;
+}
+
+/* Keep what a fetch outside a transaction returned (r: its code), when
+ * the backend gives stamps. */
+static void seen_cache_put(struct seen_db *s, const char *key, size_t keylen,
+                           const char *data, size_t datalen, int r)
+{
+    s->cache.valid = 0;
+    if (r != CYRUSDB_OK && r != CYRUSDB_NOTFOUND)
+        return;
+    if (cyrusdb_stamp(s->db, 0, &s->cache.stamp) != CYRUSDB_OK)
+        return;
+    buf_reset(&s->cache.key);
+    buf_reset(&s->cache.val);
+    if (buf_append(&s->cache.key, key, keylen) < 0 ||
+        (r == CYRUSDB_OK && buf_append(&s->cache.val, data, datalen) < 0))
+        return;
+    s->cache.found = r == CYRUSDB_OK;
+    s->cache.valid = 1;
+}
 
 /* seen_read() inside transaction *tid (NULL: its own); with lock set the
  * record is read under the write lock (cyrusdb_fetchlock). */
@@ -327,10 +383,16 @@ static int seen_read_tid(struct seen_db *s, const char *uniqueid,
     seen_data_clear(d);
     if ((r = seen_keylen(uniqueid, &keylen)) != STORE_OK)
         return r;
-    if (lock)
+    if (!tid && seen_cache_get(s, uniqueid, keylen, &data, &datalen, &r)) {
+        /* r, data, datalen: as the fetch gave them */
+    } else if (lock) {
+        s->cache.valid = 0;
         r = cyrusdb_fetchlock(s->db, uniqueid, keylen, &data, &datalen, tid);
-    else
+    } else {
         r = cyrusdb_fetch(s->db, uniqueid, keylen, &data, &datalen, tid);
+        if (!tid)
+            seen_cache_put(s, uniqueid, keylen, data, datalen, r);
+    }
     if (r == CYRUSDB_NOTFOUND)
         return STORE_OK;
     if (r != CYRUSDB_OK) {
@@ -382,6 +444,7 @@ static int seen_write_tid(struct seen_db *s, const char *uniqueid,
         buf_free(&val);
         return STORE_NOMEM;
     }
+    s->cache.valid = 0;
     r = cyrusdb_store(s->db, uniqueid, keylen, val.s, val.len, tid);
     buf_free(&val);
     if (r != CYRUSDB_OK) {
@@ -453,6 +516,7 @@ int seen_delete(struct seen_db *s, const char *uniqueid)
 
     if ((r = seen_keylen(uniqueid, &keylen)) != STORE_OK)
         return r;
+    s->cache.valid = 0;
     r = cyrusdb_delete(s->db, uniqueid, keylen, NULL, 1);
     if (r != CYRUSDB_OK) {
         log_error("seen: delete failed file=<%s> uniqueid=<%s> error=<%s>",

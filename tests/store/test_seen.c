@@ -6,7 +6,9 @@
  * and split, the canonical output, malformed sets.  The database cases
  * run once per cyrusdb backend: unknown mailboxes, write/read, damaged
  * records, refused user ids, the file's place (CONFIGDIR/user/H/USER.seen),
- * and the rename and deletion of a user.
+ * the rename and deletion of a user, and that a kept record gives way
+ * to what another process commits (changes, deletion, a file renamed
+ * in place).
  */
 #include "config.h"
 
@@ -366,6 +368,118 @@ static void test_update(void **state)
     fx_done(&f);
 }
 
+/* Run fn(conf) in a child process (another session of the user). */
+static void in_child(struct fx *f, void (*fn)(struct fx *f))
+{
+    pid_t pid = fork();
+    int status;
+
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        fn(f);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void child_write(struct fx *f, const char *set)
+{
+    struct seen_db *cs = NULL;
+    struct seen_data d;
+
+    memset(&d, 0, sizeof(d));
+    data_set(&d, 1, 2, 3, set);
+    if (seen_open(f->conf, "gina" TH_U, &cs) != STORE_OK ||
+        seen_write(cs, "uid-k", &d) != STORE_OK)
+        _exit(1);
+    seen_close(&cs);
+    seen_data_free(&d);
+}
+
+static void child_write_15(struct fx *f) { child_write(f, "1:5"); }
+static void child_write_16(struct fx *f) { child_write(f, "1:6"); }
+
+static void child_delete(struct fx *f)
+{
+    struct seen_db *cs = NULL;
+
+    if (seen_open(f->conf, "gina" TH_U, &cs) != STORE_OK ||
+        seen_delete(cs, "uid-k") != STORE_OK)
+        _exit(1);
+    seen_close(&cs);
+}
+
+/* Put a copy of file path in its place through a temporary file and
+ * rename(): another inode, the same size, with the last `from` in it
+ * replaced by `to` (as long). */
+static void replace_patched(const char *path, const char *from,
+                            const char *to)
+{
+    char tmp[4096];
+    char *buf, *hit = NULL;
+    FILE *in, *out;
+    size_t n, k, len = strlen(from);
+
+    assert_int_equal(strlen(to), len);
+    snprintf(tmp, sizeof(tmp), "%s.repl", path);
+    in = fopen(path, "rb");
+    assert_non_null(in);
+    buf = malloc(1 << 20);
+    assert_non_null(buf);
+    n = fread(buf, 1, 1 << 20, in);
+    fclose(in);
+    for (k = 0; k + len <= n; k++)
+        if (memcmp(buf + k, from, len) == 0)
+            hit = buf + k;
+    assert_non_null(hit);
+    memcpy(hit, to, len);
+    out = fopen(tmp, "wb");
+    assert_non_null(out);
+    assert_int_equal(fwrite(buf, 1, n, out), n);
+    assert_int_equal(fclose(out), 0);
+    free(buf);
+    assert_int_equal(rename(tmp, path), 0);
+}
+
+/* seen_read() keeps the last record while the file is unchanged: what
+ * another process commits (a change, a deletion, a whole file put in
+ * place by rename with the very same size) is read at the next call. */
+static void test_cache(void **state)
+{
+    struct fx f;
+    struct seen_db *s = NULL;
+    char *path;
+
+    fx_init(&f, state);
+    path = th_path(f.dir, "conf/" TH_DPATH_H "user/g/gina.seen");
+    assert_int_equal(seen_open(f.conf, "gina" TH_U, &s), STORE_OK);
+    expect_data(s, "uid-k", 0, 0, 0, "");
+    expect_data(s, "uid-k", 0, 0, 0, "");
+    in_child(&f, child_write_15);
+    expect_data(s, "uid-k", 1, 2, 3, "1:5");
+    expect_data(s, "uid-k", 1, 2, 3, "1:5");
+    expect_data(s, "uid-other", 0, 0, 0, "");
+    expect_data(s, "uid-k", 1, 2, 3, "1:5");
+    in_child(&f, child_write_16);       /* a value as long as before */
+    expect_data(s, "uid-k", 1, 2, 3, "1:6");
+    expect_data(s, "uid-k", 1, 2, 3, "1:6");
+    if (strcmp(f.backend, "skiplist") == 0 ||
+        strcmp(f.backend, "flat") == 0) {
+        /* formats without checksums: the file edited in a copy */
+        replace_patched(path, "1:6", "2:6");
+        expect_data(s, "uid-k", 1, 2, 3, "2:6");
+    }
+    in_child(&f, child_delete);
+    expect_data(s, "uid-k", 0, 0, 0, "");
+    in_child(&f, child_write_16);
+    expect_data(s, "uid-k", 1, 2, 3, "1:6");
+    seen_close(&s);
+    free(path);
+    fx_done(&f);
+}
+
 static void test_damaged(void **state)
 {
     static const char *const bad[] = {
@@ -517,6 +631,7 @@ static const struct th_case cases[] = {
     { "userids", test_userids },
     { "users", test_users },
     { "update", test_update },
+    { "cache", test_cache },
 };
 
 int main(void)
