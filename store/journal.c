@@ -258,6 +258,7 @@
 #include "lib/crc32c.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "store/commit.h"
 #include "store/journal.h"
 #include "store/mailbox.h"
@@ -829,7 +830,8 @@ static void jnl_written(struct commit_journal_state *js, uint64_t seq)
     }
     if (js->written != before) {
         __atomic_add_fetch(&js->wake, 1, __ATOMIC_RELEASE);
-        syscall(SYS_futex, &js->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+        if (js->waiters)
+            syscall(SYS_futex, &js->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
 }
 
@@ -870,9 +872,9 @@ static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
     uint32_t wake;
     int e;
 
+    if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0)
+        return e;
     for (;;) {
-        if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0)
-            return e;
         if (js->written >= upto || js->state != JNL_STATE_READY) {
             *js_r = js;
             return 0;
@@ -886,7 +888,7 @@ static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
             log_warning("journal: a writer died before its record was "
                         "written, filler written pid=<%ld> seq=<%llu>",
                         (long)w->pid, (unsigned long long)seq);
-            w->pid = getpid();
+            w->pid = procid_get();
             commit_journal_unlock(conf);
             e = jnl_write_filler(jf, off, len, gen, seq);
             if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0)
@@ -894,16 +896,27 @@ static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
             if (e)
                 js->state = JNL_STATE_BROKEN;
             jnl_written(js, seq);
-            commit_journal_unlock(conf);
-            if (e)
+            if (e) {
+                commit_journal_unlock(conf);
                 log_error("journal: filler write failed, journal given up "
                           "until replay file=<%s> error=<%s>", jf->path,
                           strerror(e));
+                if ((e = commit_journal_lock(conf, jf->dev, jf->ino,
+                                             &js)) != 0)
+                    return e;
+            }
             continue;
         }
+        /* counted as a waiter from the look at wake to the end of the
+         * wait: jnl_written() wakes only when somebody waits */
         wake = __atomic_load_n(&js->wake, __ATOMIC_ACQUIRE);
+        js->waiters++;
         commit_journal_unlock(conf);
         syscall(SYS_futex, &js->wake, FUTEX_WAIT, wake, &ts, NULL, 0);
+        if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0)
+            return e;
+        if (js->waiters)
+            js->waiters--;
     }
 }
 
@@ -991,12 +1004,12 @@ int journal_commit(const struct imapconf *conf, const char *partition,
             pid_t cp = js->ckpt_pid;
             uint64_t g = js->gen[other];
 
-            if (cp && cp != getpid() && jnl_pid_alive(cp)) {
+            if (cp && cp != procid_get() && jnl_pid_alive(cp)) {
                 commit_journal_unlock(conf);
                 usleep(1000);
                 continue;
             }
-            js->ckpt_pid = getpid();
+            js->ckpt_pid = procid_get();
             commit_journal_unlock(conf);
             e = jnl_checkpoint(conf, jf, g);
             if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0) {
@@ -1059,7 +1072,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
         w->off = off;
         w->gen = gen;
         w->len = len;
-        w->pid = (int32_t)getpid();
+        w->pid = (int32_t)procid_get();
         w->state = JNL_W_WRITING;
         js->off += len;
         js->seq = seq + 1;
@@ -1079,30 +1092,35 @@ int journal_commit(const struct imapconf *conf, const char *partition,
         js->state = JNL_STATE_BROKEN;  /* a hole: later records are not
                                         * acknowledged through the journal */
     jnl_written(js, seq);
-    commit_journal_unlock(conf);
     if (e) {
+        commit_journal_unlock(conf);
         jnl_break(conf, jf, e, "record write");
         return jnl_errno(e);
     }
     commit_journal_count(conf, 0);
 
     /* the round must begin after every record up to ours is written, so
-     * that it makes the run of valid records reaching ours durable */
-    if ((e = jnl_wait_written(conf, jf, seq, &js)) != 0)
-        return STORE_NOTIMPLEMENTED;
+     * that it makes the run of valid records reaching ours durable; when
+     * they are already (the common case), the round is joined under the
+     * same hold of the mutex */
+    if (js->written < seq && js->state == JNL_STATE_READY) {
+        commit_journal_unlock(conf);
+        if ((e = jnl_wait_written(conf, jf, seq, &js)) != 0)
+            return STORE_NOTIMPLEMENTED;
+    }
     if (js->state != JNL_STATE_READY) {
         /* an earlier record was not written (I/O error): ours may sit
          * behind a hole; the group way makes the delivery durable */
         commit_journal_unlock(conf);
         return STORE_NOTIMPLEMENTED;
     }
-    commit_journal_unlock(conf);
 
     if (jnl_test_errno) {
+        commit_journal_unlock(conf);
         e = jnl_test_errno;
         jnl_test_errno = 0;
     } else {
-        e = commit_journal_round(conf, jf->dev, jf->ino, jf->fd);
+        e = commit_journal_round_held(conf, jf->dev, jf->ino, jf->fd);
     }
     if (e) {
         jnl_break(conf, jf, e, "fdatasync round");
@@ -1117,7 +1135,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
                   (!js->ckpt_pid || !jnl_pid_alive(js->ckpt_pid));
 
         if (run)
-            js->ckpt_pid = getpid();
+            js->ckpt_pid = procid_get();
         commit_journal_unlock(conf);
         if (run) {
             e = jnl_checkpoint(conf, jf, ckpt_gen);
