@@ -69,7 +69,14 @@
  * waits until `written` >= its own sequence, and only then joins a group
  * round on the journal file (commit.c's leader/follower protocol with
  * fdatasync() instead of syncfs()): it returns when a round that began
- * after that moment succeeded.  A waiter that finds the oldest WRITING
+ * after that moment succeeded.  When marking its own entry DONE brings
+ * `written` to its sequence (the common case), it joins the round in that
+ * same hold of the mutex (commit_journal_round_held: the round's target
+ * is taken there, after `written` reached it); else it waits on the futex
+ * word, counted in `waiters` from its look at the word to the end of its
+ * wait, and jnl_written() makes the FUTEX_WAKE call only when `waiters`
+ * is not 0 (liveness only: a killed waiter stays counted, a wake too
+ * many; the 50 ms wait step bounds a wake missed any other way).  A waiter that finds the oldest WRITING
  * entry's writer dead (killed inside its pwrite, or before it) writes a
  * FILLER in its place: a valid record of the same length, generation and
  * sequence with no entries and no message (replay skips it), then marks
@@ -101,8 +108,10 @@
  *     from offset 4096 on, back to back.  The committer joined its round
  *     only after `written` reached its sequence, i.e. after the pwrite of
  *     its own record and of every earlier one (or of the filler in place
- *     of a dead writer's) had completed; the round's fdatasync() began
- *     after that and returned 0, so all of those bytes and the segment
+ *     of a dead writer's) had completed (when it joins in the same hold of
+ *     the mutex that saw `written` reach it, the round's target is still
+ *     taken after that moment: only rounds begun later count); the
+ *     round's fdatasync() began after that and returned 0, so all of those bytes and the segment
  *     header (written before the first record of the segment was
  *     reserved) are durable.  A record whose pwrite failed sets the
  *     journal BROKEN before its entry is marked DONE, and a committer
