@@ -189,7 +189,11 @@
  *     leader = its pid, unlock, syncfs() on one of its own descriptors on
  *     that file system (a directory of the batch opened for it when the
  *     batch holds no file there), lock, done = target, record a failure,
- *     leader = 0, wake++ and FUTEX_WAKE everybody.  The leader's own
+ *     leader = 0, wake++ and FUTEX_WAKE everybody (the system call only
+ *     when `waiters`, counted under the mutex by each process from its
+ *     look at wake to its return from FUTEX_WAIT, is not 0: a waiter that
+ *     read wake before the bump is counted, so none sleeps through it;
+ *     a bump after its read makes its FUTEX_WAIT return at once).  The leader's own
  *     result is its syncfs()'s.
  *   - else wait: unlock, FUTEX_WAIT on wake for at most 50 ms, lock.  If
  *     the round's leader still has not finished and kill(leader, 0) says
@@ -273,6 +277,7 @@
 #include <unistd.h>
 
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "store/commit.h"
 #include "store/store.h"
 
@@ -374,7 +379,7 @@ static void commit_batch_empty(struct commit_batch *b)
 
 #define COMMIT_SHM_NAME "commit.shm"
 #define COMMIT_SHM_MAGIC 0x43474331u      /* "CGC1" */
-#define COMMIT_SHM_VERSION 3u
+#define COMMIT_SHM_VERSION 4u
 #define COMMIT_SHM_SLOTS 16
 #define COMMIT_JOURNAL_SLOTS 16
 /* the round slot of a journal file: a key no st_dev has (top bit) */
@@ -401,6 +406,11 @@ struct commit_shm_slot {
     uint64_t abandoned_round; /* last round whose leader died, 0 = none */
     int32_t fail_errno;       /* errno of fail_round */
     uint32_t wake;            /* futex word: +1 whenever a round ends */
+    uint32_t waiters;         /* processes between their look at wake and
+                               * the end of their FUTEX_WAIT (a killed one
+                               * stays counted: a wake too many, never one
+                               * too few) */
+    uint32_t pad;
 };
 
 struct commit_shm {
@@ -648,7 +658,7 @@ static struct commit_shm_map *commit_map_find(const char *path)
 
     for (m = commit_maps; m; m = m->next)
         if (strcmp(m->path, path) == 0) {
-            m->pid = getpid();   /* inherited across fork(): still shared */
+            m->pid = procid_get();   /* inherited across fork(): still shared */
             return m;
         }
     return NULL;
@@ -707,6 +717,16 @@ static int commit_pid_alive(pid_t pid)
     return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
 }
 
+/* The end of a round on slot sl: bump wake, and wake the processes that
+ * wait on it, if any (a FUTEX_WAKE nobody waits for is a system call
+ * saved per round).  Mutex held. */
+static void commit_slot_wake(struct commit_shm_slot *sl)
+{
+    __atomic_add_fetch(&sl->wake, 1, __ATOMIC_RELEASE);
+    if (sl->waiters)
+        syscall(SYS_futex, &sl->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 /* Give up slot sl's active round (its leader died).  Mutex held. */
 static void commit_slot_abandon(struct commit_shm *shm,
                                 struct commit_shm_slot *sl)
@@ -719,8 +739,7 @@ static void commit_slot_abandon(struct commit_shm *shm,
         COMMIT_ADD(shm->rounds_abandoned);
     }
     sl->leader = 0;
-    __atomic_add_fetch(&sl->wake, 1, __ATOMIC_RELEASE);
-    syscall(SYS_futex, &sl->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    commit_slot_wake(sl);
 }
 
 /* After EOWNERDEAD: make every slot consistent again.  Mutex held. */
@@ -793,7 +812,7 @@ static int commit_group_round(struct commit_shm *shm, int si, int fd,
     struct timespec ts = { 0, COMMIT_WAIT_NS };
     uint64_t target = sl->started + 1, round;
     uint32_t seq;
-    pid_t leader, self = getpid();
+    pid_t leader, self = procid_get();
     int rc, e, joined = 0;
 
     for (;;) {
@@ -845,9 +864,7 @@ static int commit_group_round(struct commit_shm *shm, int si, int fd,
                 }
                 COMMIT_STORE(sl->done, round);
                 sl->leader = 0;
-                __atomic_add_fetch(&sl->wake, 1, __ATOMIC_RELEASE);
-                syscall(SYS_futex, &sl->wake, FUTEX_WAKE, INT_MAX, NULL, NULL,
-                        0);
+                commit_slot_wake(sl);
             }
             /* else the round was given up for dead (a pid the others could
              * not see); the own syncfs() still covers the own writes */
@@ -858,12 +875,15 @@ static int commit_group_round(struct commit_shm *shm, int si, int fd,
         leader = sl->leader;
         round = sl->started;
         seq = __atomic_load_n(&sl->wake, __ATOMIC_ACQUIRE);
+        sl->waiters++;
         commit_shm_unlock(shm);
         if (commit_hooks.waiting)
             commit_hooks.waiting(commit_hooks.arg);
         syscall(SYS_futex, &sl->wake, FUTEX_WAIT, seq, &ts, NULL, 0);
         if ((e = commit_shm_lock(shm)) != 0)
             return e;
+        if (sl->waiters)
+            sl->waiters--;
         if (sl->leader == leader && sl->started == round &&
             sl->done < round && !commit_pid_alive(leader)) {
             log_warning("commit: group commit leader died, round abandoned "
@@ -1234,12 +1254,23 @@ int commit_journal_round(const struct imapconf *conf, uint64_t dev,
                          uint64_t ino, int fd)
 {
     struct commit_shm *shm;
-    int e, si;
+    int e;
 
     if (!conf || !(shm = commit_shm_get(conf, &e)))
         return e ? e : ENOENT;
     if ((e = commit_shm_lock(shm)) != 0)
         return e;
+    return commit_journal_round_held(conf, dev, ino, fd);
+}
+
+int commit_journal_round_held(const struct imapconf *conf, uint64_t dev,
+                              uint64_t ino, int fd)
+{
+    struct commit_shm *shm;
+    int e, si;
+
+    if (!conf || !(shm = commit_shm_get(conf, &e)))
+        return e ? e : ENOENT;   /* cannot happen: the mutex is in it */
     si = commit_slot_find(shm, COMMIT_JOURNAL_KEY(dev, ino));
     if (si < 0) {
         commit_shm_unlock(shm);

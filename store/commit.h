@@ -155,7 +155,8 @@ struct commit_journal_state {
     uint64_t written;         /* every record up to this sequence has its
                                * pwrite() finished (or a filler instead) */
     uint32_t wake;            /* futex word: bumped when written advances */
-    uint32_t pad;
+    uint32_t waiters;         /* processes waiting on wake (a killed one
+                               * stays counted: harmless, a wake too many) */
     struct commit_journal_write {   /* a reserved record, by seq % size */
         uint64_t seq, off, gen;
         uint32_t len;
@@ -177,6 +178,11 @@ void commit_journal_unlock(const struct imapconf *conf);
  * rounds.  Called without the mutex. */
 int commit_journal_round(const struct imapconf *conf, uint64_t dev,
                          uint64_t ino, int fd);
+/* The same, called with the mutex held (commit_journal_lock(), which the
+ * journal's own bookkeeping took just before: one lock round per delivery
+ * less); returns without it. */
+int commit_journal_round_held(const struct imapconf *conf, uint64_t dev,
+                              uint64_t ino, int fd);
 /* Count a record (checkpoint = 0) or a checkpoint (1). */
 void commit_journal_count(const struct imapconf *conf, int checkpoint);
 

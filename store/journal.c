@@ -69,7 +69,14 @@
  * waits until `written` >= its own sequence, and only then joins a group
  * round on the journal file (commit.c's leader/follower protocol with
  * fdatasync() instead of syncfs()): it returns when a round that began
- * after that moment succeeded.  A waiter that finds the oldest WRITING
+ * after that moment succeeded.  When marking its own entry DONE brings
+ * `written` to its sequence (the common case), it joins the round in that
+ * same hold of the mutex (commit_journal_round_held: the round's target
+ * is taken there, after `written` reached it); else it waits on the futex
+ * word, counted in `waiters` from its look at the word to the end of its
+ * wait, and jnl_written() makes the FUTEX_WAKE call only when `waiters`
+ * is not 0 (liveness only: a killed waiter stays counted, a wake too
+ * many; the 50 ms wait step bounds a wake missed any other way).  A waiter that finds the oldest WRITING
  * entry's writer dead (killed inside its pwrite, or before it) writes a
  * FILLER in its place: a valid record of the same length, generation and
  * sequence with no entries and no message (replay skips it), then marks
@@ -101,8 +108,10 @@
  *     from offset 4096 on, back to back.  The committer joined its round
  *     only after `written` reached its sequence, i.e. after the pwrite of
  *     its own record and of every earlier one (or of the filler in place
- *     of a dead writer's) had completed; the round's fdatasync() began
- *     after that and returned 0, so all of those bytes and the segment
+ *     of a dead writer's) had completed (when it joins in the same hold of
+ *     the mutex that saw `written` reach it, the round's target is still
+ *     taken after that moment: only rounds begun later count); the
+ *     round's fdatasync() began after that and returned 0, so all of those bytes and the segment
  *     header (written before the first record of the segment was
  *     reserved) are durable.  A record whose pwrite failed sets the
  *     journal BROKEN before its entry is marked DONE, and a committer
@@ -258,6 +267,7 @@
 #include "lib/crc32c.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "store/commit.h"
 #include "store/journal.h"
 #include "store/mailbox.h"
@@ -829,7 +839,8 @@ static void jnl_written(struct commit_journal_state *js, uint64_t seq)
     }
     if (js->written != before) {
         __atomic_add_fetch(&js->wake, 1, __ATOMIC_RELEASE);
-        syscall(SYS_futex, &js->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+        if (js->waiters)
+            syscall(SYS_futex, &js->wake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
 }
 
@@ -870,9 +881,9 @@ static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
     uint32_t wake;
     int e;
 
+    if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0)
+        return e;
     for (;;) {
-        if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0)
-            return e;
         if (js->written >= upto || js->state != JNL_STATE_READY) {
             *js_r = js;
             return 0;
@@ -886,7 +897,7 @@ static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
             log_warning("journal: a writer died before its record was "
                         "written, filler written pid=<%ld> seq=<%llu>",
                         (long)w->pid, (unsigned long long)seq);
-            w->pid = getpid();
+            w->pid = procid_get();
             commit_journal_unlock(conf);
             e = jnl_write_filler(jf, off, len, gen, seq);
             if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0)
@@ -894,16 +905,27 @@ static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
             if (e)
                 js->state = JNL_STATE_BROKEN;
             jnl_written(js, seq);
-            commit_journal_unlock(conf);
-            if (e)
+            if (e) {
+                commit_journal_unlock(conf);
                 log_error("journal: filler write failed, journal given up "
                           "until replay file=<%s> error=<%s>", jf->path,
                           strerror(e));
+                if ((e = commit_journal_lock(conf, jf->dev, jf->ino,
+                                             &js)) != 0)
+                    return e;
+            }
             continue;
         }
+        /* counted as a waiter from the look at wake to the end of the
+         * wait: jnl_written() wakes only when somebody waits */
         wake = __atomic_load_n(&js->wake, __ATOMIC_ACQUIRE);
+        js->waiters++;
         commit_journal_unlock(conf);
         syscall(SYS_futex, &js->wake, FUTEX_WAIT, wake, &ts, NULL, 0);
+        if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0)
+            return e;
+        if (js->waiters)
+            js->waiters--;
     }
 }
 
@@ -991,12 +1013,12 @@ int journal_commit(const struct imapconf *conf, const char *partition,
             pid_t cp = js->ckpt_pid;
             uint64_t g = js->gen[other];
 
-            if (cp && cp != getpid() && jnl_pid_alive(cp)) {
+            if (cp && cp != procid_get() && jnl_pid_alive(cp)) {
                 commit_journal_unlock(conf);
                 usleep(1000);
                 continue;
             }
-            js->ckpt_pid = getpid();
+            js->ckpt_pid = procid_get();
             commit_journal_unlock(conf);
             e = jnl_checkpoint(conf, jf, g);
             if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0) {
@@ -1059,7 +1081,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
         w->off = off;
         w->gen = gen;
         w->len = len;
-        w->pid = (int32_t)getpid();
+        w->pid = (int32_t)procid_get();
         w->state = JNL_W_WRITING;
         js->off += len;
         js->seq = seq + 1;
@@ -1079,30 +1101,35 @@ int journal_commit(const struct imapconf *conf, const char *partition,
         js->state = JNL_STATE_BROKEN;  /* a hole: later records are not
                                         * acknowledged through the journal */
     jnl_written(js, seq);
-    commit_journal_unlock(conf);
     if (e) {
+        commit_journal_unlock(conf);
         jnl_break(conf, jf, e, "record write");
         return jnl_errno(e);
     }
     commit_journal_count(conf, 0);
 
     /* the round must begin after every record up to ours is written, so
-     * that it makes the run of valid records reaching ours durable */
-    if ((e = jnl_wait_written(conf, jf, seq, &js)) != 0)
-        return STORE_NOTIMPLEMENTED;
+     * that it makes the run of valid records reaching ours durable; when
+     * they are already (the common case), the round is joined under the
+     * same hold of the mutex */
+    if (js->written < seq && js->state == JNL_STATE_READY) {
+        commit_journal_unlock(conf);
+        if ((e = jnl_wait_written(conf, jf, seq, &js)) != 0)
+            return STORE_NOTIMPLEMENTED;
+    }
     if (js->state != JNL_STATE_READY) {
         /* an earlier record was not written (I/O error): ours may sit
          * behind a hole; the group way makes the delivery durable */
         commit_journal_unlock(conf);
         return STORE_NOTIMPLEMENTED;
     }
-    commit_journal_unlock(conf);
 
     if (jnl_test_errno) {
+        commit_journal_unlock(conf);
         e = jnl_test_errno;
         jnl_test_errno = 0;
     } else {
-        e = commit_journal_round(conf, jf->dev, jf->ino, jf->fd);
+        e = commit_journal_round_held(conf, jf->dev, jf->ino, jf->fd);
     }
     if (e) {
         jnl_break(conf, jf, e, "fdatasync round");
@@ -1117,7 +1144,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
                   (!js->ckpt_pid || !jnl_pid_alive(js->ckpt_pid));
 
         if (run)
-            js->ckpt_pid = getpid();
+            js->ckpt_pid = procid_get();
         commit_journal_unlock(conf);
         if (run) {
             e = jnl_checkpoint(conf, jf, ckpt_gen);

@@ -58,11 +58,31 @@ static void test_incremental(void **state)
     }
 }
 
+/* crc32c_update() (the CRC32 instruction where the processor has it)
+ * against the tables, at every length up to 100 and every alignment, and
+ * over 20,000 bytes */
+static void test_fast_path(void **state)
+{
+    static unsigned char buf[20000 + 8];
+    size_t len, al;
+
+    (void)state;
+    th_fill(buf, sizeof(buf), 11);
+    for (al = 0; al < 8; al++)
+        for (len = 0; len <= 100; len++)
+            assert_int_equal(crc32c_update(CRC32C_INIT, buf + al, len),
+                             crc32c_update_portable(CRC32C_INIT, buf + al,
+                                                    len));
+    assert_int_equal(crc32c_update(0x12345678u, buf + 3, 20000),
+                     crc32c_update_portable(0x12345678u, buf + 3, 20000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_check_values),
         cmocka_unit_test(test_incremental),
+        cmocka_unit_test(test_fast_path),
     };
 
     return cmocka_run_group_tests_name("crc32c", tests, NULL, NULL);
