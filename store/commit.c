@@ -125,9 +125,13 @@
  *  journal  appends (append.c) write one redo record to the partition's
  *        journal and share one fdatasync() of it (journal.c, which has
  *        its own crash argument and uses the rounds below with
- *        fdatasync() and the journal state of commit.shm); every other
- *        batch, and an append the journal cannot take, is synced as
- *        "group".
+ *        fdatasync() and the journal state of commit.shm); a batch
+ *        marked commit_batch_own_files() (a mailbox's index after
+ *        STORE, EXPUNGE and the like) is synced as "file": in this mode
+ *        the file system holds many dirty spool pages written lazily on
+ *        purpose, and a syncfs() would write all of them back for one
+ *        flag change; every other batch, and an append the journal
+ *        cannot take, is synced as "group".
  *
  * GROUP COMMIT: THE SHARED STATE
  *
@@ -287,6 +291,7 @@ struct commit_batch {
     size_t nfds, fds_alloc;
     char **dirs;
     size_t ndirs, dirs_alloc;
+    int own_files;                 /* journal mode: sync as "file" */
 };
 
 static struct commit_stats commit_totals;
@@ -321,6 +326,11 @@ static int commit_grow(void **arr, size_t *alloc, size_t n, size_t size)
     *arr = p;
     *alloc = nalloc;
     return 0;
+}
+
+void commit_batch_own_files(struct commit_batch *b)
+{
+    b->own_files = 1;
 }
 
 int commit_batch_add_fd(struct commit_batch *b, int fd)
@@ -393,7 +403,8 @@ enum commit_mode {
     COMMIT_MODE_GROUP = 0,    /* the order of imapconf's spool_sync words */
     COMMIT_MODE_FILE = 1,
     COMMIT_MODE_OFF = 2,
-    COMMIT_MODE_JOURNAL = 3   /* appends: journal.c; other batches: group */
+    COMMIT_MODE_JOURNAL = 3   /* appends: journal.c; other batches: group
+                                 (own_files: file) */
 };
 
 struct commit_shm_slot {
@@ -1105,8 +1116,13 @@ int commit_batch_sync(struct commit_batch *b)
     switch (mode) {
     case COMMIT_MODE_OFF:
         break;
-    case COMMIT_MODE_GROUP:
     case COMMIT_MODE_JOURNAL:
+        if (b->own_files) {
+            r = commit_sync_files(b, shm);
+            break;
+        }
+        /* FALLTHROUGH */
+    case COMMIT_MODE_GROUP:
         if (shm) {
             r = commit_sync_group(b, shm);
             if (r != COMMIT_FALLBACK)

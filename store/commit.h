@@ -46,6 +46,13 @@ struct commit_batch;
  * freed) and may be NULL: then spool_sync is "file". */
 int commit_batch_new(const struct imapconf *conf, struct commit_batch **b_r);
 
+/* With spool_sync: journal, sync this batch's own files and directories
+ * as "file" does instead of a shared syncfs() round: for small commits
+ * (an index after a flag change) while the file system holds many dirty
+ * pages that the journal leaves to writeback on purpose.  Other modes
+ * are unaffected. */
+void commit_batch_own_files(struct commit_batch *b);
+
 /* Add an open file.  The fd is borrowed: the caller keeps it open until
  * commit_batch_sync() has returned (closing it early could drop the
  * caller's fcntl locks on that file and is a bug).  The same fd twice is

@@ -2185,8 +2185,10 @@ static int mbx_commit_round(struct mailbox *mb)
     int r;
 
     r = commit_batch_new(mb->conf, &b);
-    if (r == STORE_OK)
+    if (r == STORE_OK) {
+        commit_batch_own_files(b);
         r = commit_batch_add_fd(b, mb->fd);
+    }
     if (r == STORE_OK && mb->dir_changed)
         r = commit_batch_add_dir(b, mb->dir);
     if (r == STORE_OK)

@@ -793,6 +793,38 @@ static void test_expunged(void **state)
     tj_teardown(&f);
 }
 
+/* A flag change in journal mode syncs its own index (fsync), not the
+ * whole file system: a syncfs() would write back every spool file the
+ * journal leaves to writeback. */
+static void test_flag_commit(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m = BUF_INITIALIZER;
+    struct mailbox_record rec;
+    struct commit_shared_stats s0, s1;
+    uint32_t uid, recno;
+
+    (void)state;
+    tj_setup(&f, "jflag", NULL);
+    mb = tj_create(&f, "user.ivy");
+    tj_message(&m, 3, 1000);
+    assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, &uid), STORE_OK);
+    tj_shared(&f, &s0);
+    assert_int_equal(mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE), STORE_OK);
+    assert_int_equal(mailbox_find_uid(mb, uid, &recno), STORE_OK);
+    assert_int_equal(mailbox_read_record(mb, recno, &rec), STORE_OK);
+    rec.flags |= MAILBOX_FLAG_SEEN;
+    assert_int_equal(mailbox_rewrite_record(mb, recno, &rec), STORE_OK);
+    assert_int_equal(mailbox_unlock(mb), STORE_OK);
+    tj_shared(&f, &s1);
+    assert_int_equal(s1.syncfs_calls, s0.syncfs_calls);
+    assert_true(s1.file_syncs > s0.file_syncs);
+    mailbox_close(&mb);
+    buf_free(&m);
+    tj_teardown(&f);
+}
+
 /* A lost finish: the header that made a message visible reached the disk,
  * the rewrite of its record (PENDING cleared) did not.  In journal mode
  * the finish never claims the index synced, so recovery repairs it. */
@@ -1312,6 +1344,7 @@ int main(void)
         cmocka_unit_test(test_wrap),
         cmocka_unit_test(test_procs),
         cmocka_unit_test(test_failure),
+        cmocka_unit_test(test_flag_commit),
         cmocka_unit_test(test_expunged),
         cmocka_unit_test(test_lost_finish),
         cmocka_unit_test(test_uid_reused),
