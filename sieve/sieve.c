@@ -104,8 +104,8 @@ void sieve_limits_default(struct sieve_limits *l)
     l->max_headers = 1024;
 }
 
-static void limits_merge(struct sieve_limits *out,
-                         const struct sieve_limits *in)
+void sieve_limits_merge(struct sieve_limits *out,
+                        const struct sieve_limits *in)
 {
     sieve_limits_default(out);
     if (!in)
@@ -160,7 +160,7 @@ int sieve_compile(const char *text, size_t len,
     s = calloc(1, sizeof(*s));
     if (!s)
         return SIEVE_ENOMEM;
-    limits_merge(&s->limits, limits);
+    sieve_limits_merge(&s->limits, limits);
     if (len > s->limits.max_script_size) {
         if (errmsg)
             buf_printf(errmsg, "line 1: script larger than %zu bytes",

@@ -110,6 +110,17 @@ void sieve_node_free(struct sv_node *n);
 int sieve_check(struct sieve_script *s, const struct strarray *allowed,
                 struct buf *errmsg);
 
+/* 0 when a checked node has the shape its command or test needs (the
+ * number and kind of positional arguments, tests, block, enumerations in
+ * range), else -1; for a tree that did not come from sieve_check() (the
+ * stored form, sieve_bc.c) */
+int sieve_check_shape(const struct sv_node *n, int in_test);
+
+/* the limits of a compiled script: the defaults, overridden by the
+ * non-zero fields of in (NULL: none) */
+void sieve_limits_merge(struct sieve_limits *out,
+                        const struct sieve_limits *in);
+
 /* 1 when the address test may look at header `name` (RFC 5228 5.1) */
 int sieve_check_address_header(const char *name);
 
