@@ -265,7 +265,7 @@ static void lmtp_sieve_store_bc(struct lmtp_sieve *ls, const char *dir,
     if (r == SIEVEDIR_OK || ls->bc_quiet)
         return;
     ls->bc_quiet = 1;
-    log_warning("lmtp: sieve compiled form not written dir=<%s> name=<%s> "
+    log_warning("lmtp: sieve cannot write compiled form dir=<%s> name=<%s> "
                 "error=<%s: %s> (not logged again by this process)", dir,
                 name, sievedir_strerror(r), strerror(errno));
 }
@@ -349,7 +349,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
                      path, ls->bcloads);
         } else {
             if (why && !ls->bc_quiet)
-                log_warning("lmtp: sieve compiled form ignored script=<%s> "
+                log_warning("lmtp: sieve ignoring compiled form script=<%s> "
                             "reason=<%s>; compiling the text", path, why);
             if (r == SIEVE_OK)
                 r = sieve_compile(text.s ? text.s : "", text.len,
