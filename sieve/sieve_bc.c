@@ -576,7 +576,12 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
         dec_ref(d, n, 0, &n->addresses, NULL) < 0 ||
         dec_ref(d, n, 0, &n->content_types, NULL) < 0)
         return -1;
-    /* the children of an unchecked command are never run nor checked */
+    /* an unchecked command (under an ihave that failed at check time) is
+     * one the parser made and the checker never resolved: id 0, so that
+     * the executor stops at it (a runtime error) and never looks at its
+     * arguments or children, which are not checked here either */
+    if (checked && n->unchecked && (n->id != 0 || in_test))
+        return dec_fail(d, "corrupt: bad unchecked command");
     checked = checked && !n->unchecked;
     if (dec_nodes(d, &n->tests, &n->ntests, depth, 1, checked) < 0 ||
         dec_nodes(d, &n->block, &n->nblock, depth, 0, checked) < 0)
