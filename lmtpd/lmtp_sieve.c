@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,8 @@
 #include "lib/fsutil.h"
 #include "lib/log.h"
 #include "lmtpd/lmtp_sieve.h"
+
+extern char **environ;
 #include "sieve/sieve.h"
 #include "sieve/sieve_bc.h"
 #include "sieve/sieve_msg.h"
@@ -794,60 +797,69 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
         strarray_fini(&words);
         return -1;
     }
-    if (pipe(pfd) != 0) {
+    /* the pipe's ends are close-on-exec: the child gets only its copy
+     * of the read end, as its standard input */
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
         log_error("lmtp: sieve cannot run sendmail error=<%s>",
                   strerror(errno));
         strarray_fini(&words);
         return -1;
     }
-    pid = fork();
-    if (pid < 0) {
-        log_error("lmtp: sieve cannot run sendmail error=<%s>",
-                  strerror(errno));
-        close(pfd[0]);
-        close(pfd[1]);
-        strarray_fini(&words);
-        return -1;
-    }
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY), fd;
+    {
+        /* posix_spawn (clone with CLONE_VM | CLONE_VFORK in glibc): no
+         * copy of this process's page tables, as fork made, for a child
+         * that only sets up its descriptors and execs */
         char *argv[LMTP_SIEVE_SENDMAIL_ARGS + 8];
         size_t na = 0, k;
-        long maxfd = sysconf(_SC_OPEN_MAX);
+        posix_spawn_file_actions_t fa;
+        posix_spawnattr_t attr;
+        sigset_t none, dfl;
+        int e;
 
-        setpgid(0, 0);
-        if (pfd[0] != 0) {
-            dup2(pfd[0], 0);
-            close(pfd[0]);
-        }
-        close(pfd[1]);
-        if (devnull >= 0) {
-            dup2(devnull, 1);
-            close(devnull);
-        }
-        /* no listening socket or client connection goes with it */
-        if (maxfd < 0 || maxfd > 65536)
-            maxfd = 65536;
-        if (close_range(3, ~0U, 0) != 0)
-            for (fd = 3; fd < maxfd; fd++)
-                close(fd);
-        signal(SIGPIPE, SIG_DFL);
         /* the key: a path and maybe arguments ("/usr/sbin/sendmail -C
          * /etc/postfix-out"), split at spaces */
         for (k = 0; k < words.count && k < LMTP_SIEVE_SENDMAIL_ARGS; k++)
             argv[na++] = words.data[k];
-        if (na == 0)
-            _exit(127);
         argv[na++] = "-i";
         argv[na++] = "-f";
         argv[na++] = (char *)from;
         argv[na++] = "--";
         argv[na++] = (char *)to;
         argv[na] = NULL;
-        execv(argv[0], argv);
-        _exit(127);
+        sigemptyset(&none);
+        sigemptyset(&dfl);
+        sigaddset(&dfl, SIGPIPE);
+        e = posix_spawn_file_actions_init(&fa);
+        if (e == 0 && (e = posix_spawnattr_init(&attr)) != 0)
+            posix_spawn_file_actions_destroy(&fa);
+        if (e == 0) {
+            /* stdin: the pipe; stdout: /dev/null; no listening socket or
+             * client connection goes with it (every other descriptor
+             * closed); its own process group (killed as one on a
+             * timeout), SIGPIPE at its default, no signal blocked */
+            if ((e = posix_spawn_file_actions_adddup2(&fa, pfd[0], 0)) ||
+                (e = posix_spawn_file_actions_addopen(&fa, 1, "/dev/null",
+                                                      O_WRONLY, 0)) ||
+                (e = posix_spawn_file_actions_addclosefrom_np(&fa, 3)) ||
+                (e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP |
+                                              POSIX_SPAWN_SETSIGDEF |
+                                              POSIX_SPAWN_SETSIGMASK)) ||
+                (e = posix_spawnattr_setpgroup(&attr, 0)) ||
+                (e = posix_spawnattr_setsigdefault(&attr, &dfl)) ||
+                (e = posix_spawnattr_setsigmask(&attr, &none)) == 0)
+                e = posix_spawn(&pid, argv[0], &fa, &attr, argv, environ);
+            posix_spawn_file_actions_destroy(&fa);
+            posix_spawnattr_destroy(&attr);
+        }
+        if (e != 0) {
+            log_error("lmtp: sieve cannot run sendmail program=<%s> "
+                      "error=<%s>", argv[0], strerror(e));
+            close(pfd[0]);
+            close(pfd[1]);
+            strarray_fini(&words);
+            return -1;
+        }
     }
-    setpgid(pid, pid);
     strarray_fini(&words);
     close(pfd[0]);
     if (fcntl(pfd[1], F_SETFL, O_NONBLOCK) != 0 ||
