@@ -134,9 +134,22 @@ void sieve_script_free(struct sieve_script **scriptp)
     if (!scriptp || !*scriptp)
         return;
     s = *scriptp;
-    for (i = 0; i < s->ncmds; i++)
-        sieve_node_free(s->cmds[i]);
-    free(s->cmds);
+    if (s->chunks || s->regexes) {
+        /* a loaded stored form: the tree lives in the chunks */
+        while (s->regexes) {
+            regfree(&s->regexes->re);
+            s->regexes = s->regexes->next;
+        }
+        while (s->chunks) {
+            struct sv_chunk *c = s->chunks;
+            s->chunks = c->next;
+            free(c);
+        }
+    } else {
+        for (i = 0; i < s->ncmds; i++)
+            sieve_node_free(s->cmds[i]);
+        free(s->cmds);
+    }
     strarray_fini(&s->requires);
     free(s);
     *scriptp = NULL;

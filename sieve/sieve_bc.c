@@ -30,6 +30,16 @@ enum {
 };
 #define BCF_ALL ((1u << 17) - 1)
 
+/* the node fields written only when not 0: bit i of the field mask */
+enum {
+    BCV_COMPARATOR, BCV_MATCH, BCV_RELOP, BCV_ADDRPART, BCV_BODY,
+    BCV_MODIFIERS, BCV_INDEX, BCV_SECONDS, BCV_NUMBER,
+    BCV_ZONE, BCV_SPECIALUSE, BCV_SUBJECT, BCV_FROM, BCV_HANDLE,
+    BCV_HEADER, BCV_UNIQUEID,
+    BCV_FLAGS, BCV_ADDRESSES, BCV_CONTENT,
+    BCV_COUNT
+};
+
 /* string flag bits */
 #define BCS_HAS_VAR 1u
 #define BCS_REGEX   2u
@@ -158,19 +168,41 @@ static void enc_node(struct enc *e, const struct sv_node *n)
     f |= n->global ? BCF_GLOBAL : 0;
     f |= n->has_seconds ? BCF_HAS_SECONDS : 0;
     f |= n->over ? BCF_OVER : 0;
-    enc_num(e, (uint64_t)n->id);
-    enc_num(e, n->line);
-    enc_num(e, f);
-    enc_bytes(e, n->name, strlen(n->name));
-    enc_num(e, (uint64_t)n->comparator);
-    enc_num(e, (uint64_t)n->match);
-    enc_num(e, (uint64_t)n->relop);
-    enc_num(e, (uint64_t)n->addrpart);
-    enc_num(e, (uint64_t)n->body_transform);
-    enc_num(e, n->modifiers);
-    enc_num(e, n->index);
-    enc_num(e, n->seconds);
-    enc_num(e, n->number);
+    {
+        uint64_t v[BCV_COUNT], mask = 0;
+        int k2;
+
+        v[BCV_COMPARATOR] = (uint64_t)n->comparator;
+        v[BCV_MATCH] = (uint64_t)n->match;
+        v[BCV_RELOP] = (uint64_t)n->relop;
+        v[BCV_ADDRPART] = (uint64_t)n->addrpart;
+        v[BCV_BODY] = (uint64_t)n->body_transform;
+        v[BCV_MODIFIERS] = n->modifiers;
+        v[BCV_INDEX] = n->index;
+        v[BCV_SECONDS] = n->seconds;
+        v[BCV_NUMBER] = n->number;
+        v[BCV_ZONE] = enc_strref(n, n->zone);
+        v[BCV_SPECIALUSE] = enc_strref(n, n->specialuse);
+        v[BCV_SUBJECT] = enc_strref(n, n->subject);
+        v[BCV_FROM] = enc_strref(n, n->from);
+        v[BCV_HANDLE] = enc_strref(n, n->handle);
+        v[BCV_HEADER] = enc_strref(n, n->header);
+        v[BCV_UNIQUEID] = enc_strref(n, n->uniqueid);
+        v[BCV_FLAGS] = enc_listref(n, n->flags);
+        v[BCV_ADDRESSES] = enc_listref(n, n->addresses);
+        v[BCV_CONTENT] = enc_listref(n, n->content_types);
+        for (k2 = 0; k2 < BCV_COUNT; k2++)
+            if (v[k2])
+                mask |= 1u << k2;
+        enc_num(e, (uint64_t)n->id);
+        enc_num(e, n->line);
+        enc_num(e, f);
+        enc_bytes(e, n->name, strlen(n->name));
+        enc_num(e, mask);
+        for (k2 = 0; k2 < BCV_COUNT; k2++)
+            if (v[k2])
+                enc_num(e, v[k2]);
+    }
     enc_num(e, n->nargs);
     for (i = 0; i < n->nargs; i++) {
         const struct sv_arg *a = &n->args[i];
@@ -197,16 +229,6 @@ static void enc_node(struct enc *e, const struct sv_node *n)
             e->rc = SIEVE_EINVAL;
         enc_num(e, r - 1);
     }
-    enc_num(e, enc_strref(n, n->zone));
-    enc_num(e, enc_strref(n, n->specialuse));
-    enc_num(e, enc_strref(n, n->subject));
-    enc_num(e, enc_strref(n, n->from));
-    enc_num(e, enc_strref(n, n->handle));
-    enc_num(e, enc_strref(n, n->header));
-    enc_num(e, enc_strref(n, n->uniqueid));
-    enc_num(e, enc_listref(n, n->flags));
-    enc_num(e, enc_listref(n, n->addresses));
-    enc_num(e, enc_listref(n, n->content_types));
     enc_num(e, n->ntests);
     for (i = 0; i < n->ntests; i++)
         enc_node(e, n->tests[i]);
@@ -251,7 +273,6 @@ int sieve_bc_encode(const struct sieve_script *s, const char *text,
     put_le(h + 12, SIEVE_BC_HEADER, 4);
     put_le(h + 16, len, 8);
     put_le(h + 24, sieve_bc_fnv(text, len), 8);
-    put_le(h + 32, crc32c(text, len), 4);
     put_le(h + 36, sieve_bc_extmask(allowed), 4);
     put_le(h + 40, s->limits.max_nesting, 4);
     put_le(h + 48, s->limits.max_string_len, 8);
@@ -266,6 +287,8 @@ int sieve_bc_encode(const struct sieve_script *s, const char *text,
 
 struct dec {
     const unsigned char *p, *end;
+    struct sieve_script *s;       /* its chunks hold the tree */
+    size_t chunk_size;            /* of the next chunk */
     const char *why;
     int rc;
 };
@@ -288,7 +311,38 @@ static int dec_nomem(struct dec *d)
     return -1;
 }
 
-static int dec_num(struct dec *d, uint64_t *v)
+#define DEC_ALIGN 16
+#define DEC_CHUNK_HEAD \
+    ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
+
+/* n zeroed bytes from the script's chunks, NULL when out of memory */
+static void *dec_alloc(struct dec *d, size_t n)
+{
+    struct sv_chunk *c = d->s->chunks;
+    void *p;
+
+    n = (n + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1);
+    if (!c || c->size - c->used < n) {
+        size_t size = d->chunk_size > n ? d->chunk_size : n;
+        c = malloc(DEC_CHUNK_HEAD + size);
+        if (!c) {
+            dec_nomem(d);
+            return NULL;
+        }
+        c->size = size;
+        c->used = 0;
+        c->next = d->s->chunks;
+        d->s->chunks = c;
+        if (d->chunk_size < (1u << 20))
+            d->chunk_size *= 2;
+    }
+    p = (char *)c + DEC_CHUNK_HEAD + c->used;
+    c->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+static int dec_num_slow(struct dec *d, uint64_t *v)
 {
     uint64_t r = 0;
     int shift = 0;
@@ -311,8 +365,17 @@ static int dec_num(struct dec *d, uint64_t *v)
     return 0;
 }
 
+static inline int dec_num(struct dec *d, uint64_t *v)
+{
+    if (d->p < d->end && !(*d->p & 0x80)) {
+        *v = *d->p++;
+        return 0;
+    }
+    return dec_num_slow(d, v);
+}
+
 /* a number at most max */
-static int dec_small(struct dec *d, uint64_t max, uint64_t *v)
+static inline int dec_small(struct dec *d, uint64_t max, uint64_t *v)
 {
     if (dec_num(d, v) < 0)
         return -1;
@@ -323,7 +386,7 @@ static int dec_small(struct dec *d, uint64_t max, uint64_t *v)
 
 /* a count of items of at least one byte each: no more than the bytes
  * left, so that no allocation is larger than the file */
-static int dec_count(struct dec *d, size_t *n)
+static inline int dec_count(struct dec *d, size_t *n)
 {
     uint64_t v;
 
@@ -335,7 +398,7 @@ static int dec_count(struct dec *d, size_t *n)
     return 0;
 }
 
-/* a string, NUL-terminated copy into *s_r */
+/* a string, a NUL-terminated copy into *s_r */
 static int dec_bytes(struct dec *d, char **s_r, size_t *len_r)
 {
     size_t len;
@@ -343,11 +406,10 @@ static int dec_bytes(struct dec *d, char **s_r, size_t *len_r)
 
     if (dec_count(d, &len) < 0)
         return -1;
-    s = malloc(len + 1);
+    s = dec_alloc(d, len + 1);
     if (!s)
-        return dec_nomem(d);
+        return -1;
     memcpy(s, d->p, len);
-    s[len] = '\0';
     d->p += len;
     *s_r = s;
     if (len_r)
@@ -370,17 +432,33 @@ static int dec_nodes(struct dec *d, struct sv_node ***v_r, size_t *n_r,
         return -1;
     if (n == 0)
         return 0;
-    v = calloc(n, sizeof(*v));
+    v = dec_alloc(d, n * sizeof(*v));
     if (!v)
-        return dec_nomem(d);
-    *v_r = v;
-    for (i = 0; i < n; i++) {
-        if (dec_node(d, &v[i], depth + 1, in_test, checked) < 0) {
-            *n_r = i + (v[i] != NULL);
+        return -1;
+    for (i = 0; i < n; i++)
+        if (dec_node(d, &v[i], depth + 1, in_test, checked) < 0)
             return -1;
-        }
-    }
+    *v_r = v;
     *n_r = n;
+    return 0;
+}
+
+static int dec_regex(struct dec *d, struct sv_str *s, int casemap)
+{
+    struct sv_regex *r;
+    int flags = REG_EXTENDED | (casemap ? REG_ICASE : 0);
+
+    if (s->has_var || sieve_regex_has_backref(s->s, s->len) ||
+        strlen(s->s) != s->len)
+        return dec_fail(d, "corrupt: bad regex key");
+    r = dec_alloc(d, sizeof(*r));
+    if (!r)
+        return -1;
+    if (regcomp(&r->re, s->s, flags) != 0)
+        return dec_fail(d, "corrupt: regex does not compile");
+    r->next = d->s->regexes;
+    d->s->regexes = r;
+    s->re = &r->re;
     return 0;
 }
 
@@ -393,11 +471,9 @@ static int dec_args(struct dec *d, struct sv_node *n, int casemap)
         return -1;
     if (n->nargs == 0)
         return 0;
-    n->args = calloc(n->nargs, sizeof(*n->args));
-    if (!n->args) {
-        n->nargs = 0;
-        return dec_nomem(d);
-    }
+    n->args = dec_alloc(d, n->nargs * sizeof(*n->args));
+    if (!n->args)
+        return -1;
     for (i = 0; i < n->nargs; i++) {
         struct sv_arg *a = &n->args[i];
         if (dec_small(d, SV_ARG_TAG, &v) < 0)
@@ -424,62 +500,38 @@ static int dec_args(struct dec *d, struct sv_node *n, int casemap)
             return -1;
         if (k == 0)
             continue;
-        a->sl.v = calloc(k, sizeof(*a->sl.v));
+        a->sl.v = dec_alloc(d, k * sizeof(*a->sl.v));
         if (!a->sl.v)
-            return dec_nomem(d);
-        for (; a->sl.n < k; a->sl.n++) {
+            return -1;
+        for (a->sl.n = 0; a->sl.n < k; a->sl.n++) {
             struct sv_str *s = &a->sl.v[a->sl.n];
-            if (dec_bytes(d, &s->s, &s->len) < 0)
+            if (dec_bytes(d, &s->s, &s->len) < 0 ||
+                dec_small(d, BCS_HAS_VAR | BCS_REGEX, &v) < 0)
                 return -1;
-            if (dec_small(d, BCS_HAS_VAR | BCS_REGEX, &v) < 0) {
-                a->sl.n++;
-                return -1;
-            }
             s->has_var = (v & BCS_HAS_VAR) != 0;
-            if (v & BCS_REGEX) {
-                int flags = REG_EXTENDED | (casemap ? REG_ICASE : 0);
-                if (s->has_var ||
-                    sieve_regex_has_backref(s->s, s->len) ||
-                    strlen(s->s) != s->len) {
-                    a->sl.n++;
-                    return dec_fail(d, "corrupt: bad regex key");
-                }
-                s->re = calloc(1, sizeof(*s->re));
-                if (!s->re) {
-                    a->sl.n++;
-                    return dec_nomem(d);
-                }
-                if (regcomp(s->re, s->s, flags) != 0) {
-                    free(s->re);
-                    s->re = NULL;
-                    a->sl.n++;
-                    return dec_fail(d, "corrupt: regex does not compile");
-                }
-            }
+            if ((v & BCS_REGEX) && dec_regex(d, s, casemap) < 0)
+                return -1;
         }
     }
     return 0;
 }
 
-/* a reference to an argument: its list (str = 0) or its first string */
-static int dec_ref(struct dec *d, struct sv_node *n, int str,
+/* a reference (1 + index) to an argument: its list, or its first string */
+static int dec_ref(struct dec *d, struct sv_node *n, uint64_t v,
                    const struct sv_strlist **sl_r, const struct sv_str **s_r)
 {
-    uint64_t v;
     const struct sv_arg *a;
 
-    if (dec_small(d, n->nargs, &v) < 0)
-        return -1;
-    if (v == 0)
-        return 0;
+    if (v == 0 || v > n->nargs)
+        return dec_fail(d, "corrupt: bad argument reference");
     a = &n->args[v - 1];
-    if (str) {
-        if (a->kind != SV_ARG_STRLIST || a->sl.n < 1)
+    if (a->kind != SV_ARG_STRLIST)
+        return dec_fail(d, "corrupt: bad argument reference");
+    if (s_r) {
+        if (a->sl.n < 1)
             return dec_fail(d, "corrupt: bad string reference");
         *s_r = &a->sl.v[0];
     } else {
-        if (a->kind != SV_ARG_STRLIST)
-            return dec_fail(d, "corrupt: bad list reference");
         *sl_r = &a->sl;
     }
     return 0;
@@ -488,16 +540,29 @@ static int dec_ref(struct dec *d, struct sv_node *n, int str,
 static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
                     int in_test, int checked)
 {
+    static const uint64_t max[BCV_COUNT] = {
+        [BCV_COMPARATOR] = SV_CMP_NUMERIC, [BCV_MATCH] = SV_MATCH_COUNT,
+        [BCV_RELOP] = SV_REL_NE, [BCV_ADDRPART] = SV_ADDR_DETAIL,
+        [BCV_BODY] = SIEVE_BODY_TEXT, [BCV_MODIFIERS] = UINT32_MAX,
+        [BCV_INDEX] = UINT64_MAX, [BCV_SECONDS] = UINT64_MAX,
+        [BCV_NUMBER] = UINT64_MAX,
+        [BCV_ZONE] = UINT64_MAX, [BCV_SPECIALUSE] = UINT64_MAX,
+        [BCV_SUBJECT] = UINT64_MAX, [BCV_FROM] = UINT64_MAX,
+        [BCV_HANDLE] = UINT64_MAX, [BCV_HEADER] = UINT64_MAX,
+        [BCV_UNIQUEID] = UINT64_MAX, [BCV_FLAGS] = UINT64_MAX,
+        [BCV_ADDRESSES] = UINT64_MAX, [BCV_CONTENT] = UINT64_MAX,
+    };
     struct sv_node *n;
-    uint64_t v, f, cmp;
+    uint64_t v, f, mask, val[BCV_COUNT];
     size_t i, npos;
+    int k;
 
     *n_r = NULL;
     if (depth > SIEVE_BC_MAX_DEPTH)
         return dec_fail(d, "corrupt: nesting too deep");
-    n = calloc(1, sizeof(*n));
+    n = dec_alloc(d, sizeof(*n));
     if (!n)
-        return dec_nomem(d);
+        return -1;
     *n_r = n;
     if (dec_small(d, 1000, &v) < 0)
         return -1;
@@ -526,34 +591,48 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
     n->over = !!(f & BCF_OVER);
     if (dec_bytes(d, &n->name, NULL) < 0)
         return -1;
-    if (dec_small(d, SV_CMP_NUMERIC, &cmp) < 0)
+    if (dec_small(d, (1u << BCV_COUNT) - 1, &mask) < 0)
         return -1;
-    n->comparator = (int)cmp;
-    if (dec_small(d, SV_MATCH_COUNT, &v) < 0)
+    for (k = 0; k < BCV_COUNT; k++) {
+        val[k] = 0;
+        if ((mask >> k) & 1) {
+            if (dec_small(d, max[k], &val[k]) < 0)
+                return -1;
+            if (val[k] == 0)
+                return dec_fail(d, "corrupt: a field given as 0");
+        }
+    }
+    n->comparator = (int)val[BCV_COMPARATOR];
+    n->match = (int)val[BCV_MATCH];
+    n->relop = (int)val[BCV_RELOP];
+    n->addrpart = (int)val[BCV_ADDRPART];
+    n->body_transform = (int)val[BCV_BODY];
+    n->modifiers = (unsigned)val[BCV_MODIFIERS];
+    n->index = val[BCV_INDEX];
+    n->seconds = val[BCV_SECONDS];
+    n->number = val[BCV_NUMBER];
+    if (dec_args(d, n, n->comparator == SV_CMP_CASEMAP) < 0)
         return -1;
-    n->match = (int)v;
-    if (dec_small(d, SV_REL_NE, &v) < 0)
-        return -1;
-    n->relop = (int)v;
-    if (dec_small(d, SV_ADDR_DETAIL, &v) < 0)
-        return -1;
-    n->addrpart = (int)v;
-    if (dec_small(d, SIEVE_BODY_TEXT, &v) < 0)
-        return -1;
-    n->body_transform = (int)v;
-    if (dec_small(d, UINT32_MAX, &v) < 0)
-        return -1;
-    n->modifiers = (unsigned)v;
-    if (dec_num(d, &v) < 0)
-        return -1;
-    n->index = v;
-    if (dec_num(d, &v) < 0)
-        return -1;
-    n->seconds = v;
-    if (dec_num(d, &v) < 0)
-        return -1;
-    n->number = v;
-    if (dec_args(d, n, cmp == SV_CMP_CASEMAP) < 0)
+    if ((val[BCV_ZONE] &&
+         dec_ref(d, n, val[BCV_ZONE], NULL, &n->zone) < 0) ||
+        (val[BCV_SPECIALUSE] &&
+         dec_ref(d, n, val[BCV_SPECIALUSE], NULL, &n->specialuse) < 0) ||
+        (val[BCV_SUBJECT] &&
+         dec_ref(d, n, val[BCV_SUBJECT], NULL, &n->subject) < 0) ||
+        (val[BCV_FROM] &&
+         dec_ref(d, n, val[BCV_FROM], NULL, &n->from) < 0) ||
+        (val[BCV_HANDLE] &&
+         dec_ref(d, n, val[BCV_HANDLE], NULL, &n->handle) < 0) ||
+        (val[BCV_HEADER] &&
+         dec_ref(d, n, val[BCV_HEADER], NULL, &n->header) < 0) ||
+        (val[BCV_UNIQUEID] &&
+         dec_ref(d, n, val[BCV_UNIQUEID], NULL, &n->uniqueid) < 0) ||
+        (val[BCV_FLAGS] &&
+         dec_ref(d, n, val[BCV_FLAGS], &n->flags, NULL) < 0) ||
+        (val[BCV_ADDRESSES] &&
+         dec_ref(d, n, val[BCV_ADDRESSES], &n->addresses, NULL) < 0) ||
+        (val[BCV_CONTENT] &&
+         dec_ref(d, n, val[BCV_CONTENT], &n->content_types, NULL) < 0))
         return -1;
     if (dec_small(d, 3, &v) < 0)
         return -1;
@@ -565,17 +644,6 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
             return dec_fail(d, "corrupt: bad positional argument");
         n->pos[n->npos++] = &n->args[v].sl;
     }
-    if (dec_ref(d, n, 1, NULL, &n->zone) < 0 ||
-        dec_ref(d, n, 1, NULL, &n->specialuse) < 0 ||
-        dec_ref(d, n, 1, NULL, &n->subject) < 0 ||
-        dec_ref(d, n, 1, NULL, &n->from) < 0 ||
-        dec_ref(d, n, 1, NULL, &n->handle) < 0 ||
-        dec_ref(d, n, 1, NULL, &n->header) < 0 ||
-        dec_ref(d, n, 1, NULL, &n->uniqueid) < 0 ||
-        dec_ref(d, n, 0, &n->flags, NULL) < 0 ||
-        dec_ref(d, n, 0, &n->addresses, NULL) < 0 ||
-        dec_ref(d, n, 0, &n->content_types, NULL) < 0)
-        return -1;
     /* an unchecked command (under an ihave that failed at check time) is
      * one the parser made and the checker never resolved: id 0, so that
      * the executor stops at it (a runtime error) and never looks at its
@@ -632,8 +700,7 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
         return SIEVE_EINVAL;
     }
     if (get_le(h + 16, 8) != textlen ||
-        get_le(h + 24, 8) != sieve_bc_fnv(text, textlen) ||
-        get_le(h + 32, 4) != crc32c(text, textlen)) {
+        get_le(h + 24, 8) != sieve_bc_fnv(text, textlen)) {
         *why_r = "stale: source changed";
         return SIEVE_EINVAL;
     }
@@ -643,9 +710,9 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
         return SIEVE_ENOMEM;
     }
     sieve_limits_merge(&s->limits, limits);
-    if (get_le(h + 36, 4) != sieve_bc_extmask(allowed) ||
+    if (get_le(h + 32, 4) != 0 || get_le(h + 44, 4) != 0 ||
+        get_le(h + 36, 4) != sieve_bc_extmask(allowed) ||
         get_le(h + 40, 4) != s->limits.max_nesting ||
-        get_le(h + 44, 4) != 0 ||
         get_le(h + 48, 8) != s->limits.max_string_len) {
         free(s);
         *why_r = "stale: extensions or limits changed";
@@ -658,20 +725,22 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
     }
     d.p = h + SIEVE_BC_HEADER;
     d.end = h + len;
+    d.s = s;
+    /* the tree takes about 8 times the bytes of its flat form */
+    d.chunk_size = 8 * (len - SIEVE_BC_HEADER) + 1024;
     d.why = NULL;
     d.rc = SIEVE_OK;
     if (dec_count(&d, &n) == 0) {
         for (i = 0; i < n; i++) {
             char *name;
-            if (dec_bytes(&d, &name, NULL) < 0)
+            size_t nlen;
+            if (dec_bytes(&d, &name, &nlen) < 0)
                 break;
             if (sieve_ext_lookup(name) < 0) {
-                free(name);
                 dec_fail(&d, "corrupt: unknown extension");
                 break;
             }
-            if (strarray_appendm(&s->requires, name) < 0) {
-                free(name);
+            if (strarray_append(&s->requires, name) < 0) {
                 dec_nomem(&d);
                 break;
             }

@@ -1081,17 +1081,30 @@ int sieve_check(struct sieve_script *s, const struct strarray *allowed,
     return c.rc;
 }
 
+/* the table row of each id (built on first use; a race writes the same
+ * values) */
+static const struct cmdspec *spec_by_id(int id)
+{
+    static const struct cmdspec *index[SV_T_VALID_EXT_LIST + 1];
+    static int built;
+    size_t i;
+
+    if (!built) {
+        for (i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+            index[cmds[i].id] = &cmds[i];
+        built = 1;
+    }
+    return id > 0 && id <= SV_T_VALID_EXT_LIST ? index[id] : NULL;
+}
+
 int sieve_check_shape(const struct sv_node *n, int in_test)
 {
-    const struct cmdspec *spec = NULL;
+    const struct cmdspec *spec = spec_by_id(n->id);
     const char *q;
     char expect[4];
     size_t i, want = 0, j = 0;
     int optional = 0, trailing = 0;
 
-    for (i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
-        if (cmds[i].id == n->id)
-            spec = &cmds[i];
     if (!spec || spec->is_test != in_test)
         return -1;
     for (q = spec->pos; *q; q++) {

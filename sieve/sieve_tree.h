@@ -91,12 +91,31 @@ struct sv_node {
     int over;
 };
 
+/* a block of memory the decoder of the stored form (sieve_bc.c) carves
+ * a whole tree from: one allocation for many nodes and strings */
+struct sv_chunk {
+    struct sv_chunk *next;
+    size_t used, size;
+    /* the memory follows, 16-byte aligned */
+};
+
+/* a :regex key compiled when a stored form was loaded (regfree'd) */
+struct sv_regex {
+    regex_t re;
+    struct sv_regex *next;
+};
+
 struct sieve_script {
     struct sv_node **cmds;
     size_t ncmds;
     struct strarray requires;
     struct sieve_limits limits;
     int uses_variables;
+    /* set when the tree was loaded from its stored form: every node,
+     * array and string of the tree lives in these chunks (freed as a
+     * whole, the nodes are not walked), the regexes in the list */
+    struct sv_chunk *chunks;
+    struct sv_regex *regexes;
 };
 
 /* sieve_parse.c: text -> generic tree.  SIEVE_OK, SIEVE_ESYNTAX,

@@ -278,8 +278,11 @@ static void test_damaged_behind_checksum(void **state)
             }
         }
     }
-    /* most damage shows (counts, references, shapes) */
-    assert_true(refused > accepted);
+    /* both paths taken: damage the checks see (counts, references,
+     * shapes) and damage that is still a valid tree (a string's bytes) */
+    printf("# %u damaged forms refused, %u decoded and run\n", refused,
+           accepted);
+    assert_true(refused > 0 && accepted > 0);
     free(copy);
     sieve_script_free(&s);
     buf_free(&bc);
