@@ -21,7 +21,7 @@
  *     12    4   header size (64)
  *     16    8   source size in bytes
  *     24    8   source FNV-1a 64 hash
- *     32    4   source CRC-32C
+ *     32    4   0 (reserved)
  *     36    4   extension set the script was checked against: bit i =
  *               sieve_ext_names[i] (sieve_ext.h) allowed
  *     40    4   max_nesting the script was checked under
@@ -42,15 +42,15 @@
  *             part, 6 last, 7 originalzone, 8 has flags, 9 copy,
  *             10 create, 11 mime, 12 once, 13 optional, 14 global,
  *             15 has seconds, 16 over), string name,
- *             n comparator, match, relop, address part, body transform,
- *             set modifiers, index, seconds, number,
+ *             n field mask, then the fields whose bit is set (those not
+ *             0, in this order): comparator, match, relop, address
+ *             part, body transform, set modifiers, index, seconds,
+ *             number; then references, 1 + the index of the argument
+ *             whose first string is :zone, :specialuse, :subject, :from,
+ *             :handle, :header, :uniqueid, and whose list is :flags,
+ *             :addresses, :content,
  *             n count, arg*,
  *             n count, n arg index*          the positional arguments
- *             n ref x7   (0 none, else 1 + index of the argument whose
- *                         first string is :zone, :specialuse, :subject,
- *                         :from, :handle, :header, :uniqueid)
- *             n ref x3   (the same for the lists :flags, :addresses,
- *                         :content)
  *             n count, node*                 the tests
  *             n count, node*                 the block
  *   arg     = n kind (0 number, 1 string list, 2 tag), n line, n is-list,
@@ -58,12 +58,15 @@
  *             kind 1: n count, (string, n flags)* (flag bit 0: has a
  *             variable reference, bit 1: a :regex key compiled at load)
  *
+ * A loaded tree lives in a few large blocks (struct sv_chunk), not one
+ * allocation per node and string, and :regex keys are compiled again.
+ *
  * sieve_bc_decode() trusts nothing: every length and count is checked
  * against the bytes left, nesting is bounded, every reference must name
  * an argument of the right kind, every checked node must have the shape
  * of its command or test (sieve_check_shape()), and the CRC-32C of the
  * payload must match; anything else rejects the whole file.  A file
- * whose source size, hashes, extension set or compile-time limits differ
+ * whose source size, hash, extension set or compile-time limits differ
  * from the caller's is stale and rejected the same way.
  */
 #ifndef SIEVE_SIEVE_BC_H
