@@ -248,7 +248,7 @@ srv_setup_ours() {   # DIR KEY=VALUE...
         ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}"
     } > "$d/imapd.conf"
     if [[ -n ${srv_kv[sieve]:-} ]]; then
-        srv_sieve_scripts "$d" "${srv_kv[sieve]}" || return 1
+        srv_sieve_scripts "$d" "${srv_kv[sieve]}" "$b" || return 1
     fi
     local lport iport
     lport=$(srv_free_port) iport=$(srv_free_port)
@@ -366,16 +366,23 @@ EOF
 }
 
 # Every user's active Sieve script of KIND in the layout lmtpd reads
-# (SIEVEDIR/H/USER/NAME.script, defaultbc the link to it).
-srv_sieve_scripts() {   # DIR KIND
-    local d=$1 kind=$2 text u
+# (SIEVEDIR/H/USER/NAME.script, defaultbc the link to it), stored with
+# the build's own admin tool (`mbtool sieve put` + `activate`, which
+# also store the compiled form NAME.bc when the build has one), as
+# timsieved would.
+srv_sieve_scripts() {   # DIR KIND BUILD
+    local d=$1 kind=$2 b=$3 text u
     text=$(srv_sieve_text "$kind") || return 1
     srv_sieve_sendmail "$d"
+    mkdir -p "$d/sieve"
+    [[ -n $OWNER ]] && chown "$OWNER:$(id -gn "$OWNER")" "$d" "$d/conf" "$d/sieve"
     srv_users | while read -r u; do
-        mkdir -p "$d/sieve/${u:0:1}/$u"
-        printf '%s\n' "${text//@USER@/$u}" > "$d/sieve/${u:0:1}/$u/bench.script"
-        ln -s bench.script "$d/sieve/${u:0:1}/$u/defaultbc"
-    done
+        printf '%s\n' "${text//@USER@/$u}" |
+            "$b/tools/mbtool" -C "$d/imapd.conf" sieve put "$u" bench ||
+            { srv_die "mbtool sieve put $u failed"; return 1; }
+        "$b/tools/mbtool" -C "$d/imapd.conf" sieve activate "$u" bench ||
+            { srv_die "mbtool sieve activate $u failed"; return 1; }
+    done || return 1
     [[ -n $OWNER ]] && chown -R "$OWNER:$(id -gn "$OWNER")" "$d/sieve"
     return 0
 }

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,10 @@
 #include "lib/fsutil.h"
 #include "lib/log.h"
 #include "lmtpd/lmtp_sieve.h"
+
+extern char **environ;
 #include "sieve/sieve.h"
+#include "sieve/sieve_bc.h"
 #include "sieve/sieve_msg.h"
 #include "store/acl.h"
 #include "store/duplicate.h"
@@ -84,6 +88,9 @@ struct lmtp_sieve {
     unsigned long run_tick;        /* tick when the current run began:
                                       entries used since are in use */
     unsigned long compiles;
+    unsigned long bcloads;         /* compiled forms loaded (NAME.bc) */
+    int bc_quiet;                  /* a compiled form could not be
+                                      written: say so once, not per miss */
     unsigned long seq;
 };
 
@@ -176,6 +183,11 @@ unsigned long lmtp_sieve_compiles(const struct lmtp_sieve *ls)
     return ls->compiles;
 }
 
+unsigned long lmtp_sieve_bcloads(const struct lmtp_sieve *ls)
+{
+    return ls->bcloads;
+}
+
 /* ---- the compiled-script cache ------------------------------------------ */
 
 static uint64_t lmtp_sieve_hash(const char *p, size_t len)
@@ -214,13 +226,63 @@ static int lmtp_sieve_read(int fd, size_t max, struct buf *text)
     }
 }
 
+/* The stored compiled form DIR/NAME.bc of the text: 1 loaded into
+ * *script_r, 0 not (missing: *why_r NULL; stale or damaged: *why_r the
+ * reason). */
+static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
+                              const char *name, const struct buf *text,
+                              struct sieve_script **script_r,
+                              const char **why_r)
+{
+    struct buf bc = BUF_INITIALIZER;
+    int r;
+
+    *why_r = NULL;
+    r = sievedir_get_bc(dir, name, 4 * ls->limits.max_script_size + 65536,
+                        &bc);
+    if (r == SIEVEDIR_NOTFOUND) {
+        buf_free(&bc);
+        return 0;
+    }
+    if (r != SIEVEDIR_OK) {
+        *why_r = "unreadable";
+        buf_free(&bc);
+        return 0;
+    }
+    r = sieve_bc_decode(bc.s, bc.len, text->s, text->len, &ls->limits,
+                        &ls->allowed, script_r, why_r);
+    buf_free(&bc);
+    return r == SIEVE_OK;
+}
+
+/* Write the compiled form DIR/NAME.bc after a compile (a cache: not
+ * synced); a failure is logged once per process. */
+static void lmtp_sieve_store_bc(struct lmtp_sieve *ls, const char *dir,
+                                const char *name,
+                                const struct sieve_script *script,
+                                const struct buf *text)
+{
+    int r = sievedir_store_bc(dir, name, script, text->s, text->len,
+                              &ls->allowed, 0);
+
+    if (r == SIEVEDIR_OK || ls->bc_quiet)
+        return;
+    ls->bc_quiet = 1;
+    log_warning("lmtp: sieve cannot write compiled form dir=<%s> name=<%s> "
+                "error=<%s: %s> (not logged again by this process)", dir,
+                name, sievedir_strerror(r), strerror(errno));
+}
+
 /* The compiled script behind the open file fd (path for logs): the cache
  * entry of the file (device, inode, size, mtime), else the compiled form
- * of another entry whose file holds the same bytes, else a compilation.
- * Returns the compiled text (script NULL with error set when it did not
+ * of another entry whose file holds the same bytes, else the stored
+ * compiled form bcdir/bcname.bc (bcdir NULL: none) when it is current
+ * for the text, else a compilation (which writes bcname.bc).  Returns
+ * the compiled text (script NULL with error set when it did not
  * compile), or NULL on an I/O or memory failure. */
 static const struct lmtp_sieve_compiled *
-lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path)
+lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
+                const char *bcdir, const char *bcname)
 {
     struct lmtp_sieve_cached *c, *victim = NULL;
     struct lmtp_sieve_compiled *k = NULL;
@@ -274,34 +336,50 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path)
                 k = o;
         }
     if (!k) {
+        const char *why = NULL;
+
         k = calloc(1, sizeof(*k));
         if (!k) {
             buf_free(&text);
             buf_free(&err);
             return NULL;
         }
-        if (r == SIEVE_OK)
-            r = sieve_compile(text.s ? text.s : "", text.len, &ls->limits,
-                              &ls->allowed, &k->script, &err);
-        if (r == SIEVE_ENOMEM) {
-            free(k);
-            buf_free(&text);
-            buf_free(&err);
-            return NULL;
+        if (r == SIEVE_OK && bcdir &&
+            lmtp_sieve_load_bc(ls, bcdir, bcname, &text, &k->script,
+                               &why)) {
+            ls->bcloads++;
+            log_info("lmtp: sieve loaded compiled script=<%s> loads=<%lu>",
+                     path, ls->bcloads);
+        } else {
+            if (why && !ls->bc_quiet)
+                log_warning("lmtp: sieve ignoring compiled form script=<%s> "
+                            "reason=<%s>; compiling the text", path, why);
+            if (r == SIEVE_OK)
+                r = sieve_compile(text.s ? text.s : "", text.len,
+                                  &ls->limits, &ls->allowed, &k->script,
+                                  &err);
+            if (r == SIEVE_ENOMEM) {
+                free(k);
+                buf_free(&text);
+                buf_free(&err);
+                return NULL;
+            }
+            ls->compiles++;
+            if (r == SIEVE_OK && bcdir)
+                lmtp_sieve_store_bc(ls, bcdir, bcname, k->script, &text);
+            if (r != SIEVE_OK)
+                k->error = strdup(err.len ? buf_cstring(&err)
+                                          : sieve_strerror(r));
+            log_info("lmtp: sieve compiled script=<%s> result=<%s>%s%s%s "
+                     "compiles=<%lu>", path, r == SIEVE_OK ? "ok" : "error",
+                     k->error ? " error=<" : "", k->error ? k->error : "",
+                     k->error ? ">" : "", ls->compiles);
         }
-        ls->compiles++;
-        if (r != SIEVE_OK)
-            k->error = strdup(err.len ? buf_cstring(&err)
-                                      : sieve_strerror(r));
-        else if (text.len) {
+        if (r == SIEVE_OK && text.len) {
             k->len = text.len;
             k->hash = hash;
             k->text = buf_release(&text);
         }
-        log_info("lmtp: sieve compiled script=<%s> result=<%s>%s%s%s "
-                 "compiles=<%lu>", path, r == SIEVE_OK ? "ok" : "error",
-                 k->error ? " error=<" : "", k->error ? k->error : "",
-                 k->error ? ">" : "", ls->compiles);
     }
     k->refs++;
     lmtp_sieve_cache_drop(victim);
@@ -619,7 +697,8 @@ static int lmtp_sieve_cb_include(void *rock, int global, const char *name,
         }
         goto out;   /* not found: :optional decides */
     }
-    c = lmtp_sieve_load(run->ls, fd, buf_cstring(&path));
+    c = lmtp_sieve_load(run->ls, fd, buf_cstring(&path), buf_cstring(&dir),
+                        name);
     close(fd);
     if (!c) {
         log_error("lmtp: sieve included script unreadable script=<%s> "
@@ -718,60 +797,69 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
         strarray_fini(&words);
         return -1;
     }
-    if (pipe(pfd) != 0) {
+    /* the pipe's ends are close-on-exec: the child gets only its copy
+     * of the read end, as its standard input */
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
         log_error("lmtp: sieve cannot run sendmail error=<%s>",
                   strerror(errno));
         strarray_fini(&words);
         return -1;
     }
-    pid = fork();
-    if (pid < 0) {
-        log_error("lmtp: sieve cannot run sendmail error=<%s>",
-                  strerror(errno));
-        close(pfd[0]);
-        close(pfd[1]);
-        strarray_fini(&words);
-        return -1;
-    }
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY), fd;
+    {
+        /* posix_spawn (clone with CLONE_VM | CLONE_VFORK in glibc): no
+         * copy of this process's page tables, as fork made, for a child
+         * that only sets up its descriptors and execs */
         char *argv[LMTP_SIEVE_SENDMAIL_ARGS + 8];
         size_t na = 0, k;
-        long maxfd = sysconf(_SC_OPEN_MAX);
+        posix_spawn_file_actions_t fa;
+        posix_spawnattr_t attr;
+        sigset_t none, dfl;
+        int e;
 
-        setpgid(0, 0);
-        if (pfd[0] != 0) {
-            dup2(pfd[0], 0);
-            close(pfd[0]);
-        }
-        close(pfd[1]);
-        if (devnull >= 0) {
-            dup2(devnull, 1);
-            close(devnull);
-        }
-        /* no listening socket or client connection goes with it */
-        if (maxfd < 0 || maxfd > 65536)
-            maxfd = 65536;
-        if (close_range(3, ~0U, 0) != 0)
-            for (fd = 3; fd < maxfd; fd++)
-                close(fd);
-        signal(SIGPIPE, SIG_DFL);
         /* the key: a path and maybe arguments ("/usr/sbin/sendmail -C
          * /etc/postfix-out"), split at spaces */
         for (k = 0; k < words.count && k < LMTP_SIEVE_SENDMAIL_ARGS; k++)
             argv[na++] = words.data[k];
-        if (na == 0)
-            _exit(127);
         argv[na++] = "-i";
         argv[na++] = "-f";
         argv[na++] = (char *)from;
         argv[na++] = "--";
         argv[na++] = (char *)to;
         argv[na] = NULL;
-        execv(argv[0], argv);
-        _exit(127);
+        sigemptyset(&none);
+        sigemptyset(&dfl);
+        sigaddset(&dfl, SIGPIPE);
+        e = posix_spawn_file_actions_init(&fa);
+        if (e == 0 && (e = posix_spawnattr_init(&attr)) != 0)
+            posix_spawn_file_actions_destroy(&fa);
+        if (e == 0) {
+            /* stdin: the pipe; stdout: /dev/null; no listening socket or
+             * client connection goes with it (every other descriptor
+             * closed); its own process group (killed as one on a
+             * timeout), SIGPIPE at its default, no signal blocked */
+            if ((e = posix_spawn_file_actions_adddup2(&fa, pfd[0], 0)) ||
+                (e = posix_spawn_file_actions_addopen(&fa, 1, "/dev/null",
+                                                      O_WRONLY, 0)) ||
+                (e = posix_spawn_file_actions_addclosefrom_np(&fa, 3)) ||
+                (e = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP |
+                                              POSIX_SPAWN_SETSIGDEF |
+                                              POSIX_SPAWN_SETSIGMASK)) ||
+                (e = posix_spawnattr_setpgroup(&attr, 0)) ||
+                (e = posix_spawnattr_setsigdefault(&attr, &dfl)) ||
+                (e = posix_spawnattr_setsigmask(&attr, &none)) == 0)
+                e = posix_spawn(&pid, argv[0], &fa, &attr, argv, environ);
+            posix_spawn_file_actions_destroy(&fa);
+            posix_spawnattr_destroy(&attr);
+        }
+        if (e != 0) {
+            log_error("lmtp: sieve cannot run sendmail program=<%s> "
+                      "error=<%s>", argv[0], strerror(e));
+            close(pfd[0]);
+            close(pfd[1]);
+            strarray_fini(&words);
+            return -1;
+        }
     }
-    setpgid(pid, pid);
     strarray_fini(&words);
     close(pfd[0]);
     if (fcntl(pfd[1], F_SETFL, O_NONBLOCK) != 0 ||
@@ -1535,6 +1623,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     struct buf userid = BUF_INITIALIZER, inbox = BUF_INITIALIZER;
     struct buf path = BUF_INITIALIZER, err = BUF_INITIALIZER;
     struct buf log = BUF_INITIALIZER, name = BUF_INITIALIZER;
+    struct buf udir = BUF_INITIALIZER;
     const struct lmtp_sieve_compiled *c;
     char scriptname[256], clog[2048], crcpt[300];
     const char *status = "ok";
@@ -1569,7 +1658,23 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
         goto tempfail;
     res->outcome = LMTP_SIEVE_DONE;
     ls->run_tick = ls->tick;
-    c = lmtp_sieve_load(ls, fd, buf_cstring(&path));
+    {
+        /* the compiled form beside the link's target: DIR/NAME.bc */
+        size_t tl = strlen(scriptname), sl = strlen(SIEVEDIR_SUFFIX);
+        size_t ll = strlen(SIEVEDIR_ACTIVE_LINK) + 1;
+        int named = tl > sl && !strchr(scriptname, '/') &&
+                    strcmp(scriptname + tl - sl, SIEVEDIR_SUFFIX) == 0 &&
+                    path.len > ll;
+
+        if (named) {
+            scriptname[tl - sl] = '\0';
+            named = buf_setmap(&udir, path.s, path.len - ll) == 0;
+        }
+        c = lmtp_sieve_load(ls, fd, buf_cstring(&path),
+                            named ? buf_cstring(&udir) : NULL, scriptname);
+        if (named)
+            scriptname[tl - sl] = SIEVEDIR_SUFFIX[0];
+    }
     if (!c) {
         log_error("lmtp: sieve script unreadable script=<%s> error=<%s>",
                   buf_cstring(&path), strerror(errno));
@@ -1803,6 +1908,7 @@ out:
     buf_free(&err);
     buf_free(&log);
     buf_free(&name);
+    buf_free(&udir);
 }
 
 void lmtp_sieve_commit(struct lmtp_sieve *ls,

@@ -118,4 +118,7 @@ void lmtp_sieve_msg_fini(struct lmtp_sieve_msg *m);
 /* Scripts compiled by this process (for tests through the log). */
 unsigned long lmtp_sieve_compiles(const struct lmtp_sieve *ls);
 
+/* Compiled forms (NAME.bc) loaded instead of compiling. */
+unsigned long lmtp_sieve_bcloads(const struct lmtp_sieve *ls);
+
 #endif

@@ -104,8 +104,8 @@ void sieve_limits_default(struct sieve_limits *l)
     l->max_headers = 1024;
 }
 
-static void limits_merge(struct sieve_limits *out,
-                         const struct sieve_limits *in)
+void sieve_limits_merge(struct sieve_limits *out,
+                        const struct sieve_limits *in)
 {
     sieve_limits_default(out);
     if (!in)
@@ -134,9 +134,22 @@ void sieve_script_free(struct sieve_script **scriptp)
     if (!scriptp || !*scriptp)
         return;
     s = *scriptp;
-    for (i = 0; i < s->ncmds; i++)
-        sieve_node_free(s->cmds[i]);
-    free(s->cmds);
+    if (s->chunks || s->regexes) {
+        /* a loaded stored form: the tree lives in the chunks */
+        while (s->regexes) {
+            regfree(&s->regexes->re);
+            s->regexes = s->regexes->next;
+        }
+        while (s->chunks) {
+            struct sv_chunk *c = s->chunks;
+            s->chunks = c->next;
+            free(c);
+        }
+    } else {
+        for (i = 0; i < s->ncmds; i++)
+            sieve_node_free(s->cmds[i]);
+        free(s->cmds);
+    }
     strarray_fini(&s->requires);
     free(s);
     *scriptp = NULL;
@@ -160,7 +173,7 @@ int sieve_compile(const char *text, size_t len,
     s = calloc(1, sizeof(*s));
     if (!s)
         return SIEVE_ENOMEM;
-    limits_merge(&s->limits, limits);
+    sieve_limits_merge(&s->limits, limits);
     if (len > s->limits.max_script_size) {
         if (errmsg)
             buf_printf(errmsg, "line 1: script larger than %zu bytes",

@@ -28,9 +28,8 @@
  * its encoded characters decoded and its variable references located, so
  * that execution never re-parses.  It is immutable after sieve_compile():
  * one script may be executed any number of times, by several threads at
- * once, and kept across deliveries (cache it by file and mtime).  It is
- * not serialized to disk (no bytecode file): compiling is cheap and
- * bounded by the limits below.
+ * once, and kept across deliveries (cache it by file and mtime).  It can
+ * be stored and loaded again without parsing: sieve/sieve_bc.h.
  *
  * Extensions (the "require" names sieve_compile() accepts by default,
  * also returned by sieve_extensions(), e.g. for ManageSieve's SIEVE

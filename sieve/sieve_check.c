@@ -1080,3 +1080,68 @@ int sieve_check(struct sieve_script *s, const struct strarray *allowed,
         c.rc = SIEVE_ESYNTAX;
     return c.rc;
 }
+
+/* the table row of each id (built on first use; a race writes the same
+ * values) */
+static const struct cmdspec *spec_by_id(int id)
+{
+    static const struct cmdspec *index[SV_T_VALID_EXT_LIST + 1];
+    static int built;
+    size_t i;
+
+    if (!built) {
+        for (i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+            index[cmds[i].id] = &cmds[i];
+        built = 1;
+    }
+    return id > 0 && id <= SV_T_VALID_EXT_LIST ? index[id] : NULL;
+}
+
+int sieve_check_shape(const struct sv_node *n, int in_test)
+{
+    const struct cmdspec *spec = spec_by_id(n->id);
+    const char *q;
+    char expect[4];
+    size_t i, want = 0, j = 0;
+    int optional = 0, trailing = 0;
+
+    if (!spec || spec->is_test != in_test)
+        return -1;
+    for (q = spec->pos; *q; q++) {
+        if (*q == '?') { optional = 1; continue; }
+        if (*q == 'L') { trailing = 1; expect[want++] = 'l'; continue; }
+        expect[want++] = *q;
+    }
+    if (n->npos == want)
+        j = 0;
+    else if (optional && n->npos + 1 == want)
+        j = 1;
+    else if (trailing && n->npos + 1 == want)
+        want--;
+    else
+        return -1;
+    for (i = 0; j < want; i++, j++) {
+        if (!n->pos[i])
+            return -1;
+        if (expect[j] == 's' && n->pos[i]->n != 1)
+            return -1;
+    }
+    if ((spec->tests == 0 && n->ntests != 0) ||
+        (spec->tests == 1 && n->ntests != 1) ||
+        (spec->tests == 2 && n->ntests == 0))
+        return -1;
+    if (in_test ? n->has_block || n->nblock :
+        spec->block != !!n->has_block || (!n->has_block && n->nblock))
+        return -1;
+    if (n->comparator < SV_CMP_OCTET || n->comparator > SV_CMP_NUMERIC ||
+        n->match < SV_MATCH_IS || n->match > SV_MATCH_COUNT ||
+        n->relop < SV_REL_GT || n->relop > SV_REL_NE ||
+        n->addrpart < SV_ADDR_ALL || n->addrpart > SV_ADDR_DETAIL ||
+        n->body_transform < SIEVE_BODY_RAW ||
+        n->body_transform > SIEVE_BODY_TEXT)
+        return -1;
+    if ((n->has_flags && !n->flags) ||
+        (n->body_transform == SIEVE_BODY_CONTENT && !n->content_types))
+        return -1;
+    return 0;
+}

@@ -91,12 +91,31 @@ struct sv_node {
     int over;
 };
 
+/* a block of memory the decoder of the stored form (sieve_bc.c) carves
+ * a whole tree from: one allocation for many nodes and strings */
+struct sv_chunk {
+    struct sv_chunk *next;
+    size_t used, size;
+    /* the memory follows, 16-byte aligned */
+};
+
+/* a :regex key compiled when a stored form was loaded (regfree'd) */
+struct sv_regex {
+    regex_t re;
+    struct sv_regex *next;
+};
+
 struct sieve_script {
     struct sv_node **cmds;
     size_t ncmds;
     struct strarray requires;
     struct sieve_limits limits;
     int uses_variables;
+    /* set when the tree was loaded from its stored form: every node,
+     * array and string of the tree lives in these chunks (freed as a
+     * whole, the nodes are not walked), the regexes in the list */
+    struct sv_chunk *chunks;
+    struct sv_regex *regexes;
 };
 
 /* sieve_parse.c: text -> generic tree.  SIEVE_OK, SIEVE_ESYNTAX,
@@ -109,6 +128,17 @@ void sieve_node_free(struct sv_node *n);
 /* sieve_check.c: resolve and check the tree of a script */
 int sieve_check(struct sieve_script *s, const struct strarray *allowed,
                 struct buf *errmsg);
+
+/* 0 when a checked node has the shape its command or test needs (the
+ * number and kind of positional arguments, tests, block, enumerations in
+ * range), else -1; for a tree that did not come from sieve_check() (the
+ * stored form, sieve_bc.c) */
+int sieve_check_shape(const struct sv_node *n, int in_test);
+
+/* the limits of a compiled script: the defaults, overridden by the
+ * non-zero fields of in (NULL: none) */
+void sieve_limits_merge(struct sieve_limits *out,
+                        const struct sieve_limits *in);
 
 /* 1 when the address test may look at header `name` (RFC 5228 5.1) */
 int sieve_check_address_header(const char *name);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "lib/fsutil.h"
+#include "sieve/sieve_bc.h"
 #include "store/sievedir.h"
 
 #define SIEVEDIR_SUFFIX_LEN (sizeof(SIEVEDIR_SUFFIX) - 1)
@@ -252,19 +253,14 @@ long sievedir_count(const char *dir)
     return r == SIEVEDIR_OK ? n : r;
 }
 
-int sievedir_get(const char *dir, const char *name, size_t max,
-                 struct buf *out)
+/* The file at path into out (replaced). */
+static int sievedir_read(const char *path, size_t max, struct buf *out)
 {
-    struct buf path = BUF_INITIALIZER;
     struct stat st;
-    int fd, r;
+    int fd;
 
     buf_reset(out);
-    r = sievedir_script_path(dir, name, &path);
-    if (r != SIEVEDIR_OK)
-        return r;
-    fd = open(buf_cstring(&path), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    buf_free(&path);
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT || errno == ENOTDIR ? SIEVEDIR_NOTFOUND
                                                    : SIEVEDIR_IOERROR;
@@ -292,6 +288,34 @@ int sievedir_get(const char *dir, const char *name, size_t max,
     return SIEVEDIR_OK;
 }
 
+int sievedir_get(const char *dir, const char *name, size_t max,
+                 struct buf *out)
+{
+    struct buf path = BUF_INITIALIZER;
+    int r;
+
+    buf_reset(out);
+    r = sievedir_script_path(dir, name, &path);
+    if (r == SIEVEDIR_OK)
+        r = sievedir_read(buf_cstring(&path), max, out);
+    buf_free(&path);
+    return r;
+}
+
+int sievedir_get_bc(const char *dir, const char *name, size_t max,
+                    struct buf *out)
+{
+    struct buf path = BUF_INITIALIZER;
+    int r;
+
+    buf_reset(out);
+    r = sievedir_bc_path(dir, name, &path);
+    if (r == SIEVEDIR_OK)
+        r = sievedir_read(buf_cstring(&path), max, out);
+    buf_free(&path);
+    return r;
+}
+
 /* A temporary name in dir for `what`, unique to this process. */
 static int sievedir_tmpname(const char *dir, const char *what,
                             struct buf *out)
@@ -303,16 +327,16 @@ static int sievedir_tmpname(const char *dir, const char *what,
                       ++counter) < 0 ? SIEVEDIR_NOMEM : SIEVEDIR_OK;
 }
 
-int sievedir_put(const char *dir, const char *name, const char *text,
-                 size_t len)
+/* Write data to path (in dir) through a temporary file and a rename;
+ * sync: fsync the file and the directory (durable on SIEVEDIR_OK). */
+static int sievedir_write(const char *dir, const char *path,
+                          const char *what, const char *data, size_t len,
+                          int sync)
 {
-    struct buf path = BUF_INITIALIZER, tmp = BUF_INITIALIZER;
+    struct buf tmp = BUF_INITIALIZER;
     int fd = -1, r, e;
 
-    r = sievedir_script_path(dir, name, &path);
-    if (r != SIEVEDIR_OK)
-        goto out;
-    if ((r = sievedir_tmpname(dir, "script", &tmp)) != SIEVEDIR_OK)
+    if ((r = sievedir_tmpname(dir, what, &tmp)) != SIEVEDIR_OK)
         goto out;
     r = SIEVEDIR_IOERROR;
     if (fs_mkdir_p(dir, 0750) != 0)
@@ -321,16 +345,16 @@ int sievedir_put(const char *dir, const char *name, const char *text,
               0640);
     if (fd < 0)
         goto out;
-    if (fs_write_all(fd, text, len) != 0 || fsync(fd) != 0)
+    if (fs_write_all(fd, data, len) != 0 || (sync && fsync(fd) != 0))
         goto fail;
     if (close(fd) != 0) {
         fd = -1;
         goto fail;
     }
     fd = -1;
-    if (rename(buf_cstring(&tmp), buf_cstring(&path)) != 0)
+    if (rename(buf_cstring(&tmp), path) != 0)
         goto fail;
-    if (fs_fsync_dir(dir) != 0)
+    if (sync && fs_fsync_dir(dir) != 0)
         goto out;
     r = SIEVEDIR_OK;
     goto out;
@@ -344,8 +368,89 @@ fail:
 out:
     if (fd >= 0)
         close(fd);
-    buf_free(&path);
     buf_free(&tmp);
+    return r;
+}
+
+int sievedir_put(const char *dir, const char *name, const char *text,
+                 size_t len)
+{
+    struct buf path = BUF_INITIALIZER;
+    int r;
+
+    r = sievedir_script_path(dir, name, &path);
+    if (r == SIEVEDIR_OK)
+        r = sievedir_write(dir, buf_cstring(&path), "script", text, len, 1);
+    buf_free(&path);
+    return r;
+}
+
+int sievedir_bc_path(const char *dir, const char *name, struct buf *out)
+{
+    buf_reset(out);
+    if (!name || !sievedir_name_valid(name, strlen(name)))
+        return SIEVEDIR_BADNAME;
+    if (buf_printf(out, "%s/%s%s", dir, name, SIEVEDIR_BC_SUFFIX) < 0)
+        return SIEVEDIR_NOMEM;
+    return SIEVEDIR_OK;
+}
+
+int sievedir_put_bc(const char *dir, const char *name, const char *data,
+                    size_t len, int sync)
+{
+    struct buf path = BUF_INITIALIZER;
+    int r;
+
+    r = sievedir_bc_path(dir, name, &path);
+    if (r == SIEVEDIR_OK)
+        r = sievedir_write(dir, buf_cstring(&path), "bc", data, len, sync);
+    buf_free(&path);
+    return r;
+}
+
+int sievedir_store_bc(const char *dir, const char *name,
+                      const struct sieve_script *script, const char *text,
+                      size_t len, const struct strarray *allowed, int sync)
+{
+    struct buf bc = BUF_INITIALIZER;
+    int r;
+
+    r = sieve_bc_encode(script, text, len, allowed, &bc);
+    if (r == SIEVE_OK)
+        r = sievedir_put_bc(dir, name, bc.s, bc.len, sync);
+    else
+        r = r == SIEVE_ENOMEM ? SIEVEDIR_NOMEM : SIEVEDIR_BADNAME;
+    buf_free(&bc);
+    return r;
+}
+
+int sievedir_ensure_bc(const char *dir, const char *name,
+                       const struct sieve_limits *limits,
+                       const struct strarray *allowed, int sync)
+{
+    struct buf text = BUF_INITIALIZER, bc = BUF_INITIALIZER;
+    struct sieve_script *script = NULL;
+    int r;
+
+    r = sievedir_get(dir, name, limits ? limits->max_script_size : 0,
+                     &text);
+    if (r != SIEVEDIR_OK)
+        goto out;
+    if (sievedir_get_bc(dir, name, 0, &bc) == SIEVEDIR_OK &&
+        sieve_bc_decode(bc.s, bc.len, text.s, text.len, limits, allowed,
+                        &script, NULL) == SIEVE_OK)
+        goto out;
+    r = sieve_compile(text.s ? text.s : "", text.len, limits, allowed,
+                      &script, NULL);
+    if (r == SIEVE_OK)
+        r = sievedir_store_bc(dir, name, script, text.s, text.len, allowed,
+                              sync);
+    else
+        r = r == SIEVE_ENOMEM ? SIEVEDIR_NOMEM : SIEVEDIR_BADNAME;
+out:
+    sieve_script_free(&script);
+    buf_free(&text);
+    buf_free(&bc);
     return r;
 }
 
@@ -445,6 +550,9 @@ int sievedir_delete(const char *dir, const char *name)
     if (r == SIEVEDIR_OK) {
         if (unlink(buf_cstring(&path)) != 0)
             r = errno == ENOENT ? SIEVEDIR_NOTFOUND : SIEVEDIR_IOERROR;
+        else if (sievedir_bc_path(dir, name, &path) == SIEVEDIR_OK &&
+                 unlink(buf_cstring(&path)) != 0 && errno != ENOENT)
+            r = SIEVEDIR_IOERROR;
         else if (fs_fsync_dir(dir) != 0)
             r = SIEVEDIR_IOERROR;
     }
@@ -483,7 +591,18 @@ int sievedir_rename(const char *dir, const char *oldname,
     if (active && (r = sievedir_link(dir, newname)) != SIEVEDIR_OK)
         goto out;
     r = SIEVEDIR_OK;
-    if (unlink(buf_cstring(&from)) != 0 || fs_fsync_dir(dir) != 0)
+    if (unlink(buf_cstring(&from)) != 0)
+        r = SIEVEDIR_IOERROR;
+    /* the compiled form follows its script (it names no file) */
+    if (r == SIEVEDIR_OK &&
+        sievedir_bc_path(dir, oldname, &from) == SIEVEDIR_OK &&
+        sievedir_bc_path(dir, newname, &to) == SIEVEDIR_OK &&
+        rename(buf_cstring(&from), buf_cstring(&to)) != 0) {
+        if (errno != ENOENT)
+            unlink(buf_cstring(&from));
+        unlink(buf_cstring(&to));
+    }
+    if (r == SIEVEDIR_OK && fs_fsync_dir(dir) != 0)
         r = SIEVEDIR_IOERROR;
 out:
     buf_free(&from);

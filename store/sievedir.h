@@ -16,6 +16,12 @@
  *
  * In a user's directory:
  *   NAME.script   one script, its text exactly as uploaded
+ *   NAME.bc       its compiled form (sieve/sieve_bc.h), written by
+ *                 timsieved, mbtool sieve and sievec when the script is
+ *                 stored, and by lmtpd when it finds it missing or stale;
+ *                 a cache: it carries the source's size and hashes, and
+ *                 a reader that finds it stale or damaged compiles the
+ *                 text.  Deleted and renamed with its script.
  *   defaultbc     the active script: a symbolic link whose target is
  *                 "NAME.script" (relative); absent when none is active
  *   .*            temporary files of a write in progress (never listed;
@@ -59,6 +65,7 @@
 #define SIEVEDIR_NAME_MAX 512          /* bytes of a script name */
 #define SIEVEDIR_ACTIVE_LINK "defaultbc"
 #define SIEVEDIR_SUFFIX ".script"
+#define SIEVEDIR_BC_SUFFIX ".bc"
 
 /* A short constant text for a code. */
 const char *sievedir_strerror(int code);
@@ -117,6 +124,40 @@ int sievedir_get(const char *dir, const char *name, size_t max,
  * SIEVEDIR_OK, SIEVEDIR_BADNAME, SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
 int sievedir_put(const char *dir, const char *name, const char *text,
                  size_t len);
+
+/* DIR/NAME.bc (the compiled form of script `name`) into out.
+ * SIEVEDIR_OK, SIEVEDIR_BADNAME, SIEVEDIR_NOMEM. */
+int sievedir_bc_path(const char *dir, const char *name, struct buf *out);
+
+/* The compiled form of script `name` into out (replaced), as
+ * sievedir_get() does for the text; its codes. */
+int sievedir_get_bc(const char *dir, const char *name, size_t max,
+                    struct buf *out);
+
+/* Store data as the compiled form of script `name` (temporary file,
+ * rename; sync = 1: fsync the file and the directory as sievedir_put()
+ * does, 0: not (a reader that recompiles writes a cache it can lose)).
+ * SIEVEDIR_OK, SIEVEDIR_BADNAME, SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
+int sievedir_put_bc(const char *dir, const char *name, const char *data,
+                    size_t len, int sync);
+
+/* Encode script (compiled from text[0..len) against the extension list
+ * allowed, NULL: all) and store it with sievedir_put_bc().  Its codes;
+ * SIEVEDIR_BADNAME also when script is NULL. */
+struct sieve_script;
+int sievedir_store_bc(const char *dir, const char *name,
+                      const struct sieve_script *script, const char *text,
+                      size_t len, const struct strarray *allowed, int sync);
+
+/* Make sure script `name` has a current compiled form: keep NAME.bc
+ * when it loads for the text under limits and allowed (NULL: defaults,
+ * all), else compile the text and store it.  SIEVEDIR_OK,
+ * SIEVEDIR_NOTFOUND, SIEVEDIR_BADNAME (the text does not compile),
+ * SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
+struct sieve_limits;
+int sievedir_ensure_bc(const char *dir, const char *name,
+                       const struct sieve_limits *limits,
+                       const struct strarray *allowed, int sync);
 
 /* Make `name` the active script; name NULL or "" deactivates (no error
  * when none was active).  SIEVEDIR_OK, SIEVEDIR_NOTFOUND,

@@ -754,8 +754,10 @@ static int ms_room_for(struct ms_session *s, const char *name)
     return 1;
 }
 
-/* Compile the script text; NO with the reason when it is not valid. */
-static int ms_compile_ok(struct ms_session *s, const struct buf *text)
+/* Compile the script text; NO with the reason when it is not valid.
+ * script_r (may be NULL): the compiled script on success. */
+static int ms_compile_ok(struct ms_session *s, const struct buf *text,
+                         struct sieve_script **script_r)
 {
     struct sieve_script *script = NULL;
     struct buf err = BUF_INITIALIZER;
@@ -763,7 +765,10 @@ static int ms_compile_ok(struct ms_session *s, const struct buf *text)
 
     r = sieve_compile(text->s ? text->s : "", text->len, &s->srv->limits,
                       &s->srv->allowed, &script, &err);
-    sieve_script_free(&script);
+    if (script_r)
+        *script_r = script;
+    else
+        sieve_script_free(&script);
     if (r == SIEVE_OK) {
         buf_free(&err);
         return 1;
@@ -808,8 +813,25 @@ static void ms_cmd_havespace(struct ms_session *s)
         ms_reply(s, "OK", NULL, NULL);
 }
 
+/* Store the compiled form of script `name` beside it (NAME.bc), durable
+ * as the script is; a failure is logged, not answered (lmtpd compiles
+ * the text when the compiled form is missing or stale). */
+static void ms_store_bc(struct ms_session *s, const char *name,
+                        const struct sieve_script *script, const char *text,
+                        size_t len)
+{
+    int r = sievedir_store_bc(buf_cstring(&s->dir), name, script, text, len,
+                              &s->srv->allowed, 1);
+
+    if (r != SIEVEDIR_OK)
+        log_warning("timsieved: compiled script not stored user=<%s> "
+                    "name=<%s> error=<%s: %s>", s->userid, name,
+                    sievedir_strerror(r), strerror(errno));
+}
+
 static void ms_cmd_putscript(struct ms_session *s)
 {
+    struct sieve_script *script = NULL;
     const char *name;
     int r;
 
@@ -821,16 +843,21 @@ static void ms_cmd_putscript(struct ms_session *s)
                  "bytes)", (unsigned long)s->srv->max_script);
         return;
     }
-    if (!ms_compile_ok(s, &s->args[2].val))
+    if (!ms_compile_ok(s, &s->args[2].val, &script))
         return;
-    if (ms_room_for(s, name) != 1)
+    if (ms_room_for(s, name) != 1) {
+        sieve_script_free(&script);
         return;
+    }
     r = sievedir_put(buf_cstring(&s->dir), name, s->args[2].val.s,
                      s->args[2].val.len);
     if (r != SIEVEDIR_OK) {
+        sieve_script_free(&script);
         ms_store_error(s, "putscript", r);
         return;
     }
+    ms_store_bc(s, name, script, s->args[2].val.s, s->args[2].val.len);
+    sieve_script_free(&script);
     log_info("timsieved: script stored user=<%s> name=<%s> size=<%lu>",
              s->userid, name, (unsigned long)s->args[2].val.len);
     ms_reply(s, "OK", NULL, NULL);
@@ -844,7 +871,7 @@ static void ms_cmd_checkscript(struct ms_session *s)
         ms_reply(s, "NO", "QUOTA/MAXSIZE", "Script too big");
         return;
     }
-    if (ms_compile_ok(s, &s->args[1].val))
+    if (ms_compile_ok(s, &s->args[1].val, NULL))
         ms_reply(s, "OK", NULL, NULL);
 }
 
@@ -890,6 +917,14 @@ static void ms_cmd_setactive(struct ms_session *s)
         ms_store_error(s, "setactive", r);
         return;
     }
+    /* scripts stored before there was a compiled form, or changed
+     * behind our back: the compiled form of the one to run is current */
+    if (*name && (r = sievedir_ensure_bc(buf_cstring(&s->dir), name,
+                                         &s->srv->limits, &s->srv->allowed,
+                                         1)) != SIEVEDIR_OK)
+        log_warning("timsieved: compiled script not stored user=<%s> "
+                    "name=<%s> error=<%s>", s->userid, name,
+                    sievedir_strerror(r));
     log_info("timsieved: active script set user=<%s> name=<%s>",
              s->userid, *name ? name : "(none)");
     ms_reply(s, "OK", NULL, NULL);

@@ -1308,6 +1308,32 @@ static int mbtool_sieve_read(const char *file, struct buf *out)
     return r;
 }
 
+/* The limits and extensions lmtpd and timsieved check scripts with
+ * (sieve_maxscriptsize, sieve_extensions; allowed empty: all), so that
+ * the compiled form stored here is the one they load. */
+static void mbtool_sieve_conf(struct sieve_limits *limits,
+                              struct strarray *allowed)
+{
+    const char *keys = imapconf_getstring(mbtool_conf, "sieve_extensions");
+    struct strarray words = STRARRAY_INITIALIZER;
+    size_t i;
+
+    sieve_limits_default(limits);
+    limits->max_script_size =
+        (size_t)imapconf_getint(mbtool_conf, "sieve_maxscriptsize") * 1024;
+    strarray_fini(allowed);
+    if (!keys || !*keys)
+        return;
+    strarray_split(&words, keys, " \t,");
+    for (i = 0; i < words.count; i++)
+        if (sieve_extension_supported(words.data[i]) &&
+            strarray_find(allowed, words.data[i]) < 0)
+            strarray_append(allowed, words.data[i]);
+    strarray_append(allowed, "comparator-i;octet");
+    strarray_append(allowed, "comparator-i;ascii-casemap");
+    strarray_fini(&words);
+}
+
 static int mbtool_sieve(int argc, char **argv)
 {
     static const char usage[] = "sieve list|put|get|activate|deactivate|"
@@ -1315,6 +1341,8 @@ static int mbtool_sieve(int argc, char **argv)
     struct buf user = BUF_INITIALIZER, dir = BUF_INITIALIZER,
                text = BUF_INITIALIZER;
     const char *sub, *why = NULL, *name = argc > 3 ? argv[3] : NULL;
+    struct sieve_limits limits;
+    struct strarray allowed = STRARRAY_INITIALIZER;
     int r, ret = MBTOOL_EXIT_OK;
 
     if (argc < 3)
@@ -1358,9 +1386,9 @@ static int mbtool_sieve(int argc, char **argv)
             ret = MBTOOL_EXIT_FAIL;
             goto out;
         }
-        r = sieve_compile(text.s ? text.s : "", text.len, NULL, NULL,
-                          &script, &err);
-        sieve_script_free(&script);
+        mbtool_sieve_conf(&limits, &allowed);
+        r = sieve_compile(text.s ? text.s : "", text.len, &limits,
+                          allowed.count ? &allowed : NULL, &script, &err);
         if (r != SIEVE_OK) {
             fprintf(stderr, "%s: sieve put %s: %s\n", mbtool_progname,
                     name, err.len ? buf_cstring(&err) : sieve_strerror(r));
@@ -1373,6 +1401,13 @@ static int mbtool_sieve(int argc, char **argv)
                          text.len);
         if (r != SIEVEDIR_OK)
             ret = mbtool_sieve_fail("put", name, r);
+        /* the compiled form beside it, durable as the text */
+        else if ((r = sievedir_store_bc(buf_cstring(&dir), name, script,
+                                        text.s, text.len,
+                                        allowed.count ? &allowed : NULL,
+                                        1)) != SIEVEDIR_OK)
+            ret = mbtool_sieve_fail("put (compiled form)", name, r);
+        sieve_script_free(&script);
     } else if (strcmp(sub, "get") == 0) {
         r = sievedir_get(buf_cstring(&dir), name, 0, &text);
         if (r != SIEVEDIR_OK)
@@ -1384,6 +1419,14 @@ static int mbtool_sieve(int argc, char **argv)
         r = sievedir_activate(buf_cstring(&dir), name);
         if (r != SIEVEDIR_OK)
             ret = mbtool_sieve_fail(sub, name, r);
+        else if (name && *name) {
+            mbtool_sieve_conf(&limits, &allowed);
+            r = sievedir_ensure_bc(buf_cstring(&dir), name, &limits,
+                                   allowed.count ? &allowed : NULL, 1);
+            if (r != SIEVEDIR_OK)
+                ret = mbtool_sieve_fail("activate (compiled form)", name,
+                                        r);
+        }
     } else if (strcmp(sub, "delete") == 0) {
         r = sievedir_delete(buf_cstring(&dir), name);
         if (r != SIEVEDIR_OK)
@@ -1395,6 +1438,7 @@ out:
     buf_free(&user);
     buf_free(&dir);
     buf_free(&text);
+    strarray_fini(&allowed);
     return ret;
 }
 

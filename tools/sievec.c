@@ -1,8 +1,9 @@
 /*
  * sievec.c - check a Sieve script, or run it against a message.
  *
- *   sievec [-x ext,...] script
- *       compile and check: prints "OK", or "line N: reason"; exit 0 / 1
+ *   sievec [-x ext,...] [-o file.bc] script
+ *       compile and check: prints "OK", or "line N: reason"; exit 0 / 1;
+ *       -o writes the compiled form (sieve/sieve_bc.h) to file.bc
  *   sievec --run [options] script message
  *       execute for one recipient and print the actions, one per line, in
  *       the text form of sieve_actions_format(); a runtime error adds a
@@ -14,21 +15,28 @@
  * answers yes), -D id (repeatable; duplicate answers yes), -E name=value
  * (environment item), -I dir (include: dir/NAME.sieve for :personal,
  * dir/global/NAME.sieve for :global), -N epoch (current date), -Z +hhmm
- * (local zone), -x ext,... (the allowed extensions; default all).
+ * (local zone), -x ext,... (the allowed extensions; default all),
+ * -b file.bc (run the stored compiled form of the script instead of
+ * compiling it; a stale or damaged file is an error, exit 5).
  * Exit status: 0 ok, 1 compile error, 2 usage or I/O error, 3 runtime
- * error, 4 temporary failure.  Nothing is delivered or sent.
+ * error, 4 temporary failure, 5 the -b file was rejected.  Nothing is
+ * delivered or sent.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lib/buf.h"
+#include "lib/fsutil.h"
 #include "lib/strarray.h"
 #include "sieve/sieve.h"
+#include "sieve/sieve_bc.h"
 #include "sieve/sieve_msg.h"
 
 #define SIEVEC_OK 0
@@ -36,18 +44,21 @@
 #define SIEVEC_USAGE 2
 #define SIEVEC_RUNTIME 3
 #define SIEVEC_TEMP 4
+#define SIEVEC_BADBC 5
 
 static const char *sievec_progname = "sievec";
 
 static void sievec_usage(FILE *out)
 {
     fprintf(out,
-"usage: %s [-x ext,...] script\n"
+"usage: %s [-x ext,...] [-o file.bc] script\n"
 "       %s --run [-f sender] [-t rcpt]... [-m mailbox]... [-D id]...\n"
 "              [-E name=value]... [-I dir] [-N epoch] [-Z +hhmm]\n"
-"              [-x ext,...] script message\n"
+"              [-x ext,...] [-o file.bc | -b file.bc] script message\n"
 "Check a Sieve script (prints OK or \"line N: reason\"), or run it\n"
 "against a message and print the actions it would take.\n"
+"  -o file.bc  write the compiled form of the script\n"
+"  -b file.bc  run the compiled form instead of compiling the script\n"
 "  -h, --help  this text\n", sievec_progname, sievec_progname);
 }
 
@@ -75,6 +86,37 @@ static int sievec_read(const char *path, struct buf *out)
     }
     fclose(f);
     return 0;
+}
+
+/* The compiled form of script (text) into path: a temporary file beside
+ * it, fsync, rename.  0 or -1 (message printed). */
+static int sievec_write_bc(const char *path, const struct sieve_script *s,
+                           const struct buf *text,
+                           const struct strarray *allowed)
+{
+    struct buf bc = BUF_INITIALIZER, tmp = BUF_INITIALIZER;
+    int fd = -1, rc = -1;
+
+    if (sieve_bc_encode(s, text->s, text->len, allowed, &bc) != SIEVE_OK ||
+        buf_printf(&tmp, "%s.%ld.tmp", path, (long)getpid()) < 0) {
+        fprintf(stderr, "%s: %s: out of memory\n", sievec_progname, path);
+        goto out;
+    }
+    fd = open(buf_cstring(&tmp), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+              0640);
+    if (fd < 0 || fs_write_all(fd, bc.s, bc.len) != 0 || fsync(fd) != 0 ||
+        close(fd) != 0 || rename(buf_cstring(&tmp), path) != 0) {
+        fprintf(stderr, "%s: %s: %s\n", sievec_progname, path,
+                strerror(errno));
+        if (fd >= 0)
+            unlink(buf_cstring(&tmp));
+        goto out;
+    }
+    rc = 0;
+out:
+    buf_free(&bc);
+    buf_free(&tmp);
+    return rc;
 }
 
 /* include: scripts compiled on demand, kept for the run */
@@ -166,14 +208,14 @@ int main(int argc, char **argv)
     struct sieve_msg m;
     struct sieve_message_ctx ctx;
     struct sieve_actions acts = SIEVE_ACTIONS_INITIALIZER;
-    const char *from = NULL, *incdir = NULL;
+    const char *from = NULL, *incdir = NULL, *bcout = NULL, *bcin = NULL;
     struct strarray to = STRARRAY_INITIALIZER, mboxes = STRARRAY_INITIALIZER,
                     dups = STRARRAY_INITIALIZER, envs = STRARRAY_INITIALIZER;
     long long now = 0;
     int zone = 0;
     size_t i;
 
-    while ((c = getopt_long(argc, argv, "hf:t:m:D:E:I:N:Z:x:", longopts,
+    while ((c = getopt_long(argc, argv, "hf:t:m:D:E:I:N:Z:x:o:b:", longopts,
                             NULL)) != -1) {
         switch (c) {
         case 'h':
@@ -186,6 +228,8 @@ int main(int argc, char **argv)
         case 'D': strarray_append(&dups, optarg); break;
         case 'E': strarray_append(&envs, optarg); break;
         case 'I': incdir = optarg; break;
+        case 'o': bcout = optarg; break;
+        case 'b': bcin = optarg; break;
         case 'N': now = strtoll(optarg, NULL, 10); break;
         case 'Z':
             if (strlen(optarg) != 5 || (optarg[0] != '+' && optarg[0] != '-')) {
@@ -212,13 +256,39 @@ int main(int argc, char **argv)
         sievec_usage(stderr);
         return SIEVEC_USAGE;
     }
+    if ((bcin && (!run || bcout))) {
+        sievec_usage(stderr);
+        return SIEVEC_USAGE;
+    }
     if (sievec_read(argv[optind], &text) < 0)
         return SIEVEC_USAGE;
-    rc = sieve_compile(text.s, text.len, NULL, have_allowed ? &allowed : NULL,
-                       &script, &err);
-    if (rc != SIEVE_OK) {
-        printf("%s\n", err.len ? buf_cstring(&err) : sieve_strerror(rc));
-        status = SIEVEC_COMPILE;
+    if (bcin) {
+        struct buf bc = BUF_INITIALIZER;
+        const char *why = NULL;
+
+        if (sievec_read(bcin, &bc) < 0)
+            return SIEVEC_USAGE;
+        rc = sieve_bc_decode(bc.s, bc.len, text.s, text.len, NULL,
+                             have_allowed ? &allowed : NULL, &script, &why);
+        buf_free(&bc);
+        if (rc != SIEVE_OK) {
+            fprintf(stderr, "%s: %s: compiled form rejected: %s\n",
+                    sievec_progname, bcin, why ? why : sieve_strerror(rc));
+            status = SIEVEC_BADBC;
+            goto done;
+        }
+    } else {
+        rc = sieve_compile(text.s, text.len, NULL,
+                           have_allowed ? &allowed : NULL, &script, &err);
+        if (rc != SIEVE_OK) {
+            printf("%s\n", err.len ? buf_cstring(&err) : sieve_strerror(rc));
+            status = SIEVEC_COMPILE;
+            goto done;
+        }
+    }
+    if (bcout && sievec_write_bc(bcout, script, &text,
+                                 have_allowed ? &allowed : NULL) < 0) {
+        status = SIEVEC_USAGE;
         goto done;
     }
     if (!run) {

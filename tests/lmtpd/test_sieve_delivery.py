@@ -529,6 +529,90 @@ def test_compiled_shared():
               "bob's script changed with carol's")
 
 
+def _restart(inst):
+    problems = inst.stop()
+    check(not problems, "; ".join(problems))
+    inst.start()
+
+
+def test_compiled_form():
+    """A script stored by mbtool sieve has its compiled form beside it
+    (NAME.bc); lmtpd loads that instead of parsing the text (no "sieve
+    compiled" line, a "loaded compiled" one).  A text changed behind our
+    back (the .bc stale) is compiled and its new rules run, and the .bc
+    is rewritten and used by the next worker; a damaged .bc is refused,
+    the text runs, the file is repaired; an include loads its own .bc."""
+    with SieveInstance("sv-bc", maxchild=1) as inst:
+        inst.create("user.alice.work")
+        inst.create("user.alice.other")
+        d = os.path.join(inst.sievedir, "a", "alice")
+        src = inst.path("main.sieve")
+        with open(src, "w") as f:
+            f.write('require ["fileinto", "include"];\n'
+                    'include :personal "sub";\n'
+                    'fileinto "INBOX.work";\n')
+        sub = inst.path("sub.sieve")
+        with open(sub, "w") as f:
+            f.write('require "imap4flags";\naddflag "\\\\Flagged";\n')
+        inst.mbtool("sieve", "put", "alice", "sub", sub)
+        inst.mbtool("sieve", "put", "alice", "main", src)
+        inst.mbtool("sieve", "activate", "alice", "main")
+        bc = os.path.join(d, "main.bc")
+        check(os.path.exists(bc) and os.path.exists(os.path.join(d, "sub.bc")),
+              "mbtool sieve put wrote no compiled form: %r" % os.listdir(d))
+        inst.start()
+        for _ in range(3):
+            per = send(inst, ["alice@test.example"], make_message(msgid()))
+            check(per[0].code == 250, "%r" % per)
+        log = inst.log()
+        check(log.count("lmtp: sieve compiled") == 0,
+              "a stored script was parsed: %s" % log[-800:])
+        check(log.count("lmtp: sieve loaded compiled") == 2,
+              "compiled forms not loaded (main and sub): %s" % log[-800:])
+        check(len(inst.messages("user.alice.work")) == 3, "not filed")
+        check(all(f & FLAG_FLAGGED for f in flags_of(inst, "user.alice.work")),
+              "the included script did not run")
+
+        # changed behind our back: the new text runs, the .bc is rewritten
+        before = open(bc, "rb").read()
+        time.sleep(0.05)
+        inst.script("alice", 'require "fileinto";\nfileinto "INBOX.other";\n')
+        per = send(inst, ["alice@test.example"], make_message(msgid()))
+        check(per[0].code == 250, "%r" % per)
+        check(len(inst.messages("user.alice.other")) == 1,
+              "the changed text did not run")
+        log = inst.log()
+        check("reason=<stale: source changed>" in log,
+              "stale compiled form not reported: %s" % log[-800:])
+        check(log.count("lmtp: sieve compiled") == 1, "not compiled once")
+        after = open(bc, "rb").read()
+        check(after != before, "stale compiled form not rewritten")
+        _restart(inst)
+        inst.mark_log()
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        check(len(inst.messages("user.alice.other")) == 2, "not filed")
+        check("lmtp: sieve compiled" not in inst.new_log() and
+              "lmtp: sieve loaded compiled" in inst.new_log(),
+              "the rewritten compiled form was not used: %s"
+              % inst.new_log()[-800:])
+
+        # damaged (one bit of the payload): refused, the text runs, repaired
+        data = bytearray(after)
+        data[len(data) - 3] ^= 0x10
+        with open(bc, "wb") as f:
+            f.write(data)
+        _restart(inst)
+        inst.mark_log()
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        check(len(inst.messages("user.alice.other")) == 3, "not filed")
+        new = inst.new_log()
+        check("reason=<corrupt: checksum mismatch>" in new and
+              new.count("lmtp: sieve compiled") == 1,
+              "damaged compiled form not refused: %s" % new[-800:])
+        check(open(bc, "rb").read() == after, "damaged form not repaired")
+        check(not inst.worker_trouble(), "worker trouble")
+
+
 CRASH_SCRIPTS = {
     "alice": 'require "fileinto";\nfileinto "INBOX.work";\n',
     "bob": 'require "copy";\nredirect :copy "bob@elsewhere.example";\n',
@@ -625,6 +709,7 @@ TESTS = [
     test_compiled_cache,
     test_compiled_shared,
     test_crash_during_sieve_deliveries,
+    test_compiled_form,
 ]
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 format in sievecorpus.py) run through tools/sievec --run: every case's
 output must be what its "== expect" section says.  Also: every case's
 script fed to sievec in check mode agrees with the run (compiles iff the
-case expects no compile error).
+case expects no compile error).  And every case that compiles, written
+to its stored compiled form (sievec -o) and run from it (sievec -b),
+gives the same output and exit status as the run from the text.
 Environment: top_builddir, TEST_TMPDIR, SIEVE_CASES (case names to run).
 """
 import os
@@ -48,5 +50,48 @@ def test_corpus():
         raise Fail("no cases found")
 
 
+def test_corpus_compiled_form():
+    only = (os.environ.get("SIEVE_CASES") or "").split()
+    bad = []
+    n = 0
+    with tempfile.TemporaryDirectory(dir=TMPDIR) as tmp:
+        for case in sievecorpus.cases():
+            if only and case.name not in only:
+                continue
+            status, lines = sievecorpus.run_sievec(SIEVEC, case, tmp)
+            if status == 1:
+                continue   # does not compile: nothing to store
+            n += 1
+            sp = os.path.join(tmp, case.name + ".sieve")
+            mp = os.path.join(tmp, case.name + ".eml")
+            bp = os.path.join(tmp, case.name + ".bc")
+            w = subprocess.run([SIEVEC] + case.options() + ["-o", bp, sp],
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=60)
+            why = None
+            if w.returncode != 0 or not os.path.exists(bp):
+                why = "sievec -o exit %d: %r" % (w.returncode, w.stdout)
+            else:
+                p = subprocess.run([SIEVEC, "--run"] + case.options() +
+                                   ["-b", bp, sp, mp],
+                                   stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=60)
+                got = [l for l in p.stdout.decode("utf-8", "replace")
+                       .split("\n") if l.strip()]
+                if (p.returncode, got) != (status, lines):
+                    why = "from the compiled form %r (exit %d), from the " \
+                          "text %r (exit %d)" % (got, p.returncode, lines,
+                                                 status)
+            print("# %s %s" % ("ok  " if why is None else "FAIL", case.name))
+            if why:
+                bad.append("%s: %s" % (case.name, why))
+    print("# %d cases run from their compiled form, %d failed" % (n, len(bad)))
+    if bad:
+        raise Fail("; ".join(bad))
+    if n == 0:
+        raise Fail("no cases found")
+
+
 if __name__ == "__main__":
-    sys.exit(run_tests([test_corpus], "SIEVE_TESTS", [SIEVEC]))
+    sys.exit(run_tests([test_corpus, test_corpus_compiled_form],
+                       "SIEVE_TESTS", [SIEVEC]))

@@ -345,6 +345,14 @@ def test_script_commands():
         items, st, _, _ = c.cmd("LISTSCRIPTS")
         check(st == "OK" and sorted(items) == [b'"main"', b'"other"'],
               "LISTSCRIPTS: %r" % items)
+        # the compiled form beside each script (sieve_bc.h)
+        d = user_dir(USER)
+        for n in ("main", "other"):
+            with open(os.path.join(d, n + ".bc"), "rb") as f:
+                check(f.read(8) == b"\x7fSIEVBC\n",
+                      "%s.bc: not a compiled form" % n)
+        # SETACTIVE writes a missing one (a script stored before)
+        os.unlink(os.path.join(d, "main.bc"))
         # SETACTIVE, the link
         r = c.cmd('SETACTIVE "nosuch"')
         check(r[1] == "NO" and r[2] == "NONEXISTENT", "SETACTIVE: %r"
@@ -357,6 +365,8 @@ def test_script_commands():
               % os.readlink(link))
         with open(os.path.join(d, "main.script"), "rb") as f:
             check(f.read() == GOOD, "file content differs")
+        check(os.path.exists(os.path.join(d, "main.bc")),
+              "SETACTIVE did not write the compiled form")
         items, st, _, _ = c.cmd("LISTSCRIPTS")
         check(b'"main" ACTIVE' in items and b'"other"' in items,
               "ACTIVE mark: %r" % items)
@@ -381,13 +391,17 @@ def test_script_commands():
         check(os.readlink(link) == "renamed.script" and
               not os.path.exists(os.path.join(d, "main.script")),
               "rename of the active script: link %r" % os.readlink(link))
+        check(os.path.exists(os.path.join(d, "renamed.bc")) and
+              not os.path.exists(os.path.join(d, "main.bc")),
+              "the compiled form did not follow the rename")
         # SETACTIVE "" removes the link; then the delete works
         r = c.cmd('SETACTIVE ""')
         check(r[1] == "OK" and not os.path.lexists(link),
               "SETACTIVE \"\": %r" % (r,))
         r = c.cmd('DELETESCRIPT "renamed"')
         check(r[1] == "OK" and
-              not os.path.exists(os.path.join(d, "renamed.script")),
+              not os.path.exists(os.path.join(d, "renamed.script")) and
+              not os.path.exists(os.path.join(d, "renamed.bc")),
               "DELETESCRIPT: %r" % (r,))
         # NOOP with a tag, case-insensitive names
         r = c.cmd('noop "STARTTLS-SYNC-42"')

@@ -1,0 +1,762 @@
+/*
+ * sieve_bc.c - the stored compiled form of a script (format in
+ * sieve_bc.h): the checked tree written flat, and read back with every
+ * length, count, reference and node shape checked.
+ */
+#include "config.h"
+
+#include <regex.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/crc32c.h"
+#include "sieve/sieve_bc.h"
+#include "sieve/sieve_ext.h"
+#include "sieve/sieve_tree.h"
+
+static const unsigned char sieve_bc_magic[8] = {
+    0x7f, 'S', 'I', 'E', 'V', 'B', 'C', '\n'
+};
+
+/* node flag bits */
+enum {
+    BCF_TEST_LIST = 1 << 0, BCF_HAS_BLOCK = 1 << 1, BCF_UNCHECKED = 1 << 2,
+    BCF_HAS_MATCH = 1 << 3, BCF_HAS_CMP = 1 << 4, BCF_HAS_ADDR = 1 << 5,
+    BCF_LAST = 1 << 6, BCF_ORIGZONE = 1 << 7, BCF_HAS_FLAGS = 1 << 8,
+    BCF_COPY = 1 << 9, BCF_CREATE = 1 << 10, BCF_MIME = 1 << 11,
+    BCF_ONCE = 1 << 12, BCF_OPTIONAL = 1 << 13, BCF_GLOBAL = 1 << 14,
+    BCF_HAS_SECONDS = 1 << 15, BCF_OVER = 1 << 16
+};
+#define BCF_ALL ((1u << 17) - 1)
+
+/* the node fields written only when not 0: bit i of the field mask */
+enum {
+    BCV_COMPARATOR, BCV_MATCH, BCV_RELOP, BCV_ADDRPART, BCV_BODY,
+    BCV_MODIFIERS, BCV_INDEX, BCV_SECONDS, BCV_NUMBER,
+    BCV_ZONE, BCV_SPECIALUSE, BCV_SUBJECT, BCV_FROM, BCV_HANDLE,
+    BCV_HEADER, BCV_UNIQUEID,
+    BCV_FLAGS, BCV_ADDRESSES, BCV_CONTENT,
+    BCV_COUNT
+};
+
+/* string flag bits */
+#define BCS_HAS_VAR 1u
+#define BCS_REGEX   2u
+
+#define SIEVE_BC_MAX_DEPTH 256
+
+/* ---- hashes ------------------------------------------------------------- */
+
+static uint64_t sieve_bc_fnv(const char *p, size_t len)
+{
+    uint64_t h = 14695981039346656037ULL;
+    size_t i;
+
+    for (i = 0; i < len; i++) {
+        h ^= (unsigned char)p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static uint32_t sieve_bc_extmask(const struct strarray *allowed)
+{
+    uint32_t m = 0;
+    int i;
+
+    for (i = 0; i < EXT_COUNT; i++)
+        if (!allowed || i == EXT_CMP_OCTET || i == EXT_CMP_CASEMAP ||
+            strarray_find(allowed, sieve_ext_names[i]) >= 0)
+            m |= 1u << i;
+    return m;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int n)
+{
+    int i;
+
+    for (i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    int i;
+
+    for (i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- encoding ----------------------------------------------------------- */
+
+struct enc {
+    struct buf *out;
+    int rc;
+};
+
+static void enc_num(struct enc *e, uint64_t v)
+{
+    unsigned char b[10];
+    int n = 0;
+
+    do {
+        b[n] = (unsigned char)(v & 0x7f);
+        v >>= 7;
+        if (v)
+            b[n] |= 0x80;
+        n++;
+    } while (v);
+    if (buf_append(e->out, (const char *)b, (size_t)n) < 0)
+        e->rc = SIEVE_ENOMEM;
+}
+
+static void enc_bytes(struct enc *e, const char *s, size_t len)
+{
+    enc_num(e, len);
+    if (len && buf_append(e->out, s, len) < 0)
+        e->rc = SIEVE_ENOMEM;
+}
+
+/* 0 or 1 + index of the argument whose string list is sl */
+static uint64_t enc_listref(const struct sv_node *n,
+                            const struct sv_strlist *sl)
+{
+    size_t i;
+
+    if (!sl)
+        return 0;
+    for (i = 0; i < n->nargs; i++)
+        if (&n->args[i].sl == sl)
+            return i + 1;
+    return 0;
+}
+
+static uint64_t enc_strref(const struct sv_node *n, const struct sv_str *s)
+{
+    size_t i;
+
+    if (!s)
+        return 0;
+    for (i = 0; i < n->nargs; i++)
+        if (n->args[i].sl.n && &n->args[i].sl.v[0] == s)
+            return i + 1;
+    return 0;
+}
+
+static void enc_node(struct enc *e, const struct sv_node *n)
+{
+    uint64_t f = 0;
+    size_t i, k;
+
+    f |= n->test_list ? BCF_TEST_LIST : 0;
+    f |= n->has_block ? BCF_HAS_BLOCK : 0;
+    f |= n->unchecked ? BCF_UNCHECKED : 0;
+    f |= n->has_match ? BCF_HAS_MATCH : 0;
+    f |= n->has_comparator ? BCF_HAS_CMP : 0;
+    f |= n->has_addrpart ? BCF_HAS_ADDR : 0;
+    f |= n->last ? BCF_LAST : 0;
+    f |= n->originalzone ? BCF_ORIGZONE : 0;
+    f |= n->has_flags ? BCF_HAS_FLAGS : 0;
+    f |= n->copy ? BCF_COPY : 0;
+    f |= n->create ? BCF_CREATE : 0;
+    f |= n->mime ? BCF_MIME : 0;
+    f |= n->once ? BCF_ONCE : 0;
+    f |= n->optional ? BCF_OPTIONAL : 0;
+    f |= n->global ? BCF_GLOBAL : 0;
+    f |= n->has_seconds ? BCF_HAS_SECONDS : 0;
+    f |= n->over ? BCF_OVER : 0;
+    {
+        uint64_t v[BCV_COUNT], mask = 0;
+        int k2;
+
+        v[BCV_COMPARATOR] = (uint64_t)n->comparator;
+        v[BCV_MATCH] = (uint64_t)n->match;
+        v[BCV_RELOP] = (uint64_t)n->relop;
+        v[BCV_ADDRPART] = (uint64_t)n->addrpart;
+        v[BCV_BODY] = (uint64_t)n->body_transform;
+        v[BCV_MODIFIERS] = n->modifiers;
+        v[BCV_INDEX] = n->index;
+        v[BCV_SECONDS] = n->seconds;
+        v[BCV_NUMBER] = n->number;
+        v[BCV_ZONE] = enc_strref(n, n->zone);
+        v[BCV_SPECIALUSE] = enc_strref(n, n->specialuse);
+        v[BCV_SUBJECT] = enc_strref(n, n->subject);
+        v[BCV_FROM] = enc_strref(n, n->from);
+        v[BCV_HANDLE] = enc_strref(n, n->handle);
+        v[BCV_HEADER] = enc_strref(n, n->header);
+        v[BCV_UNIQUEID] = enc_strref(n, n->uniqueid);
+        v[BCV_FLAGS] = enc_listref(n, n->flags);
+        v[BCV_ADDRESSES] = enc_listref(n, n->addresses);
+        v[BCV_CONTENT] = enc_listref(n, n->content_types);
+        for (k2 = 0; k2 < BCV_COUNT; k2++)
+            if (v[k2])
+                mask |= 1u << k2;
+        enc_num(e, (uint64_t)n->id);
+        enc_num(e, n->line);
+        enc_num(e, f);
+        enc_bytes(e, n->name, strlen(n->name));
+        enc_num(e, mask);
+        for (k2 = 0; k2 < BCV_COUNT; k2++)
+            if (v[k2])
+                enc_num(e, v[k2]);
+    }
+    enc_num(e, n->nargs);
+    for (i = 0; i < n->nargs; i++) {
+        const struct sv_arg *a = &n->args[i];
+        enc_num(e, (uint64_t)a->kind);
+        enc_num(e, a->line);
+        enc_num(e, a->is_list ? 1 : 0);
+        if (a->kind == SV_ARG_TAG)
+            enc_bytes(e, a->tag, strlen(a->tag));
+        else if (a->kind == SV_ARG_NUM)
+            enc_num(e, a->num);
+        else {
+            enc_num(e, a->sl.n);
+            for (k = 0; k < a->sl.n; k++) {
+                enc_bytes(e, a->sl.v[k].s, a->sl.v[k].len);
+                enc_num(e, (a->sl.v[k].has_var ? BCS_HAS_VAR : 0) |
+                           (a->sl.v[k].re ? BCS_REGEX : 0));
+            }
+        }
+    }
+    enc_num(e, n->npos);
+    for (i = 0; i < n->npos; i++) {
+        uint64_t r = enc_listref(n, n->pos[i]);
+        if (r == 0)
+            e->rc = SIEVE_EINVAL;
+        enc_num(e, r - 1);
+    }
+    enc_num(e, n->ntests);
+    for (i = 0; i < n->ntests; i++)
+        enc_node(e, n->tests[i]);
+    enc_num(e, n->nblock);
+    for (i = 0; i < n->nblock; i++)
+        enc_node(e, n->block[i]);
+}
+
+int sieve_bc_encode(const struct sieve_script *s, const char *text,
+                    size_t len, const struct strarray *allowed,
+                    struct buf *out)
+{
+    struct enc e;
+    unsigned char h[SIEVE_BC_HEADER];
+    size_t start, i;
+
+    if (!s || !out || (!text && len))
+        return SIEVE_EINVAL;
+    if (!text)
+        text = "";
+    start = out->len;
+    memset(h, 0, sizeof(h));
+    if (buf_append(out, (const char *)h, sizeof(h)) < 0)
+        return SIEVE_ENOMEM;
+    e.out = out;
+    e.rc = SIEVE_OK;
+    enc_num(&e, s->requires.count);
+    for (i = 0; i < s->requires.count; i++)
+        enc_bytes(&e, s->requires.data[i], strlen(s->requires.data[i]));
+    enc_num(&e, s->uses_variables ? 1 : 0);
+    enc_num(&e, s->ncmds);
+    for (i = 0; i < s->ncmds; i++)
+        enc_node(&e, s->cmds[i]);
+    if (e.rc == SIEVE_OK && out->len - start - SIEVE_BC_HEADER > UINT32_MAX)
+        e.rc = SIEVE_ELIMIT;
+    if (e.rc != SIEVE_OK) {
+        out->len = start;
+        return e.rc;
+    }
+    memcpy(h, sieve_bc_magic, 8);
+    put_le(h + 8, SIEVE_BC_VERSION, 4);
+    put_le(h + 12, SIEVE_BC_HEADER, 4);
+    put_le(h + 16, len, 8);
+    put_le(h + 24, sieve_bc_fnv(text, len), 8);
+    put_le(h + 36, sieve_bc_extmask(allowed), 4);
+    put_le(h + 40, s->limits.max_nesting, 4);
+    put_le(h + 48, s->limits.max_string_len, 8);
+    put_le(h + 56, out->len - start - SIEVE_BC_HEADER, 4);
+    put_le(h + 60, crc32c(out->s + start + SIEVE_BC_HEADER,
+                          out->len - start - SIEVE_BC_HEADER), 4);
+    memcpy(out->s + start, h, sizeof(h));
+    return SIEVE_OK;
+}
+
+/* ---- decoding ----------------------------------------------------------- */
+
+struct dec {
+    const unsigned char *p, *end;
+    struct sieve_script *s;       /* its chunks hold the tree */
+    size_t chunk_size;            /* of the next chunk */
+    const char *why;
+    int rc;
+};
+
+static int dec_fail(struct dec *d, const char *why)
+{
+    if (d->rc == SIEVE_OK) {
+        d->rc = SIEVE_EINVAL;
+        d->why = why;
+    }
+    return -1;
+}
+
+static int dec_nomem(struct dec *d)
+{
+    if (d->rc == SIEVE_OK) {
+        d->rc = SIEVE_ENOMEM;
+        d->why = "out of memory";
+    }
+    return -1;
+}
+
+#define DEC_ALIGN 16
+#define DEC_CHUNK_HEAD \
+    ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
+
+/* n zeroed bytes from the script's chunks, NULL when out of memory */
+static void *dec_alloc(struct dec *d, size_t n)
+{
+    struct sv_chunk *c = d->s->chunks;
+    void *p;
+
+    n = (n + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1);
+    if (!c || c->size - c->used < n) {
+        size_t size = d->chunk_size > n ? d->chunk_size : n;
+        c = malloc(DEC_CHUNK_HEAD + size);
+        if (!c) {
+            dec_nomem(d);
+            return NULL;
+        }
+        c->size = size;
+        c->used = 0;
+        c->next = d->s->chunks;
+        d->s->chunks = c;
+        if (d->chunk_size < (1u << 20))
+            d->chunk_size *= 2;
+    }
+    p = (char *)c + DEC_CHUNK_HEAD + c->used;
+    c->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+static int dec_num_slow(struct dec *d, uint64_t *v)
+{
+    uint64_t r = 0;
+    int shift = 0;
+
+    for (;;) {
+        unsigned char b;
+        if (d->p >= d->end)
+            return dec_fail(d, "corrupt: truncated number");
+        b = *d->p++;
+        if (shift == 63 && (b & 0x7e))
+            return dec_fail(d, "corrupt: number too large");
+        r |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            break;
+        shift += 7;
+        if (shift > 63)
+            return dec_fail(d, "corrupt: number too long");
+    }
+    *v = r;
+    return 0;
+}
+
+static inline int dec_num(struct dec *d, uint64_t *v)
+{
+    if (d->p < d->end && !(*d->p & 0x80)) {
+        *v = *d->p++;
+        return 0;
+    }
+    return dec_num_slow(d, v);
+}
+
+/* a number at most max */
+static inline int dec_small(struct dec *d, uint64_t max, uint64_t *v)
+{
+    if (dec_num(d, v) < 0)
+        return -1;
+    if (*v > max)
+        return dec_fail(d, "corrupt: value out of range");
+    return 0;
+}
+
+/* a count of items of at least one byte each: no more than the bytes
+ * left, so that no allocation is larger than the file */
+static inline int dec_count(struct dec *d, size_t *n)
+{
+    uint64_t v;
+
+    if (dec_num(d, &v) < 0)
+        return -1;
+    if (v > (uint64_t)(d->end - d->p))
+        return dec_fail(d, "corrupt: count beyond the end");
+    *n = (size_t)v;
+    return 0;
+}
+
+/* a string, a NUL-terminated copy into *s_r */
+static int dec_bytes(struct dec *d, char **s_r, size_t *len_r)
+{
+    size_t len;
+    char *s;
+
+    if (dec_count(d, &len) < 0)
+        return -1;
+    s = dec_alloc(d, len + 1);
+    if (!s)
+        return -1;
+    memcpy(s, d->p, len);
+    d->p += len;
+    *s_r = s;
+    if (len_r)
+        *len_r = len;
+    return 0;
+}
+
+static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
+                    int in_test, int checked);
+
+static int dec_nodes(struct dec *d, struct sv_node ***v_r, size_t *n_r,
+                     int depth, int in_test, int checked)
+{
+    size_t n, i;
+    struct sv_node **v;
+
+    *v_r = NULL;
+    *n_r = 0;
+    if (dec_count(d, &n) < 0)
+        return -1;
+    if (n == 0)
+        return 0;
+    v = dec_alloc(d, n * sizeof(*v));
+    if (!v)
+        return -1;
+    for (i = 0; i < n; i++)
+        if (dec_node(d, &v[i], depth + 1, in_test, checked) < 0)
+            return -1;
+    *v_r = v;
+    *n_r = n;
+    return 0;
+}
+
+static int dec_regex(struct dec *d, struct sv_str *s, int casemap)
+{
+    struct sv_regex *r;
+    int flags = REG_EXTENDED | (casemap ? REG_ICASE : 0);
+
+    if (s->has_var || sieve_regex_has_backref(s->s, s->len) ||
+        strlen(s->s) != s->len)
+        return dec_fail(d, "corrupt: bad regex key");
+    r = dec_alloc(d, sizeof(*r));
+    if (!r)
+        return -1;
+    if (regcomp(&r->re, s->s, flags) != 0)
+        return dec_fail(d, "corrupt: regex does not compile");
+    r->next = d->s->regexes;
+    d->s->regexes = r;
+    s->re = &r->re;
+    return 0;
+}
+
+static int dec_args(struct dec *d, struct sv_node *n, int casemap)
+{
+    size_t i, k;
+    uint64_t v;
+
+    if (dec_count(d, &n->nargs) < 0)
+        return -1;
+    if (n->nargs == 0)
+        return 0;
+    n->args = dec_alloc(d, n->nargs * sizeof(*n->args));
+    if (!n->args)
+        return -1;
+    for (i = 0; i < n->nargs; i++) {
+        struct sv_arg *a = &n->args[i];
+        if (dec_small(d, SV_ARG_TAG, &v) < 0)
+            return -1;
+        a->kind = (enum sv_argkind)v;
+        if (dec_small(d, UINT32_MAX, &v) < 0)
+            return -1;
+        a->line = (unsigned)v;
+        if (dec_small(d, 1, &v) < 0)
+            return -1;
+        a->is_list = (int)v;
+        if (a->kind == SV_ARG_TAG) {
+            if (dec_bytes(d, &a->tag, NULL) < 0)
+                return -1;
+            continue;
+        }
+        if (a->kind == SV_ARG_NUM) {
+            if (dec_num(d, &v) < 0)
+                return -1;
+            a->num = v;
+            continue;
+        }
+        if (dec_count(d, &k) < 0)
+            return -1;
+        if (k == 0)
+            continue;
+        a->sl.v = dec_alloc(d, k * sizeof(*a->sl.v));
+        if (!a->sl.v)
+            return -1;
+        for (a->sl.n = 0; a->sl.n < k; a->sl.n++) {
+            struct sv_str *s = &a->sl.v[a->sl.n];
+            if (dec_bytes(d, &s->s, &s->len) < 0 ||
+                dec_small(d, BCS_HAS_VAR | BCS_REGEX, &v) < 0)
+                return -1;
+            s->has_var = (v & BCS_HAS_VAR) != 0;
+            if ((v & BCS_REGEX) && dec_regex(d, s, casemap) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* a reference (1 + index) to an argument: its list, or its first string */
+static int dec_ref(struct dec *d, struct sv_node *n, uint64_t v,
+                   const struct sv_strlist **sl_r, const struct sv_str **s_r)
+{
+    const struct sv_arg *a;
+
+    if (v == 0 || v > n->nargs)
+        return dec_fail(d, "corrupt: bad argument reference");
+    a = &n->args[v - 1];
+    if (a->kind != SV_ARG_STRLIST)
+        return dec_fail(d, "corrupt: bad argument reference");
+    if (s_r) {
+        if (a->sl.n < 1)
+            return dec_fail(d, "corrupt: bad string reference");
+        *s_r = &a->sl.v[0];
+    } else {
+        *sl_r = &a->sl;
+    }
+    return 0;
+}
+
+static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
+                    int in_test, int checked)
+{
+    static const uint64_t max[BCV_COUNT] = {
+        [BCV_COMPARATOR] = SV_CMP_NUMERIC, [BCV_MATCH] = SV_MATCH_COUNT,
+        [BCV_RELOP] = SV_REL_NE, [BCV_ADDRPART] = SV_ADDR_DETAIL,
+        [BCV_BODY] = SIEVE_BODY_TEXT, [BCV_MODIFIERS] = UINT32_MAX,
+        [BCV_INDEX] = UINT64_MAX, [BCV_SECONDS] = UINT64_MAX,
+        [BCV_NUMBER] = UINT64_MAX,
+        [BCV_ZONE] = UINT64_MAX, [BCV_SPECIALUSE] = UINT64_MAX,
+        [BCV_SUBJECT] = UINT64_MAX, [BCV_FROM] = UINT64_MAX,
+        [BCV_HANDLE] = UINT64_MAX, [BCV_HEADER] = UINT64_MAX,
+        [BCV_UNIQUEID] = UINT64_MAX, [BCV_FLAGS] = UINT64_MAX,
+        [BCV_ADDRESSES] = UINT64_MAX, [BCV_CONTENT] = UINT64_MAX,
+    };
+    struct sv_node *n;
+    uint64_t v, f, mask, val[BCV_COUNT];
+    size_t i, npos;
+    int k;
+
+    *n_r = NULL;
+    if (depth > SIEVE_BC_MAX_DEPTH)
+        return dec_fail(d, "corrupt: nesting too deep");
+    n = dec_alloc(d, sizeof(*n));
+    if (!n)
+        return -1;
+    *n_r = n;
+    if (dec_small(d, 1000, &v) < 0)
+        return -1;
+    n->id = (int)v;
+    if (dec_small(d, UINT32_MAX, &v) < 0)
+        return -1;
+    n->line = (unsigned)v;
+    if (dec_small(d, BCF_ALL, &f) < 0)
+        return -1;
+    n->test_list = !!(f & BCF_TEST_LIST);
+    n->has_block = !!(f & BCF_HAS_BLOCK);
+    n->unchecked = !!(f & BCF_UNCHECKED);
+    n->has_match = !!(f & BCF_HAS_MATCH);
+    n->has_comparator = !!(f & BCF_HAS_CMP);
+    n->has_addrpart = !!(f & BCF_HAS_ADDR);
+    n->last = !!(f & BCF_LAST);
+    n->originalzone = !!(f & BCF_ORIGZONE);
+    n->has_flags = !!(f & BCF_HAS_FLAGS);
+    n->copy = !!(f & BCF_COPY);
+    n->create = !!(f & BCF_CREATE);
+    n->mime = !!(f & BCF_MIME);
+    n->once = !!(f & BCF_ONCE);
+    n->optional = !!(f & BCF_OPTIONAL);
+    n->global = !!(f & BCF_GLOBAL);
+    n->has_seconds = !!(f & BCF_HAS_SECONDS);
+    n->over = !!(f & BCF_OVER);
+    if (dec_bytes(d, &n->name, NULL) < 0)
+        return -1;
+    if (dec_small(d, (1u << BCV_COUNT) - 1, &mask) < 0)
+        return -1;
+    for (k = 0; k < BCV_COUNT; k++) {
+        val[k] = 0;
+        if ((mask >> k) & 1) {
+            if (dec_small(d, max[k], &val[k]) < 0)
+                return -1;
+            if (val[k] == 0)
+                return dec_fail(d, "corrupt: a field given as 0");
+        }
+    }
+    n->comparator = (int)val[BCV_COMPARATOR];
+    n->match = (int)val[BCV_MATCH];
+    n->relop = (int)val[BCV_RELOP];
+    n->addrpart = (int)val[BCV_ADDRPART];
+    n->body_transform = (int)val[BCV_BODY];
+    n->modifiers = (unsigned)val[BCV_MODIFIERS];
+    n->index = val[BCV_INDEX];
+    n->seconds = val[BCV_SECONDS];
+    n->number = val[BCV_NUMBER];
+    if (dec_args(d, n, n->comparator == SV_CMP_CASEMAP) < 0)
+        return -1;
+    if ((val[BCV_ZONE] &&
+         dec_ref(d, n, val[BCV_ZONE], NULL, &n->zone) < 0) ||
+        (val[BCV_SPECIALUSE] &&
+         dec_ref(d, n, val[BCV_SPECIALUSE], NULL, &n->specialuse) < 0) ||
+        (val[BCV_SUBJECT] &&
+         dec_ref(d, n, val[BCV_SUBJECT], NULL, &n->subject) < 0) ||
+        (val[BCV_FROM] &&
+         dec_ref(d, n, val[BCV_FROM], NULL, &n->from) < 0) ||
+        (val[BCV_HANDLE] &&
+         dec_ref(d, n, val[BCV_HANDLE], NULL, &n->handle) < 0) ||
+        (val[BCV_HEADER] &&
+         dec_ref(d, n, val[BCV_HEADER], NULL, &n->header) < 0) ||
+        (val[BCV_UNIQUEID] &&
+         dec_ref(d, n, val[BCV_UNIQUEID], NULL, &n->uniqueid) < 0) ||
+        (val[BCV_FLAGS] &&
+         dec_ref(d, n, val[BCV_FLAGS], &n->flags, NULL) < 0) ||
+        (val[BCV_ADDRESSES] &&
+         dec_ref(d, n, val[BCV_ADDRESSES], &n->addresses, NULL) < 0) ||
+        (val[BCV_CONTENT] &&
+         dec_ref(d, n, val[BCV_CONTENT], &n->content_types, NULL) < 0))
+        return -1;
+    if (dec_small(d, 3, &v) < 0)
+        return -1;
+    npos = (size_t)v;
+    for (i = 0; i < npos; i++) {
+        if (dec_small(d, n->nargs ? n->nargs - 1 : 0, &v) < 0)
+            return -1;
+        if (n->nargs == 0 || n->args[v].kind == SV_ARG_TAG)
+            return dec_fail(d, "corrupt: bad positional argument");
+        n->pos[n->npos++] = &n->args[v].sl;
+    }
+    /* an unchecked command (under an ihave that failed at check time) is
+     * one the parser made and the checker never resolved: id 0, so that
+     * the executor stops at it (a runtime error) and never looks at its
+     * arguments or children, which are not checked here either */
+    if (checked && n->unchecked && (n->id != 0 || in_test))
+        return dec_fail(d, "corrupt: bad unchecked command");
+    checked = checked && !n->unchecked;
+    if (dec_nodes(d, &n->tests, &n->ntests, depth, 1, checked) < 0 ||
+        dec_nodes(d, &n->block, &n->nblock, depth, 0, checked) < 0)
+        return -1;
+    if (checked && sieve_check_shape(n, in_test) < 0)
+        return dec_fail(d, "corrupt: node of the wrong shape");
+    return 0;
+}
+
+int sieve_bc_decode(const void *data, size_t len, const char *text,
+                    size_t textlen, const struct sieve_limits *limits,
+                    const struct strarray *allowed,
+                    struct sieve_script **script_r, const char **why_r)
+{
+    const unsigned char *h = data;
+    struct sieve_script *s;
+    struct dec d;
+    size_t i, n;
+    uint64_t v;
+    const char *dummy;
+
+    if (!why_r)
+        why_r = &dummy;
+    *why_r = NULL;
+    if (!script_r || (!data && len) || (!text && textlen)) {
+        *why_r = "invalid arguments";
+        return SIEVE_EINVAL;
+    }
+    *script_r = NULL;
+    if (!text)
+        text = "";
+    if (len < SIEVE_BC_HEADER || memcmp(h, sieve_bc_magic, 8) != 0) {
+        *why_r = "corrupt: not a compiled Sieve script";
+        return SIEVE_EINVAL;
+    }
+    if (get_le(h + 8, 4) != SIEVE_BC_VERSION ||
+        get_le(h + 12, 4) != SIEVE_BC_HEADER) {
+        *why_r = "stale: another format version";
+        return SIEVE_EINVAL;
+    }
+    if (get_le(h + 56, 4) != len - SIEVE_BC_HEADER) {
+        *why_r = "corrupt: wrong length";
+        return SIEVE_EINVAL;
+    }
+    if (get_le(h + 60, 4) !=
+        crc32c(h + SIEVE_BC_HEADER, len - SIEVE_BC_HEADER)) {
+        *why_r = "corrupt: checksum mismatch";
+        return SIEVE_EINVAL;
+    }
+    if (get_le(h + 16, 8) != textlen ||
+        get_le(h + 24, 8) != sieve_bc_fnv(text, textlen)) {
+        *why_r = "stale: source changed";
+        return SIEVE_EINVAL;
+    }
+    s = calloc(1, sizeof(*s));
+    if (!s) {
+        *why_r = "out of memory";
+        return SIEVE_ENOMEM;
+    }
+    sieve_limits_merge(&s->limits, limits);
+    if (get_le(h + 32, 4) != 0 || get_le(h + 44, 4) != 0 ||
+        get_le(h + 36, 4) != sieve_bc_extmask(allowed) ||
+        get_le(h + 40, 4) != s->limits.max_nesting ||
+        get_le(h + 48, 8) != s->limits.max_string_len) {
+        free(s);
+        *why_r = "stale: extensions or limits changed";
+        return SIEVE_EINVAL;
+    }
+    if (textlen > s->limits.max_script_size) {
+        free(s);
+        *why_r = "stale: script over the size limit";
+        return SIEVE_EINVAL;
+    }
+    d.p = h + SIEVE_BC_HEADER;
+    d.end = h + len;
+    d.s = s;
+    /* the tree takes about 8 times the bytes of its flat form */
+    d.chunk_size = 8 * (len - SIEVE_BC_HEADER) + 1024;
+    d.why = NULL;
+    d.rc = SIEVE_OK;
+    if (dec_count(&d, &n) == 0) {
+        for (i = 0; i < n; i++) {
+            char *name;
+            size_t nlen;
+            if (dec_bytes(&d, &name, &nlen) < 0)
+                break;
+            if (sieve_ext_lookup(name) < 0) {
+                dec_fail(&d, "corrupt: unknown extension");
+                break;
+            }
+            if (strarray_append(&s->requires, name) < 0) {
+                dec_nomem(&d);
+                break;
+            }
+        }
+    }
+    if (d.rc == SIEVE_OK && dec_small(&d, 1, &v) == 0) {
+        s->uses_variables = (int)v;
+        if (dec_nodes(&d, &s->cmds, &s->ncmds, 0, 0, 1) == 0 &&
+            d.p != d.end)
+            dec_fail(&d, "corrupt: bytes after the script");
+    }
+    if (d.rc != SIEVE_OK) {
+        sieve_script_free(&s);
+        *why_r = d.why;
+        return d.rc;
+    }
+    *script_r = s;
+    return SIEVE_OK;
+}

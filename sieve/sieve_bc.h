@@ -1,0 +1,103 @@
+/*
+ * sieve_bc.h - the stored compiled form of a Sieve script: the checked
+ * tree of sieve_compile() written flat to a file beside the script
+ * (NAME.bc next to NAME.script), so that delivery loads it instead of
+ * parsing and checking the text again.
+ *
+ *   struct buf bc = BUF_INITIALIZER;
+ *   sieve_compile(text, len, limits, allowed, &s, &err);
+ *   sieve_bc_encode(s, text, len, allowed, &bc);     ... write bc ...
+ *   later, with the script's current text at hand:
+ *   r = sieve_bc_decode(bc.s, bc.len, text, len, limits, allowed, &s, &why);
+ *   SIEVE_OK: s runs exactly as the compiled text would; SIEVE_EINVAL:
+ *   the file is stale or damaged (why says which): compile the text.
+ *
+ * Format (version 1; integers little-endian; no pointers, so the bytes
+ * mean the same wherever they are read or mapped):
+ *
+ *   offset size
+ *      0    8   magic "\x7fSIEVBC\n"
+ *      8    4   format version (SIEVE_BC_VERSION)
+ *     12    4   header size (64)
+ *     16    8   source size in bytes
+ *     24    8   source FNV-1a 64 hash
+ *     32    4   0 (reserved)
+ *     36    4   extension set the script was checked against: bit i =
+ *               sieve_ext_names[i] (sieve_ext.h) allowed
+ *     40    4   max_nesting the script was checked under
+ *     44    4   0 (reserved)
+ *     48    8   max_string_len the script was checked under
+ *     56    4   payload size (the file is exactly 64 + this)
+ *     60    4   payload CRC-32C
+ *     64        payload
+ *
+ * The payload is a sequence of unsigned LEB128 numbers ("n" below, at
+ * most 10 bytes, 64 bits) and byte strings (n length, then the bytes):
+ *
+ *   script  = n count, string*     the require names
+ *             n flags              bit 0: uses variables
+ *             n count, node*       the top-level commands
+ *   node    = n id, n line, n flags (bit 0 test list, 1 has block,
+ *             2 unchecked, 3 has match, 4 has comparator, 5 has address
+ *             part, 6 last, 7 originalzone, 8 has flags, 9 copy,
+ *             10 create, 11 mime, 12 once, 13 optional, 14 global,
+ *             15 has seconds, 16 over), string name,
+ *             n field mask, then the fields whose bit is set (those not
+ *             0, in this order): comparator, match, relop, address
+ *             part, body transform, set modifiers, index, seconds,
+ *             number; then references, 1 + the index of the argument
+ *             whose first string is :zone, :specialuse, :subject, :from,
+ *             :handle, :header, :uniqueid, and whose list is :flags,
+ *             :addresses, :content,
+ *             n count, arg*,
+ *             n count, n arg index*          the positional arguments
+ *             n count, node*                 the tests
+ *             n count, node*                 the block
+ *   arg     = n kind (0 number, 1 string list, 2 tag), n line, n is-list,
+ *             kind 2: string tag; kind 0: n value;
+ *             kind 1: n count, (string, n flags)* (flag bit 0: has a
+ *             variable reference, bit 1: a :regex key compiled at load)
+ *
+ * A loaded tree lives in a few large blocks (struct sv_chunk), not one
+ * allocation per node and string, and :regex keys are compiled again.
+ *
+ * sieve_bc_decode() trusts nothing: every length and count is checked
+ * against the bytes left, nesting is bounded, every reference must name
+ * an argument of the right kind, every checked node must have the shape
+ * of its command or test (sieve_check_shape()), and the CRC-32C of the
+ * payload must match; anything else rejects the whole file.  A file
+ * whose source size, hash, extension set or compile-time limits differ
+ * from the caller's is stale and rejected the same way.
+ */
+#ifndef SIEVE_SIEVE_BC_H
+#define SIEVE_SIEVE_BC_H
+
+#include <stddef.h>
+
+#include "lib/buf.h"
+#include "lib/strarray.h"
+#include "sieve/sieve.h"
+
+#define SIEVE_BC_VERSION 1
+#define SIEVE_BC_HEADER 64
+#define SIEVE_BC_SUFFIX ".bc"
+
+/* Append the stored form of script s, compiled from text[0..len) with
+ * the extension list allowed (NULL: all) to out.  SIEVE_OK, SIEVE_ENOMEM,
+ * SIEVE_EINVAL (s NULL). */
+int sieve_bc_encode(const struct sieve_script *s, const char *text,
+                    size_t len, const struct strarray *allowed,
+                    struct buf *out);
+
+/* Load the stored form data[0..len) for the script whose current text
+ * is text[0..textlen), to be run under limits (NULL: defaults) with the
+ * extension list allowed (NULL: all).  SIEVE_OK with *script_r set;
+ * SIEVE_EINVAL when the file is stale, of another version or damaged,
+ * *why_r a constant text ("stale: source changed", "corrupt: ...");
+ * SIEVE_ENOMEM. */
+int sieve_bc_decode(const void *data, size_t len, const char *text,
+                    size_t textlen, const struct sieve_limits *limits,
+                    const struct strarray *allowed,
+                    struct sieve_script **script_r, const char **why_r);
+
+#endif
