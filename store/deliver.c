@@ -30,8 +30,9 @@
  * copy expunged since still counts as delivered while its record is in
  * the index (cleanup removes expunged records only after their age); a
  * uid a lost reservation left and that was given again holds another
- * SHA-1.  Records of the short form (Sieve, moves, older versions) count
- * without a look.  A lost record (a crash of the machine: deliver.db is
+ * SHA-1.  Records of the short form (Sieve, older versions) count
+ * without a look; a move carries each record in its own form (it keeps
+ * UIDVALIDITY, UIDs and bytes).  A lost record (a crash of the machine: deliver.db is
  * not synced) can still let a second copy through, never lose one.
  *
  * Open mailboxes are cached in the context (by unique id, so a mailbox

@@ -119,6 +119,40 @@ static int duplicate_key(struct buf *key, const char *id, size_t idlen,
     return 0;
 }
 
+void duplicate_guid_hex(const unsigned char *guid,
+                        char out[2 * DUPLICATE_GUID_LEN + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t i;
+
+    for (i = 0; i < DUPLICATE_GUID_LEN; i++) {
+        out[2 * i] = hex[guid[i] >> 4];
+        out[2 * i + 1] = hex[guid[i] & 15];
+    }
+    out[2 * DUPLICATE_GUID_LEN] = '\0';
+}
+
+int duplicate_guid_parse(const char *hex, size_t len, unsigned char *guid)
+{
+    size_t i;
+
+    if (len != 2 * DUPLICATE_GUID_LEN)
+        return -1;
+    for (i = 0; i < len; i++) {
+        char c = hex[i];
+        int x = c >= '0' && c <= '9' ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+
+        if (x < 0)
+            return -1;
+        if (i % 2 == 0)
+            guid[i / 2] = (unsigned char)(x << 4);
+        else
+            guid[i / 2] |= (unsigned char)x;
+    }
+    return 0;
+}
+
 /* "TIME UID", or "TIME UID UIDVALIDITY GUID" (*named_r = 1, *copy_r). */
 static int duplicate_parse_copy(const char *p, size_t len, time_t *time_r,
                                 uint32_t *uid_r, int *named_r,
@@ -126,7 +160,8 @@ static int duplicate_parse_copy(const char *p, size_t len, time_t *time_r,
 {
     const char *end = p + len, *f[4], *fe[4];
     uint64_t t, u, v = 0;
-    size_t nf = 0, i;
+    unsigned char guid[DUPLICATE_GUID_LEN];
+    size_t nf = 0;
     const char *q = p;
 
     /* split at single spaces into at most 4 fields */
@@ -150,23 +185,11 @@ static int duplicate_parse_copy(const char *p, size_t len, time_t *time_r,
         return -1;
     if (nf == 4) {
         if (store_parse_u64(f[2], (size_t)(fe[2] - f[2]), UINT32_MAX,
-                            &v) < 0 ||
-            fe[3] - f[3] != 2 * DUPLICATE_GUID_LEN)
+                            &v) < 0)
             return -1;
-        for (i = 0; i < 2 * DUPLICATE_GUID_LEN; i++) {
-            char c = f[3][i];
-            int x = c >= '0' && c <= '9' ? c - '0'
-                    : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-
-            if (x < 0)
-                return -1;
-            if (copy_r) {
-                if (i % 2 == 0)
-                    copy_r->guid[i / 2] = (unsigned char)(x << 4);
-                else
-                    copy_r->guid[i / 2] |= (unsigned char)x;
-            }
-        }
+        if (duplicate_guid_parse(f[3], (size_t)(fe[3] - f[3]),
+                                 copy_r ? copy_r->guid : guid) < 0)
+            return -1;
         if (copy_r) {
             copy_r->uid = (uint32_t)u;
             copy_r->uidvalidity = (uint32_t)v;
@@ -189,19 +212,13 @@ static int duplicate_parse(const char *p, size_t len, time_t *time_r,
 static int duplicate_format_copy(char *val, size_t size, time_t when,
                                  const struct duplicate_copy *c)
 {
-    static const char hex[] = "0123456789abcdef";
-    int n = snprintf(val, size, "%lld %u %u ", (long long)when, c->uid,
-                     c->uidvalidity);
-    size_t i;
+    char hex[2 * DUPLICATE_GUID_LEN + 1];
+    int n;
 
-    if (n < 0 || (size_t)n + 2 * DUPLICATE_GUID_LEN + 1 > size)
-        return -1;
-    for (i = 0; i < DUPLICATE_GUID_LEN; i++) {
-        val[n++] = hex[c->guid[i] >> 4];
-        val[n++] = hex[c->guid[i] & 15];
-    }
-    val[n] = '\0';
-    return n;
+    duplicate_guid_hex(c->guid, hex);
+    n = snprintf(val, size, "%lld %u %u %s", (long long)when, c->uid,
+                 c->uidvalidity, hex);
+    return n < 0 || (size_t)n >= size ? -1 : n;
 }
 
 /* A key for a log line: the Message-ID part, sanitized. */
@@ -657,14 +674,17 @@ static int duplicate_each_cb(void *rock, const char *key, size_t keylen,
 {
     struct duplicate_each *e = rock;
     const char *nul = memchr(key, '\0', keylen);
+    struct duplicate_copy c;
     time_t t;
     uint32_t uid;
+    int named;
 
     if (!nul || nul == key || (size_t)(nul - key) == keylen - 1 ||
-        duplicate_parse(data, datalen, &t, &uid) < 0)
+        duplicate_parse_copy(data, datalen, &t, &uid, &named, &c) < 0)
         return 0;   /* damaged: not handed on (prune removes it) */
     return e->cb(e->rock, key, (size_t)(nul - key), nul + 1,
-                 keylen - (size_t)(nul - key) - 1, t, uid) != 0;
+                 keylen - (size_t)(nul - key) - 1, t, uid,
+                 named ? &c : NULL) != 0;
 }
 
 int duplicate_foreach(struct duplicate_db *d, duplicate_foreach_cb *cb,

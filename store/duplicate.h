@@ -96,18 +96,27 @@ int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
                         const char *const *mailboxes, const uint32_t *uids,
                         size_t n, time_t when);
 
-/* Call cb(rock, id, idlen, mailbox, mboxlen, when, uid) for every
+/* Call cb(rock, id, idlen, mailbox, mboxlen, when, uid, copy) for every
  * record of deliver.db in key order (damaged records are skipped; mailbox
- * is not NUL-terminated); a non-zero return of cb ends the walk (and is
- * no error).  cb must not change the database (one read walk: a move's
- * dump carries a user's records to the new backend, so that a message
- * delivered before the move is still known there).  STORE_OK,
- * STORE_IOERROR, STORE_BUSY. */
+ * is not NUL-terminated; copy is the copy a record of the long form
+ * names, NULL for a short one); a non-zero return of cb ends the walk
+ * (and is no error).  cb must not change the database (one read walk: a
+ * move's dump carries a user's records to the new backend, so that a
+ * message delivered before the move is still known there, and one never
+ * stored is not taken for delivered).  STORE_OK, STORE_IOERROR,
+ * STORE_BUSY. */
 typedef int duplicate_foreach_cb(void *rock, const char *id, size_t idlen,
                                  const char *mailbox, size_t mboxlen,
-                                 time_t when, uint32_t uid);
+                                 time_t when, uint32_t uid,
+                                 const struct duplicate_copy *copy);
 int duplicate_foreach(struct duplicate_db *d, duplicate_foreach_cb *cb,
                       void *rock);
+
+/* The GUID as 40 lower-case hex digits and a NUL into out. */
+void duplicate_guid_hex(const unsigned char *guid,
+                        char out[2 * DUPLICATE_GUID_LEN + 1]);
+/* 40 hex digits (lower case) at hex into guid: 0, or -1. */
+int duplicate_guid_parse(const char *hex, size_t len, unsigned char *guid);
 
 /* Delete every record older than `days` days (TIME < now - days * 86400),
  * and every damaged record; *pruned_r / *kept_r (may be NULL) get the

@@ -213,16 +213,18 @@ static void test_mark_many(void **state)
 
 struct fx_seen {
     unsigned n;
+    unsigned named;
     time_t when;
     uint32_t uid;
 };
 
 static int fx_seen_cb(void *rock, const char *id, size_t idlen,
                       const char *mailbox, size_t mboxlen, time_t when,
-                      uint32_t uid)
+                      uint32_t uid, const struct duplicate_copy *copy)
 {
     struct fx_seen *s = rock;
 
+    s->named += copy != NULL;
     (void)id;
     (void)idlen;
     (void)mailbox;
@@ -235,13 +237,14 @@ static int fx_seen_cb(void *rock, const char *id, size_t idlen,
 
 /* Records naming their copy (deliveries): written in one transaction,
  * read back with every field, read as plain records by duplicate_check()
- * (Sieve) and duplicate_foreach() (a move's dump), pruned by age; a
- * plain record reads as not naming a copy. */
+ * (Sieve), handed to duplicate_foreach()'s callback with their copy (a
+ * move's dump carries it), pruned by age; a plain record reads as not
+ * naming a copy. */
 static void test_copies(void **state)
 {
     static const char *const boxes[] = { TH_D "user.a", TH_D "user.b" };
     struct duplicate_copy c[2], got;
-    struct fx_seen seen = { 0, 0, 0 };
+    struct fx_seen seen = { 0, 0, 0, 0 };
     unsigned long pruned = 0, kept = 0;
     time_t t = 0, now = time(NULL);
     int named = -1, i;
@@ -282,6 +285,7 @@ static void test_copies(void **state)
     assert_int_equal(named, 0);
     assert_int_equal(duplicate_foreach(f.d, fx_seen_cb, &seen), STORE_OK);
     assert_int_equal(seen.n, 3);
+    assert_int_equal(seen.named, 2);
     /* old records of the long form go by age as the others */
     assert_int_equal(duplicate_mark_copies(f.d, ID("<old@x>"), boxes, c, 1,
                                            now - 10 * 86400), STORE_OK);
