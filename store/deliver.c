@@ -4,14 +4,36 @@
  * Order of work for a message, and why:
  *   1. every recipient is looked up in the mailbox list (unknown: its own
  *      STORE_NOTFOUND) and checked against the duplicate database;
- *   2. the remaining ones are reserved in one append transaction (quota
- *      checked per mailbox);
- *   3. append_commit(): one sync round makes all of them durable and
- *      visible;
- *   4. only then the duplicate records are written, all recipients' in one
- *      transaction (one durable commit, not one per recipient), so a
- *      crash between 3 and 4 can at worst deliver a second copy later,
- *      never lose one.
+ *   2. the duplicate records of the remaining ones are written, all in
+ *      one transaction (deliver.db is no-sync: no sync added), each
+ *      naming the copy about to be stored: the mailbox's uidvalidity, its
+ *      uidnext (the lowest uid the copy can get) and the message's SHA-1;
+ *   3. they are reserved in one append transaction (quota checked per
+ *      mailbox);
+ *   4. append_commit(): one sync round makes all of them durable and
+ *      visible; then the front end answers 250.
+ *
+ * Exactly once.  A record of the long form is believed only when its copy
+ * is found: a committed record of that SHA-1 at or above the named uid
+ * (deliver_copy_stored(), run only on a record hit, which is rare, under
+ * the mailbox's exclusive lock, whose recovery first settles a dead
+ * writer's reservation the way it stays: committed when its file is
+ * complete, else aborted; journal replay ran at START).  So a worker
+ * killed
+ *   - before 2 stored and recorded nothing: the retry delivers;
+ *   - between 2 and 4, or during 4: the retry finds the record; recovery
+ *     committed the copy (-> duplicate) or aborted it (-> delivered);
+ *   - after 4, before its 250: the record names a committed copy, the
+ *     retry is a duplicate;
+ * one copy in every case, and a failed commit or reservation (4xx) leaves
+ * a record whose copy is aborted or absent, which suppresses nothing.  A
+ * copy expunged since still counts as delivered while its record is in
+ * the index (cleanup removes expunged records only after their age); a
+ * uid a lost reservation left and that was given again holds another
+ * SHA-1.  Records of the short form (Sieve, older versions) count
+ * without a look; a move carries each record in its own form (it keeps
+ * UIDVALIDITY, UIDs and bytes).  A lost record (a crash of the machine: deliver.db is
+ * not synced) can still let a second copy through, never lose one.
  *
  * Open mailboxes are cached in the context (by unique id, so a mailbox
  * deleted and created again under the same name is not confused with the
@@ -23,7 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "lib/log.h"
 #include "store/deliver.h"
@@ -163,6 +187,80 @@ int deliver_duplicate_db(struct deliver_ctx *ctx, struct duplicate_db **d_r)
     return r;
 }
 
+/* ---- the copy a duplicate record names -------------------------------- */
+
+/* Is the copy c, which a duplicate record of an earlier attempt names
+ * (written just before that attempt reserved it: c->uid is the mailbox's
+ * uidnext then, the lowest uid the copy can have), stored in mb for good?
+ * Looked up under the exclusive lock, whose recovery first settles every
+ * append of a dead process the way it will stay (committed when its
+ * message file is complete, else aborted; with spool_sync: journal the
+ * journal was replayed at START, so the index holds what replay keeps):
+ * a record with uid >= c->uid and c's SHA-1 that is committed (expunged
+ * since or not: a message the user deleted is still delivered).
+ * STORE_OK: stored, or the mailbox was created again since (other
+ * uidvalidity: the record counts, as a short one); STORE_NOTFOUND: that
+ * attempt stored nothing (its reservation was aborted or never made);
+ * STORE_BUSY: a live process is still appending it; or a lock or read
+ * error. */
+static int deliver_copy_stored(struct mailbox *mb,
+                               const struct duplicate_copy *c)
+{
+    const struct mailbox_header *h;
+    struct mailbox_record rec;
+    uint32_t lo, hi, mid;
+    int r, busy = 0;
+
+    r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+    if (r)
+        return r;
+    h = mailbox_get_header(mb);
+    if (h->uidvalidity != c->uidvalidity) {
+        mailbox_unlock(mb);
+        return STORE_OK;
+    }
+    /* records are in increasing uid order: the first with uid >= c->uid */
+    lo = 0;
+    hi = h->num_records;
+    while (lo < hi && r == STORE_OK) {
+        mid = lo + (hi - lo) / 2;
+        r = mailbox_read_record(mb, mid, &rec);
+        if (r == STORE_OK && rec.uid < c->uid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    r = r == STORE_OK ? STORE_NOTFOUND : r;
+    for (; lo < h->num_records && r == STORE_NOTFOUND; lo++) {
+        r = mailbox_read_record(mb, lo, &rec);
+        if (r == STORE_OK &&
+            (memcmp(rec.digest, c->guid, DUPLICATE_GUID_LEN) != 0 ||
+             (rec.flags & MAILBOX_FLAG_ABORTED)))
+            r = STORE_NOTFOUND;
+        else if (r == STORE_OK && (rec.flags & MAILBOX_FLAG_PENDING)) {
+            busy = 1;           /* a live appender: settled later */
+            r = STORE_NOTFOUND;
+        }
+    }
+    mailbox_unlock(mb);
+    return r == STORE_NOTFOUND && busy ? STORE_BUSY : r;
+}
+
+/* ---- for tests ---------------------------------------------------------- */
+
+static int deliver_die_point;
+
+void deliver_test_die_at(int point)
+{
+    deliver_die_point = point;
+}
+
+static void deliver_maybe_die(int point)
+{
+    if (deliver_die_point == point)
+        kill(getpid(), SIGKILL);
+}
+
 /* 1 when the user of a reserved recipient's mailbox is marked as moving
  * or moved (logged). */
 static int deliver_moving(struct deliver_ctx *ctx,
@@ -191,21 +289,61 @@ static int deliver_moving(struct deliver_ctx *ctx,
     return moving;
 }
 
+/* The duplicate records of the recipients about to be reserved (cand),
+ * each naming its copy, in one transaction (logged on failure: only
+ * suppression suffers). */
+static void deliver_mark(struct deliver_ctx *ctx, const char *msgid,
+                         size_t msgidlen, const struct deliver_rcpt *rcpts,
+                         const unsigned char *cand,
+                         const struct duplicate_copy *copies, size_t nrcpts,
+                         time_t now)
+{
+    const char **names = calloc(nrcpts, sizeof(*names));
+    struct duplicate_copy *c = calloc(nrcpts, sizeof(*c));
+    size_t i, n = 0;
+    int r;
+
+    if (!names || !c) {
+        r = STORE_NOMEM;
+    } else {
+        for (i = 0; i < nrcpts; i++)
+            if (cand[i]) {
+                names[n] = rcpts[i].mailbox;
+                c[n++] = copies[i];
+            }
+        r = n ? duplicate_mark_copies(ctx->dup, msgid, msgidlen, names, c,
+                                      n, now)
+              : STORE_OK;
+    }
+    if (r)
+        log_warning("deliver: duplicate records not written "
+                    "recipients=<%lu> error=<%s>", (unsigned long)n,
+                    store_strerror(r));
+    free(names);
+    free(c);
+}
+
 int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
                     const char *msgid, size_t msgidlen,
                     struct deliver_rcpt *rcpts, size_t nrcpts, int flags)
 {
     struct append_txn *txn = NULL;
-    struct mboxlist_entry *entry = NULL;
+    struct mboxlist_entry **entries;
+    struct duplicate_copy copy, *copies;
     struct mailbox *mb;
-    int dupcheck, r, any = 0, aflags;
-    size_t i, j;
+    int dupcheck, r, any = 0, aflags, named;
+    size_t i, j, nalloc = nrcpts ? nrcpts : 1;
     time_t now = time(NULL);
-    unsigned char *reserved;
+    unsigned char *reserved, *cand;
 
-    reserved = calloc(nrcpts ? nrcpts : 1, 1);
-    if (!reserved)
-        return STORE_NOMEM;
+    reserved = calloc(nalloc, 1);
+    cand = calloc(nalloc, 1);
+    copies = calloc(nalloc, sizeof(*copies));
+    entries = calloc(nalloc, sizeof(*entries));
+    if (!reserved || !cand || !copies || !entries) {
+        r = STORE_NOMEM;
+        goto fail_all;
+    }
     dupcheck = !(flags & DELIVER_NO_DUPCHECK) && msgid && msgidlen &&
                imapconf_getswitch(ctx->conf, "duplicatesuppression");
     aflags = (flags & DELIVER_IGNORE_QUOTA) ? APPEND_IGNORE_QUOTA : 0;
@@ -223,6 +361,7 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
     if (r)
         goto fail_all;
 
+    /* 1: look up, check for duplicates */
     for (i = 0; i < nrcpts; i++) {
         struct deliver_rcpt *rc = &rcpts[i];
 
@@ -231,29 +370,72 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
                 break;
         if (j < i)
             continue;   /* same mailbox twice: filled in after commit */
-        r = mboxlist_lookup(ctx->ml, rc->mailbox, &entry);
+        r = mboxlist_lookup(ctx->ml, rc->mailbox, &entries[i]);
         if (r) {
             rc->result = r;
             continue;
         }
+        named = 0;
         if (dupcheck) {
             time_t when;
 
-            r = duplicate_check(ctx->dup, msgid, msgidlen, rc->mailbox,
-                                &when, NULL);
+            r = duplicate_check_copy(ctx->dup, msgid, msgidlen, rc->mailbox,
+                                     &when, &named, &copy);
+            if (r == STORE_OK && !named) {
+                rc->duplicate = 1;      /* a record of the short form */
+                continue;
+            }
+            if (r != STORE_OK && r != STORE_NOTFOUND) {
+                rc->result = r;
+                continue;
+            }
+            if (r == STORE_NOTFOUND)
+                named = 0;
+        }
+        r = deliver_get_mailbox(ctx, entries[i], &mb);
+        if (r) {
+            rc->result = r;
+            continue;
+        }
+        if (named) {
+            /* a record hit (rare): believed once its copy is found */
+            r = deliver_copy_stored(mb, &copy);
             if (r == STORE_OK) {
                 rc->duplicate = 1;
-                mboxlist_entry_free(&entry);
                 continue;
             }
             if (r != STORE_NOTFOUND) {
                 rc->result = r;
-                mboxlist_entry_free(&entry);
                 continue;
             }
+            log_info("deliver: duplicate record names a copy never stored, "
+                     "delivering mailbox=<%s> uid=<%u>", rc->mailbox,
+                     copy.uid);
         }
-        r = deliver_get_mailbox(ctx, entry, &mb);
-        mboxlist_entry_free(&entry);
+        /* the copy about to be reserved: its uid will be >= uidnext (the
+         * handle's header is as of its last lock, and uidnext only
+         * grows) */
+        copies[i].uid = mailbox_get_header(mb)->uidnext;
+        copies[i].uidvalidity = mailbox_get_header(mb)->uidvalidity;
+        memcpy(copies[i].guid,
+               append_stage_info(rc->stage ? rc->stage : st)->digest,
+               DUPLICATE_GUID_LEN);
+        cand[i] = 1;
+    }
+
+    /* 2: the records, before anything is reserved */
+    if (dupcheck)
+        deliver_mark(ctx, msgid, msgidlen, rcpts, cand, copies, nrcpts,
+                     now);
+    deliver_maybe_die(DELIVER_DIE_AFTER_MARK);
+
+    /* 3: reserve */
+    for (i = 0; i < nrcpts; i++) {
+        struct deliver_rcpt *rc = &rcpts[i];
+
+        if (!cand[i])
+            continue;
+        r = deliver_get_mailbox(ctx, entries[i], &mb);
         if (r) {
             rc->result = r;
             continue;
@@ -287,7 +469,10 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
             }
         any = 0;
     }
+
+    /* 4: commit */
     if (any) {
+        deliver_maybe_die(DELIVER_DIE_BEFORE_COMMIT);
         r = append_commit(txn);
         if (r) {
             for (i = 0; i < nrcpts; i++)
@@ -295,29 +480,8 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
                     rcpts[i].result = r;
                     rcpts[i].uid = 0;
                 }
-        } else if (dupcheck) {
-            /* one transaction for every recipient: one durable commit */
-            const char **names = calloc(nrcpts, sizeof(*names));
-            uint32_t *uids = calloc(nrcpts, sizeof(*uids));
-            size_t n = 0;
-
-            if (!names || !uids) {
-                r = STORE_NOMEM;
-            } else {
-                for (i = 0; i < nrcpts; i++)
-                    if (reserved[i]) {
-                        names[n] = rcpts[i].mailbox;
-                        uids[n++] = rcpts[i].uid;
-                    }
-                r = duplicate_mark_many(ctx->dup, msgid, msgidlen, names,
-                                        uids, n, now);
-            }
-            if (r)   /* the mail is stored: only suppression suffers */
-                log_warning("deliver: duplicate records not written "
-                            "recipients=<%lu> error=<%s>", (unsigned long)n,
-                            store_strerror(r));
-            free(names);
-            free(uids);
+        } else {
+            deliver_maybe_die(DELIVER_DIE_AFTER_COMMIT);
         }
     }
     append_free(&txn);
@@ -331,13 +495,20 @@ int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
                 rcpts[i].uid = rcpts[j].uid;
                 break;
             }
-    free(reserved);
-    return STORE_OK;
+    r = STORE_OK;
+    goto out;
 
 fail_all:
     for (i = 0; i < nrcpts; i++)
         rcpts[i].result = r;
+out:
+    if (entries)
+        for (i = 0; i < nrcpts; i++)
+            mboxlist_entry_free(&entries[i]);
+    free(entries);
     free(reserved);
+    free(cand);
+    free(copies);
     return r;
 }
 

@@ -4,10 +4,13 @@
  *
  * For each recipient mailbox: look it up in the mailbox list, skip it
  * when duplicate suppression finds (Message-ID, mailbox) delivered before,
- * check quota, reserve the message (append_add).  Then one durable commit
- * for all of them (append_commit), and only after that the duplicate
- * records are written: a duplicate record never exists for mail that was
- * not stored.  Each recipient gets its own result.  Just before the
+ * write the duplicate records, each naming the copy about to be stored
+ * (lowest uid, uidvalidity, SHA-1), check quota and reserve the message
+ * (append_add), then one durable commit for all of them (append_commit).  A record is
+ * believed only when the copy it names is found committed in its mailbox
+ * (or was expunged since), so a record of mail that was never stored
+ * suppresses nothing, and mail stored by a process killed before its 250
+ * is not stored twice.  Each recipient gets its own result.  Just before the
  * commit, a recipient whose user is marked moving or moved
  * (store/userstate.h: a move began after its RCPT) cancels the whole
  * transaction: every reserved recipient gets STORE_BUSY.
@@ -71,6 +74,17 @@ int deliver_duplicate_db(struct deliver_ctx *ctx, struct duplicate_db **d_r);
 int deliver_message(struct deliver_ctx *ctx, struct append_stage *st,
                     const char *msgid, size_t msgidlen,
                     struct deliver_rcpt *rcpts, size_t nrcpts, int flags);
+
+/* ---- for tests ---- */
+
+#define DELIVER_DIE_AFTER_MARK    1  /* records written, nothing reserved */
+#define DELIVER_DIE_BEFORE_COMMIT 2  /* reserved, before the commit */
+#define DELIVER_DIE_AFTER_COMMIT  3  /* committed, before returning (the
+                                        250 a front end would send) */
+/* point != 0: deliver_message() of this process kills the process
+ * (SIGKILL) when it reaches that point, as a worker killed there; 0: off
+ * (the default; nothing but tests calls this). */
+void deliver_test_die_at(int point);
 
 /* Find the Message-ID field in a message header (hdr, len: the header
  * bytes, or the whole message; the search stops at the first empty line).

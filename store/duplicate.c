@@ -4,9 +4,14 @@
  * ON-DISK FORMAT (cyrusdb backend `duplicate_db`, plain byte order):
  *
  *   MESSAGE-ID NUL MAILBOX  ->  "TIME UID"
+ *                           or  "TIME UID UIDVALIDITY GUID"
  *
  * TIME is decimal seconds since the epoch, UID the decimal uid the message
- * got in MAILBOX (0 when unknown), one space between.  The Message-ID is
+ * got in MAILBOX (0 when unknown), one space between.  The long form
+ * (deliveries, duplicate_mark_copies()) adds the mailbox's uidvalidity and
+ * the message's SHA-1 (40 lower-case hex digits): it is written before
+ * the message is committed and names the copy, which the reader checks
+ * (store/deliver.c).  The Message-ID is
  * 1..DUPLICATE_ID_MAX bytes without NUL, so the first NUL of a key ends
  * it; the mailbox is at least one byte, the whole key at most
  * DUPLICATE_KEY_MAX bytes.
@@ -19,8 +24,10 @@
  *
  * NO SYNC: the file is opened with CYRUSDB_NOSYNC whatever the backend.
  * The durability contract (DESIGN.md) lets the duplicate database lose
- * records, and deliver.c writes them only after the message itself is
- * durably stored, so a lost record means at worst a second copy.  A
+ * records: a lost record means at worst a second copy.  deliver.c writes
+ * its records before it reserves the message, and believes one only after
+ * finding the copy it names committed, so a record whose message never
+ * got stored suppresses nothing.  A
  * durable commit would instead hold the file's write lock across one or two
  * fdatasync()s per delivery, and every concurrent worker would queue
  * behind it.  A killed worker loses nothing it committed (the page cache
@@ -112,24 +119,106 @@ static int duplicate_key(struct buf *key, const char *id, size_t idlen,
     return 0;
 }
 
-/* "TIME UID" */
-static int duplicate_parse(const char *p, size_t len, time_t *time_r,
-                           uint32_t *uid_r)
+void duplicate_guid_hex(const unsigned char *guid,
+                        char out[2 * DUPLICATE_GUID_LEN + 1])
 {
-    const char *sp = memchr(p, ' ', len);
-    uint64_t t, u;
+    static const char hex[] = "0123456789abcdef";
+    size_t i;
 
-    if (!sp)
+    for (i = 0; i < DUPLICATE_GUID_LEN; i++) {
+        out[2 * i] = hex[guid[i] >> 4];
+        out[2 * i + 1] = hex[guid[i] & 15];
+    }
+    out[2 * DUPLICATE_GUID_LEN] = '\0';
+}
+
+int duplicate_guid_parse(const char *hex, size_t len, unsigned char *guid)
+{
+    size_t i;
+
+    if (len != 2 * DUPLICATE_GUID_LEN)
         return -1;
-    if (store_parse_u64(p, (size_t)(sp - p), DUPLICATE_TIME_MAX, &t) < 0 ||
-        store_parse_u64(sp + 1, len - (size_t)(sp - p) - 1, UINT32_MAX,
-                        &u) < 0)
+    for (i = 0; i < len; i++) {
+        char c = hex[i];
+        int x = c >= '0' && c <= '9' ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+
+        if (x < 0)
+            return -1;
+        if (i % 2 == 0)
+            guid[i / 2] = (unsigned char)(x << 4);
+        else
+            guid[i / 2] |= (unsigned char)x;
+    }
+    return 0;
+}
+
+/* "TIME UID", or "TIME UID UIDVALIDITY GUID" (*named_r = 1, *copy_r). */
+static int duplicate_parse_copy(const char *p, size_t len, time_t *time_r,
+                                uint32_t *uid_r, int *named_r,
+                                struct duplicate_copy *copy_r)
+{
+    const char *end = p + len, *f[4], *fe[4];
+    uint64_t t, u, v = 0;
+    unsigned char guid[DUPLICATE_GUID_LEN];
+    size_t nf = 0;
+    const char *q = p;
+
+    /* split at single spaces into at most 4 fields */
+    while (nf < 4) {
+        const char *sp = memchr(q, ' ', (size_t)(end - q));
+
+        f[nf] = q;
+        fe[nf] = sp ? sp : end;
+        nf++;
+        if (!sp)
+            break;
+        q = sp + 1;
+    }
+    if ((nf != 2 && nf != 4) || fe[nf - 1] != end)
+        return -1;
+    if (store_parse_u64(f[0], (size_t)(fe[0] - f[0]), DUPLICATE_TIME_MAX,
+                        &t) < 0 ||
+        store_parse_u64(f[1], (size_t)(fe[1] - f[1]), UINT32_MAX, &u) < 0)
         return -1;
     if ((uint64_t)(time_t)t != t)
         return -1;
+    if (nf == 4) {
+        if (store_parse_u64(f[2], (size_t)(fe[2] - f[2]), UINT32_MAX,
+                            &v) < 0)
+            return -1;
+        if (duplicate_guid_parse(f[3], (size_t)(fe[3] - f[3]),
+                                 copy_r ? copy_r->guid : guid) < 0)
+            return -1;
+        if (copy_r) {
+            copy_r->uid = (uint32_t)u;
+            copy_r->uidvalidity = (uint32_t)v;
+        }
+    }
     *time_r = (time_t)t;
     *uid_r = (uint32_t)u;
+    if (named_r)
+        *named_r = nf == 4;
     return 0;
+}
+
+static int duplicate_parse(const char *p, size_t len, time_t *time_r,
+                           uint32_t *uid_r)
+{
+    return duplicate_parse_copy(p, len, time_r, uid_r, NULL, NULL);
+}
+
+/* The value of a record naming its copy into val (at least 96 bytes). */
+static int duplicate_format_copy(char *val, size_t size, time_t when,
+                                 const struct duplicate_copy *c)
+{
+    char hex[2 * DUPLICATE_GUID_LEN + 1];
+    int n;
+
+    duplicate_guid_hex(c->guid, hex);
+    n = snprintf(val, size, "%lld %u %u %s", (long long)when, c->uid,
+                 c->uidvalidity, hex);
+    return n < 0 || (size_t)n >= size ? -1 : n;
 }
 
 /* A key for a log line: the Message-ID part, sanitized. */
@@ -365,14 +454,28 @@ void duplicate_close(struct duplicate_db **dp)
 int duplicate_check(struct duplicate_db *d, const char *id, size_t idlen,
                     const char *mailbox, time_t *time_r, uint32_t *uid_r)
 {
+    struct duplicate_copy c;
+    int named, r;
+
+    r = duplicate_check_copy(d, id, idlen, mailbox, time_r, &named, &c);
+    if (r == STORE_OK && uid_r)
+        *uid_r = c.uid;
+    return r;
+}
+
+int duplicate_check_copy(struct duplicate_db *d, const char *id,
+                         size_t idlen, const char *mailbox, time_t *time_r,
+                         int *named_r, struct duplicate_copy *copy_r)
+{
     struct buf key = BUF_INITIALIZER;
     const char *data;
     size_t datalen;
     time_t t;
     uint32_t uid;
     char safe[128];
-    int r;
+    int r, named = 0;
 
+    *named_r = 0;
     r = duplicate_key(&key, id, idlen, mailbox);
     if (r < 0) {
         buf_free(&key);
@@ -387,7 +490,8 @@ int duplicate_check(struct duplicate_db *d, const char *id, size_t idlen,
                                              sizeof(safe)),
                   cyrusdb_strerror(r));
         r = store_from_cyrusdb(r);
-    } else if (duplicate_parse(data, datalen, &t, &uid) < 0) {
+    } else if (duplicate_parse_copy(data, datalen, &t, &uid, &named,
+                                    copy_r) < 0) {
         log_error("duplicate: damaged record read as absent file=<%s> "
                   "id=<%s>", d->fname,
                   duplicate_logkey(key.s, key.len, safe, sizeof(safe)));
@@ -395,8 +499,10 @@ int duplicate_check(struct duplicate_db *d, const char *id, size_t idlen,
     } else {
         if (time_r)
             *time_r = t;
-        if (uid_r)
-            *uid_r = uid;
+        if (!named)
+            memset(copy_r, 0, sizeof(*copy_r));
+        copy_r->uid = uid;
+        *named_r = named;
         r = STORE_OK;
     }
     buf_free(&key);
@@ -433,13 +539,17 @@ int duplicate_mark(struct duplicate_db *d, const char *id, size_t idlen,
     return r;
 }
 
-int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
-                        const char *const *mailboxes, const uint32_t *uids,
-                        size_t n, time_t when)
+/* duplicate_mark_many() (copies NULL) and duplicate_mark_copies() (uids
+ * NULL). */
+static int duplicate_mark_n(struct duplicate_db *d, const char *id,
+                            size_t idlen, const char *const *mailboxes,
+                            const uint32_t *uids,
+                            const struct duplicate_copy *copies, size_t n,
+                            time_t when)
 {
     struct cyrusdb_txn *tid = NULL;
     struct buf key = BUF_INITIALIZER;
-    char val[48];
+    char val[96];
     char safe[128];
     size_t i;
     int r = STORE_OK, k, len;
@@ -454,7 +564,15 @@ int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
             r = STORE_NOMEM;
         if (k < 0)
             continue;   /* not trackable */
-        len = snprintf(val, sizeof(val), "%lld %u", (long long)when, uids[i]);
+        if (copies)
+            len = duplicate_format_copy(val, sizeof(val), when, &copies[i]);
+        else
+            len = snprintf(val, sizeof(val), "%lld %u", (long long)when,
+                           uids[i]);
+        if (len < 0) {
+            r = STORE_INTERNAL;
+            continue;
+        }
         k = cyrusdb_store(d->db, key.s, key.len, val, (size_t)len, &tid);
         if (k != CYRUSDB_OK) {
             log_error("duplicate: store failed file=<%s> id=<%s> error=<%s>",
@@ -476,6 +594,21 @@ int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
     }
     buf_free(&key);
     return r;
+}
+
+int duplicate_mark_many(struct duplicate_db *d, const char *id, size_t idlen,
+                        const char *const *mailboxes, const uint32_t *uids,
+                        size_t n, time_t when)
+{
+    return duplicate_mark_n(d, id, idlen, mailboxes, uids, NULL, n, when);
+}
+
+int duplicate_mark_copies(struct duplicate_db *d, const char *id,
+                          size_t idlen, const char *const *mailboxes,
+                          const struct duplicate_copy *copies, size_t n,
+                          time_t when)
+{
+    return duplicate_mark_n(d, id, idlen, mailboxes, NULL, copies, n, when);
 }
 
 /* ---- prune ------------------------------------------------------------ */
@@ -541,14 +674,17 @@ static int duplicate_each_cb(void *rock, const char *key, size_t keylen,
 {
     struct duplicate_each *e = rock;
     const char *nul = memchr(key, '\0', keylen);
+    struct duplicate_copy c;
     time_t t;
     uint32_t uid;
+    int named;
 
     if (!nul || nul == key || (size_t)(nul - key) == keylen - 1 ||
-        duplicate_parse(data, datalen, &t, &uid) < 0)
+        duplicate_parse_copy(data, datalen, &t, &uid, &named, &c) < 0)
         return 0;   /* damaged: not handed on (prune removes it) */
     return e->cb(e->rock, key, (size_t)(nul - key), nul + 1,
-                 keylen - (size_t)(nul - key) - 1, t, uid) != 0;
+                 keylen - (size_t)(nul - key) - 1, t, uid,
+                 named ? &c : NULL) != 0;
 }
 
 int duplicate_foreach(struct duplicate_db *d, duplicate_foreach_cb *cb,

@@ -306,10 +306,10 @@ struct xfer_dups {
 
 static int xfer_dup_cb(void *rock, const char *id, size_t idlen,
                        const char *mailbox, size_t mboxlen, time_t when,
-                       uint32_t uid)
+                       uint32_t uid, const struct duplicate_copy *copy)
 {
     struct xfer_dups *x = rock;
-    char name[600];
+    char name[600], hex[2 * DUPLICATE_GUID_LEN + 1];
 
     if (mboxlen >= sizeof(name))
         return 0;
@@ -318,8 +318,13 @@ static int xfer_dup_cb(void *rock, const char *id, size_t idlen,
     if (!mboxname_is_self_or_child(x->inbox, name) ||
         memchr(name, ' ', mboxlen) || memchr(name, '\n', mboxlen))
         return 0;
-    if (buf_printf(&x->out, "DUPLICATE %lld %" PRIu32 " %s %zu\n",
-                   (long long)when, uid, name, idlen) < 0 ||
+    if (copy)
+        duplicate_guid_hex(copy->guid, hex);
+    if ((copy ? buf_printf(&x->out, "DUPLICATE %lld %" PRIu32 " %s %zu %"
+                           PRIu32 " %s\n", (long long)when, uid, name,
+                           idlen, copy->uidvalidity, hex)
+              : buf_printf(&x->out, "DUPLICATE %lld %" PRIu32 " %s %zu\n",
+                           (long long)when, uid, name, idlen)) < 0 ||
         buf_append(&x->out, id, idlen) < 0 || buf_putc(&x->out, '\n') < 0) {
         x->nomem = 1;
         return 1;
@@ -917,19 +922,25 @@ out:
     return r;
 }
 
-/* DUPLICATE TIME UID MAILBOX IDLEN, the id's bytes, LF: recorded here
- * (the uid stays valid: a move keeps every UID). */
+/* DUPLICATE TIME UID MAILBOX IDLEN [UIDVALIDITY GUID], the id's bytes,
+ * LF: recorded here (the uid stays valid: a move keeps every UID, the
+ * UIDVALIDITY and the bytes, hence the GUID, so a record naming its copy
+ * is checked against the moved mailbox as against the old one). */
 static int xfer_load_dup(struct xfer_load *L)
 {
-    char name[600], id[DUPLICATE_ID_MAX + 1];
+    char name[600], id[DUPLICATE_ID_MAX + 1], hex[2 * DUPLICATE_GUID_LEN + 2];
+    struct duplicate_copy copy;
     long long when;
-    unsigned long uid;
+    unsigned long uid, uidvalidity = 0;
     size_t idlen;
-    int r;
+    int r, n;
 
-    if (sscanf(buf_cstring(&L->line), "DUPLICATE %lld %lu %599s %zu",
-               &when, &uid, name, &idlen) != 4 || when < 0 ||
-        uid > UINT32_MAX || idlen == 0 || idlen > DUPLICATE_ID_MAX)
+    n = sscanf(buf_cstring(&L->line), "DUPLICATE %lld %lu %599s %zu %lu %41s",
+               &when, &uid, name, &idlen, &uidvalidity, hex);
+    if ((n != 4 && n != 6) || when < 0 ||
+        uid > UINT32_MAX || idlen == 0 || idlen > DUPLICATE_ID_MAX ||
+        (n == 6 && (uidvalidity > UINT32_MAX ||
+                    duplicate_guid_parse(hex, strlen(hex), copy.guid) < 0)))
         return xfer_load_error(L, "malformed DUPLICATE line");
     if (!mboxname_is_self_or_child(buf_cstring(&L->inbox), name))
         return xfer_load_error(L, "a DUPLICATE record of another user");
@@ -939,8 +950,17 @@ static int xfer_load_dup(struct xfer_load *L)
         xfer_fail("cannot open the duplicate-delivery database", NULL, r);
         return -1;
     }
-    r = duplicate_mark(L->dup, id, idlen, name, (time_t)when,
-                       (uint32_t)uid);
+    if (n == 6) {
+        const char *names[1] = { name };
+
+        copy.uid = (uint32_t)uid;
+        copy.uidvalidity = (uint32_t)uidvalidity;
+        r = duplicate_mark_copies(L->dup, id, idlen, names, &copy, 1,
+                                  (time_t)when);
+    } else {
+        r = duplicate_mark(L->dup, id, idlen, name, (time_t)when,
+                           (uint32_t)uid);
+    }
     if (r) {
         xfer_fail("cannot record a delivery of", name, r);
         return -1;

@@ -41,7 +41,9 @@ tests/tierhelp.py's.
             (mark lifted, 250), nothing was removed
   dups      a message stored on the old backend and delivered again
             after the move (an MTA retrying a lost 250) is a duplicate
-            on the new backend, not a second copy
+            on the new backend, not a second copy; a message refused
+            (451) after its duplicate record was written, retried after
+            the move, is stored there, not taken for a duplicate
   move_lost_reply  the directory switch applied by etcd but answered
             with an error (a proxy in front of etcd answers 503 "request
             timed out" after passing the txn on): cyr_user reads the
@@ -405,6 +407,25 @@ def test_dups():
     msg = make_message(msgid="dup-across-move@test", subject="dup")
     r, final = backend_deliver("alpha", "frank", msg)
     check(final and final.code == 250, "first delivery: %r %r" % (r, final))
+    # a delivery refused after its duplicate record was written (the
+    # user marked moving between RCPT and DATA): the record names a copy
+    # that was never stored, and the move must not make it read as
+    # delivered on the new backend
+    refused = make_message(msgid="refused-before-move@test")
+    n0 = B["alpha"].count("user.frank")
+    with Conn(("127.0.0.1", B["alpha"].lmtp_port)) as c:
+        c.reply()
+        check(c.cmd("LHLO client.test").code == 250, "LHLO")
+        check(c.cmd("MAIL FROM:<s@example.org>").code == 250, "MAIL")
+        r = c.cmd("RCPT TO:<frank>")
+        check(r.code == 250, "RCPT before the mark: %r" % r)
+        B["alpha"].mbtool("user-mark", "frank", "moving")
+        check(c.cmd("DATA").code == 354, "DATA")
+        c.send(dot_stuff(refused))
+        r = c.replies(1)[0]
+        check(r.code == 451, "DATA after the mark: %r" % r)
+    B["alpha"].mbtool("user-mark", "frank", "here")
+    check(B["alpha"].count("user.frank") == n0, "stored after the mark")
     cyr_user("move", "frank", "beta")
     n = B["beta"].count("user.frank")
     r, final = backend_deliver("beta", "frank", msg)
@@ -417,6 +438,13 @@ def test_dups():
                                make_message(msgid="after-dup@test"))
     check(final and final.code == 250 and
           B["beta"].count("user.frank") == n + 1, "a new message: %r" % final)
+    # the refused one's retry is stored, not taken for a duplicate
+    r, final = backend_deliver("beta", "frank", refused)
+    check(final and final.code == 250 and
+          B["beta"].count("user.frank") == n + 2,
+          "the retry of a message refused before the move: %r, %d "
+          "messages (want %d)" % (final, B["beta"].count("user.frank"),
+                                  n + 2))
 
 
 class LostReplyProxy:

@@ -1,6 +1,7 @@
 /*
  * test_duplicate.c - the duplicate delivery database (store/duplicate.c)
- * against every cyrusdb backend: check, mark and re-mark; ids and
+ * against every cyrusdb backend: check, mark and re-mark; records naming
+ * their copy (the long form) and damaged ones of that form; ids and
  * mailboxes that cannot be tracked; prune by age with controlled times
  * (records marked with old `when` values) and its counts; damaged
  * records; a 20,000-record prune within a time bound; a prune racing
@@ -210,6 +211,94 @@ static void test_mark_many(void **state)
     fx_done(&f);
 }
 
+struct fx_seen {
+    unsigned n;
+    unsigned named;
+    time_t when;
+    uint32_t uid;
+};
+
+static int fx_seen_cb(void *rock, const char *id, size_t idlen,
+                      const char *mailbox, size_t mboxlen, time_t when,
+                      uint32_t uid, const struct duplicate_copy *copy)
+{
+    struct fx_seen *s = rock;
+
+    s->named += copy != NULL;
+    (void)id;
+    (void)idlen;
+    (void)mailbox;
+    (void)mboxlen;
+    s->n++;
+    s->when = when;
+    s->uid = uid;
+    return 0;
+}
+
+/* Records naming their copy (deliveries): written in one transaction,
+ * read back with every field, read as plain records by duplicate_check()
+ * (Sieve), handed to duplicate_foreach()'s callback with their copy (a
+ * move's dump carries it), pruned by age; a plain record reads as not
+ * naming a copy. */
+static void test_copies(void **state)
+{
+    static const char *const boxes[] = { TH_D "user.a", TH_D "user.b" };
+    struct duplicate_copy c[2], got;
+    struct fx_seen seen = { 0, 0, 0, 0 };
+    unsigned long pruned = 0, kept = 0;
+    time_t t = 0, now = time(NULL);
+    int named = -1, i;
+    struct fx f;
+
+    fx_init(&f, state);
+    memset(c, 0, sizeof(c));
+    for (i = 0; i < DUPLICATE_GUID_LEN; i++) {
+        c[0].guid[i] = (unsigned char)(i * 13 + 1);
+        c[1].guid[i] = (unsigned char)(255 - i);
+    }
+    c[0].uid = 7;
+    c[0].uidvalidity = 4000000000u;
+    c[1].uid = 1;
+    c[1].uidvalidity = 1;
+    assert_int_equal(duplicate_mark_copies(f.d, ID("<c@x>"), boxes, c, 2,
+                                           now), STORE_OK);
+    for (i = 0; i < 2; i++) {
+        memset(&got, 0, sizeof(got));
+        assert_int_equal(duplicate_check_copy(f.d, ID("<c@x>"), boxes[i], &t,
+                                              &named, &got), STORE_OK);
+        assert_int_equal(named, 1);
+        assert_int_equal(t, now);
+        assert_int_equal(got.uid, c[i].uid);
+        assert_int_equal(got.uidvalidity, c[i].uidvalidity);
+        assert_memory_equal(got.guid, c[i].guid, DUPLICATE_GUID_LEN);
+    }
+    expect_dup(&f, ID("<c@x>"), TH_D "user.a", now, 7);
+    /* a plain record names no copy */
+    assert_int_equal(duplicate_mark(f.d, ID("<p@x>"), TH_D "user.a", now, 3),
+                     STORE_OK);
+    assert_int_equal(duplicate_check_copy(f.d, ID("<p@x>"), TH_D "user.a",
+                                          &t, &named, &got), STORE_OK);
+    assert_int_equal(named, 0);
+    assert_int_equal(got.uid, 3);
+    assert_int_equal(duplicate_check_copy(f.d, ID("<none@x>"), TH_D "user.a",
+                                          &t, &named, &got), STORE_NOTFOUND);
+    assert_int_equal(named, 0);
+    assert_int_equal(duplicate_foreach(f.d, fx_seen_cb, &seen), STORE_OK);
+    assert_int_equal(seen.n, 3);
+    assert_int_equal(seen.named, 2);
+    /* old records of the long form go by age as the others */
+    assert_int_equal(duplicate_mark_copies(f.d, ID("<old@x>"), boxes, c, 1,
+                                           now - 10 * 86400), STORE_OK);
+    assert_int_equal(duplicate_prune(f.d, 3, &pruned, &kept), STORE_OK);
+    assert_int_equal(pruned, 1);
+    assert_int_equal(kept, 3);
+    /* a negative time records nothing */
+    assert_int_equal(duplicate_mark_copies(f.d, ID("<n@x>"), boxes, c, 2, -1),
+                     STORE_INTERNAL);
+    expect_none(&f, ID("<n@x>"), TH_D "user.a");
+    fx_done(&f);
+}
+
 static void test_bad_ids(void **state)
 {
     struct fx f;
@@ -337,7 +426,16 @@ static void test_damaged(void **state)
     time_t now = time(NULL);
     static const char *const bad[] = {
         "", "x", "12", "12 ", " 12 3", "12 3 4", "12 -3", "12 4294967296",
-        "012 3", "-5 3", NULL
+        "012 3", "-5 3",
+        /* the long form: GUID of 39, 41 digits, upper case, not hex; a
+         * fifth field; uidvalidity out of range */
+        "12 3 4 0123456789abcdef0123456789abcdef0123456",
+        "12 3 4 0123456789abcdef0123456789abcdef012345678",
+        "12 3 4 0123456789ABCDEF0123456789abcdef01234567",
+        "12 3 4 0123456789abcdefg123456789abcdef01234567",
+        "12 3 4 0123456789abcdef0123456789abcdef01234567 5",
+        "12 3 4294967296 0123456789abcdef0123456789abcdef01234567",
+        NULL
     };
     char key[32];
     int i, kl;
@@ -368,7 +466,7 @@ static void test_damaged(void **state)
         expect_none(&f, key, (size_t)kl, TH_D "user.a");   /* read as absent */
     }
     assert_int_equal(duplicate_prune(f.d, 3, &pruned, &kept), STORE_OK);
-    assert_int_equal(pruned, 11);
+    assert_int_equal(pruned, 17);
     assert_int_equal(kept, 1);
     expect_dup(&f, ID("<good>"), TH_D "user.a", now, 1);
     fx_done(&f);
@@ -707,6 +805,7 @@ static void test_damaged_file_race(void **state)
 static const struct th_case cases[] = {
     { "check_mark", test_check_mark },
     { "mark_many", test_mark_many },
+    { "copies", test_copies },
     { "bad_ids", test_bad_ids },
     { "prune", test_prune },
     { "damaged", test_damaged },
