@@ -507,7 +507,7 @@ def test_move_lost_reply():
     # (the leader lost, a timeout): cyr_user must read the record back
     # and finish the move, never undo it (that would leave the record
     # naming a backend whose copy it removed)
-    m = CLUSTER.members[0]
+    m = TIER.cluster.members[0]
     proxy = LostReplyProxy(("127.0.0.1", m["client"]))
     conf = os.path.join(WORK, "lostreply.conf")
     with open(FRONT.imapd_conf) as f:
