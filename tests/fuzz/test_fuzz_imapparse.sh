@@ -34,7 +34,8 @@ cp "$srcdir"/tests/fuzz/corpus/imapparse/* "$work/corpus/"
 cd "$srcdir"
 "$clang" -g -O1 -fsanitize=fuzzer,address,undefined \
   -fno-sanitize-recover=undefined -I. -I"$builddir" \
-  tests/fuzz/fuzz_imapparse.c imapd/imapparse.c lib/*.c cyrusdb/*.c store/*.c \
+  tests/fuzz/fuzz_imapparse.c imapd/imapparse.c imapd/search.c sieve/*.c \
+  lib/*.c cyrusdb/*.c store/*.c \
   -ldb-5.3 -llmdb -lsasl2 -lssl -lcrypto -lz -lcurl -ljansson -o "$work/fuzz_imapparse"
 
 fail=0
