@@ -557,12 +557,20 @@ static int service_open_unix(struct service *s)
             return -1;
         }
     }
+    /* listen at once: until then a client that finds the path is
+     * refused (ECONNREFUSED) instead of queued */
+    if (listen(fd, s->backlog) < 0) {
+        int e = errno;
+
+        unlink(s->host);
+        errno = e;
+        goto fail;
+    }
     if (lstat(s->host, &sb) < 0) goto fail;
     s->unix_path = xstrdup_or_null(s->host);
     s->unix_dev = sb.st_dev;
     s->unix_ino = sb.st_ino;
     if (chmod(s->host, 0777) < 0) goto fail_unlink;
-    if (listen(fd, s->backlog) < 0) goto fail_unlink;
     s->listen_fd = fd;
     return 0;
 fail_unlink:
