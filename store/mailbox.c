@@ -139,6 +139,12 @@
  *     records of the visible prefix.
  *  e. visible advanced over resolved records; header written if anything
  *     changed; with bit 2 set, quota is told.
+ * A shared lock recovers nothing, except that a reader who finds the
+ * record at `visible` to be a dead appender's (PENDING, not its own,
+ * record lock free) takes the exclusive lock once to run this recovery,
+ * then its shared lock again: appends finished behind a worker killed
+ * between its R and F were acknowledged, and a reader sees them without
+ * waiting for the next append to the mailbox.
  *
  * CRASH POINTS (crash = process killed, or power lost with any subset of
  * the unsynced writes on disk).  What the next exclusive locker sees:
@@ -2184,6 +2190,13 @@ int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type)
         (void)mbx_write_header(mb);
     }
     return STORE_OK;
+}
+
+int mailbox_lock_peek(struct mailbox *mb)
+{
+    if (!mb)
+        return STORE_INTERNAL;
+    return mbx_lock(mb, MAILBOX_LOCK_SHARED);
 }
 
 void mailbox_version(const struct mailbox *mb, struct mailbox_version *v)
