@@ -90,6 +90,9 @@ class SieveInstance(Instance):
         """Install text as user's active script NAME."""
         d = os.path.join(self.sievedir, user[0].lower(), user)
         os.makedirs(d, exist_ok=True)
+        # lmtpd (the run-as user) writes the compiled form NAME.bc there
+        chown_run_as(os.path.dirname(d))
+        chown_run_as(d)
         p = os.path.join(d, name + ".script")
         tmp = p + ".tmp"
         with open(tmp, "w") as f:
