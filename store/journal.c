@@ -1557,7 +1557,9 @@ static void jnl_replay_mailbox(const struct imapconf *conf,
         st->skipped += n;
         goto out;
     }
-    if (mailbox_lock(mb, MAILBOX_LOCK_SHARED) == STORE_OK) {
+    /* a look without recovery: a dead appender's file may be one this
+     * replay restores */
+    if (mailbox_lock_peek(mb) == STORE_OK) {
         h = *mailbox_get_header(mb);
         have_h = 1;
     }

@@ -139,6 +139,12 @@
  *     records of the visible prefix.
  *  e. visible advanced over resolved records; header written if anything
  *     changed; with bit 2 set, quota is told.
+ * A shared lock recovers nothing, except that a reader who finds the
+ * record at `visible` to be a dead appender's (PENDING, not its own,
+ * record lock free) takes the exclusive lock once to run this recovery,
+ * then its shared lock again: appends finished behind a worker killed
+ * between its R and F were acknowledged, and a reader sees them without
+ * waiting for the next append to the mailbox.
  *
  * CRASH POINTS (crash = process killed, or power lost with any subset of
  * the unsynced writes on disk).  What the next exclusive locker sees:
@@ -2136,6 +2142,24 @@ void mailbox_close(struct mailbox **mbp)
         quota_shared_close();
 }
 
+/* Under a shared lock: is the first record behind the visible prefix a
+ * dead appender's (PENDING, not this process's, its record lock free)?
+ * Appends resolved after it wait behind it, acknowledged but unseen,
+ * until an exclusive locker's recovery settles it. */
+static int mbx_dead_blocker(struct mailbox *mb)
+{
+    struct mailbox_record rec;
+
+    if (mb->slot.visible >= mb->slot.num_records)
+        return 0;
+    if (mbx_read_rec(mb, mb->slot.visible, &rec) != STORE_OK)
+        return 0;
+    if (!(rec.flags & MAILBOX_FLAG_PENDING) ||
+        mbx_own_pending(mb, rec.uid, NULL))
+        return 0;
+    return mbx_record_lock_held(mb->fd, mb->slot.visible) == 0;
+}
+
 int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type)
 {
     int r;
@@ -2143,6 +2167,21 @@ int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type)
     if (!mb || (type != MAILBOX_LOCK_SHARED && type != MAILBOX_LOCK_EXCLUSIVE))
         return STORE_INTERNAL;
     r = mbx_lock(mb, type);
+    if (r == STORE_OK && type == MAILBOX_LOCK_SHARED &&
+        mbx_dead_blocker(mb)) {
+        /* a reader must not wait for the next append to see what was
+         * acknowledged: settle the dead append (recovery, under the
+         * exclusive lock) and look again */
+        mbx_release(mb);
+        r = mailbox_lock(mb, MAILBOX_LOCK_EXCLUSIVE);
+        if (r == STORE_OK)
+            r = mailbox_unlock(mb);
+        if (r != STORE_OK)
+            log_warning("mailbox: dead append not settled by a reader "
+                        "mailbox=<%s> error=<%s>", mb->name,
+                        store_strerror(r));
+        r = mbx_lock(mb, type);
+    }
     if (r || type != MAILBOX_LOCK_EXCLUSIVE)
         return r;
     /* bring quota in line (a no-op without a quota root) */
@@ -2151,6 +2190,13 @@ int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type)
         (void)mbx_write_header(mb);
     }
     return STORE_OK;
+}
+
+int mailbox_lock_peek(struct mailbox *mb)
+{
+    if (!mb)
+        return STORE_INTERNAL;
+    return mbx_lock(mb, MAILBOX_LOCK_SHARED);
 }
 
 void mailbox_version(const struct mailbox *mb, struct mailbox_version *v)

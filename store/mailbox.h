@@ -156,10 +156,19 @@ enum mailbox_locktype { MAILBOX_LOCK_SHARED = 1, MAILBOX_LOCK_EXCLUSIVE = 2 };
  * exists, size and digest match) and committed or aborted; a dirty header
  * is recomputed from the records; the visible prefix advanced.  Then, when
  * the mailbox has a quota root, the quota database is brought in line with
- * the header (quota.h).  STORE_OK, STORE_CORRUPT, STORE_IOERROR,
- * STORE_NOTFOUND (the index was removed: mailbox deleted meanwhile),
- * STORE_INTERNAL (the handle is already locked: locks do not nest). */
+ * the header (quota.h).  A shared lock runs that recovery (exclusive lock
+ * taken and released first) only when the record at the end of the
+ * visible prefix is a dead appender's: appends finished behind it were
+ * acknowledged and the reader sees them.  STORE_OK, STORE_CORRUPT,
+ * STORE_IOERROR, STORE_NOTFOUND (the index was removed: mailbox deleted
+ * meanwhile), STORE_INTERNAL (the handle is already locked: locks do not
+ * nest). */
 int mailbox_lock(struct mailbox *mb, enum mailbox_locktype type);
+
+/* The shared lock without any recovery: for journal replay, which looks
+ * at the index before it restores message files that recovery must
+ * find.  Released with mailbox_unlock(). */
+int mailbox_lock_peek(struct mailbox *mb);
 
 /* The version of the index the last lock of this handle read: header
  * generation (every header write raises it), device and inode. */

@@ -14,7 +14,8 @@ must write is theirs.
 
 Environment: top_builddir (default "."), TEST_TMPDIR, LMTP_TESTS (space
 separated test names: run only those), LMTP_KEEP=1 (keep the temporary
-directories for inspection).  Python 3 standard library only.
+directories for inspection; a failed test's directory is kept unless
+LMTP_KEEP=0).  Python 3 standard library only.
 """
 import os
 import re
@@ -36,6 +37,7 @@ LMTPD = os.path.join(LMTPD_DIR, "lmtpd")
 MBTOOL = os.path.join(TOP_BUILDDIR, "tools", "mbtool")
 SERVERNAME = "test.example"
 KEEP = os.environ.get("LMTP_KEEP") == "1"
+KEEP_FAILED = os.environ.get("LMTP_KEEP") != "0"
 
 
 # ---- certificates and sasldb ---------------------------------------------
@@ -419,7 +421,11 @@ class Instance(MasterRun):
             sys.stdout.write("# master log (%s), last lines:\n" % self.dir)
             for line in tail:
                 sys.stdout.write("#   %s\n" % line)
-            if not KEEP:
+            # a failed test's instance (spool, indexes, master log) stays
+            # for a look, unless LMTP_KEEP=0
+            if KEEP_FAILED:
+                sys.stdout.write("# instance kept: %s\n" % self.dir)
+            else:
                 self.cleanup()
             return False
         self.cleanup()
