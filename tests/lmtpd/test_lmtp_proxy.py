@@ -702,6 +702,44 @@ def test_watch():
           "no log line for the watch")
 
 
+def lookup_one(c, user, msgid):
+    """One transaction to user over client c: the RCPT reply when it was
+    refused, else the DATA reply."""
+    code, text = c.mail("lookups@example.org")
+    check(code == 250, "MAIL: %d %r" % (code, text))
+    rep = c.rcpt(user + "@example.org")
+    if rep[0] != 250:
+        c.rset()
+        return rep
+    return c.data(make_message(msgid=msgid))
+
+
+def lookup_counters():
+    """(cache answers, database reads) of the frontend's workers."""
+    v = directory_lookups(FRONT.metrics_port)
+    check(v is not None, "metricsd does not answer")
+    return v
+
+
+def lookup_warm(c, users, tag):
+    """Rounds of deliveries over users until one reads nothing from the
+    directory (the watch's start empties the cache once); the number of
+    messages sent."""
+    i = 0
+    for _ in range(20):
+        before = lookup_counters()
+        for u in users:
+            r = lookup_one(c, u, "%s-%d@test" % (tag, i))
+            i += 1
+            check(r[0] == 250, "warm-up %s: %r" % (u, r))
+        if lookup_counters()[1] == before[1]:
+            return i
+        time.sleep(0.2)
+    check(False, "every warm-up round read the directory: %r"
+          % (lookup_counters(),))
+    return i
+
+
 def test_lookups():
     # every delivery looks its recipient up; with lmtpwatch's 300 s
     # cache (kept current by the watch) only new and changed users are
@@ -711,35 +749,11 @@ def test_lookups():
     c = lmtp_client(FRONT.watch_socket)
 
     def one(user, i):
-        code, text = c.mail("lookups@example.org")
-        check(code == 250, "MAIL: %d %r" % (code, text))
-        rep = c.rcpt(user + "@example.org")
-        if rep[0] != 250:
-            c.rset()
-            return rep
-        return c.data(make_message(msgid="lookups-%d@test" % i))
-
-    def counters():
-        v = directory_lookups(FRONT.metrics_port)
-        check(v is not None, "metricsd does not answer")
-        return v
+        return lookup_one(c, user, "lookups-%d@test" % i)
+    counters = lookup_counters
 
     try:
-        # warm-up: rounds over the users until one reads nothing (the
-        # watch's start empties the cache once)
-        i = 0
-        for _ in range(20):
-            before = counters()
-            for u in users:
-                r = one(u, i)
-                i += 1
-                check(r[0] == 250, "warm-up %s: %r" % (u, r))
-            if counters()[1] == before[1]:
-                break
-            time.sleep(0.2)
-        else:
-            check(False, "every warm-up round read the directory: %r"
-                  % (counters(),))
+        i = lookup_warm(c, users, "lookups")
         before = counters()
         for k in range(n):
             u = users[k % len(users)]
@@ -781,32 +795,13 @@ def test_watched_ttl():
     c = lmtp_client(FRONT.wttl_socket)
 
     def one(user, i):
-        code, text = c.mail("wttl@example.org")
-        check(code == 250, "MAIL: %d %r" % (code, text))
-        rep = c.rcpt(user + "@example.org")
-        if rep[0] != 250:
-            c.rset()
-            return rep
-        return c.data(make_message(msgid="wttl-%d@test" % i))
+        return lookup_one(c, user, "wttl-%d@test" % i)
 
     def reads():
-        v = directory_lookups(FRONT.metrics_port)
-        check(v is not None, "metricsd does not answer")
-        return v[1]
+        return lookup_counters()[1]
 
     try:
-        i = 0
-        for _ in range(20):
-            before = reads()
-            for u in users:
-                r = one(u, i)
-                i += 1
-                check(r[0] == 250, "warm-up %s: %r" % (u, r))
-            if reads() == before:
-                break
-            time.sleep(0.2)
-        else:
-            check(False, "every warm-up round read the directory")
+        i = lookup_warm(c, users, "wttl")
         time.sleep(2.5)             # past directory_cache_ttl
         before = reads()
         for u in users:
