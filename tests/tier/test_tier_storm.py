@@ -891,12 +891,12 @@ class Mover:
         try:
             wait_until(lambda: self.storm.submitted() >= 0.02 * NMSG, 3600,
                        0.1)
-            todo = list(USERS[:NMOVES])
+            moves_left = list(USERS[:NMOVES])
             deadline = time.monotonic() + 1800
-            while todo and time.monotonic() < deadline:
-                u = todo.pop(0)
+            while moves_left and time.monotonic() < deadline:
+                u = moves_left.pop(0)
                 if not self.move(u):
-                    todo.append(u)
+                    moves_left.append(u)
                     time.sleep(1)
         except Exception as e:  # noqa: BLE001 - reported by the test
             self.errors.append(repr(e))
