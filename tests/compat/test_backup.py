@@ -21,6 +21,7 @@ that already has a mailbox list; a restore from an incomplete backup.
 Environment: see ../imapd/imaphelp.py.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,8 +113,17 @@ def run(cmd, check_rc=True):
     return r.returncode, out, err
 
 
+NEW_DIRS = []
+
+
+def remove_new_dirs():
+    for d in NEW_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def new_dir(name):
     d = tempfile.mkdtemp(prefix="backup-%s." % name, dir=TMPDIR)
+    NEW_DIRS.append(d)
     os.chmod(d, 0o755)
     chown_run_as(d)
     return d
@@ -448,5 +458,9 @@ def test_layout():
 
 
 if __name__ == "__main__":
-    sys.exit(run_imap_tests([test_refusals, test_layout, test_backends,
-                             test_wrong_order, test_storm]))
+    try:
+        rc = run_imap_tests([test_refusals, test_layout, test_backends,
+                             test_wrong_order, test_storm])
+    finally:
+        remove_new_dirs()
+    sys.exit(rc)
