@@ -21,8 +21,10 @@
  *                    56 last_appenddate i64  64 dirty  68 compactions
  *                    72 synced  76 CRC-32C of bytes [0, 76)
  *                    80 deletedmodseq u64  88 CRC-32C of bytes [0, 88)
+ *                    92 boot u64  100 CRC-32C of bytes [0, 100)
  *                   (a slot whose second CRC fails predates deletedmodseq:
- *                   it reads as 0, or highestmodseq once compacted).
+ *                   it reads as 0, or highestmodseq once compacted; one
+ *                   whose third CRC fails predates boot: it reads as 0).
  *                   The valid slot (magic, version, CRC) with the higher
  *                   generation is current; a header write puts generation+1
  *                   into the OTHER slot, so a torn write leaves the previous
@@ -42,7 +44,9 @@
  * (MBX_DIRTY_QUOTA): the counters moved and the quota database may not
  * know yet.  `synced`: records [0, synced) are known to be on disk in
  * their resolved state (a sync of the index happened after they were
- * written); recovery re-examines [synced, end of file) only.
+ * written); recovery re-examines [synced, end of file) only.  `boot`:
+ * flag changes may have been left unsynced during that boot of the
+ * system (FLAG CHANGES), 0: none since the last recomputation.
  *
  * Records [0, visible) are resolved: committed, expunged or aborted.
  * Records [visible, num_records) are pending appends or appends resolved
@@ -116,6 +120,40 @@
  *     PENDING and take it for committed), file unlinked, record lock
  *     released, visible advanced.
  *
+ * FLAG CHANGES (spool_sync_flags: no, the default)
+ *
+ * A lock that changed only flags, keywords and modseqs of visible records
+ * (mailbox_rewrite_record() without an expunge) ends without a sync: the
+ * records and the header go to the page cache, where every process sees
+ * them at once.  They reach the disk with the mailbox's next commit round
+ * (an append, a delivery, an expunge: each syncs the whole index file),
+ * with mailbox_flush() (imapd: a second after the session's last command,
+ * and at close and LOGOUT, after the reply), or by the kernel's
+ * writeback.  An expunge is still synced at its unlock (exists and quota
+ * move with it, and cleanup unlinks a file only once its EXPUNGED record
+ * is durable, below), as is every append.
+ *   Against a killed process nothing changes: the page cache keeps every
+ * write in the order made, and dirty bit 1 is written (not synced) before
+ * the first record changes, cleared by the header written at the unlock.
+ *   Against a power loss: any subset of the unsynced writes may be on
+ * disk.  Each 128-byte record lies in one sector and each slot (104
+ * bytes at 0 and 2048) too, so each is whole old or whole new (the
+ * assumption made for records everywhere here).  Flag changes never move
+ * num_records, visible, uidnext or synced, so whichever header wins
+ * still describes the records, except for what flag changes move:
+ * highestmodseq (a record may carry a modseq above it) and, for an older
+ * header, the dirty bits.  So before the first unsynced change of a
+ * boot, the header gets `boot` = this boot's stamp and is synced (one
+ * fdatasync per mailbox and boot); every later header carries it (the
+ * slot is copied), and the synced slot can only be overwritten by later
+ * headers that carry it too.  The first exclusive locker of a later boot
+ * finds `boot` set and not its own: recovery step d recomputes exists,
+ * quota_used and highestmodseq from the records and clears `boot`.  What
+ * is lost: flag changes of the last moments before the power failed, each
+ * record's change whole or not at all; never a message, an append or an
+ * expunge that was acknowledged.  Without a readable boot id (nor boot
+ * time) every change is synced as with spool_sync_flags: yes.
+ *
  * RECOVERY (every exclusive lock, before anything else)
  *
  *  a. records in the file = (size - 4096) / 128; a partial trailing
@@ -135,8 +173,9 @@
  *     read back (size and SHA-1); complete -> committed, after fsync of
  *     the file, DIR and the index (it becomes visible only once durable);
  *     else ABORTED (synced) and the file unlinked.
- *  d. dirty bit 1: recompute exists, quota_used, highestmodseq from the
- *     records of the visible prefix.
+ *  d. dirty bit 1, or `boot` set by an earlier boot (FLAG CHANGES):
+ *     recompute exists, quota_used, highestmodseq from the records of
+ *     the visible prefix.
  *  e. visible advanced over resolved records; header written if anything
  *     changed; with bit 2 set, quota is told.
  * A shared lock recovers nothing, except that a reader who finds the
@@ -162,11 +201,14 @@
  *  - during X: ABORTED durable or not; if not, the record is still PENDING
  *    and (c) decides from the file (unlinked or not yet): either way a
  *    message that was never acknowledged, at worst delivered.
- *  - during a flag change (mailbox_rewrite_record): dirty bit 1 was made
- *    durable before the first record changed; the locker recomputes the
- *    counters (d).  mailbox_unlock() writes the header, runs a commit
- *    round, and only then clears bit 1 (a lost clearing costs a
- *    recomputation).  Each record is whole old or whole new.
+ *  - during a flag change (mailbox_rewrite_record): with
+ *    spool_sync_flags: yes dirty bit 1 was made durable before the first
+ *    record changed; the locker recomputes the counters (d).
+ *    mailbox_unlock() writes the header, runs a commit round, and only
+ *    then clears bit 1 (a lost clearing costs a recomputation).  Each
+ *    record is whole old or whole new.  With it off, see FLAG CHANGES:
+ *    bit 1 guards against a killed writer, `boot` against a power loss;
+ *    an expunge is synced at the unlock as before.
  *  - during cleanup: files of expunged/aborted records are unlinked only
  *    after their records are durable; the compacted index is complete and
  *    synced as cyrus.index.NEW before rename(2) replaces the old one, and
