@@ -117,7 +117,7 @@ def main():
                 args = ["strace", "-f", "-o", out] + (
                     ["-c"] if not a.trace else ["-T", "-e",
                     "trace=fsync,fdatasync,syncfs,openat,unlink,unlinkat,"
-                    "rename,pwrite64,fcntl,write"])
+                    "rename,pwrite64,fcntl,write,newfstatat,fstat,pread64,mmap,munmap,close,read,sendto,recvfrom,poll"])
                 for p in pids.split():
                     args += ["-p", p]
                 tr = subprocess.Popen(args, stderr=subprocess.DEVNULL)

@@ -229,10 +229,11 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "yes = a change of flags or keywords (IMAP STORE, \\Seen "
               "by FETCH) is synced to disk before the command completes; "
               "no = it reaches the page cache at once (every session sees "
-              "it) and the disk with the mailbox's next append, delivery "
-              "or expunge, when the session closes the mailbox, or by the "
-              "kernel's writeback: a power loss may undo the flag changes "
-              "of the last moments, never a message" },
+              "it) and the disk with the mailbox's next expunge (or "
+              "append, with spool_sync file or group), a second after the "
+              "session's last command, when it closes the mailbox, or by "
+              "the kernel's writeback: a power loss may undo the flag "
+              "changes of the last moments, never a message" },
     { .name = "journal_size", .type = IMAPCONF_INT, .def = "16777216",
       .min = 1048576, .max = 1073741824,
       .desc = "bytes of one of the two segments of a partition's delivery "

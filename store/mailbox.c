@@ -125,11 +125,13 @@
  * A lock that changed only flags, keywords and modseqs of visible records
  * (mailbox_rewrite_record() without an expunge) ends without a sync: the
  * records and the header go to the page cache, where every process sees
- * them at once.  They reach the disk with the mailbox's next commit round
- * (an append, a delivery, an expunge: each syncs the whole index file),
- * with mailbox_flush() (imapd: a second after the session's last command,
- * and at close and LOGOUT, after the reply), or by the kernel's
- * writeback.  An expunge is still synced at its unlock (exists and quota
+ * them at once.  They reach the disk with the mailbox's next sync of its
+ * index (an expunge; with spool_sync file or group also an append or a
+ * delivery, whose round syncs the whole index file; with journal an
+ * append syncs the journal, and the index only every
+ * MBX_JOURNAL_SYNC_GAP records), with mailbox_flush() (imapd: a second
+ * after the session's last command, and at close and LOGOUT, after the
+ * reply), or by the kernel's writeback.  An expunge is still synced at its unlock (exists and quota
  * move with it, and cleanup unlinks a file only once its EXPUNGED record
  * is durable, below), as is every append.
  *   Against a killed process nothing changes: the page cache keeps every

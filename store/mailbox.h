@@ -200,8 +200,9 @@ int mailbox_unchanged(struct mailbox *mb, const struct stat *st,
  * (mailbox_rewrite_record() without an expunge) runs no commit round
  * either, unless imapd.conf's spool_sync_flags is on: the header goes to
  * the page cache (every process sees it at once), and the changes become
- * durable with the mailbox's next commit round (an append, a delivery,
- * an expunge; any process), mailbox_flush() or the kernel's writeback.
+ * durable with the mailbox's next sync of its index (an expunge, any
+ * process; with spool_sync file or group also an append or delivery),
+ * mailbox_flush() or the kernel's writeback.
  * A power loss before that may undo them, never a message, and leaves
  * the index consistent (mailbox.c, FLAG CHANGES). */
 int mailbox_unlock(struct mailbox *mb);
