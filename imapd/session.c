@@ -3710,6 +3710,8 @@ static void imap_cmd_idle(struct imap_session *s)
         s->quit = 1;
         return;
     }
+    if (s->sel)
+        mailbox_flush(s->sel);   /* an idling session's flag changes */
     if (polling) {
         memset(&sa, 0, sizeof(sa));
         sa.sa_handler = imap_idle_alarm;
