@@ -6,8 +6,8 @@ With imapd.conf's spool_sync_flags off (the default) a change of flags
 header go to the page cache, the seen file's commit is ordered but its
 last fdatasync skipped.  An APPEND is still durable before its OK, an
 EXPUNGE costs one sync of the index, and the flag changes a session left
-unsynced are synced after its LOGOUT reply and when the session has been
-idle for a second.  With spool_sync_flags: yes a STORE syncs the index
+unsynced are synced after its LOGOUT reply, when the session has been
+idle for a second, and when it starts IDLE.  With spool_sync_flags: yes a STORE syncs the index
 before its reply.  Each case traces the session's imapd with strace
 (-y: the file of each descriptor) and counts the sync calls per file.
 
@@ -220,6 +220,34 @@ def test_idle_session_syncs():
         ok(c.cmd("z", "LOGOUT"), "z")
 
 
+def test_idle_command_syncs():
+    """IDLE syncs the session's unsynced flag changes once it has sent
+    its continuation (STORE and IDLE sent together: no idle second in
+    between)."""
+    i = inst()
+    with session(i) as c:
+        t = Trace(i, worker_pid(i, c), io=True)
+
+        def synced_in_idle():
+            lines = t.lines()
+            cont = [k for k, ln in enumerate(lines) if "+ idling" in ln]
+            return cont and any(SYNC_RE.match(ln) and "cyrus.index" in ln
+                                for ln in lines[cont[0]:]) or None
+        try:
+            c.send(b"f UID STORE 8 +FLAGS (\\Flagged)\r\ni IDLE\r\n")
+            ok(c.until_tagged("f"), "f")
+            line = c.line()
+            check(line.startswith(b"+"), "IDLE: %r" % line)
+            got = wait_until(synced_in_idle, 30, 0.05)
+            lines = t.lines()
+        finally:
+            t.stop()
+        check(got, "no sync of the index in IDLE: %r" % lines)
+        c.send(b"DONE\r\n")
+        ok(c.until_tagged("i"), "i")
+        ok(c.cmd("z", "LOGOUT"), "z")
+
+
 def test_sync_flags_on():
     """spool_sync_flags: yes: a STORE syncs the index before its reply,
     and the seen file's commit is durable (two fdatasyncs)."""
@@ -250,6 +278,7 @@ if __name__ == "__main__":
         test_store_without_sync,
         test_logout_syncs_after_reply,
         test_idle_session_syncs,
+        test_idle_command_syncs,
         test_sync_flags_on,
     ])
     try:
