@@ -51,8 +51,11 @@
  * updates as they happen.
  *
  * Locks and durability.  Reads take the mailbox's shared lock, changes
- * the exclusive one (mailbox_rewrite_record(): durable at
- * mailbox_unlock()); responses are built in memory and written after the
+ * the exclusive one (mailbox_rewrite_record(): an expunge durable at
+ * mailbox_unlock(), a flag change only with spool_sync_flags; else
+ * synced by mailbox_flush() when the client has sent nothing for a
+ * second (imap_idle_flush()), at IDLE, at close and after the LOGOUT
+ * reply, or by the mailbox's next sync; mailbox.h); responses are built in memory and written after the
  * lock is released, so a client slow to read holds no lock.  APPEND,
  * COPY and MOVE put messages in through store/append.h (staging file,
  * append_add(), one append_commit()), like lmtpd; an APPEND's messages
