@@ -50,7 +50,8 @@ static const struct {
 static char cyrusdb_errbuf[1024];
 
 #define CYRUSDB_OPEN_FLAGS (CYRUSDB_CREATE | CYRUSDB_MBOXSORT | CYRUSDB_RDONLY | \
-                            CYRUSDB_NOCOMPACT | CYRUSDB_NOSYNC)
+                            CYRUSDB_NOCOMPACT | CYRUSDB_NOSYNC | \
+                            CYRUSDB_ORDERED)
 
 const struct cyrusdb_registry_entry *cyrusdb_lookup(const char *name)
 {

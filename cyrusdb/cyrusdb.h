@@ -97,6 +97,23 @@ enum {
                                  *     (DB_TXN_WRITE_NOSYNC, as db3-nosync).
                                  * cyrusdb_checkpoint() of every backend still
                                  * makes everything committed so far durable. */
+#define CYRUSDB_ORDERED   0x20  /* commits of this handle are kept in order
+                                 * but the last ones need not be durable when
+                                 * cyrusdb_commit() returns: a crash of the
+                                 * machine may lose the last commits (as if
+                                 * they had not happened), never damage the
+                                 * file or keep a later commit without an
+                                 * earlier one; a later commit of any handle
+                                 * makes the earlier ones durable.  For data
+                                 * that must stay consistent but whose last
+                                 * moments may be lost (the seen state).
+                                 * Backends that cannot do it commit durably:
+                                 *   skiplist: skips the fdatasync() after the
+                                 *     COMMIT record (the one before it, which
+                                 *     orders the records before their COMMIT,
+                                 *     stays);
+                                 *   flat, lmdb, db3: durable as without it.
+                                 * CYRUSDB_NOSYNC wins over it. */
 
 struct cyrusdb;       /* an open database: opaque */
 

@@ -87,6 +87,8 @@ static int cyrusdb_skiplist_open(const char *fname, int flags, int variant,
         slflags |= SKIPLIST_NOCOMPACT;
     if (flags & CYRUSDB_NOSYNC)
         slflags |= SKIPLIST_NOSYNC;
+    if (flags & CYRUSDB_ORDERED)
+        slflags |= SKIPLIST_ORDERED;
     h = calloc(1, sizeof(*h));
     if (!h) {
         *error_r = "out of memory";

@@ -96,6 +96,14 @@
  *     first), and a rename of an unsynced file could replace the whole
  *     database by an empty one.  So do the header write and directory sync
  *     of a newly created file (once per file).
+ *   - SKIPLIST_ORDERED (the seen state: consistent, its last moments may
+ *     be lost) drops step (3) only.  Step (1) still makes every record of
+ *     the transaction, and everything before it in the file (the earlier
+ *     COMMITs included), durable before the COMMIT is appended, so a
+ *     COMMIT that reaches the disk still vouches for its records; a
+ *     COMMIT that does not leaves an unfinished transaction, which the
+ *     boot-time rule makes the next writable open drop: the file is never
+ *     damaged, only the last commits are lost (each whole, in order).
  * Checkpoint runs after a commit when the file has grown past twice the
  * checkpointed part plus 16 KiB (unless SKIPLIST_NOCOMPACT), which bounds
  * the log a recovery replays.
@@ -1893,7 +1901,8 @@ int skiplist_txn_commit(struct skiplist *sl)
         skiplist_rollback(sl);
         return r;
     }
-    if (!(sl->flags & SKIPLIST_NOSYNC) && fs_datasync(sl->fd) < 0) {
+    if (!(sl->flags & (SKIPLIST_NOSYNC | SKIPLIST_ORDERED)) &&
+        fs_datasync(sl->fd) < 0) {
         r = skiplist_syserr(sl, "fsync of the commit");
         sl->txn_failed = 0;
         skiplist_rollback(sl);

@@ -67,6 +67,8 @@ enum skiplist_status {
 #define SKIPLIST_NOCOMPACT 0x08  /* never checkpoint after a commit */
 #define SKIPLIST_NOSYNC    0x10  /* commits skip both fdatasync()s: see
                                   * skiplist_txn_commit() */
+#define SKIPLIST_ORDERED   0x20  /* commits skip the fdatasync() after the
+                                  * COMMIT record (skiplist.c) */
 
 /* Largest key and value lengths the format can hold in one file. */
 #define SKIPLIST_MAX_KEYLEN  (1u << 20)

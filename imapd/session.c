@@ -51,8 +51,11 @@
  * updates as they happen.
  *
  * Locks and durability.  Reads take the mailbox's shared lock, changes
- * the exclusive one (mailbox_rewrite_record(): durable at
- * mailbox_unlock()); responses are built in memory and written after the
+ * the exclusive one (mailbox_rewrite_record(): an expunge durable at
+ * mailbox_unlock(), a flag change only with spool_sync_flags; else
+ * synced by mailbox_flush() when the client has sent nothing for a
+ * second (imap_idle_flush()), at IDLE, at close and after the LOGOUT
+ * reply, or by the mailbox's next sync; mailbox.h); responses are built in memory and written after the
  * lock is released, so a client slow to read holds no lock.  APPEND,
  * COPY and MOVE put messages in through store/append.h (staging file,
  * append_add(), one append_commit()), like lmtpd; an APPEND's messages
@@ -110,6 +113,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -231,6 +235,9 @@ struct imap_session {
     int sel_rights_known;
     struct cyrusdb_stamp sel_rights_stamp;
     int quit;
+    struct mailbox *logout_mb;   /* LOGOUT: the mailbox it left, closed
+                                  * (its flag changes synced) only after
+                                  * the reply has gone out */
     int append_refused;          /* the continuation callback refused an
                                     APPEND literal: answer NO (1) or BAD
                                     (2) */
@@ -3706,6 +3713,8 @@ static void imap_cmd_idle(struct imap_session *s)
         s->quit = 1;
         return;
     }
+    if (s->sel)
+        mailbox_flush(s->sel);   /* an idling session's flag changes */
     if (polling) {
         memset(&sa, 0, sizeof(sa));
         sa.sa_handler = imap_idle_alarm;
@@ -4289,6 +4298,13 @@ static void imap_command(struct imap_session *s)
         imap_tagged(s, "OK", "NOOP completed");
         return;
     case IMAPPARSE_CMD_LOGOUT:
+        /* a second reference keeps the mailbox open past the unselect:
+         * its unsynced flag changes are synced after the reply */
+        if (s->sel && mailbox_unsynced(s->sel) &&
+            mailbox_open(s->srv->conf, mailbox_name(s->sel),
+                         mailbox_partition(s->sel),
+                         &s->logout_mb) != STORE_OK)
+            s->logout_mb = NULL;
         imap_unselect(s, 0);
         prot_printf(s->p, "* BYE %s LOGOUT received\r\n",
                     s->srv->servername);
@@ -4475,6 +4491,26 @@ static void imap_log_end(struct imap_session *s, uint64_t t_start)
              s->nfetched, s->nexpunged);
 }
 
+/* Flag changes the session left unsynced in its selected mailbox
+ * (mailbox.h) are synced when the client sends nothing for a second:
+ * a burst of STOREs costs no sync, an idle session's changes do not wait
+ * for the mailbox's next commit round.  Waits at most that second; the
+ * command that arrives meanwhile is read as usual. */
+#define IMAP_FLUSH_DELAY_MS 1000
+static void imap_idle_flush(struct imap_session *s)
+{
+    struct pollfd pfd;
+
+    if (!s->sel || !mailbox_unsynced(s->sel) || s->conn->fd < 0 ||
+        prot_line_ready(s->p))
+        return;
+    pfd.fd = s->conn->fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, IMAP_FLUSH_DELAY_MS) == 0)
+        mailbox_flush(s->sel);
+}
+
 void imap_serve(struct imap_server *srv, struct prot *p,
                 const struct imap_conn *conn)
 {
@@ -4517,6 +4553,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
     while (!s.quit) {
         if (!prot_pending(p) && prot_flush(p) != PROT_OK)
             break;
+        imap_idle_flush(&s);
         if (service_stopping()) {
             prot_puts(p, "* BYE Server shutting down\r\n");
             s.end_reason = "shutdown";
@@ -4589,6 +4626,7 @@ void imap_serve(struct imap_server *srv, struct prot *p,
         }
     }
     prot_flush(p);
+    mailbox_close(&s.logout_mb);
     imap_log_end(&s, t_start);
 out:
     imap_unselect(&s, 0);

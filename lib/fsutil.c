@@ -166,6 +166,46 @@ int fs_mkdir_parent(const char *path, int mode)
     return fs_mkdir_p(dir, mode);
 }
 
+int fs_mkdir_parent_synced(const char *path, int mode)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n;
+    char *p;
+    int made = 0;
+
+    if (!slash || slash == path)
+        return 0;
+    n = (size_t)(slash - path);
+    if (n >= sizeof(dir)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    for (p = dir + 1; ; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        {
+            char c = *p;
+
+            *p = '\0';
+            if (mkdir(dir, (mode_t)mode) == 0) {
+                made = 1;
+            } else if (errno != EEXIST) {
+                return -1;
+            }
+            /* the entry of a directory made here, in its parent */
+            if (made && fs_fsync_parent(dir) < 0)
+                return -1;
+            *p = c;
+            if (c == '\0')
+                break;
+        }
+    }
+    return 0;
+}
+
 int fs_datasync(int fd)
 {
 #ifdef HAVE_FDATASYNC

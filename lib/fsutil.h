@@ -30,6 +30,10 @@ int fs_mkdir_p(const char *dir, int mode);
 
 /* Create the parent directories of the file `path`. */
 int fs_mkdir_parent(const char *path, int mode);
+/* The same, and each directory it created made durable: the directory
+ * holding it fsync()ed (deepest last).  Nothing synced when all existed.
+ * 0, or -1 and errno (mkdir or fsync failed). */
+int fs_mkdir_parent_synced(const char *path, int mode);
 
 /* fdatasync where available, fsync otherwise. */
 int fs_datasync(int fd);

@@ -222,6 +222,18 @@ static const struct imapconf_option imapconf_options[] = {
               "message files and indexes are synced in bulk at checkpoints "
               "and restored from the journal by ctl_cyrusdb -r after a "
               "power loss" },
+    /* Flag changes unsynced by default, as Dovecot's mail_fsync =
+     * optimized: a STORE took two fdatasyncs of the index (the dirty bit,
+     * the commit round), the slowest IMAP command after EXPUNGE. */
+    { .name = "spool_sync_flags", .type = IMAPCONF_SWITCH, .def = "no",
+      .desc = "yes = a change of flags or keywords (IMAP STORE, \\Seen "
+              "by FETCH) is synced to disk before the command completes; "
+              "no = it reaches the page cache at once (every session sees "
+              "it) and the disk with the mailbox's next expunge (or "
+              "append, with spool_sync file or group), a second after the "
+              "session's last command, when it closes the mailbox, or by "
+              "the kernel's writeback: a power loss may undo the flag "
+              "changes of the last moments, never a message" },
     { .name = "journal_size", .type = IMAPCONF_INT, .def = "16777216",
       .min = 1048576, .max = 1073741824,
       .desc = "bytes of one of the two segments of a partition's delivery "

@@ -21,8 +21,10 @@
  *                    56 last_appenddate i64  64 dirty  68 compactions
  *                    72 synced  76 CRC-32C of bytes [0, 76)
  *                    80 deletedmodseq u64  88 CRC-32C of bytes [0, 88)
+ *                    92 boot u64  100 CRC-32C of bytes [0, 100)
  *                   (a slot whose second CRC fails predates deletedmodseq:
- *                   it reads as 0, or highestmodseq once compacted).
+ *                   it reads as 0, or highestmodseq once compacted; one
+ *                   whose third CRC fails predates boot: it reads as 0).
  *                   The valid slot (magic, version, CRC) with the higher
  *                   generation is current; a header write puts generation+1
  *                   into the OTHER slot, so a torn write leaves the previous
@@ -42,7 +44,9 @@
  * (MBX_DIRTY_QUOTA): the counters moved and the quota database may not
  * know yet.  `synced`: records [0, synced) are known to be on disk in
  * their resolved state (a sync of the index happened after they were
- * written); recovery re-examines [synced, end of file) only.
+ * written); recovery re-examines [synced, end of file) only.  `boot`:
+ * flag changes may have been left unsynced during that boot of the
+ * system (FLAG CHANGES), 0: none since the last recomputation.
  *
  * Records [0, visible) are resolved: committed, expunged or aborted.
  * Records [visible, num_records) are pending appends or appends resolved
@@ -116,6 +120,42 @@
  *     PENDING and take it for committed), file unlinked, record lock
  *     released, visible advanced.
  *
+ * FLAG CHANGES (spool_sync_flags: no, the default)
+ *
+ * A lock that changed only flags, keywords and modseqs of visible records
+ * (mailbox_rewrite_record() without an expunge) ends without a sync: the
+ * records and the header go to the page cache, where every process sees
+ * them at once.  They reach the disk with the mailbox's next sync of its
+ * index (an expunge; with spool_sync file or group also an append or a
+ * delivery, whose round syncs the whole index file; with journal an
+ * append syncs the journal, and the index only every
+ * MBX_JOURNAL_SYNC_GAP records), with mailbox_flush() (imapd: a second
+ * after the session's last command, and at close and LOGOUT, after the
+ * reply), or by the kernel's writeback.  An expunge is still synced at its unlock (exists and quota
+ * move with it, and cleanup unlinks a file only once its EXPUNGED record
+ * is durable, below), as is every append.
+ *   Against a killed process nothing changes: the page cache keeps every
+ * write in the order made, and dirty bit 1 is written (not synced) before
+ * the first record changes, cleared by the header written at the unlock.
+ *   Against a power loss: any subset of the unsynced writes may be on
+ * disk.  Each 128-byte record lies in one sector and each slot (104
+ * bytes at 0 and 2048) too, so each is whole old or whole new (the
+ * assumption made for records everywhere here).  Flag changes never move
+ * num_records, visible, uidnext or synced, so whichever header wins
+ * still describes the records, except for what flag changes move:
+ * highestmodseq (a record may carry a modseq above it) and, for an older
+ * header, the dirty bits.  So before the first unsynced change of a
+ * boot, the header gets `boot` = this boot's stamp and is synced (one
+ * fdatasync per mailbox and boot); every later header carries it (the
+ * slot is copied), and the synced slot can only be overwritten by later
+ * headers that carry it too.  The first exclusive locker of a later boot
+ * finds `boot` set and not its own: recovery step d recomputes exists,
+ * quota_used and highestmodseq from the records and clears `boot`.  What
+ * is lost: flag changes of the last moments before the power failed, each
+ * record's change whole or not at all; never a message, an append or an
+ * expunge that was acknowledged.  Without a readable boot id (nor boot
+ * time) every change is synced as with spool_sync_flags: yes.
+ *
  * RECOVERY (every exclusive lock, before anything else)
  *
  *  a. records in the file = (size - 4096) / 128; a partial trailing
@@ -135,8 +175,9 @@
  *     read back (size and SHA-1); complete -> committed, after fsync of
  *     the file, DIR and the index (it becomes visible only once durable);
  *     else ABORTED (synced) and the file unlinked.
- *  d. dirty bit 1: recompute exists, quota_used, highestmodseq from the
- *     records of the visible prefix.
+ *  d. dirty bit 1, or `boot` set by an earlier boot (FLAG CHANGES):
+ *     recompute exists, quota_used, highestmodseq from the records of
+ *     the visible prefix.
  *  e. visible advanced over resolved records; header written if anything
  *     changed; with bit 2 set, quota is told.
  * A shared lock recovers nothing, except that a reader who finds the
@@ -162,11 +203,14 @@
  *  - during X: ABORTED durable or not; if not, the record is still PENDING
  *    and (c) decides from the file (unlinked or not yet): either way a
  *    message that was never acknowledged, at worst delivered.
- *  - during a flag change (mailbox_rewrite_record): dirty bit 1 was made
- *    durable before the first record changed; the locker recomputes the
- *    counters (d).  mailbox_unlock() writes the header, runs a commit
- *    round, and only then clears bit 1 (a lost clearing costs a
- *    recomputation).  Each record is whole old or whole new.
+ *  - during a flag change (mailbox_rewrite_record): with
+ *    spool_sync_flags: yes dirty bit 1 was made durable before the first
+ *    record changed; the locker recomputes the counters (d).
+ *    mailbox_unlock() writes the header, runs a commit round, and only
+ *    then clears bit 1 (a lost clearing costs a recomputation).  Each
+ *    record is whole old or whole new.  With it off, see FLAG CHANGES:
+ *    bit 1 guards against a killed writer, `boot` against a power loss;
+ *    an expunge is synced at the unlock as before.
  *  - during cleanup: files of expunged/aborted records are unlinked only
  *    after their records are durable; the compacted index is complete and
  *    synced as cyrus.index.NEW before rename(2) replaces the old one, and
@@ -213,7 +257,7 @@
 #define MBX_IDX_VERSION 1u
 #define MBX_HDR_AREA 4096
 #define MBX_SLOT_SIZE 2048
-#define MBX_SLOT_LEN 92          /* bytes of a slot in use, CRCs included */
+#define MBX_SLOT_LEN 104         /* bytes of a slot in use, CRCs included */
 #define MBX_REC_SIZE 128
 #define MBX_JOURNAL_SYNC_GAP 128 /* spool_sync: journal: records past
                                   * `synced` before the index is synced */
@@ -381,6 +425,9 @@ struct mbx_slot {
     uint32_t dirty, compactions;
     uint32_t synced;
     uint64_t deletedmodseq;   /* highest modseq of a record compacted away */
+    uint64_t boot;            /* unsynced in-place changes were allowed
+                               * during this boot (mbx_boot_stamp()), 0 =
+                               * never since the last recomputation */
 };
 
 static void mbx_slot_encode(const struct mbx_slot *s, unsigned char *p)
@@ -403,6 +450,8 @@ static void mbx_slot_encode(const struct mbx_slot *s, unsigned char *p)
     mbx_put32(p + 76, crc32c(p, 76));
     mbx_put64(p + 80, s->deletedmodseq);
     mbx_put32(p + 88, crc32c(p, 88));
+    mbx_put64(p + 92, s->boot);
+    mbx_put32(p + 100, crc32c(p, 100));
 }
 
 /* The text of cyrus.header. */
@@ -777,6 +826,8 @@ static int mbx_slot_decode(const unsigned char *p, struct mbx_slot *s)
         s->deletedmodseq = mbx_get64(p + 80);
     else
         s->deletedmodseq = s->compactions ? s->highestmodseq : 0;
+    /* the second extension (boot) likewise: none in an older slot */
+    s->boot = mbx_get32(p + 100) == crc32c(p, 100) ? mbx_get64(p + 92) : 0;
     return 0;
 }
 
@@ -861,6 +912,11 @@ struct mailbox {
     int records_changed;       /* rewrite_record under this lock */
     int dir_changed;           /* entries of dir changed under this lock */
     int counters_changed;      /* header counters moved under this lock */
+    int flags_changed;         /* records' flags rewritten in place under
+                                * this lock, and nothing else */
+    int defer_flags;           /* !spool_sync_flags: flag changes unsynced */
+    int unsynced;              /* flag changes of this process not yet
+                                * synced (mailbox_flush()) */
     int notify;                /* header written: wake IDLE sessions */
     struct mbx_pending *pending;  /* this process's reservations */
     size_t npending, pending_alloc;
@@ -1011,6 +1067,7 @@ static void mbx_release(struct mailbox *mb)
     mb->records_changed = 0;
     mb->dir_changed = 0;
     mb->counters_changed = 0;
+    mb->flags_changed = 0;
     if (mb->notify) {
         /* after the unlock, so a woken session does not wait for it */
         mb->notify = 0;
@@ -1164,6 +1221,47 @@ static int mbx_write_rec(struct mailbox *mb, uint32_t recno,
         memcpy(mb->ra + (size_t)(recno - mb->ra_first) * MBX_REC_SIZE, p,
                sizeof(p));
     return STORE_OK;
+}
+
+/* This boot of the system, as a nonzero number (from the kernel's boot
+ * id; its boot time when that is missing), 0 when neither can be read:
+ * then every flag change is synced.  Computed once per process.  The
+ * environment's CYRUSDELIVER_BOOT_ID, when set and not empty, stands for
+ * the kernel's boot id: a test that simulates a power loss restarts its
+ * servers with another value (a reboot without rebooting). */
+static uint64_t mbx_boot_stamp(void)
+{
+    static int done;
+    static uint64_t stamp;
+    const char *env = getenv("CYRUSDELIVER_BOOT_ID");
+    char line[128];
+    FILE *f;
+
+    if (env && *env) {      /* not kept: a forked test child sets it */
+        uint64_t v = (uint64_t)crc32c(env, strlen(env)) << 32 |
+                     crc32c(env, strlen(env) / 2);
+
+        return v ? v : 1;
+    }
+    if (done)
+        return stamp;
+    done = 1;
+    f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        if (fgets(line, sizeof(line), f))
+            stamp = (uint64_t)crc32c(line, strlen(line)) << 32 |
+                    crc32c(line, strlen(line) / 2);
+        fclose(f);
+    }
+    if (!stamp && (f = fopen("/proc/stat", "re")) != NULL) {
+        while (fgets(line, sizeof(line), f))
+            if (!strncmp(line, "btime ", 6)) {
+                stamp = strtoull(line + 6, NULL, 10);
+                break;
+            }
+        fclose(f);
+    }
+    return stamp;
 }
 
 static int mbx_datasync(struct mailbox *mb)
@@ -1571,7 +1669,7 @@ static int mbx_advance(struct mailbox *mb, int *changed_r)
 
 /* Recompute exists, quota_used and highestmodseq from the visible
  * records (a writer died while changing them). */
-static int mbx_recompute(struct mailbox *mb)
+static int mbx_recompute(struct mailbox *mb, const char *why)
 {
     struct mailbox_record rec;
     uint32_t i, exists = 0;
@@ -1589,8 +1687,8 @@ static int mbx_recompute(struct mailbox *mb)
         exists++;
         used += rec.size;
     }
-    log_warning("mailbox: counters recomputed after an interrupted change "
-                "mailbox=<%s> exists=<%u> was=<%u>", mb->name, exists,
+    log_warning("mailbox: counters recomputed after %s "
+                "mailbox=<%s> exists=<%u> was=<%u>", why, mb->name, exists,
                 mb->slot.exists);
     mb->slot.exists = exists;
     mb->slot.quota_used = used;
@@ -1872,10 +1970,15 @@ static int mbx_recover(struct mailbox *mb)
             goto out;
     }
 
-    if (s->dirty & MBX_DIRTY_RECORDS) {
-        r = mbx_recompute(mb);
+    if ((s->dirty & MBX_DIRTY_RECORDS) ||
+        (s->boot != 0 && s->boot != mbx_boot_stamp())) {
+        /* a writer died in the middle of a change, or the system
+         * restarted after flag changes that were never synced */
+        r = mbx_recompute(mb, (s->dirty & MBX_DIRTY_RECORDS) ?
+                          "an interrupted change" : "a restart");
         if (r)
             goto out;
+        s->boot = 0;
         changed = 1;
     }
     r = mbx_advance(mb, &changed);
@@ -2036,6 +2139,7 @@ int mailbox_open(const struct imapconf *conf, const char *name,
     mb->pid = pid;
     mb->refcount = 1;
     mb->conf = conf;
+    mb->defer_flags = !conf || !imapconf_getswitch(conf, "spool_sync_flags");
     mb->name = strdup(name);
     mb->partition = strdup(partition);
     mb->dir = buf_release(&dir);
@@ -2115,6 +2219,7 @@ void mailbox_close(struct mailbox **mbp)
         return;
     if (mb->locktype)
         mailbox_unlock(mb);
+    mailbox_flush(mb);
     while (mb->npending) {
         uint32_t uid = mb->pending[0].uid;
 
@@ -2249,7 +2354,15 @@ int mailbox_unlock(struct mailbox *mb)
 
     if (!mb || !mb->locktype)
         return STORE_INTERNAL;
-    if (mb->locktype == MAILBOX_LOCK_EXCLUSIVE &&
+    if (mb->locktype == MAILBOX_LOCK_EXCLUSIVE && mb->flags_changed &&
+        !(mb->records_changed || mb->dir_changed || mb->counters_changed)) {
+        /* flags only: to the page cache, synced by the next commit round
+         * of the mailbox or mailbox_flush() (FLAG CHANGES) */
+        mb->slot.dirty &= ~MBX_DIRTY_RECORDS;
+        r = mbx_write_header(mb);
+        if (r == STORE_OK)
+            mb->unsynced = 1;
+    } else if (mb->locktype == MAILBOX_LOCK_EXCLUSIVE &&
         (mb->records_changed || mb->dir_changed || mb->counters_changed)) {
         if (mb->counters_changed)
             mb->slot.dirty |= MBX_DIRTY_QUOTA;
@@ -2260,6 +2373,7 @@ int mailbox_unlock(struct mailbox *mb)
             /* everything before the round is durable: records clean */
             mb->slot.dirty &= ~MBX_DIRTY_RECORDS;
             mb->slot.synced = mb->slot.visible;
+            mb->unsynced = 0;
             r = mbx_write_header(mb);
         } else {
             log_error("mailbox: commit failed mailbox=<%s> error=<%s>",
@@ -2270,6 +2384,23 @@ int mailbox_unlock(struct mailbox *mb)
     }
     mbx_release(mb);
     return r;
+}
+
+int mailbox_flush(struct mailbox *mb)
+{
+    int r;
+
+    if (!mb || !mb->unsynced || mb->fd < 0 || mb->pid != procid_get())
+        return STORE_OK;
+    r = mbx_datasync(mb);
+    if (r == STORE_OK)
+        mb->unsynced = 0;
+    return r;
+}
+
+int mailbox_unsynced(const struct mailbox *mb)
+{
+    return mb && mb->unsynced;
 }
 
 const struct mailbox_header *mailbox_get_header(const struct mailbox *mb)
@@ -2362,7 +2493,7 @@ int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
 {
     struct mailbox_record old;
     uint32_t nflags;
-    int r;
+    int r, defer, expunging;
 
     if (!mb || !rec || mb->locktype != MAILBOX_LOCK_EXCLUSIVE)
         return STORE_INTERNAL;
@@ -2375,12 +2506,32 @@ int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
         return r == STORE_NOTFOUND ? STORE_CORRUPT : r;
     if (old.flags & MAILBOX_FLAG_ABORTED)
         return STORE_NOTFOUND;   /* never was a message */
-    if (!(mb->slot.dirty & MBX_DIRTY_RECORDS)) {
-        /* durable before the first in-place change: a writer that dies
-         * now leaves a header that says "recompute" */
+    defer = mb->defer_flags && mbx_boot_stamp() != 0;
+    if (defer && mb->slot.boot != mbx_boot_stamp()) {
+        /* the first in-place change of this boot: the stamp that makes a
+         * locker after a power loss recompute is durable before any
+         * record changes without a sync (see FLAG CHANGES) */
+        uint64_t oboot = mb->slot.boot;
+        uint32_t odirty = mb->slot.dirty;
+
+        mb->slot.boot = mbx_boot_stamp();
         mb->slot.dirty |= MBX_DIRTY_RECORDS;
         r = mbx_write_header(mb);
         if (r == STORE_OK)
+            r = mbx_datasync(mb);
+        if (r) {
+            mb->slot.boot = oboot;
+            mb->slot.dirty = odirty;
+            return r;
+        }
+    } else if (!(mb->slot.dirty & MBX_DIRTY_RECORDS)) {
+        /* before the first in-place change: a writer that dies now
+         * leaves a header that says "recompute" (the page cache keeps
+         * the order of one process's writes; against a power loss the
+         * stamp above or, without deferral, this sync covers it) */
+        mb->slot.dirty |= MBX_DIRTY_RECORDS;
+        r = mbx_write_header(mb);
+        if (r == STORE_OK && !defer)
             r = mbx_datasync(mb);
         if (r) {
             mb->slot.dirty &= ~MBX_DIRTY_RECORDS;
@@ -2389,8 +2540,9 @@ int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
     }
     nflags = (rec->flags & (MAILBOX_SYSTEM_FLAGS | MAILBOX_FLAG_EXPUNGED)) |
              (old.flags & MAILBOX_FLAG_EXPUNGED);
-    if ((nflags & MAILBOX_FLAG_EXPUNGED) &&
-        !(old.flags & MAILBOX_FLAG_EXPUNGED)) {
+    expunging = (nflags & MAILBOX_FLAG_EXPUNGED) &&
+                !(old.flags & MAILBOX_FLAG_EXPUNGED);
+    if (expunging) {
         if (mb->slot.exists)
             mb->slot.exists--;
         mb->slot.quota_used = mb->slot.quota_used >= old.size ?
@@ -2402,7 +2554,11 @@ int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
     old.modseq = ++mb->slot.highestmodseq;
     old.last_updated = (int64_t)time(NULL);
     r = mbx_write_rec(mb, recno, &old);
-    mb->records_changed = 1;
+    /* an expunge is made durable at the unlock, a flag change may wait */
+    if (expunging || !defer)
+        mb->records_changed = 1;
+    else
+        mb->flags_changed = 1;
     mbx_publish(mb);
     return r;
 }
@@ -2700,6 +2856,7 @@ int mailbox_cleanup_batch(struct mailbox *mb, int64_t expunged_before,
     ns.num_records = ns.visible = ns.synced = kept;
     ns.compactions++;
     ns.dirty &= ~MBX_DIRTY_RECORDS;   /* the new file is whole and synced */
+    ns.boot = 0;
     buf_printf(&tmp, "%s.NEW", mb->index_path);
     r = mbx_write_new_index(buf_cstring(&tmp), &ns, recs, kept, &nfd);
     if (r) {

@@ -195,8 +195,26 @@ int mailbox_unchanged(struct mailbox *mb, const struct stat *st,
  * the changes durable through a commit round (commit.h), update quota, and
  * release the lock.  Under a shared lock: release it.  STORE_OK, or the
  * sync's error (the lock is released in every case); STORE_INTERNAL when
- * not locked.  A lock that changed nothing runs no commit round. */
+ * not locked.  A lock that changed nothing runs no commit round.
+ * A lock that changed only flags, keywords and modseqs of records
+ * (mailbox_rewrite_record() without an expunge) runs no commit round
+ * either, unless imapd.conf's spool_sync_flags is on: the header goes to
+ * the page cache (every process sees it at once), and the changes become
+ * durable with the mailbox's next sync of its index (an expunge, any
+ * process; with spool_sync file or group also an append or delivery),
+ * mailbox_flush() or the kernel's writeback.
+ * A power loss before that may undo them, never a message, and leaves
+ * the index consistent (mailbox.c, FLAG CHANGES). */
 int mailbox_unlock(struct mailbox *mb);
+
+/* Sync this process's unsynced flag changes of mb (one fdatasync of the
+ * index; nothing when there are none).  mailbox_close() of the last
+ * reference does it too.  Without a lock.  STORE_OK, STORE_IOERROR,
+ * STORE_NOSPACE. */
+int mailbox_flush(struct mailbox *mb);
+/* 1 when this process left flag changes of mb unsynced (mailbox_flush()
+ * would sync). */
+int mailbox_unsynced(const struct mailbox *mb);
 
 /* The header as of the last lock. */
 const struct mailbox_header *mailbox_get_header(const struct mailbox *mb);
@@ -232,8 +250,10 @@ int mailbox_open_message(const struct mailbox *mb, uint32_t uid, int *fd_r);
  * size).  Durable at mailbox_unlock().  STORE_OK, STORE_NOTFOUND,
  * STORE_CORRUPT, STORE_IOERROR, STORE_INTERNAL (not exclusively locked,
  * or recno not visible); STORE_NOTFOUND also for an ABORTED record (no
- * message).  The first change under a lock makes the dirty bit durable
- * (one fdatasync) before any record is touched. */
+ * message).  With spool_sync_flags on, the first change under a lock
+ * makes the dirty bit durable (one fdatasync) before any record is
+ * touched; with it off (the default) only the first change of the
+ * mailbox since the system booted does (the boot stamp, mailbox.c). */
 int mailbox_rewrite_record(struct mailbox *mb, uint32_t recno,
                            const struct mailbox_record *rec);
 

@@ -302,8 +302,15 @@ int seen_open(const struct imapconf *conf, const char *userid,
     s = calloc(1, sizeof(*s));
     if (!s)
         return STORE_NOMEM;
+    /* the seen state is flag state: with spool_sync_flags off (as
+     * mailbox.h's flag changes) its commits are ordered, the last ones
+     * may be lost by a power loss, the file is never damaged */
     r = store_user_db_open(conf, userid, SEEN_SUFFIX, "seenstate_db",
-                           SEEN_DBFLAGS, &s->db, &s->fname);
+                           SEEN_DBFLAGS |
+                           (conf && !imapconf_getswitch(conf,
+                                                        "spool_sync_flags")
+                            ? CYRUSDB_ORDERED : 0),
+                           &s->db, &s->fname);
     if (r != STORE_OK) {
         free(s);
         return r;

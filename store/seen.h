@@ -30,7 +30,11 @@ struct seen_data {
 };
 
 /* Open (creating, with its directory) the seen file of `userid`, plain
- * byte order.  Per process, after fork().  STORE_OK, STORE_BADNAME (userid
+ * byte order.  Per process, after fork().  With imapd.conf's
+ * spool_sync_flags off (the default) the handle commits with
+ * CYRUSDB_ORDERED: a power loss may undo the last changes of the seen
+ * state (as it may undo the last flag changes of an index, mailbox.h),
+ * never damage the file.  STORE_OK, STORE_BADNAME (userid
  * empty, longer than STORE_USERID_MAX, "." or "..", with '/' or control
  * bytes), STORE_IOERROR. */
 int seen_open(const struct imapconf *conf, const char *userid,

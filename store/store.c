@@ -336,7 +336,10 @@ int store_user_db_open(const struct imapconf *conf, const char *userid,
     if (!backend)
         return STORE_IOERROR;
     r = store_user_path(conf, userid, suffix, &path);
-    if (r == STORE_OK && fs_mkdir_parent(buf_cstring(&path), 0755) < 0) {
+    /* the directories made durable: the database's creation syncs only
+     * the directory it is in */
+    if (r == STORE_OK &&
+        fs_mkdir_parent_synced(buf_cstring(&path), 0755) < 0) {
         log_error("store: mkdir failed file=<%s> error=<%s>",
                   buf_cstring(&path), strerror(errno));
         r = STORE_IOERROR;

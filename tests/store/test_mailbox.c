@@ -1584,6 +1584,116 @@ static void test_restore_counters(void **state)
     fx_close(&fx);
 }
 
+/* Flag changes without a sync (spool_sync_flags off, the default), then a
+ * power loss that kept a record rewrite but not the header written after
+ * it: the index header predates the record's modseq.  A locker of the
+ * same boot finds no trace of it (the page cache is never like that); a
+ * locker of the next boot (CYRUSDELIVER_BOOT_ID stands for the kernel's)
+ * sees the boot stamp of the unsynced changes and recomputes. */
+static int flag_child(struct fx *fx, const char *name, const char *boot,
+                      uint32_t recno, int *unsynced_r)
+{
+    struct mailbox *cm = NULL;
+    struct mailbox_record rec;
+    int r;
+
+    setenv("CYRUSDELIVER_BOOT_ID", boot, 1);
+    if (mailbox_open(fx->conf, name, NULL, &cm) != STORE_OK ||
+        mailbox_lock(cm, MAILBOX_LOCK_EXCLUSIVE) != STORE_OK ||
+        mailbox_read_record(cm, recno, &rec) != STORE_OK)
+        return 1;
+    rec.flags ^= MAILBOX_FLAG_FLAGGED;
+    if (mailbox_rewrite_record(cm, recno, &rec) != STORE_OK)
+        return 2;
+    r = mailbox_unlock(cm);
+    if (r != STORE_OK)
+        return 3;
+    if (unsynced_r)
+        *unsynced_r = mailbox_unsynced(cm);
+    return 0;
+}
+
+static void test_flag_restart(void **state)
+{
+    struct fx fx;
+    struct mailbox *mb;
+    struct mailbox_header h1, h;
+    unsigned char area[HDR_AREA];
+    char *ipath;
+    pid_t pid;
+    int fd;
+
+    fx_open(&fx, state, NULL);
+    fill3(&fx, TH_D "user.fr");
+    mb = open_mb(&fx, TH_D "user.fr");
+    ipath = index_path(mb);
+    /* the first change of the boot: the stamp, synced */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int unsynced = 0;
+
+        th_child_signals();
+        if (flag_child(&fx, TH_D "user.fr", "boot-a", 0, &unsynced))
+            _exit(1);
+        _exit(unsynced ? 0 : 4);   /* left for the next sync */
+    }
+    assert_int_equal(wait_child(pid), 0);
+    h1 = header_of(mb);
+    fd = open(ipath, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, area, sizeof(area), 0), (ssize_t)sizeof(area));
+    /* a second change of the same boot: record and header in the page
+     * cache only */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        th_child_signals();
+        _exit(flag_child(&fx, TH_D "user.fr", "boot-a", 2, NULL));
+    }
+    assert_int_equal(wait_child(pid), 0);
+    assert_true(header_of(mb).highestmodseq > h1.highestmodseq);
+    /* the power loss: the header writes of the second change are lost,
+     * its record write is not */
+    assert_int_equal(pwrite(fd, area, sizeof(area), 0), (ssize_t)sizeof(area));
+    close(fd);
+    mailbox_close(&mb);
+    /* the next boot: the first exclusive lock recomputes */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct mailbox *cm = NULL;
+        struct buf problem = BUF_INITIALIZER;
+
+        th_child_signals();
+        setenv("CYRUSDELIVER_BOOT_ID", "boot-b", 1);
+        if (mailbox_open(fx.conf, TH_D "user.fr", NULL, &cm) != STORE_OK)
+            _exit(1);
+        if (mailbox_check(cm, &problem) == STORE_OK)
+            _exit(2);   /* the simulated loss did not happen */
+        if (mailbox_lock(cm, MAILBOX_LOCK_EXCLUSIVE) != STORE_OK)
+            _exit(3);
+        h = *mailbox_get_header(cm);
+        if (mailbox_unlock(cm) != STORE_OK)
+            _exit(4);
+        if (h.highestmodseq <= h1.highestmodseq || h.exists != 3) {
+            print_message("highestmodseq %llu (before %llu) exists %u\n",
+                          (unsigned long long)h.highestmodseq,
+                          (unsigned long long)h1.highestmodseq, h.exists);
+            _exit(5);
+        }
+        buf_reset(&problem);
+        if (mailbox_check(cm, &problem) != STORE_OK) {
+            print_message("check: %s\n", buf_cstring(&problem));
+            _exit(6);
+        }
+        _exit(0);
+    }
+    assert_int_equal(wait_child(pid), 0);
+    free(ipath);
+    fx_close(&fx);
+}
+
 int main(void)
 {
     static const struct th_case cases[] = {
@@ -1610,6 +1720,7 @@ int main(void)
         { "finish_many", test_finish_many },
         { "restore_counters", test_restore_counters },
         { "reader_dead_appender", test_reader_dead_appender },
+        { "flag_restart", test_flag_restart },
     };
 
     return th_run_per_backend("mailbox", cases,
