@@ -105,6 +105,8 @@ struct append_stage {
     size_t wlen;
     int error;                   /* sticky: a failed write or TOOBIG */
     int closed;
+    int whole;                   /* closed with every byte still in wbuf
+                                    (kept for the journal record) */
     struct mailbox_msginfo info; /* filled by append_stage_close() */
 };
 
@@ -461,6 +463,10 @@ int append_stage_close(struct append_stage *st)
         return st->error;
     if (st->closed)
         return STORE_INTERNAL;
+    /* all of the message still in the buffer: in journal mode it stays
+     * there for the record (append_commit_journal), which then needs
+     * neither a read back nor a checksum of its own */
+    st->whole = st->wlen == st->size && journal_mode(st->conf);
     if ((r = append_stage_flush(st)) != STORE_OK)
         return r;
     if (SHA_DIGEST_LENGTH != MAILBOX_DIGEST_LEN ||
@@ -472,8 +478,10 @@ int append_stage_close(struct append_stage *st)
     st->info.header_size = (uint32_t)(st->hdr == APPEND_HDR_DONE ?
                                       st->header_size : st->size);
     st->closed = 1;
-    free(st->wbuf);
-    st->wbuf = NULL;
+    if (!st->whole) {
+        free(st->wbuf);
+        st->wbuf = NULL;
+    }
     return STORE_OK;
 }
 
@@ -696,6 +704,7 @@ static int append_commit_journal(struct append_txn *t)
         ents[i].nkeywords = rv->nkeywords;
     }
     r = journal_commit(t->conf, partname, t->resv[0].fd,
+                       t->resv[0].st->whole ? t->resv[0].st->wbuf : NULL,
                        t->resv[0].st->info.size, ents, t->nresv);
     free(ents);
     return r;

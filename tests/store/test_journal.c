@@ -4,11 +4,18 @@
  *
  *   format     one delivery = one record at segment 0 + 4096 with the
  *              documented header (magic, length, generation, sequence 1,
- *              CRC-32C), the entry fields and the message bytes; no
+ *              CRC-32C of all but the message, the message's offset), the
+ *              entry fields with the message's SHA-1 and the message
+ *              bytes; no
  *              syncfs(), one journal round; the file is filled to
  *              one MiB (zeros written ahead), zeros beyond the record
  *   torn       a damaged second record ends the replay: the first is
- *              restored, the third is not
+ *              restored, the third is not (a byte of its message: the
+ *              entry's SHA-1 finds it)
+ *   readback   a message over 64 KiB (not kept in memory): read back
+ *              from the staged file, its bytes under the record's CRC
+ *              (field 36 zero), restored by replay; a damaged entry of a
+ *              SHA-1-covered record ends the run
  *   lost       every message file deleted and cyrus.index put back to its
  *              state before the deliveries (writes lost): replay restores
  *              files byte for byte and records (uid, digest, size,
@@ -266,6 +273,14 @@ static void tj_shared(struct tj_fix *f, struct commit_shared_stats *s)
     assert_int_equal(commit_shared_stats(f->conf, s), STORE_OK);
 }
 
+static void tj_sha1(const void *p, size_t n, unsigned char *md)
+{
+    unsigned int mdlen = 0;
+
+    assert_int_equal(EVP_Digest(p, n, md, &mdlen, EVP_sha1(), NULL), 1);
+    assert_int_equal(mdlen, 20);
+}
+
 /* ---- cases ---------------------------------------------------------------- */
 
 static void test_format(void **state)
@@ -276,7 +291,7 @@ static void test_format(void **state)
     struct commit_shared_stats s;
     const char *kw[] = { "$Label1" };
     const unsigned char *rec, *p;
-    uint32_t uid, len, crc;
+    uint32_t uid, len, crc, moff;
     unsigned char saved[4];
     char *jpath;
     size_t i;
@@ -308,16 +323,27 @@ static void test_format(void **state)
     assert_int_equal(le64(rec + 16), 1);                  /* sequence */
     assert_int_equal(le32(rec + 24), 1);                  /* entries */
     assert_int_equal(le32(rec + 28), (&m)->len);
-    /* CRC-32C with its own field as zero */
+    /* the message bytes at the offset field 36 gives, right after the
+     * entry, covered by the entry's SHA-1 (written from the stage's
+     * buffer); the CRC-32C covers the rest with its own field as zero */
+    moff = le32(rec + 36);
+    assert_int_equal(moff, 40 + 58 + (rec[92] | rec[93] << 8) +
+                           (rec[94] | rec[95] << 8) + 2 + 7);
+    assert_memory_equal(rec + moff, (&m)->s, (&m)->len);
+    assert_int_equal(len, (moff + (&m)->len + 15) / 16 * 16);
     memcpy(saved, rec + 32, 4);
     crc = le32(saved);
     {
-        unsigned char *copy = malloc(len);
+        unsigned char *copy = malloc(len), md[20];
 
         memcpy(copy, rec, len);
         memset(copy + 32, 0, 4);
-        assert_int_equal(crc32c(copy, len), crc);
+        memmove(copy + moff, copy + moff + (&m)->len,
+                len - moff - (&m)->len);
+        assert_int_equal(crc32c(copy, len - (&m)->len), crc);
         free(copy);
+        tj_sha1((&m)->s, (&m)->len, md);
+        assert_memory_equal(rec + 40 + 32, md, 20);
     }
     /* entry: uid, flags, names; then the message */
     assert_int_equal(le32(rec + 40), 1);
@@ -333,6 +359,69 @@ static void test_format(void **state)
     free(jpath);
     buf_free(&j);
     buf_free(&m);
+    mailbox_close(&mb);
+    tj_teardown(&f);
+}
+
+/* A message bigger than the stage's buffer (64 KiB) was written out
+ * while it came in: the record reads it back from the staged file and its
+ * CRC covers the bytes (field 36 zero); replay restores it.  A byte of
+ * the entry of a record whose message the SHA-1 covers, changed, makes
+ * that record and the ones after it invalid (the CRC covers the entry). */
+static void test_readback(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m[3] = { BUF_INITIALIZER, BUF_INITIALIZER, BUF_INITIALIZER };
+    struct buf j = BUF_INITIALIZER;
+    struct journal_replay_stats st;
+    const unsigned char *rec;
+    unsigned char *copy;
+    uint32_t uids[3], len, len1;
+    char *jpath;
+    int fd, i;
+
+    (void)state;
+    tj_setup(&f, "jrdbk", NULL);
+    mb = tj_create(&f, "user.rita");
+    tj_message(&m[0], 0, 100000);
+    tj_message(&m[1], 1, 3000);
+    tj_message(&m[2], 2, 3000);
+    for (i = 0; i < 3; i++)
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m[i], 0, NULL, 0, &uids[i]),
+                         STORE_OK);
+    jpath = tj_journal_path(&f);
+    tj_read_file(jpath, &j);
+    rec = (const unsigned char *)(&j)->s + 8192;
+    len = le32(rec + 4);
+    assert_int_equal(le32(rec + 28), (&m[0])->len);
+    assert_int_equal(le32(rec + 36), 0);
+    copy = malloc(len);
+    memcpy(copy, rec, len);
+    memset(copy + 32, 0, 4);
+    assert_int_equal(crc32c(copy, len), le32(rec + 32));
+    free(copy);
+    assert_non_null(memmem(rec, len, (&m[0])->s, (&m[0])->len));
+    /* the second record: SHA-1 covered; damage its entry (the uid) */
+    len1 = le32(rec + len + 4);
+    assert_true(le32(rec + len + 36) != 0);
+    fd = open(jpath, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "\x7f", 1, 8192 + len + 40 + 1), 1);
+    close(fd);
+    (void)len1;
+    for (i = 0; i < 3; i++)
+        tj_unlink_file(mb, uids[i]);
+    mailbox_close(&mb);
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.records, 1);
+    assert_int_equal(st.files_written, 1);
+    assert_int_equal(mailbox_open(f.conf, "user.rita", NULL, &mb), STORE_OK);
+    tj_check_file(mb, uids[0], &m[0]);
+    free(jpath);
+    buf_free(&j);
+    for (i = 0; i < 3; i++)
+        buf_free(&m[i]);
     mailbox_close(&mb);
     tj_teardown(&f);
 }
@@ -1353,6 +1442,7 @@ int main(void)
         cmocka_unit_test(test_placeholder),
         cmocka_unit_test(test_dead_writer),
         cmocka_unit_test(test_synced),
+        cmocka_unit_test(test_readback),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
