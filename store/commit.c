@@ -1210,16 +1210,32 @@ void commit_batch_free(struct commit_batch **bp)
 
 /* ---- the journal's shared state (journal.c) ---------------------------- */
 
+struct commit_shm *commit_journal_shm(const struct imapconf *conf)
+{
+    int e;
+
+    return conf ? commit_shm_get(conf, &e) : NULL;
+}
+
 int commit_journal_lock(const struct imapconf *conf, uint64_t dev,
                         uint64_t ino, struct commit_journal_state **js_r)
 {
     struct commit_shm *shm;
-    struct commit_journal_state *js;
-    int e, i, freei = -1;
+    int e;
 
     *js_r = NULL;
     if (!conf || !(shm = commit_shm_get(conf, &e)))
         return e ? e : ENOENT;
+    return commit_journal_lock_shm(shm, dev, ino, js_r);
+}
+
+int commit_journal_lock_shm(struct commit_shm *shm, uint64_t dev,
+                            uint64_t ino, struct commit_journal_state **js_r)
+{
+    struct commit_journal_state *js;
+    int e, i, freei = -1;
+
+    *js_r = NULL;
     if ((e = commit_shm_lock(shm)) != 0)
         return e;
     for (i = 0; i < COMMIT_JOURNAL_SLOTS; i++) {
@@ -1253,6 +1269,11 @@ void commit_journal_unlock(const struct imapconf *conf)
         commit_shm_unlock(shm);
 }
 
+void commit_journal_unlock_shm(struct commit_shm *shm)
+{
+    commit_shm_unlock(shm);
+}
+
 void commit_journal_count(const struct imapconf *conf, int checkpoint)
 {
     struct commit_shm *shm;
@@ -1260,6 +1281,11 @@ void commit_journal_count(const struct imapconf *conf, int checkpoint)
 
     if ((shm = commit_shm_get(conf, &e)) == NULL)
         return;
+    commit_journal_count_shm(shm, checkpoint);
+}
+
+void commit_journal_count_shm(struct commit_shm *shm, int checkpoint)
+{
     if (checkpoint)
         COMMIT_ADD(shm->checkpoints);
     else

@@ -256,6 +256,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -327,6 +328,7 @@ struct jnl_file {
 static struct jnl_file *jnl_files;
 static int jnl_test_errno;
 static int jnl_test_die;
+static int jnl_test_hold_fd = -1;
 static unsigned jnl_warned;   /* reasons already logged, a bit each */
 static pid_t jnl_warned_pid;
 
@@ -378,6 +380,11 @@ void journal_test_fail_sync(int e)
 void journal_test_die_reserved(int on)
 {
     jnl_test_die = on;
+}
+
+void journal_test_hold_checkpoint(int fd)
+{
+    jnl_test_hold_fd = fd;
 }
 
 static int jnl_errno(int e)
@@ -744,28 +751,168 @@ static int jnl_state_init(struct jnl_file *jf, struct commit_journal_state *js)
     return 0;
 }
 
-/* Checkpoint segment `seg` of generation gen: everything before is made
- * durable in place, then the mark.  Without the mutex.  0 or an errno. */
-static int jnl_checkpoint(const struct imapconf *conf, struct jnl_file *jf,
-                          uint64_t gen)
+/* The checkpoint of generation gen on the journal open as fd: everything
+ * written before is made durable in place (syncfs), then the mark in the
+ * file header (fdatasync).  No shared state.  0 or an errno. */
+static int jnl_ckpt_sync(int fd, uint64_t segsize, uint64_t gen)
 {
     unsigned char hdr[JNL_HDR];
     int rc;
 
+    if (jnl_test_hold_fd >= 0) {
+        char c;
+
+        while (read(jnl_test_hold_fd, &c, 1) < 0 && errno == EINTR)
+            ;
+    }
     do
-        rc = syncfs(jf->fd);
+        rc = syncfs(fd);
     while (rc < 0 && errno == EINTR);
     if (rc < 0)
         return errno;
-    jnl_file_header(hdr, jf->segsize, gen);
-    if (fs_pwrite_all(jf->fd, hdr, JNL_HDR, 0) != 0)
+    jnl_file_header(hdr, segsize, gen);
+    if (fs_pwrite_all(fd, hdr, JNL_HDR, 0) != 0)
         return errno;
     do
-        rc = fdatasync(jf->fd);
+        rc = fdatasync(fd);
     while (rc < 0 && errno == EINTR);
     if (rc < 0)
         return errno;
-    commit_journal_count(conf, 1);
+    return 0;
+}
+
+/* Checkpoint segment `seg` of generation gen, here and now.  Without the
+ * mutex.  0 or an errno. */
+static int jnl_checkpoint(const struct imapconf *conf, struct jnl_file *jf,
+                          uint64_t gen)
+{
+    int e = jnl_ckpt_sync(jf->fd, jf->segsize, gen);
+
+    if (!e)
+        commit_journal_count(conf, 1);
+    return e;
+}
+
+/* ---- the checkpoint in the background ------------------------------------
+ *
+ * The writer that switched segments does not checkpoint the segment it
+ * left itself: a thread of its process does (jnl_ckpt_main), so that no
+ * delivery waits for the syncfs().  js->ckpt_pid names the process, as
+ * before; the thread clears it and the segment's `full` mark (or sets the
+ * journal BROKEN) under the mutex when it is done.  Until then a writer
+ * that needs the segment waits for it like for another process's
+ * checkpoint; one whose process is gone is replaced.  The thread touches
+ * no per-process state but its own copy of the descriptor and the mapping
+ * of commit.shm (never unmapped), and starts with every signal blocked.
+ * The process's exit() waits for it (atexit). */
+struct jnl_ckpt {
+    struct commit_shm *shm;
+    uint64_t dev, ino, segsize, gen;
+    unsigned seg;
+    int fd;
+    char *path;
+};
+
+static int jnl_ckpt_threads;          /* running in this process */
+static pid_t jnl_ckpt_pid;            /* whose count that is */
+static pid_t jnl_ckpt_atexit_pid;
+
+static int jnl_ckpt_running(void)
+{
+    if (jnl_ckpt_pid != procid_get())
+        return 0;                     /* inherited over fork(): not ours */
+    return __atomic_load_n(&jnl_ckpt_threads, __ATOMIC_ACQUIRE);
+}
+
+void journal_checkpoints_wait(void)
+{
+    while (jnl_ckpt_running() > 0)
+        usleep(1000);
+}
+
+static void jnl_ckpt_atexit(void)
+{
+    journal_checkpoints_wait();
+}
+
+static void *jnl_ckpt_main(void *arg)
+{
+    struct jnl_ckpt *c = arg;
+    struct commit_journal_state *js;
+    int e = jnl_ckpt_sync(c->fd, c->segsize, c->gen);
+
+    if (!e)
+        commit_journal_count_shm(c->shm, 1);
+    if (commit_journal_lock_shm(c->shm, c->dev, c->ino, &js) == 0) {
+        js->ckpt_pid = 0;
+        if (!e && js->gen[c->seg] == c->gen)
+            js->full[c->seg] = 0;
+        if (e)
+            js->state = JNL_STATE_BROKEN;
+        commit_journal_unlock_shm(c->shm);
+    }
+    if (e)
+        log_error("journal: checkpoint failed, journal given up until "
+                  "replay file=<%s> error=<%s>", c->path, strerror(e));
+    close(c->fd);
+    free(c->path);
+    free(c);
+    __atomic_sub_fetch(&jnl_ckpt_threads, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Start the checkpoint of segment seg (generation gen) in a thread; the
+ * caller has set js->ckpt_pid to this process.  0, or -1 when no thread
+ * could be started (the caller checkpoints itself). */
+static int jnl_ckpt_start(const struct imapconf *conf, struct jnl_file *jf,
+                          unsigned seg, uint64_t gen)
+{
+    struct jnl_ckpt *c;
+    pthread_attr_t attr;
+    pthread_t thread;
+    sigset_t all, old;
+    int rc;
+
+    if (!(c = calloc(1, sizeof(*c))))
+        return -1;
+    c->shm = commit_journal_shm(conf);
+    c->dev = jf->dev;
+    c->ino = jf->ino;
+    c->segsize = jf->segsize;
+    c->gen = gen;
+    c->seg = seg;
+    c->path = strdup(jf->path);
+    c->fd = fcntl(jf->fd, F_DUPFD_CLOEXEC, 0);
+    if (!c->shm || !c->path || c->fd < 0) {
+        if (c->fd >= 0)
+            close(c->fd);
+        free(c->path);
+        free(c);
+        return -1;
+    }
+    if (jnl_ckpt_pid != procid_get()) {
+        jnl_ckpt_pid = procid_get();
+        jnl_ckpt_threads = 0;
+    }
+    if (jnl_ckpt_atexit_pid != procid_get() && atexit(jnl_ckpt_atexit) == 0)
+        jnl_ckpt_atexit_pid = procid_get();
+    __atomic_add_fetch(&jnl_ckpt_threads, 1, __ATOMIC_RELEASE);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(&thread, &attr, jnl_ckpt_main, c);
+        pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        __atomic_sub_fetch(&jnl_ckpt_threads, 1, __ATOMIC_RELEASE);
+        close(c->fd);
+        free(c->path);
+        free(c);
+        return -1;
+    }
     return 0;
 }
 
@@ -1160,7 +1307,8 @@ int journal_commit(const struct imapconf *conf, const char *partition,
             pid_t cp = js->ckpt_pid;
             uint64_t g = js->gen[other];
 
-            if (cp && cp != procid_get() && jnl_pid_alive(cp)) {
+            if (cp && (cp != procid_get() ? jnl_pid_alive(cp)
+                                          : jnl_ckpt_running() > 0)) {
                 commit_journal_unlock(conf);
                 usleep(1000);
                 continue;
@@ -1282,7 +1430,8 @@ int journal_commit(const struct imapconf *conf, const char *partition,
     }
 
     /* this writer switched segments: checkpoint the one it left, unless
-     * somebody else is at it or has done it */
+     * somebody else is at it or has done it; in a thread, so that this
+     * delivery does not wait for it */
     if (ckpt_gen && commit_journal_lock(conf, jf->dev, jf->ino, &js) == 0) {
         unsigned seg = js->gen[0] == ckpt_gen ? 0 : 1;
         int run = js->full[seg] && js->gen[seg] == ckpt_gen &&
@@ -1291,7 +1440,8 @@ int journal_commit(const struct imapconf *conf, const char *partition,
         if (run)
             js->ckpt_pid = procid_get();
         commit_journal_unlock(conf);
-        if (run) {
+        if (run && jnl_ckpt_start(conf, jf, seg, ckpt_gen) != 0) {
+            /* no thread: here, after the round (the delivery waits) */
             e = jnl_checkpoint(conf, jf, ckpt_gen);
             if (commit_journal_lock(conf, jf->dev, jf->ino, &js) == 0) {
                 js->ckpt_pid = 0;

@@ -114,9 +114,18 @@ int journal_replay_all(const struct imapconf *conf,
 
 /* ---- for tests ---- */
 
+/* Wait until every checkpoint this process runs in the background (a
+ * thread started by the journal_commit() that switched segments) is done.
+ * exit() does it too. */
+void journal_checkpoints_wait(void);
+
 /* Force the next journal_commit() of this process to fail its round with
  * errno e (0 clears), as if fdatasync() had returned it. */
 void journal_test_fail_sync(int e);
+
+/* fd >= 0: every checkpoint of this process reads one byte from fd
+ * before its syncfs() (held until the test writes it); -1 clears. */
+void journal_test_hold_checkpoint(int fd);
 
 /* on != 0: the next journal_commit() of this process kills the process
  * (SIGKILL) after its record is reserved, before the record is written,

@@ -12,6 +12,10 @@
  *   torn       a damaged second record ends the replay: the first is
  *              restored, the third is not (a byte of its message: the
  *              entry's SHA-1 finds it)
+ *   background checkpoint  the delivery that switches segments returns
+ *              while the checkpoint of the segment left is still held
+ *              (journal_test_hold_checkpoint); let go, it completes in a
+ *              thread (counted, the segment reused afterwards)
  *   readback   a message over 64 KiB (not kept in memory): read back
  *              from the staged file, its bytes under the record's CRC
  *              (field 36 zero), restored by replay; a damaged entry of a
@@ -81,6 +85,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -363,6 +368,93 @@ static void test_format(void **state)
     tj_teardown(&f);
 }
 
+/* Wait up to 60 s for a byte on fd; 1 when it came. */
+static int tj_wait_byte(int fd)
+{
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    char c;
+
+    if (poll(&pfd, 1, 60000) != 1)
+        return 0;
+    return read(fd, &c, 1) == 1;
+}
+
+#define TJ_BG 20
+
+/* The delivery that switches segments does not wait for the checkpoint
+ * of the segment it left: with every checkpoint held (a pipe nobody
+ * writes yet), a child delivers TJ_BG messages of 60 KB through 1 MiB
+ * segments (one switch after ~17) and says so; only then is the
+ * checkpoint let go, and it completes in the background (counted, the
+ * segment free again: the parent's deliveries wrap back into it). */
+static void test_background_checkpoint(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m = BUF_INITIALIZER;
+    struct commit_shared_stats s;
+    int hold[2], said[2], status, i, ok;
+    pid_t pid;
+
+    (void)state;
+    tj_setup(&f, "jbgck", NULL);
+    mb = tj_create(&f, "user.bert");
+    assert_int_equal(pipe(hold), 0);
+    assert_int_equal(pipe(said), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct mailbox *own = NULL;
+        int bad = 0;
+
+        close(hold[1]);
+        close(said[0]);
+        if (mailbox_open(f.conf, "user.bert", NULL, &own) != STORE_OK)
+            _exit(2);
+        journal_test_hold_checkpoint(hold[0]);
+        for (i = 0; i < TJ_BG && !bad; i++) {
+            tj_message(&m, (unsigned)i, 60000);
+            if (tj_deliver(&f, &own, 1, &m, 0, NULL, 0, NULL) != STORE_OK)
+                bad = 1;
+        }
+        if (write(said[1], bad ? "x" : "k", 1) != 1)
+            bad = 1;
+        journal_checkpoints_wait();
+        _exit(bad);
+    }
+    close(hold[0]);
+    close(said[1]);
+    ok = tj_wait_byte(said[0]);
+    tj_shared(&f, &s);
+    /* let the checkpoint go whatever happened, then reap */
+    assert_int_equal(write(hold[1], "g", 1), 1);
+    if (!ok)
+        kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(ok);    /* all delivered while the checkpoint was held */
+    assert_int_equal(s.journal_records, TJ_BG);
+    assert_int_equal(s.checkpoints, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    tj_shared(&f, &s);
+    assert_int_equal(s.checkpoints, 1);
+    /* segment 0 was freed: wrap back into it */
+    for (i = 0; i < TJ_BG; i++) {
+        tj_message(&m, 100 + (unsigned)i, 60000);
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, NULL),
+                         STORE_OK);
+    }
+    journal_checkpoints_wait();
+    tj_shared(&f, &s);
+    assert_int_equal(s.journal_records, 2 * TJ_BG);
+    assert_int_equal(s.checkpoints, 2);
+    assert_int_equal(s.syncfs_calls, 0);
+    close(hold[1]);
+    close(said[0]);
+    mailbox_close(&mb);
+    buf_free(&m);
+    tj_teardown(&f);
+}
+
 /* A message bigger than the stage's buffer (64 KiB) was written out
  * while it came in: the record reads it back from the staged file and its
  * CRC covers the bytes (field 36 zero); replay restores it.  A byte of
@@ -640,6 +732,7 @@ static void test_wrap(void **state)
         assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, &uids[i]),
                          STORE_OK);
     }
+    journal_checkpoints_wait();
     tj_shared(&f, &s);
     assert_int_equal(s.journal_records, TJ_WRAP);
     /* 60 x ~60 KB through 1 MiB segments: 3.4 segments -> 3 switches,
@@ -1443,6 +1536,7 @@ int main(void)
         cmocka_unit_test(test_dead_writer),
         cmocka_unit_test(test_synced),
         cmocka_unit_test(test_readback),
+        cmocka_unit_test(test_background_checkpoint),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
