@@ -97,12 +97,18 @@
  * to the other segment, which must be checkpointed: it gets generation
  * max + 1 and its header is written (before any record in it, so the
  * round that makes a record durable makes the header durable too).  The
- * segment left is then "full" and its checkpoint is run by the writer that
- * switched, after its own round: syncfs() of the journal's file system,
- * then the file header with checkpoint generation = that segment's
- * generation, fdatasync().  A writer that needs a full segment whose
- * checkpoint is running waits for it (polling, a dead checkpointer is
- * replaced).
+ * segment left is then "full" and its checkpoint is started by the writer
+ * that switched, after its own round, in a thread of its process (see
+ * "the checkpoint in the background" below; inline when no thread can be
+ * started), so that neither its delivery nor the next one of its process
+ * waits for it: syncfs() of the journal's file system, then the file
+ * header with checkpoint generation = that segment's generation,
+ * fdatasync(); then, under the mutex, the segment is no longer "full".  A
+ * writer that needs a full segment whose checkpoint is running waits for
+ * it (polling, a dead checkpointer's process is replaced: it runs the
+ * checkpoint itself, as it must wait anyway).  With ~1,100 messages per
+ * segment the background checkpoint is long done before the active
+ * segment fills.
  *
  * THE CRASH ARGUMENT (in addition to the one at the top of commit.c)
  *
@@ -132,7 +138,13 @@
  *     Replay reads the run of valid records of each segment newer than
  *     the checkpoint.  Every record before ours in its segment is durable
  *     by 1 and valid (a filler is valid), and ours is, so the run reaches
- *     ours.  Records after ours may be lost, torn or missing while later
+ *     ours.  (Valid: a good CRC and, when the message is left to the
+ *     entries' digest, its SHA-1.  That digest is the stage's SHA-1 of
+ *     exactly the bytes written, computed as they came in: the bytes are
+ *     the same buffer, never re-read.  A durable record passes both; a
+ *     torn one, whose bytes mix old and new sectors, fails the CRC where
+ *     the head or padding is torn and the SHA-1 where the message is.)
+ *     Records after ours may be lost, torn or missing while later
  *     ones are whole (they were written out of order): the first of them
  *     ends the run, and none of them was acknowledged (a round
  *     acknowledging one began after everything before it, the gap
@@ -141,8 +153,16 @@
  *     writes in place (staging data = the message file's inode, the link
  *     DIR/UID., the PENDING record and header: R in commit.c) was written
  *     before the record was reserved, which is before the segment left
- *     the active state, which is before the checkpoint's syncfs() began;
- *     that syncfs() writes back and commits all of it.  No pwrite into a
+ *     the active state, which is before the checkpoint's syncfs() began
+ *     (the thread is started after the switch; it does not matter which
+ *     process or thread calls syncfs(): it writes back and commits every
+ *     dirty page and inode of the file system, whoever dirtied them);
+ *     that syncfs() writes back and commits all of it.  The segment is
+ *     marked free only after the file header's fdatasync() returned, by
+ *     the thread under the mutex; a process that dies with its thread
+ *     mid-checkpoint leaves the segment "full" and ckpt_pid dead, and the
+ *     next writer that needs the segment runs the whole checkpoint again
+ *     (syncfs() and the mark are idempotent).  No pwrite into a
  *     segment is still running when it is checkpointed or reused: the
  *     switch away from it waited until every record reserved in it was
  *     written.  What the append writes
