@@ -64,6 +64,7 @@
 #include "lib/buf.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "store/append.h"
 #include "store/commit.h"
 #include "store/journal.h"
@@ -174,7 +175,7 @@ static int append_part_create(const struct imapconf *conf,
     if (ndirs < 1)
         ndirs = 1;
     if (buf_printf(&dir, "%s/%s/%02lx", root, APPEND_STAGE_DIR,
-                   (unsigned long)getpid() % (unsigned long)ndirs) != 0) {
+                   (unsigned long)procid_get() % (unsigned long)ndirs) != 0) {
         r = STORE_NOMEM;
         goto out;
     }
@@ -182,7 +183,7 @@ static int append_part_create(const struct imapconf *conf,
     for (tries = 0; tries < APPEND_CREATE_TRIES; tries++) {
         buf_reset(&path);
         if (buf_printf(&path, "%s/%ld-%lu-%lld", buf_cstring(&dir),
-                       (long)getpid(), ++append_seq,
+                       (long)procid_get(), ++append_seq,
                        (long long)time(NULL)) != 0) {
             r = STORE_NOMEM;
             goto out;
