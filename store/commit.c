@@ -702,6 +702,19 @@ static struct commit_shm *commit_shm_get(const struct imapconf *conf,
     struct commit_shm *shm;
 
     *err_r = 0;
+    {
+        /* the common case, several times per delivery: a mapping made
+         * already, found without formatting its path */
+        const char *dir = imapconf_getstring(conf, "configdirectory");
+        size_t dlen = dir ? strlen(dir) : 0;
+
+        for (m = commit_maps; dlen && m; m = m->next)
+            if (strncmp(m->path, dir, dlen) == 0 && m->path[dlen] == '/' &&
+                strcmp(m->path + dlen + 1, COMMIT_SHM_NAME) == 0) {
+                m->pid = procid_get();
+                return m->shm;
+            }
+    }
     if (commit_shm_path(conf, path, sizeof(path)) < 0)
         return NULL;
     if ((m = commit_map_find(path)) != NULL)
