@@ -82,6 +82,8 @@ fi
 tpl_build=$(sed -n 's|^ *lmtpunix cmd="\(.*\)/lmtpd/lmtpd".*|\1|p' "$tpl/cyrus.conf")
 runs_made=()
 
+# start runs in $(...), a subshell: the caller records the directory
+# in runs_made itself, so that the end removes it
 start() {   # NAME [sed expression for cyrus.conf] -> prints the directory
     local d=$base/run.$1.$$
     srv_clone "$tpl" "$d" >/dev/null || return 1
@@ -89,13 +91,13 @@ start() {   # NAME [sed expression for cyrus.conf] -> prints the directory
     [[ -n ${2:-} ]] && sed -i "$2" "$d/cyrus.conf"
     sync
     srv_start "$d" || return 1
-    runs_made+=("$d")
     echo "$d"
 }
 
 if has strace; then
     command -v strace >/dev/null || { echo "profile: strace not found" >&2; exit 2; }
     d=$(start strace) || exit 1
+    runs_made+=("$d")
     m=$(cat "$d/master.pid")
     # shellcheck disable=SC2046
     strace -f -c -o "$out/strace.txt" -p "$m" $(pgrep -P "$m" | sed 's/^/-p /') 2>/dev/null &
@@ -120,6 +122,7 @@ if has callgrind; then
         f=$out/callgrind/lmtpd.$n.out
         rm -f "$f"
         d=$(start "cg$n" "s|lmtpunix cmd=\"\([^\"]*\)\" \(listen=\"[^\"]*\"\) prefork=[0-9]* maxchild=[0-9]*|lmtpunix cmd=\"$(command -v valgrind) --tool=callgrind --callgrind-out-file=$f \1\" \2 prefork=1 maxchild=1|") || exit 1
+        runs_made+=("$d")
         "$mailbench" lmtp --lmtp "$(srv_lmtp "$d")" -c 10 -n "$n" -m 2000 -q --timeout 300 \
             --json "$out/callgrind/mailbench.$n.json" > "$out/callgrind/mailbench.$n.txt" 2>&1
         srv_stop "$d" || exit 1
@@ -140,6 +143,7 @@ if has cpu; then
     hz=$(getconf CLK_TCK)
     for ((r = 1; r <= runs; r++)); do
         d=$(start "cpu$r") || exit 1
+        runs_made+=("$d")
         m=$(cat "$d/master.pid")
         sleep 1
         t0=$(tree_ticks "$m")

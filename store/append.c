@@ -64,6 +64,7 @@
 #include "lib/buf.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
+#include "lib/procid.h"
 #include "store/append.h"
 #include "store/commit.h"
 #include "store/journal.h"
@@ -105,6 +106,8 @@ struct append_stage {
     size_t wlen;
     int error;                   /* sticky: a failed write or TOOBIG */
     int closed;
+    int whole;                   /* closed with every byte still in wbuf
+                                    (kept for the journal record) */
     struct mailbox_msginfo info; /* filled by append_stage_close() */
 };
 
@@ -172,7 +175,7 @@ static int append_part_create(const struct imapconf *conf,
     if (ndirs < 1)
         ndirs = 1;
     if (buf_printf(&dir, "%s/%s/%02lx", root, APPEND_STAGE_DIR,
-                   (unsigned long)getpid() % (unsigned long)ndirs) != 0) {
+                   (unsigned long)procid_get() % (unsigned long)ndirs) != 0) {
         r = STORE_NOMEM;
         goto out;
     }
@@ -180,7 +183,7 @@ static int append_part_create(const struct imapconf *conf,
     for (tries = 0; tries < APPEND_CREATE_TRIES; tries++) {
         buf_reset(&path);
         if (buf_printf(&path, "%s/%ld-%lu-%lld", buf_cstring(&dir),
-                       (long)getpid(), ++append_seq,
+                       (long)procid_get(), ++append_seq,
                        (long long)time(NULL)) != 0) {
             r = STORE_NOMEM;
             goto out;
@@ -461,6 +464,10 @@ int append_stage_close(struct append_stage *st)
         return st->error;
     if (st->closed)
         return STORE_INTERNAL;
+    /* all of the message still in the buffer: in journal mode it stays
+     * there for the record (append_commit_journal), which then needs
+     * neither a read back nor a checksum of its own */
+    st->whole = st->wlen == st->size && journal_mode(st->conf);
     if ((r = append_stage_flush(st)) != STORE_OK)
         return r;
     if (SHA_DIGEST_LENGTH != MAILBOX_DIGEST_LEN ||
@@ -472,8 +479,10 @@ int append_stage_close(struct append_stage *st)
     st->info.header_size = (uint32_t)(st->hdr == APPEND_HDR_DONE ?
                                       st->header_size : st->size);
     st->closed = 1;
-    free(st->wbuf);
-    st->wbuf = NULL;
+    if (!st->whole) {
+        free(st->wbuf);
+        st->wbuf = NULL;
+    }
     return STORE_OK;
 }
 
@@ -696,6 +705,7 @@ static int append_commit_journal(struct append_txn *t)
         ents[i].nkeywords = rv->nkeywords;
     }
     r = journal_commit(t->conf, partname, t->resv[0].fd,
+                       t->resv[0].st->whole ? t->resv[0].st->wbuf : NULL,
                        t->resv[0].st->info.size, ents, t->nresv);
     free(ents);
     return r;

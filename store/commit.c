@@ -702,6 +702,19 @@ static struct commit_shm *commit_shm_get(const struct imapconf *conf,
     struct commit_shm *shm;
 
     *err_r = 0;
+    {
+        /* the common case, several times per delivery: a mapping made
+         * already, found without formatting its path */
+        const char *dir = imapconf_getstring(conf, "configdirectory");
+        size_t dlen = dir ? strlen(dir) : 0;
+
+        for (m = commit_maps; dlen && m; m = m->next)
+            if (strncmp(m->path, dir, dlen) == 0 && m->path[dlen] == '/' &&
+                strcmp(m->path + dlen + 1, COMMIT_SHM_NAME) == 0) {
+                m->pid = procid_get();
+                return m->shm;
+            }
+    }
     if (commit_shm_path(conf, path, sizeof(path)) < 0)
         return NULL;
     if ((m = commit_map_find(path)) != NULL)
@@ -1210,16 +1223,32 @@ void commit_batch_free(struct commit_batch **bp)
 
 /* ---- the journal's shared state (journal.c) ---------------------------- */
 
+struct commit_shm *commit_journal_shm(const struct imapconf *conf)
+{
+    int e;
+
+    return conf ? commit_shm_get(conf, &e) : NULL;
+}
+
 int commit_journal_lock(const struct imapconf *conf, uint64_t dev,
                         uint64_t ino, struct commit_journal_state **js_r)
 {
     struct commit_shm *shm;
-    struct commit_journal_state *js;
-    int e, i, freei = -1;
+    int e;
 
     *js_r = NULL;
     if (!conf || !(shm = commit_shm_get(conf, &e)))
         return e ? e : ENOENT;
+    return commit_journal_lock_shm(shm, dev, ino, js_r);
+}
+
+int commit_journal_lock_shm(struct commit_shm *shm, uint64_t dev,
+                            uint64_t ino, struct commit_journal_state **js_r)
+{
+    struct commit_journal_state *js;
+    int e, i, freei = -1;
+
+    *js_r = NULL;
     if ((e = commit_shm_lock(shm)) != 0)
         return e;
     for (i = 0; i < COMMIT_JOURNAL_SLOTS; i++) {
@@ -1253,6 +1282,11 @@ void commit_journal_unlock(const struct imapconf *conf)
         commit_shm_unlock(shm);
 }
 
+void commit_journal_unlock_shm(struct commit_shm *shm)
+{
+    commit_shm_unlock(shm);
+}
+
 void commit_journal_count(const struct imapconf *conf, int checkpoint)
 {
     struct commit_shm *shm;
@@ -1260,6 +1294,11 @@ void commit_journal_count(const struct imapconf *conf, int checkpoint)
 
     if ((shm = commit_shm_get(conf, &e)) == NULL)
         return;
+    commit_journal_count_shm(shm, checkpoint);
+}
+
+void commit_journal_count_shm(struct commit_shm *shm, int checkpoint)
+{
     if (checkpoint)
         COMMIT_ADD(shm->checkpoints);
     else

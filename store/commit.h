@@ -192,6 +192,16 @@ int commit_journal_round_held(const struct imapconf *conf, uint64_t dev,
                               uint64_t ino, int fd);
 /* Count a record (checkpoint = 0) or a checkpoint (1). */
 void commit_journal_count(const struct imapconf *conf, int checkpoint);
+/* The same three through the mapping itself, for a thread that must not
+ * use conf (the journal's background checkpoint): commit_journal_shm()
+ * returns conf's mapping (NULL when unusable); it stays mapped for the
+ * life of the process. */
+struct commit_shm;
+struct commit_shm *commit_journal_shm(const struct imapconf *conf);
+int commit_journal_lock_shm(struct commit_shm *shm, uint64_t dev,
+                            uint64_t ino, struct commit_journal_state **js_r);
+void commit_journal_unlock_shm(struct commit_shm *shm);
+void commit_journal_count_shm(struct commit_shm *shm, int checkpoint);
 
 /* ---- test hooks (for tests/store/test_commit.c only) --------------------
  * Per process; NULL clears.  before_syncfs: called by a group leader after

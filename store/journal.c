@@ -27,7 +27,12 @@
  *       0 magic u32 0x524a4443 ("CDJR")  4 length u32 (whole record,
  *       padded)  8 generation u64 (the segment's)  16 sequence u64
  *       24 entries u32  28 message size u32  32 CRC-32C u32 of the
- *       record with this field zero  36 zero u32
+ *       record with this field zero  36 message offset u32: 0 = the CRC
+ *       covers the whole record; else the offset of the message bytes,
+ *       which the CRC leaves out and the SHA-1 digest of the entries
+ *       (every entry has the same one, the entries end at that offset)
+ *       covers: the message is then checksummed once, by the SHA-1 the
+ *       stage computes anyway (journal_commit with the bytes in memory)
  *       40 the entries, each: uid u32, uidvalidity u32, compactions u32,
  *       sysflags u32, internaldate i64, size u32, header size u32,
  *       SHA-1 (20), mailbox name length u16, partition length u16,
@@ -47,8 +52,9 @@
  *   place and never replayed.  A segment's valid records are the run that
  *   starts at its offset 4096 with sequence `first sequence`, each with the
  *   segment's generation, the next sequence number, a length inside the
- *   segment and a good CRC; the run ends at the first record that is not
- *   (zeros, a torn write, a record of an older generation).
+ *   segment, a good CRC and, when field 36 is set, the message's SHA-1
+ *   equal to the entries' digest; the run ends at the first record that is
+ *   not (zeros, a torn write, a record of an older generation).
  *
  * WRITING (journal_commit)
  *
@@ -58,10 +64,14 @@
  * whether the other segment still needs a checkpoint, the written mark
  * and a ring of the records reserved but not yet written (inflight[seq %
  * 64]: sequence, offset, length, generation, writer pid, WRITING/DONE).
- * A committer builds its record in memory (the staged message read back),
- * then under the mutex RESERVES: offset and sequence taken and advanced,
+ * A committer builds the head of its record (header and entries) in
+ * memory; the message bytes are the stage's own buffer when the whole
+ * message is still in it (up to 64 KiB: no read back, no CRC of them,
+ * field 36), else they are read back from the staged file; then under the
+ * mutex it RESERVES: offset and sequence taken and advanced,
  * its ring entry set WRITING; it releases the mutex, puts generation,
- * sequence and CRC into the record and pwrite()s it there, so the writes
+ * sequence and CRC into the record and pwritev()s it there (head,
+ * message, padding), so the writes
  * of many committers overlap.  Then, under the mutex, its entry becomes
  * DONE and `written` advances over every DONE entry in sequence order
  * (a futex word wakes the waiters): `written` = s means every record
@@ -87,12 +97,18 @@
  * to the other segment, which must be checkpointed: it gets generation
  * max + 1 and its header is written (before any record in it, so the
  * round that makes a record durable makes the header durable too).  The
- * segment left is then "full" and its checkpoint is run by the writer that
- * switched, after its own round: syncfs() of the journal's file system,
- * then the file header with checkpoint generation = that segment's
- * generation, fdatasync().  A writer that needs a full segment whose
- * checkpoint is running waits for it (polling, a dead checkpointer is
- * replaced).
+ * segment left is then "full" and its checkpoint is started by the writer
+ * that switched, after its own round, in a thread of its process (see
+ * "the checkpoint in the background" below; inline when no thread can be
+ * started), so that neither its delivery nor the next one of its process
+ * waits for it: syncfs() of the journal's file system, then the file
+ * header with checkpoint generation = that segment's generation,
+ * fdatasync(); then, under the mutex, the segment is no longer "full".  A
+ * writer that needs a full segment whose checkpoint is running waits for
+ * it (polling, a dead checkpointer's process is replaced: it runs the
+ * checkpoint itself, as it must wait anyway).  With ~1,100 messages per
+ * segment the background checkpoint is long done before the active
+ * segment fills.
  *
  * THE CRASH ARGUMENT (in addition to the one at the top of commit.c)
  *
@@ -122,7 +138,13 @@
  *     Replay reads the run of valid records of each segment newer than
  *     the checkpoint.  Every record before ours in its segment is durable
  *     by 1 and valid (a filler is valid), and ours is, so the run reaches
- *     ours.  Records after ours may be lost, torn or missing while later
+ *     ours.  (Valid: a good CRC and, when the message is left to the
+ *     entries' digest, its SHA-1.  That digest is the stage's SHA-1 of
+ *     exactly the bytes written, computed as they came in: the bytes are
+ *     the same buffer, never re-read.  A durable record passes both; a
+ *     torn one, whose bytes mix old and new sectors, fails the CRC where
+ *     the head or padding is torn and the SHA-1 where the message is.)
+ *     Records after ours may be lost, torn or missing while later
  *     ones are whole (they were written out of order): the first of them
  *     ends the run, and none of them was acknowledged (a round
  *     acknowledging one began after everything before it, the gap
@@ -131,8 +153,16 @@
  *     writes in place (staging data = the message file's inode, the link
  *     DIR/UID., the PENDING record and header: R in commit.c) was written
  *     before the record was reserved, which is before the segment left
- *     the active state, which is before the checkpoint's syncfs() began;
- *     that syncfs() writes back and commits all of it.  No pwrite into a
+ *     the active state, which is before the checkpoint's syncfs() began
+ *     (the thread is started after the switch; it does not matter which
+ *     process or thread calls syncfs(): it writes back and commits every
+ *     dirty page and inode of the file system, whoever dirtied them);
+ *     that syncfs() writes back and commits all of it.  The segment is
+ *     marked free only after the file header's fdatasync() returned, by
+ *     the thread under the mutex; a process that dies with its thread
+ *     mid-checkpoint leaves the segment "full" and ckpt_pid dead, and the
+ *     next writer that needs the segment runs the whole checkpoint again
+ *     (syncfs() and the mark are idempotent).  No pwrite into a
  *     segment is still running when it is checkpointed or reused: the
  *     switch away from it waited until every record reserved in it was
  *     written.  What the append writes
@@ -246,6 +276,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -256,6 +287,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <linux/futex.h>
 #include <time.h>
 #include <unistd.h>
@@ -280,6 +312,7 @@
 #define JNL_VERSION 1u
 #define JNL_REC_MAGIC 0x524a4443u
 #define JNL_REC_HDR 40
+#define JNL_ENT_FIXED 58      /* an entry without its names and keywords */
 #define JNL_ALIGN 16
 #define JNL_DIR_MODE 0750
 #define JNL_FILE_MODE 0600
@@ -315,6 +348,7 @@ struct jnl_file {
 static struct jnl_file *jnl_files;
 static int jnl_test_errno;
 static int jnl_test_die;
+static int jnl_test_hold_fd = -1;
 static unsigned jnl_warned;   /* reasons already logged, a bit each */
 static pid_t jnl_warned_pid;
 
@@ -366,6 +400,11 @@ void journal_test_fail_sync(int e)
 void journal_test_die_reserved(int on)
 {
     jnl_test_die = on;
+}
+
+void journal_test_hold_checkpoint(int fd)
+{
+    jnl_test_hold_fd = fd;
 }
 
 static int jnl_errno(int e)
@@ -439,6 +478,41 @@ static uint32_t jnl_rec_crc(const unsigned char *rec, uint32_t len)
     c = crc32c_update(c, zero, 4);
     c = crc32c_update(c, rec + 36, len - 36);
     return crc32c_final(c);
+}
+
+/* The CRC of a record whose message bytes [moff, moff + msize) are
+ * covered by the SHA-1 of its entries: the record without them, its CRC
+ * field as zero. */
+static uint32_t jnl_rec_crc_digest(const unsigned char *rec, uint32_t len,
+                                   uint32_t moff, uint32_t msize)
+{
+    static const unsigned char zero[4];
+    uint32_t c = crc32c_update(0xFFFFFFFFu, rec, 32);
+
+    c = crc32c_update(c, zero, 4);
+    c = crc32c_update(c, rec + 36, moff - 36);
+    c = crc32c_update(c, rec + moff + msize, len - moff - msize);
+    return crc32c_final(c);
+}
+
+/* Is the record rec of length len (magic, length, generation and sequence
+ * checked) intact?  Field 36 zero: the CRC covers the whole record.  Else
+ * it is the offset of the message bytes, which the CRC leaves out and the
+ * SHA-1 digest of the first entry covers (the entries must end there: the
+ * parse checks that, and that every entry has the same digest). */
+static int jnl_rec_intact(const unsigned char *rec, uint32_t len)
+{
+    uint32_t moff = get32(rec + 36), msize = get32(rec + 28);
+    unsigned char md[SHA_DIGEST_LENGTH];
+
+    if (moff == 0)
+        return get32(rec + 32) == jnl_rec_crc(rec, len);
+    if (moff < JNL_REC_HDR + JNL_ENT_FIXED || moff > len ||
+        msize > len - moff || get32(rec + 24) == 0 ||
+        get32(rec + 32) != jnl_rec_crc_digest(rec, len, moff, msize))
+        return 0;
+    SHA1(rec + moff, msize, md);
+    return memcmp(md, rec + JNL_REC_HDR + 32, SHA_DIGEST_LENGTH) == 0;
 }
 
 /* ---- the file ----------------------------------------------------------- */
@@ -697,28 +771,168 @@ static int jnl_state_init(struct jnl_file *jf, struct commit_journal_state *js)
     return 0;
 }
 
-/* Checkpoint segment `seg` of generation gen: everything before is made
- * durable in place, then the mark.  Without the mutex.  0 or an errno. */
-static int jnl_checkpoint(const struct imapconf *conf, struct jnl_file *jf,
-                          uint64_t gen)
+/* The checkpoint of generation gen on the journal open as fd: everything
+ * written before is made durable in place (syncfs), then the mark in the
+ * file header (fdatasync).  No shared state.  0 or an errno. */
+static int jnl_ckpt_sync(int fd, uint64_t segsize, uint64_t gen)
 {
     unsigned char hdr[JNL_HDR];
     int rc;
 
+    if (jnl_test_hold_fd >= 0) {
+        char c;
+
+        while (read(jnl_test_hold_fd, &c, 1) < 0 && errno == EINTR)
+            ;
+    }
     do
-        rc = syncfs(jf->fd);
+        rc = syncfs(fd);
     while (rc < 0 && errno == EINTR);
     if (rc < 0)
         return errno;
-    jnl_file_header(hdr, jf->segsize, gen);
-    if (fs_pwrite_all(jf->fd, hdr, JNL_HDR, 0) != 0)
+    jnl_file_header(hdr, segsize, gen);
+    if (fs_pwrite_all(fd, hdr, JNL_HDR, 0) != 0)
         return errno;
     do
-        rc = fdatasync(jf->fd);
+        rc = fdatasync(fd);
     while (rc < 0 && errno == EINTR);
     if (rc < 0)
         return errno;
-    commit_journal_count(conf, 1);
+    return 0;
+}
+
+/* Checkpoint segment `seg` of generation gen, here and now.  Without the
+ * mutex.  0 or an errno. */
+static int jnl_checkpoint(const struct imapconf *conf, struct jnl_file *jf,
+                          uint64_t gen)
+{
+    int e = jnl_ckpt_sync(jf->fd, jf->segsize, gen);
+
+    if (!e)
+        commit_journal_count(conf, 1);
+    return e;
+}
+
+/* ---- the checkpoint in the background ------------------------------------
+ *
+ * The writer that switched segments does not checkpoint the segment it
+ * left itself: a thread of its process does (jnl_ckpt_main), so that no
+ * delivery waits for the syncfs().  js->ckpt_pid names the process, as
+ * before; the thread clears it and the segment's `full` mark (or sets the
+ * journal BROKEN) under the mutex when it is done.  Until then a writer
+ * that needs the segment waits for it like for another process's
+ * checkpoint; one whose process is gone is replaced.  The thread touches
+ * no per-process state but its own copy of the descriptor and the mapping
+ * of commit.shm (never unmapped), and starts with every signal blocked.
+ * The process's exit() waits for it (atexit). */
+struct jnl_ckpt {
+    struct commit_shm *shm;
+    uint64_t dev, ino, segsize, gen;
+    unsigned seg;
+    int fd;
+    char *path;
+};
+
+static int jnl_ckpt_threads;          /* running in this process */
+static pid_t jnl_ckpt_pid;            /* whose count that is */
+static pid_t jnl_ckpt_atexit_pid;
+
+static int jnl_ckpt_running(void)
+{
+    if (jnl_ckpt_pid != procid_get())
+        return 0;                     /* inherited over fork(): not ours */
+    return __atomic_load_n(&jnl_ckpt_threads, __ATOMIC_ACQUIRE);
+}
+
+void journal_checkpoints_wait(void)
+{
+    while (jnl_ckpt_running() > 0)
+        usleep(1000);
+}
+
+static void jnl_ckpt_atexit(void)
+{
+    journal_checkpoints_wait();
+}
+
+static void *jnl_ckpt_main(void *arg)
+{
+    struct jnl_ckpt *c = arg;
+    struct commit_journal_state *js;
+    int e = jnl_ckpt_sync(c->fd, c->segsize, c->gen);
+
+    if (!e)
+        commit_journal_count_shm(c->shm, 1);
+    if (commit_journal_lock_shm(c->shm, c->dev, c->ino, &js) == 0) {
+        js->ckpt_pid = 0;
+        if (!e && js->gen[c->seg] == c->gen)
+            js->full[c->seg] = 0;
+        if (e)
+            js->state = JNL_STATE_BROKEN;
+        commit_journal_unlock_shm(c->shm);
+    }
+    if (e)
+        log_error("journal: checkpoint failed, journal given up until "
+                  "replay file=<%s> error=<%s>", c->path, strerror(e));
+    close(c->fd);
+    free(c->path);
+    free(c);
+    __atomic_sub_fetch(&jnl_ckpt_threads, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Start the checkpoint of segment seg (generation gen) in a thread; the
+ * caller has set js->ckpt_pid to this process.  0, or -1 when no thread
+ * could be started (the caller checkpoints itself). */
+static int jnl_ckpt_start(const struct imapconf *conf, struct jnl_file *jf,
+                          unsigned seg, uint64_t gen)
+{
+    struct jnl_ckpt *c;
+    pthread_attr_t attr;
+    pthread_t thread;
+    sigset_t all, old;
+    int rc;
+
+    if (!(c = calloc(1, sizeof(*c))))
+        return -1;
+    c->shm = commit_journal_shm(conf);
+    c->dev = jf->dev;
+    c->ino = jf->ino;
+    c->segsize = jf->segsize;
+    c->gen = gen;
+    c->seg = seg;
+    c->path = strdup(jf->path);
+    c->fd = fcntl(jf->fd, F_DUPFD_CLOEXEC, 0);
+    if (!c->shm || !c->path || c->fd < 0) {
+        if (c->fd >= 0)
+            close(c->fd);
+        free(c->path);
+        free(c);
+        return -1;
+    }
+    if (jnl_ckpt_pid != procid_get()) {
+        jnl_ckpt_pid = procid_get();
+        jnl_ckpt_threads = 0;
+    }
+    if (jnl_ckpt_atexit_pid != procid_get() && atexit(jnl_ckpt_atexit) == 0)
+        jnl_ckpt_atexit_pid = procid_get();
+    __atomic_add_fetch(&jnl_ckpt_threads, 1, __ATOMIC_RELEASE);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(&thread, &attr, jnl_ckpt_main, c);
+        pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        __atomic_sub_fetch(&jnl_ckpt_threads, 1, __ATOMIC_RELEASE);
+        close(c->fd);
+        free(c->path);
+        free(c);
+        return -1;
+    }
     return 0;
 }
 
@@ -727,16 +941,44 @@ static int jnl_pid_alive(pid_t pid)
     return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
 }
 
-/* Build the record (without generation, sequence and CRC) into *out. */
-static int jnl_build(int msgfd, uint32_t msgsize,
-                     const struct journal_entry *ents, size_t n,
-                     unsigned char **rec_r, uint32_t *len_r)
+/* A record being written: its head (header and entries), the message
+ * bytes (the caller's, or read back into `own`) and the zero padding. */
+struct jnl_rec {
+    unsigned char *head;
+    uint32_t hlen;
+    const unsigned char *msg;
+    unsigned char *own;
+    uint32_t msize;
+    uint32_t pad;
+    uint32_t len;                /* hlen + msize + pad */
+    int digest;                  /* the message is covered by the SHA-1 */
+};
+
+static const unsigned char jnl_zeros[JNL_ALIGN];
+
+static void jnl_rec_free(struct jnl_rec *r)
 {
-    uint64_t len = JNL_REC_HDR;
-    unsigned char *rec, *p;
+    free(r->head);
+    free(r->own);
+    memset(r, 0, sizeof(*r));
+}
+
+/*
+ * Build the record (without generation, sequence and CRC) into *r.  With
+ * msg, the bytes are msg's and, every entry having the same digest (the
+ * caller vouches that it is their SHA-1), the CRC will leave them out
+ * (field 36 = their offset): neither read nor checksummed again.  Without
+ * msg they are read from msgfd and the CRC covers them.
+ */
+static int jnl_build(int msgfd, const void *msg, uint32_t msgsize,
+                     const struct journal_entry *ents, size_t n,
+                     struct jnl_rec *r)
+{
+    uint64_t hlen = JNL_REC_HDR, len;
+    unsigned char *p;
     size_t i, k, ml, pl, kl;
 
-    *rec_r = NULL;
+    memset(r, 0, sizeof(*r));
     if (n > 65535)
         return STORE_NOTIMPLEMENTED;
     for (i = 0; i < n; i++) {
@@ -744,23 +986,32 @@ static int jnl_build(int msgfd, uint32_t msgsize,
         pl = ents[i].partition ? strlen(ents[i].partition) : 0;
         if (ml > 65535 || pl > 65535 || ents[i].nkeywords > 65535)
             return STORE_NOTIMPLEMENTED;
-        len += 4 * 4 + 8 + 4 + 4 + MAILBOX_DIGEST_LEN + 6 + ml + pl;
+        hlen += JNL_ENT_FIXED + ml + pl;
         for (k = 0; k < ents[i].nkeywords; k++)
             if (ents[i].keywords[k])
-                len += 2 + strlen(ents[i].keywords[k]);
+                hlen += 2 + strlen(ents[i].keywords[k]);
     }
-    len += msgsize;
-    len = (len + JNL_ALIGN - 1) & ~(uint64_t)(JNL_ALIGN - 1);
+    len = (hlen + msgsize + JNL_ALIGN - 1) & ~(uint64_t)(JNL_ALIGN - 1);
     if (len > UINT32_MAX)
         return STORE_NOTIMPLEMENTED;
-    rec = calloc(1, (size_t)len);
-    if (!rec)
+    r->head = calloc(1, (size_t)hlen);
+    if (!r->head)
         return STORE_NOMEM;
-    put32(rec, JNL_REC_MAGIC);
-    put32(rec + 4, (uint32_t)len);
-    put32(rec + 24, (uint32_t)n);
-    put32(rec + 28, msgsize);
-    p = rec + JNL_REC_HDR;
+    r->hlen = (uint32_t)hlen;
+    r->msize = msgsize;
+    r->len = (uint32_t)len;
+    r->pad = (uint32_t)(len - hlen - msgsize);
+    r->digest = msg != NULL && n > 0;
+    for (i = 1; r->digest && i < n; i++)
+        if (memcmp(ents[i].info.digest, ents[0].info.digest,
+                   MAILBOX_DIGEST_LEN) != 0)
+            r->digest = 0;
+    put32(r->head, JNL_REC_MAGIC);
+    put32(r->head + 4, (uint32_t)len);
+    put32(r->head + 24, (uint32_t)n);
+    put32(r->head + 28, msgsize);
+    put32(r->head + 36, r->digest ? r->hlen : 0);
+    p = r->head + JNL_REC_HDR;
     for (i = 0; i < n; i++) {
         const struct journal_entry *e = &ents[i];
         uint16_t nk = 0;
@@ -781,7 +1032,7 @@ static int jnl_build(int msgfd, uint32_t msgsize,
         put16(p + 52, (uint16_t)ml);
         put16(p + 54, (uint16_t)pl);
         put16(p + 56, nk);
-        p += 58;
+        p += JNL_ENT_FIXED;
         memcpy(p, e->mailbox, ml);
         p += ml;
         if (pl)
@@ -795,15 +1046,76 @@ static int jnl_build(int msgfd, uint32_t msgsize,
             p += 2 + kl;
         }
     }
-    if (msgsize && fs_pread_all(msgfd, p, msgsize, 0) < 0) {
+    if (msg || !msgsize) {
+        r->msg = msg;
+        return STORE_OK;
+    }
+    if (!(r->own = malloc(msgsize))) {
+        jnl_rec_free(r);
+        return STORE_NOMEM;
+    }
+    if (fs_pread_all(msgfd, r->own, msgsize, 0) < 0) {
         log_error("journal: cannot read the staged message error=<%s>",
                   strerror(errno));
-        free(rec);
+        jnl_rec_free(r);
         return STORE_IOERROR;
     }
-    *rec_r = rec;
-    *len_r = (uint32_t)len;
+    r->msg = r->own;
     return STORE_OK;
+}
+
+/* Generation, sequence and CRC into the record's head. */
+static void jnl_rec_seal(struct jnl_rec *r, uint64_t gen, uint64_t seq)
+{
+    uint32_t c;
+
+    put64(r->head + 8, gen);
+    put64(r->head + 16, seq);
+    put32(r->head + 32, 0);
+    c = crc32c_update(CRC32C_INIT, r->head, r->hlen);
+    if (!r->digest && r->msize)
+        c = crc32c_update(c, r->msg, r->msize);
+    c = crc32c_update(c, jnl_zeros, r->pad);
+    put32(r->head + 32, crc32c_final(c));
+}
+
+/* pwritev() of the record at off, all of it.  0 or -1 (errno). */
+static int jnl_rec_write(int fd, const struct jnl_rec *r, off_t off)
+{
+    struct iovec iov[3];
+    int cnt = 0, i = 0;
+    ssize_t w;
+
+    iov[cnt].iov_base = r->head;
+    iov[cnt++].iov_len = r->hlen;
+    if (r->msize) {
+        iov[cnt].iov_base = (void *)r->msg;
+        iov[cnt++].iov_len = r->msize;
+    }
+    if (r->pad) {
+        iov[cnt].iov_base = (void *)jnl_zeros;
+        iov[cnt++].iov_len = r->pad;
+    }
+    while (i < cnt) {
+        w = pwritev(fd, iov + i, cnt - i, off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        off += w;
+        while (i < cnt && (size_t)w >= iov[i].iov_len)
+            w -= (ssize_t)iov[i++].iov_len;
+        if (i < cnt) {
+            iov[i].iov_base = (char *)iov[i].iov_base + w;
+            iov[i].iov_len -= (size_t)w;
+        }
+    }
+    return 0;
 }
 
 /* Set the state BROKEN (logged). */
@@ -930,12 +1242,13 @@ static int jnl_wait_written(const struct imapconf *conf, struct jnl_file *jf,
 }
 
 int journal_commit(const struct imapconf *conf, const char *partition,
-                   int msgfd, uint32_t msgsize,
+                   int msgfd, const void *msg, uint32_t msgsize,
                    const struct journal_entry *entries, size_t n)
 {
     struct commit_journal_state *js;
     struct jnl_file *jf;
-    unsigned char *rec = NULL, seghdr[JNL_SEG_HDR];
+    unsigned char seghdr[JNL_SEG_HDR];
+    struct jnl_rec rec;
     uint32_t len;
     uint64_t ckpt_gen = 0, seq, gen, off;
     unsigned other;
@@ -946,24 +1259,25 @@ int journal_commit(const struct imapconf *conf, const char *partition,
             jnl_fallback(1, "journal file unusable", NULL);
         return STORE_NOTIMPLEMENTED;  /* LOCKED: another one creates it */
     }
-    if ((r = jnl_build(msgfd, msgsize, entries, n, &rec, &len)) != STORE_OK)
+    if ((r = jnl_build(msgfd, msg, msgsize, entries, n, &rec)) != STORE_OK)
         return r == STORE_NOTIMPLEMENTED || r == STORE_NOMEM ?
                    STORE_NOTIMPLEMENTED : r;
+    len = rec.len;
     if ((uint64_t)len > jf->segsize - JNL_SEG_HDR) {
-        free(rec);
+        jnl_rec_free(&rec);
         return STORE_NOTIMPLEMENTED;    /* bigger than a segment */
     }
 
     for (;;) {
         if ((e = commit_journal_lock(conf, jf->dev, jf->ino, &js)) != 0) {
-            free(rec);
+            jnl_rec_free(&rec);
             jnl_fallback(2, "shared state unusable", jf->path);
             return STORE_NOTIMPLEMENTED;
         }
         if (js->state == JNL_STATE_NEW &&
             (e = jnl_state_init(jf, js)) != 0) {
             commit_journal_unlock(conf);
-            free(rec);
+            jnl_rec_free(&rec);
             jnl_break(conf, jf, e, "start");
             return STORE_NOTIMPLEMENTED;
         }
@@ -971,7 +1285,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
             int st = js->state;
 
             commit_journal_unlock(conf);
-            free(rec);
+            jnl_rec_free(&rec);
             if (st == JNL_STATE_NEEDS_REPLAY)
                 jnl_fallback(4, "records wait for replay (ctl_cyrusdb -r)",
                              jf->path);
@@ -985,7 +1299,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
 
             commit_journal_unlock(conf);
             if ((e = jnl_wait_written(conf, jf, want, &js)) != 0) {
-                free(rec);
+                jnl_rec_free(&rec);
                 return STORE_NOTIMPLEMENTED;
             }
             commit_journal_unlock(conf);
@@ -1001,7 +1315,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
 
             commit_journal_unlock(conf);
             if ((e = jnl_wait_written(conf, jf, want, &js)) != 0) {
-                free(rec);
+                jnl_rec_free(&rec);
                 return STORE_NOTIMPLEMENTED;
             }
             commit_journal_unlock(conf);
@@ -1013,7 +1327,8 @@ int journal_commit(const struct imapconf *conf, const char *partition,
             pid_t cp = js->ckpt_pid;
             uint64_t g = js->gen[other];
 
-            if (cp && cp != procid_get() && jnl_pid_alive(cp)) {
+            if (cp && (cp != procid_get() ? jnl_pid_alive(cp)
+                                          : jnl_ckpt_running() > 0)) {
                 commit_journal_unlock(conf);
                 usleep(1000);
                 continue;
@@ -1022,7 +1337,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
             commit_journal_unlock(conf);
             e = jnl_checkpoint(conf, jf, g);
             if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0) {
-                free(rec);
+                jnl_rec_free(&rec);
                 return STORE_NOTIMPLEMENTED;
             }
             js->ckpt_pid = 0;
@@ -1030,7 +1345,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
                 js->full[other] = 0;
             commit_journal_unlock(conf);
             if (e) {
-                free(rec);
+                jnl_rec_free(&rec);
                 jnl_break(conf, jf, e, "checkpoint");
                 return STORE_NOTIMPLEMENTED;
             }
@@ -1048,7 +1363,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
                 if (!e)
                     e = errno;
                 commit_journal_unlock(conf);
-                free(rec);
+                jnl_rec_free(&rec);
                 jnl_break(conf, jf, e, "segment header write");
                 return STORE_NOTIMPLEMENTED;
             }
@@ -1066,7 +1381,7 @@ int journal_commit(const struct imapconf *conf, const char *partition,
     if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, js->active) +
                               js->off + len)) != 0) {
         commit_journal_unlock(conf);
-        free(rec);
+        jnl_rec_free(&rec);
         jnl_break(conf, jf, e, "zero fill");
         return jnl_errno(e);
     }
@@ -1090,11 +1405,9 @@ int journal_commit(const struct imapconf *conf, const char *partition,
     if (jnl_test_die)
         kill(getpid(), SIGKILL);
 
-    put64(rec + 8, gen);
-    put64(rec + 16, seq);
-    put32(rec + 32, jnl_rec_crc(rec, len));
-    e = fs_pwrite_all(jf->fd, rec, len, (off_t)off) != 0 ? errno : 0;
-    free(rec);
+    jnl_rec_seal(&rec, gen, seq);
+    e = jnl_rec_write(jf->fd, &rec, (off_t)off) != 0 ? errno : 0;
+    jnl_rec_free(&rec);
     if (commit_journal_lock(conf, jf->dev, jf->ino, &js) != 0)
         return STORE_NOTIMPLEMENTED;   /* the mutex is unrecoverable */
     if (e)
@@ -1137,7 +1450,8 @@ int journal_commit(const struct imapconf *conf, const char *partition,
     }
 
     /* this writer switched segments: checkpoint the one it left, unless
-     * somebody else is at it or has done it */
+     * somebody else is at it or has done it; in a thread, so that this
+     * delivery does not wait for it */
     if (ckpt_gen && commit_journal_lock(conf, jf->dev, jf->ino, &js) == 0) {
         unsigned seg = js->gen[0] == ckpt_gen ? 0 : 1;
         int run = js->full[seg] && js->gen[seg] == ckpt_gen &&
@@ -1146,7 +1460,8 @@ int journal_commit(const struct imapconf *conf, const char *partition,
         if (run)
             js->ckpt_pid = procid_get();
         commit_journal_unlock(conf);
-        if (run) {
+        if (run && jnl_ckpt_start(conf, jf, seg, ckpt_gen) != 0) {
+            /* no thread: here, after the round (the delivery waits) */
             e = jnl_checkpoint(conf, jf, ckpt_gen);
             if (commit_journal_lock(conf, jf->dev, jf->ino, &js) == 0) {
                 js->ckpt_pid = 0;
@@ -1205,6 +1520,7 @@ static int jnl_parse_record(const unsigned char *rec, uint32_t len,
                             size_t *n, size_t *alloc)
 {
     uint32_t nent = get32(rec + 24), msgsize = get32(rec + 28), i;
+    uint32_t moff = get32(rec + 36);
     const unsigned char *p = rec + JNL_REC_HDR, *end = rec + len;
     size_t first = *n, k;
 
@@ -1233,6 +1549,9 @@ static int jnl_parse_record(const unsigned char *rec, uint32_t len,
         re->info.size = get32(p + 24);
         re->info.header_size = get32(p + 28);
         memcpy(re->info.digest, p + 32, MAILBOX_DIGEST_LEN);
+        if (moff && memcmp(re->info.digest, rec + JNL_REC_HDR + 32,
+                           MAILBOX_DIGEST_LEN) != 0)
+            goto bad;     /* the SHA-1 checked was the first entry's */
         ml = get16(p + 52);
         pl = get16(p + 54);
         nk = get16(p + 56);
@@ -1266,7 +1585,7 @@ static int jnl_parse_record(const unsigned char *rec, uint32_t len,
         }
         re->order = order;
     }
-    if ((uint64_t)(end - p) < msgsize)
+    if ((uint64_t)(end - p) < msgsize || (moff && p != rec + moff))
         goto bad;
     for (k = first; k < *n; k++)
         (*list)[k].msg = p;
@@ -1293,7 +1612,7 @@ static unsigned long jnl_scan_segment(const unsigned char *base,
 
         if (get32(rec) != JNL_REC_MAGIC || len < JNL_REC_HDR ||
             len % JNL_ALIGN || len > segsize - off || get64(rec + 8) != gen ||
-            get64(rec + 16) != seq || get32(rec + 32) != jnl_rec_crc(rec, len))
+            get64(rec + 16) != seq || !jnl_rec_intact(rec, len))
             break;
         if (jnl_parse_record(rec, len, (gen << 32) ^ seq, list, n,
                              alloc) < 0)

@@ -52,10 +52,15 @@ struct journal_entry {
 int journal_mode(const struct imapconf *conf);
 
 /*
- * Write one record for the message in msgfd (msgsize bytes from offset
- * 0, read with pread) and the n reservations of entries into the journal
+ * Write one record for the message (msgsize bytes: msg, or when msg is
+ * NULL read with pread from offset 0 of msgfd) and the n reservations of
+ * entries into the journal
  * of `partition`, and return when it is durable (a group fdatasync round
- * that began after the record was written succeeded).  Every mailbox of
+ * that began after the record was written succeeded).  msg must be the
+ * bytes whose SHA-1 is every entry's digest (as the stage computed it
+ * while they passed): the record's CRC then leaves them out and replay
+ * checks them by that digest, so they are neither read back nor
+ * checksummed again.  Every mailbox of
  * the entries must be on the journal's file system (the checkpoint syncs
  * that one file system).
  * STORE_OK: durable; the caller may finish and acknowledge.
@@ -69,7 +74,7 @@ int journal_mode(const struct imapconf *conf);
  *     process falls back to group commit) until journal_replay() runs.
  */
 int journal_commit(const struct imapconf *conf, const char *partition,
-                   int msgfd, uint32_t msgsize,
+                   int msgfd, const void *msg, uint32_t msgsize,
                    const struct journal_entry *entries, size_t n);
 
 /* What journal_replay() did. */
@@ -109,9 +114,18 @@ int journal_replay_all(const struct imapconf *conf,
 
 /* ---- for tests ---- */
 
+/* Wait until every checkpoint this process runs in the background (a
+ * thread started by the journal_commit() that switched segments) is done.
+ * exit() does it too. */
+void journal_checkpoints_wait(void);
+
 /* Force the next journal_commit() of this process to fail its round with
  * errno e (0 clears), as if fdatasync() had returned it. */
 void journal_test_fail_sync(int e);
+
+/* fd >= 0: every checkpoint of this process reads one byte from fd
+ * before its syncfs() (held until the test writes it); -1 clears. */
+void journal_test_hold_checkpoint(int fd);
 
 /* on != 0: the next journal_commit() of this process kills the process
  * (SIGKILL) after its record is reserved, before the record is written,

@@ -928,6 +928,12 @@ struct mailbox {
     uint32_t ra_first, ra_n;
     uint32_t ra_next;          /* the record after the last one read:
                                   reading it starts a sequential run */
+    /* the last record read alone or written under the current lock (a
+     * pending one beyond the read-ahead: the finish reads its own
+     * record up to three times); dropped with the read-ahead */
+    unsigned char one[MBX_REC_SIZE];
+    uint32_t one_recno;
+    int one_ok;
 };
 
 static struct mailbox *mbx_registry;
@@ -1064,6 +1070,7 @@ static void mbx_release(struct mailbox *mb)
                   strerror(errno));
     mb->locktype = 0;
     mb->ra_n = 0;
+    mb->one_ok = 0;
     mb->records_changed = 0;
     mb->dir_changed = 0;
     mb->counters_changed = 0;
@@ -1167,6 +1174,7 @@ static const unsigned char *mbx_readahead(struct mailbox *mb, uint32_t recno)
     if (!mb->ra && !(mb->ra = malloc((size_t)MBX_READAHEAD * MBX_REC_SIZE)))
         return NULL;
     mb->ra_n = 0;
+    mb->one_ok = 0;
     if (fs_pread_all(mb->fd, mb->ra, (size_t)n * MBX_REC_SIZE,
                      mbx_rec_offset(recno)) < 0)
         return NULL;            /* short or failed: the single read says */
@@ -1186,7 +1194,11 @@ static int mbx_read_rec(struct mailbox *mb, uint32_t recno,
         if (mbx_rec_decode(p, rec) == 0)
             return STORE_OK;
         mb->ra_n = 0;           /* the single read below logs it */
+        mb->one_ok = 0;
     }
+    if (mb->locktype && mb->one_ok && mb->one_recno == recno &&
+        mbx_rec_decode(mb->one, rec) == 0)
+        return STORE_OK;
     p = one;
     if (fs_pread_all(mb->fd, one, sizeof(one), mbx_rec_offset(recno)) < 0) {
         if (errno == EIO)
@@ -1199,6 +1211,11 @@ static int mbx_read_rec(struct mailbox *mb, uint32_t recno,
         log_error("mailbox: record checksum mismatch mailbox=<%s> "
                   "recno=<%u>", mb->name, recno);
         return STORE_CORRUPT;
+    }
+    if (mb->locktype) {
+        memcpy(mb->one, one, sizeof(one));
+        mb->one_recno = recno;
+        mb->one_ok = 1;
     }
     return STORE_OK;
 }
@@ -1213,6 +1230,7 @@ static int mbx_write_rec(struct mailbox *mb, uint32_t recno,
         int e = errno;
 
         mb->ra_n = 0;
+        mb->one_ok = 0;
         log_error("mailbox: record write failed mailbox=<%s> recno=<%u> "
                   "error=<%s>", mb->name, recno, strerror(e));
         return mbx_errno(e);
@@ -1220,6 +1238,11 @@ static int mbx_write_rec(struct mailbox *mb, uint32_t recno,
     if (recno >= mb->ra_first && recno - mb->ra_first < mb->ra_n)
         memcpy(mb->ra + (size_t)(recno - mb->ra_first) * MBX_REC_SIZE, p,
                sizeof(p));
+    if (mb->locktype) {
+        memcpy(mb->one, p, sizeof(p));
+        mb->one_recno = recno;
+        mb->one_ok = 1;
+    }
     return STORE_OK;
 }
 
@@ -1869,6 +1892,7 @@ static int mbx_recover(struct mailbox *mb)
                     mb->name, nvalid, nfile,
                     (unsigned)(body % MBX_REC_SIZE));
         mb->ra_n = 0;
+        mb->one_ok = 0;
         if (ftruncate(mb->fd, mbx_rec_offset(nvalid)) < 0) {
             r = mbx_errno(errno);
             goto out;
@@ -2074,6 +2098,7 @@ static int mbx_lock(struct mailbox *mb, enum mailbox_locktype type)
     if (mb->locktype)
         return STORE_INTERNAL;
     mb->ra_n = 0;
+    mb->one_ok = 0;
     r = mbx_lock_fd(mb, type == MAILBOX_LOCK_EXCLUSIVE ? F_WRLCK : F_RDLCK);
     if (r)
         return r;
@@ -2473,6 +2498,7 @@ static void mbx_ra_fill_all(struct mailbox *mb)
     if (!mb->ra && !(mb->ra = malloc((size_t)MBX_READAHEAD * MBX_REC_SIZE)))
         return;
     mb->ra_n = 0;
+    mb->one_ok = 0;
     if (fs_pread_all(mb->fd, mb->ra, (size_t)n * MBX_REC_SIZE,
                      mbx_rec_offset(0)) < 0)
         return;
@@ -3072,6 +3098,7 @@ int mailbox_append_reserve_keywords(struct mailbox *mb,
     }
     if (r) {
         mb->ra_n = 0;
+        mb->one_ok = 0;
         if (ftruncate(mb->fd, off) < 0)
             log_error("mailbox: truncate failed mailbox=<%s> error=<%s>",
                       mb->name, strerror(errno));

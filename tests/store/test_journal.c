@@ -4,11 +4,22 @@
  *
  *   format     one delivery = one record at segment 0 + 4096 with the
  *              documented header (magic, length, generation, sequence 1,
- *              CRC-32C), the entry fields and the message bytes; no
+ *              CRC-32C of all but the message, the message's offset), the
+ *              entry fields with the message's SHA-1 and the message
+ *              bytes; no
  *              syncfs(), one journal round; the file is filled to
  *              one MiB (zeros written ahead), zeros beyond the record
  *   torn       a damaged second record ends the replay: the first is
- *              restored, the third is not
+ *              restored, the third is not (a byte of its message: the
+ *              entry's SHA-1 finds it)
+ *   background checkpoint  the delivery that switches segments returns
+ *              while the checkpoint of the segment left is still held
+ *              (journal_test_hold_checkpoint); let go, it completes in a
+ *              thread (counted, the segment reused afterwards)
+ *   readback   a message over 64 KiB (not kept in memory): read back
+ *              from the staged file, its bytes under the record's CRC
+ *              (field 36 zero), restored by replay; a damaged entry of a
+ *              SHA-1-covered record ends the run
  *   lost       every message file deleted and cyrus.index put back to its
  *              state before the deliveries (writes lost): replay restores
  *              files byte for byte and records (uid, digest, size,
@@ -74,6 +85,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -266,6 +278,14 @@ static void tj_shared(struct tj_fix *f, struct commit_shared_stats *s)
     assert_int_equal(commit_shared_stats(f->conf, s), STORE_OK);
 }
 
+static void tj_sha1(const void *p, size_t n, unsigned char *md)
+{
+    unsigned int mdlen = 0;
+
+    assert_int_equal(EVP_Digest(p, n, md, &mdlen, EVP_sha1(), NULL), 1);
+    assert_int_equal(mdlen, 20);
+}
+
 /* ---- cases ---------------------------------------------------------------- */
 
 static void test_format(void **state)
@@ -276,7 +296,7 @@ static void test_format(void **state)
     struct commit_shared_stats s;
     const char *kw[] = { "$Label1" };
     const unsigned char *rec, *p;
-    uint32_t uid, len, crc;
+    uint32_t uid, len, crc, moff;
     unsigned char saved[4];
     char *jpath;
     size_t i;
@@ -308,16 +328,27 @@ static void test_format(void **state)
     assert_int_equal(le64(rec + 16), 1);                  /* sequence */
     assert_int_equal(le32(rec + 24), 1);                  /* entries */
     assert_int_equal(le32(rec + 28), (&m)->len);
-    /* CRC-32C with its own field as zero */
+    /* the message bytes at the offset field 36 gives, right after the
+     * entry, covered by the entry's SHA-1 (written from the stage's
+     * buffer); the CRC-32C covers the rest with its own field as zero */
+    moff = le32(rec + 36);
+    assert_int_equal(moff, 40 + 58 + (rec[92] | rec[93] << 8) +
+                           (rec[94] | rec[95] << 8) + 2 + 7);
+    assert_memory_equal(rec + moff, (&m)->s, (&m)->len);
+    assert_int_equal(len, (moff + (&m)->len + 15) / 16 * 16);
     memcpy(saved, rec + 32, 4);
     crc = le32(saved);
     {
-        unsigned char *copy = malloc(len);
+        unsigned char *copy = malloc(len), md[20];
 
         memcpy(copy, rec, len);
         memset(copy + 32, 0, 4);
-        assert_int_equal(crc32c(copy, len), crc);
+        memmove(copy + moff, copy + moff + (&m)->len,
+                len - moff - (&m)->len);
+        assert_int_equal(crc32c(copy, len - (&m)->len), crc);
         free(copy);
+        tj_sha1((&m)->s, (&m)->len, md);
+        assert_memory_equal(rec + 40 + 32, md, 20);
     }
     /* entry: uid, flags, names; then the message */
     assert_int_equal(le32(rec + 40), 1);
@@ -333,6 +364,156 @@ static void test_format(void **state)
     free(jpath);
     buf_free(&j);
     buf_free(&m);
+    mailbox_close(&mb);
+    tj_teardown(&f);
+}
+
+/* Wait up to 60 s for a byte on fd; 1 when it came. */
+static int tj_wait_byte(int fd)
+{
+    struct pollfd pfd = { .fd = fd, .events = POLLIN };
+    char c;
+
+    if (poll(&pfd, 1, 60000) != 1)
+        return 0;
+    return read(fd, &c, 1) == 1;
+}
+
+#define TJ_BG 20
+
+/* The delivery that switches segments does not wait for the checkpoint
+ * of the segment it left: with every checkpoint held (a pipe nobody
+ * writes yet), a child delivers TJ_BG messages of 60 KB through 1 MiB
+ * segments (one switch after ~17) and says so; only then is the
+ * checkpoint let go, and it completes in the background (counted, the
+ * segment free again: the parent's deliveries wrap back into it). */
+static void test_background_checkpoint(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m = BUF_INITIALIZER;
+    struct commit_shared_stats s;
+    int hold[2], said[2], status, i, ok;
+    pid_t pid;
+
+    (void)state;
+    tj_setup(&f, "jbgck", NULL);
+    mb = tj_create(&f, "user.bert");
+    assert_int_equal(pipe(hold), 0);
+    assert_int_equal(pipe(said), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct mailbox *own = NULL;
+        int bad = 0;
+
+        close(hold[1]);
+        close(said[0]);
+        if (mailbox_open(f.conf, "user.bert", NULL, &own) != STORE_OK)
+            _exit(2);
+        journal_test_hold_checkpoint(hold[0]);
+        for (i = 0; i < TJ_BG && !bad; i++) {
+            tj_message(&m, (unsigned)i, 60000);
+            if (tj_deliver(&f, &own, 1, &m, 0, NULL, 0, NULL) != STORE_OK)
+                bad = 1;
+        }
+        if (write(said[1], bad ? "x" : "k", 1) != 1)
+            bad = 1;
+        journal_checkpoints_wait();
+        _exit(bad);
+    }
+    close(hold[0]);
+    close(said[1]);
+    ok = tj_wait_byte(said[0]);
+    tj_shared(&f, &s);
+    /* let the checkpoint go whatever happened, then reap */
+    assert_int_equal(write(hold[1], "g", 1), 1);
+    if (!ok)
+        kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(ok);    /* all delivered while the checkpoint was held */
+    assert_int_equal(s.journal_records, TJ_BG);
+    assert_int_equal(s.checkpoints, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    tj_shared(&f, &s);
+    assert_int_equal(s.checkpoints, 1);
+    /* segment 0 was freed: wrap back into it */
+    for (i = 0; i < TJ_BG; i++) {
+        tj_message(&m, 100 + (unsigned)i, 60000);
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, NULL),
+                         STORE_OK);
+    }
+    journal_checkpoints_wait();
+    tj_shared(&f, &s);
+    assert_int_equal(s.journal_records, 2 * TJ_BG);
+    assert_int_equal(s.checkpoints, 2);
+    assert_int_equal(s.syncfs_calls, 0);
+    close(hold[1]);
+    close(said[0]);
+    mailbox_close(&mb);
+    buf_free(&m);
+    tj_teardown(&f);
+}
+
+/* A message bigger than the stage's buffer (64 KiB) was written out
+ * while it came in: the record reads it back from the staged file and its
+ * CRC covers the bytes (field 36 zero); replay restores it.  A byte of
+ * the entry of a record whose message the SHA-1 covers, changed, makes
+ * that record and the ones after it invalid (the CRC covers the entry). */
+static void test_readback(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m[3] = { BUF_INITIALIZER, BUF_INITIALIZER, BUF_INITIALIZER };
+    struct buf j = BUF_INITIALIZER;
+    struct journal_replay_stats st;
+    const unsigned char *rec;
+    unsigned char *copy;
+    uint32_t uids[3], len, len1;
+    char *jpath;
+    int fd, i;
+
+    (void)state;
+    tj_setup(&f, "jrdbk", NULL);
+    mb = tj_create(&f, "user.rita");
+    tj_message(&m[0], 0, 100000);
+    tj_message(&m[1], 1, 3000);
+    tj_message(&m[2], 2, 3000);
+    for (i = 0; i < 3; i++)
+        assert_int_equal(tj_deliver(&f, &mb, 1, &m[i], 0, NULL, 0, &uids[i]),
+                         STORE_OK);
+    jpath = tj_journal_path(&f);
+    tj_read_file(jpath, &j);
+    rec = (const unsigned char *)(&j)->s + 8192;
+    len = le32(rec + 4);
+    assert_int_equal(le32(rec + 28), (&m[0])->len);
+    assert_int_equal(le32(rec + 36), 0);
+    copy = malloc(len);
+    memcpy(copy, rec, len);
+    memset(copy + 32, 0, 4);
+    assert_int_equal(crc32c(copy, len), le32(rec + 32));
+    free(copy);
+    assert_non_null(memmem(rec, len, (&m[0])->s, (&m[0])->len));
+    /* the second record: SHA-1 covered; damage its entry (the uid) */
+    len1 = le32(rec + len + 4);
+    assert_true(le32(rec + len + 36) != 0);
+    fd = open(jpath, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "\x7f", 1, 8192 + len + 40 + 1), 1);
+    close(fd);
+    (void)len1;
+    for (i = 0; i < 3; i++)
+        tj_unlink_file(mb, uids[i]);
+    mailbox_close(&mb);
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.records, 1);
+    assert_int_equal(st.files_written, 1);
+    assert_int_equal(mailbox_open(f.conf, "user.rita", NULL, &mb), STORE_OK);
+    tj_check_file(mb, uids[0], &m[0]);
+    free(jpath);
+    buf_free(&j);
+    for (i = 0; i < 3; i++)
+        buf_free(&m[i]);
     mailbox_close(&mb);
     tj_teardown(&f);
 }
@@ -551,6 +732,7 @@ static void test_wrap(void **state)
         assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, &uids[i]),
                          STORE_OK);
     }
+    journal_checkpoints_wait();
     tj_shared(&f, &s);
     assert_int_equal(s.journal_records, TJ_WRAP);
     /* 60 x ~60 KB through 1 MiB segments: 3.4 segments -> 3 switches,
@@ -1365,6 +1547,8 @@ int main(void)
         cmocka_unit_test(test_placeholder),
         cmocka_unit_test(test_dead_writer),
         cmocka_unit_test(test_synced),
+        cmocka_unit_test(test_readback),
+        cmocka_unit_test(test_background_checkpoint),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
