@@ -17,7 +17,10 @@
  *
  * ON-DISK FORMAT (PARTITION/journal./journal; all integers little-endian)
  *
- *   [0, 4096)        file header: 0 magic "CDJNL001"  8 version u32 (1)
+ *   [0, 4096)        file header: 0 magic "CDJNL001"  8 version u32 (2;
+ *                    1 is read, and rewritten as 2 before a record is
+ *                    written, so that a binary that knows only version 1
+ *                    refuses the file instead of misreading field 36)
  *                    12 zero  16 segment size u64  24 checkpoint
  *                    generation u64  32 CRC-32C of [0, 32).
  *   segment i (0, 1) at 4096 + i * segsize, segsize bytes:
@@ -309,7 +312,7 @@
 #define JNL_SEG_HDR 4096
 #define JNL_FILE_MAGIC "CDJNL001"
 #define JNL_SEG_MAGIC "CDJSEG01"
-#define JNL_VERSION 1u
+#define JNL_VERSION 2u
 #define JNL_REC_MAGIC 0x524a4443u
 #define JNL_REC_HDR 40
 #define JNL_ENT_FIXED 58      /* an entry without its names and keywords */
@@ -443,7 +446,8 @@ static void jnl_file_header(unsigned char *p, uint64_t segsize,
 static int jnl_file_header_parse(const unsigned char *p, uint64_t *segsize,
                                  uint64_t *ckpt_gen)
 {
-    if (memcmp(p, JNL_FILE_MAGIC, 8) != 0 || get32(p + 8) != JNL_VERSION ||
+    if (memcmp(p, JNL_FILE_MAGIC, 8) != 0 ||
+        get32(p + 8) < 1 || get32(p + 8) > JNL_VERSION ||
         get32(p + 32) != crc32c(p, 32))
         return -1;
     *segsize = get64(p + 16);
@@ -754,6 +758,13 @@ static int jnl_state_init(struct jnl_file *jf, struct commit_journal_state *js)
     }
     if ((e = jnl_fill(jf, js, (uint64_t)jnl_seg_base(jf, 0) + JNL_SEG_HDR)))
         return e;
+    if (get32(hdr + 8) < JNL_VERSION) {
+        /* a version-1 file: say 2 before a record of this version is
+         * written (the first round's fdatasync carries it) */
+        jnl_file_header(hdr, segsize, ckpt);
+        if (fs_pwrite_all(jf->fd, hdr, JNL_HDR, 0) != 0)
+            return errno;
+    }
     jnl_seg_header(hdr, maxgen + 1, 1);
     if (fs_pwrite_all(jf->fd, hdr, JNL_SEG_HDR, jnl_seg_base(jf, 0)) != 0)
         return errno;
