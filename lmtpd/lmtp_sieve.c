@@ -39,6 +39,7 @@
 #include "lib/fsutil.h"
 #include "lib/log.h"
 #include "lmtpd/lmtp_sieve.h"
+#include "lmtpd/lmtp_smtp.h"
 
 extern char **environ;
 #include "sieve/sieve.h"
@@ -83,7 +84,11 @@ struct lmtp_sieve {
     struct deliver_ctx *dctx;
     struct sieve_limits limits;
     struct strarray allowed;
+    uint32_t extmask;              /* allowed as the compiled form's mask */
     struct lmtp_sieve_cached cache[LMTP_SIEVE_CACHE];
+    /* the text hash of each entry's compiled text (0: none), side by
+     * side: a miss looks for a same-text script in one short scan */
+    uint64_t hashes[LMTP_SIEVE_CACHE];
     unsigned long tick;
     unsigned long run_tick;        /* tick when the current run began:
                                       entries used since are in use */
@@ -92,6 +97,7 @@ struct lmtp_sieve {
     int bc_quiet;                  /* a compiled form could not be
                                       written: say so once, not per miss */
     unsigned long seq;
+    struct lmtp_smtp *smtp;        /* smtp_backend: host: the MTA */
 };
 
 /* Extensions whose actions this delivery path does not carry out: never
@@ -147,6 +153,7 @@ int lmtp_sieve_new(const struct imapconf *conf, struct deliver_ctx *dctx,
     }
     strarray_append(&ls->allowed, "comparator-i;octet");
     strarray_append(&ls->allowed, "comparator-i;ascii-casemap");
+    ls->extmask = sieve_bc_extmask(&ls->allowed);
     *ls_r = ls;
     return 0;
 }
@@ -173,6 +180,7 @@ void lmtp_sieve_free(struct lmtp_sieve **lsp)
         return;
     for (i = 0; i < LMTP_SIEVE_CACHE; i++)
         lmtp_sieve_cache_drop(&ls->cache[i]);
+    lmtp_smtp_free(&ls->smtp);
     strarray_fini(&ls->allowed);
     free(ls);
     *lsp = NULL;
@@ -189,18 +197,6 @@ unsigned long lmtp_sieve_bcloads(const struct lmtp_sieve *ls)
 }
 
 /* ---- the compiled-script cache ------------------------------------------ */
-
-static uint64_t lmtp_sieve_hash(const char *p, size_t len)
-{
-    uint64_t h = 14695981039346656037ULL;
-    size_t i;
-
-    for (i = 0; i < len; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
 
 /* Read the whole open file fd into text (at most max + 1 bytes).  0, or
  * -1 (errno set). */
@@ -231,7 +227,7 @@ static int lmtp_sieve_read(int fd, size_t max, struct buf *text)
  * reason). */
 static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
                               const char *name, const struct buf *text,
-                              struct sieve_script **script_r,
+                              uint64_t hash, struct sieve_script **script_r,
                               const char **why_r)
 {
     struct buf bc = BUF_INITIALIZER;
@@ -249,8 +245,8 @@ static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
         buf_free(&bc);
         return 0;
     }
-    r = sieve_bc_decode(bc.s, bc.len, text->s, text->len, &ls->limits,
-                        &ls->allowed, script_r, why_r);
+    r = sieve_bc_decode_known(bc.s, bc.len, text->len, hash, ls->extmask,
+                              &ls->limits, script_r, why_r);
     buf_free(&bc);
     return r == SIEVE_OK;
 }
@@ -325,11 +321,14 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
         }
         r = SIEVE_OK;
     }
-    hash = lmtp_sieve_hash(text.s ? text.s : "", text.len);
+    hash = sieve_bc_hash(text.s ? text.s : "", text.len);
     if (r == SIEVE_OK)
         for (i = 0; i < LMTP_SIEVE_CACHE && !k; i++) {
-            struct lmtp_sieve_compiled *o = ls->cache[i].comp;
+            struct lmtp_sieve_compiled *o;
 
+            if (ls->hashes[i] != hash)
+                continue;
+            o = ls->cache[i].comp;
             if (ls->cache[i].valid && &ls->cache[i] != victim && o &&
                 o->text && o->hash == hash && o->len == text.len &&
                 memcmp(o->text, text.s ? text.s : "", text.len) == 0)
@@ -345,7 +344,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
             return NULL;
         }
         if (r == SIEVE_OK && bcdir &&
-            lmtp_sieve_load_bc(ls, bcdir, bcname, &text, &k->script,
+            lmtp_sieve_load_bc(ls, bcdir, bcname, &text, hash, &k->script,
                                &why)) {
             ls->bcloads++;
             log_info("lmtp: sieve loaded compiled script=<%s> loads=<%lu>",
@@ -390,6 +389,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
     victim->mtime = sb.st_mtim;
     victim->used = ls->tick;
     victim->valid = 1;
+    ls->hashes[victim - ls->cache] = k->text ? k->hash : 0;
     buf_free(&text);
     buf_free(&err);
     return k;
@@ -765,9 +765,12 @@ static int lmtp_sieve_write(int fd, const char *p, size_t len,
     return 0;
 }
 
-/* Run `sendmail -i -f FROM -- TO` with head then body on stdin, within
- * lmtp_timeout seconds (then it is killed, with its process group).  0
- * when it exited 0, else -1 (logged). */
+/* Hand the message head then body from FROM to TO to the MTA, within
+ * lmtp_timeout seconds: with smtp_backend: host over SMTP to smtp_host
+ * (lmtp_smtp.h), else by running `sendmail -i -f FROM -- TO` with the
+ * message on its standard input (killed with its process group when
+ * late).  0 when the MTA has it (250 to the end of data; sendmail's exit
+ * status 0), else -1 (logged). */
 static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
                                const char *to, const char *head,
                                size_t headlen, const char *body,
@@ -782,6 +785,15 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
 
     if (timeout <= 0)
         timeout = 300;
+    if (imapconf_getenum(ls->conf, "smtp_backend") == 1) {
+        if (!ls->smtp && !(ls->smtp = lmtp_smtp_new(ls->conf))) {
+            log_error("lmtp: sieve smtp failed to=<%s> error=<%s>", to,
+                      strerror(ENOMEM));
+            return -1;
+        }
+        return lmtp_smtp_send(ls->smtp, from, to, head, headlen, body,
+                              bodylen, timeout);
+    }
     deadline = 0;
     {
         struct timespec ts;

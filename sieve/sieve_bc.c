@@ -48,7 +48,7 @@ enum {
 
 /* ---- hashes ------------------------------------------------------------- */
 
-static uint64_t sieve_bc_fnv(const char *p, size_t len)
+uint64_t sieve_bc_hash(const char *p, size_t len)
 {
     uint64_t h = 14695981039346656037ULL;
     size_t i;
@@ -60,7 +60,7 @@ static uint64_t sieve_bc_fnv(const char *p, size_t len)
     return h;
 }
 
-static uint32_t sieve_bc_extmask(const struct strarray *allowed)
+uint32_t sieve_bc_extmask(const struct strarray *allowed)
 {
     uint32_t m = 0;
     int i;
@@ -272,7 +272,7 @@ int sieve_bc_encode(const struct sieve_script *s, const char *text,
     put_le(h + 8, SIEVE_BC_VERSION, 4);
     put_le(h + 12, SIEVE_BC_HEADER, 4);
     put_le(h + 16, len, 8);
-    put_le(h + 24, sieve_bc_fnv(text, len), 8);
+    put_le(h + 24, sieve_bc_hash(text, len), 8);
     put_le(h + 36, sieve_bc_extmask(allowed), 4);
     put_le(h + 40, s->limits.max_nesting, 4);
     put_le(h + 48, s->limits.max_string_len, 8);
@@ -664,6 +664,27 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
                     const struct strarray *allowed,
                     struct sieve_script **script_r, const char **why_r)
 {
+    const char *dummy;
+
+    if (!why_r)
+        why_r = &dummy;
+    *why_r = NULL;
+    if (!text && textlen) {
+        *why_r = "invalid arguments";
+        return SIEVE_EINVAL;
+    }
+    return sieve_bc_decode_known(data, len, textlen,
+                                 sieve_bc_hash(text ? text : "", textlen),
+                                 sieve_bc_extmask(allowed), limits,
+                                 script_r, why_r);
+}
+
+int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
+                          uint64_t texthash, uint32_t extmask,
+                          const struct sieve_limits *limits,
+                          struct sieve_script **script_r,
+                          const char **why_r)
+{
     const unsigned char *h = data;
     struct sieve_script *s;
     struct dec d;
@@ -674,13 +695,11 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
     if (!why_r)
         why_r = &dummy;
     *why_r = NULL;
-    if (!script_r || (!data && len) || (!text && textlen)) {
+    if (!script_r || (!data && len)) {
         *why_r = "invalid arguments";
         return SIEVE_EINVAL;
     }
     *script_r = NULL;
-    if (!text)
-        text = "";
     if (len < SIEVE_BC_HEADER || memcmp(h, sieve_bc_magic, 8) != 0) {
         *why_r = "corrupt: not a compiled Sieve script";
         return SIEVE_EINVAL;
@@ -694,14 +713,14 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
         *why_r = "corrupt: wrong length";
         return SIEVE_EINVAL;
     }
+    /* the cheap staleness checks first: a stale file is not summed */
+    if (get_le(h + 16, 8) != textlen || get_le(h + 24, 8) != texthash) {
+        *why_r = "stale: source changed";
+        return SIEVE_EINVAL;
+    }
     if (get_le(h + 60, 4) !=
         crc32c(h + SIEVE_BC_HEADER, len - SIEVE_BC_HEADER)) {
         *why_r = "corrupt: checksum mismatch";
-        return SIEVE_EINVAL;
-    }
-    if (get_le(h + 16, 8) != textlen ||
-        get_le(h + 24, 8) != sieve_bc_fnv(text, textlen)) {
-        *why_r = "stale: source changed";
         return SIEVE_EINVAL;
     }
     s = calloc(1, sizeof(*s));
@@ -711,7 +730,7 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
     }
     sieve_limits_merge(&s->limits, limits);
     if (get_le(h + 32, 4) != 0 || get_le(h + 44, 4) != 0 ||
-        get_le(h + 36, 4) != sieve_bc_extmask(allowed) ||
+        get_le(h + 36, 4) != extmask ||
         get_le(h + 40, 4) != s->limits.max_nesting ||
         get_le(h + 48, 8) != s->limits.max_string_len) {
         free(s);

@@ -73,6 +73,7 @@
 #define SIEVE_SIEVE_BC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "lib/buf.h"
 #include "lib/strarray.h"
@@ -99,5 +100,20 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
                     size_t textlen, const struct sieve_limits *limits,
                     const struct strarray *allowed,
                     struct sieve_script **script_r, const char **why_r);
+
+/* The same for a caller that knows the text's size and hash
+ * (sieve_bc_hash()) and the extension mask (sieve_bc_extmask()) already:
+ * the text itself is not read again. */
+int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
+                          uint64_t texthash, uint32_t extmask,
+                          const struct sieve_limits *limits,
+                          struct sieve_script **script_r,
+                          const char **why_r);
+
+/* The FNV-1a 64 hash of a script's text (the header's source hash). */
+uint64_t sieve_bc_hash(const char *text, size_t len);
+
+/* The header's extension mask for the list allowed (NULL: all). */
+uint32_t sieve_bc_extmask(const struct strarray *allowed);
 
 #endif
