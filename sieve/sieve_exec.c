@@ -649,25 +649,29 @@ static int test_header_values(struct exec *ex, struct frame *fr,
 
     for (i = 0; i < names->n; i++) {
         struct strarray vals = STRARRAY_INITIALIZER;
+        const char *name = names->v[i].s;
         size_t k;
-        if (expand(ex, fr, &names->v[i], &nb) < 0) {
-            buf_free(&nb);
-            return -1;
+        if (names->v[i].has_var) {
+            if (expand(ex, fr, &names->v[i], &nb) < 0) {
+                buf_free(&nb);
+                return -1;
+            }
+            name = buf_cstring(&nb);
+            /* address: a name made at run time that holds no addresses
+             * has no values (a constant one was refused at compile
+             * time) */
+            if (n->id == SV_T_ADDRESS && !sieve_check_address_header(name))
+                continue;
         }
-        /* address: a name made at run time that holds no addresses has
-         * no values (a constant one was refused at compile time) */
-        if (n->id == SV_T_ADDRESS &&
-            !sieve_check_address_header(buf_cstring(&nb)))
-            continue;
         if (!n->index && out->count == 0) {
             /* the common case: straight into out, no copy */
-            if (fetch_header(ex, n->line, buf_cstring(&nb), 1, out) < 0) {
+            if (fetch_header(ex, n->line, name, 1, out) < 0) {
                 buf_free(&nb);
                 return -1;
             }
             continue;
         }
-        if (fetch_header(ex, n->line, buf_cstring(&nb), 1, &vals) < 0) {
+        if (fetch_header(ex, n->line, name, 1, &vals) < 0) {
             strarray_fini(&vals);
             buf_free(&nb);
             return -1;
@@ -694,6 +698,9 @@ nomem:
     buf_free(&nb);
     return 0;
 }
+
+/* keys of a test used without a copy when none has a variable */
+#define MATCH_FIXED_KEYS 16
 
 static int match_values(struct exec *ex, struct frame *fr,
                         const struct sv_node *n, const struct strarray *vals,
@@ -729,48 +736,68 @@ static int match_values(struct exec *ex, struct frame *fr,
     }
     buf_free(&kb);
     {
-        /* the keys expanded, and their regexes compiled, once */
+        /* the keys expanded, and their regexes compiled, once; keys
+         * without variables (their regexes compiled with the script) are
+         * used as they are, without a copy */
         struct strarray kx = STRARRAY_INITIALIZER;
         regex_t *rx = NULL;
-        const regex_t **re = calloc(keys->n + 1, sizeof(*re));
-        size_t nrx = 0;
+        const char *kfix[MATCH_FIXED_KEYS];
+        const regex_t *rfix[MATCH_FIXED_KEYS];
+        const char *const *kd = kfix;
+        const regex_t **re = rfix;
+        size_t nrx = 0, nk = keys->n;
+        int fixed = keys->n <= MATCH_FIXED_KEYS;
 
-        if (!re)
-            return rt_nomem(ex);
-        if (n->match == SV_MATCH_REGEX) {
-            rx = calloc(keys->n + 1, sizeof(*rx));
-            if (!rx) {
-                free(re);
+        for (k = 0; k < keys->n && fixed; k++)
+            if (keys->v[k].has_var ||
+                (n->match == SV_MATCH_REGEX && !keys->v[k].re))
+                fixed = 0;
+        if (fixed) {
+            for (k = 0; k < keys->n; k++) {
+                kfix[k] = keys->v[k].s;
+                rfix[k] = keys->v[k].re;
+            }
+        } else {
+            re = calloc(keys->n + 1, sizeof(*re));
+            if (!re)
                 return rt_nomem(ex);
+            if (n->match == SV_MATCH_REGEX) {
+                rx = calloc(keys->n + 1, sizeof(*rx));
+                if (!rx) {
+                    free(re);
+                    return rt_nomem(ex);
+                }
             }
-        }
-        for (k = 0; k < keys->n && ex->rc == SIEVE_OK; k++) {
-            char *key = expand_dup(ex, fr, &keys->v[k]);
-            if (!key || strarray_appendm(&kx, key) < 0) {
-                rt_nomem(ex);
-                break;
-            }
-            re[k] = keys->v[k].re;
-            if (n->match == SV_MATCH_REGEX && !re[k]) {
-                int flags = REG_EXTENDED;
-                if (n->comparator == SV_CMP_CASEMAP)
-                    flags |= REG_ICASE;
-                ex->steps += strlen(key) + 1;
-                if (sieve_regex_has_backref(key, strlen(key)) ||
-                    regcomp(&rx[nrx], key, flags) != 0) {
-                    rt_error(ex, n->line, "invalid regular expression "
-                             "\"%s\"", key);
+            for (k = 0; k < keys->n && ex->rc == SIEVE_OK; k++) {
+                char *key = expand_dup(ex, fr, &keys->v[k]);
+                if (!key || strarray_appendm(&kx, key) < 0) {
+                    rt_nomem(ex);
                     break;
                 }
-                re[k] = &rx[nrx++];
+                re[k] = keys->v[k].re;
+                if (n->match == SV_MATCH_REGEX && !re[k]) {
+                    int flags = REG_EXTENDED;
+                    if (n->comparator == SV_CMP_CASEMAP)
+                        flags |= REG_ICASE;
+                    ex->steps += strlen(key) + 1;
+                    if (sieve_regex_has_backref(key, strlen(key)) ||
+                        regcomp(&rx[nrx], key, flags) != 0) {
+                        rt_error(ex, n->line, "invalid regular expression "
+                                 "\"%s\"", key);
+                        break;
+                    }
+                    re[k] = &rx[nrx++];
+                }
             }
+            kd = (const char *const *)kx.data;
+            nk = kx.count;
         }
         for (i = 0; i < vals->count && r == 0 && ex->rc == SIEVE_OK; i++) {
             const char *v = vals->data[i];
             size_t vlen = strlen(v);
-            for (k = 0; k < kx.count && r == 0; k++) {
+            for (k = 0; k < nk && r == 0; k++) {
                 r = sieve_match(&mc, n->comparator, n->match, n->relop, v,
-                                vlen, kx.data[k], strlen(kx.data[k]), re[k]);
+                                vlen, kd[k], strlen(kd[k]), re[k]);
                 if (r < 0) {
                     if (mc.error == 1)
                         rt_error(ex, n->line, "match limit passed (%lu "
@@ -783,11 +810,13 @@ static int match_values(struct exec *ex, struct frame *fr,
                 }
             }
         }
-        while (nrx > 0)
-            regfree(&rx[--nrx]);
-        free(rx);
-        free(re);
-        strarray_fini(&kx);
+        if (!fixed) {
+            while (nrx > 0)
+                regfree(&rx[--nrx]);
+            free(rx);
+            free(re);
+            strarray_fini(&kx);
+        }
     }
     return ex->rc == SIEVE_OK ? r : -1;
 }
