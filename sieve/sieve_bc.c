@@ -315,7 +315,9 @@ static int dec_nomem(struct dec *d)
 #define DEC_CHUNK_HEAD \
     ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
 
-/* n zeroed bytes from the script's chunks, NULL when out of memory */
+/* n zeroed bytes from the script's chunks, NULL when out of memory (a
+ * chunk is zeroed as a whole when it is allocated, and its bytes are
+ * handed out once) */
 static void *dec_alloc(struct dec *d, size_t n)
 {
     struct sv_chunk *c = d->s->chunks;
@@ -324,7 +326,7 @@ static void *dec_alloc(struct dec *d, size_t n)
     n = (n + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1);
     if (!c || c->size - c->used < n) {
         size_t size = d->chunk_size > n ? d->chunk_size : n;
-        c = malloc(DEC_CHUNK_HEAD + size);
+        c = calloc(1, DEC_CHUNK_HEAD + size);
         if (!c) {
             dec_nomem(d);
             return NULL;
@@ -338,7 +340,6 @@ static void *dec_alloc(struct dec *d, size_t n)
     }
     p = (char *)c + DEC_CHUNK_HEAD + c->used;
     c->used += n;
-    memset(p, 0, n);
     return p;
 }
 
