@@ -315,10 +315,10 @@ static int dec_nomem(struct dec *d)
 #define DEC_CHUNK_HEAD \
     ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
 
-/* n zeroed bytes from the script's chunks, NULL when out of memory (a
- * chunk is zeroed as a whole when it is allocated, and its bytes are
- * handed out once) */
-static void *dec_alloc(struct dec *d, size_t n)
+/* n bytes from the script's chunks, NULL when out of memory; zeroed
+ * unless raw (only what is handed out is zeroed: a chunk is larger than
+ * most trees need) */
+static void *dec_alloc_raw(struct dec *d, size_t n, int raw)
 {
     struct sv_chunk *c = d->s->chunks;
     void *p;
@@ -326,7 +326,7 @@ static void *dec_alloc(struct dec *d, size_t n)
     n = (n + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1);
     if (!c || c->size - c->used < n) {
         size_t size = d->chunk_size > n ? d->chunk_size : n;
-        c = calloc(1, DEC_CHUNK_HEAD + size);
+        c = malloc(DEC_CHUNK_HEAD + size);
         if (!c) {
             dec_nomem(d);
             return NULL;
@@ -340,7 +340,14 @@ static void *dec_alloc(struct dec *d, size_t n)
     }
     p = (char *)c + DEC_CHUNK_HEAD + c->used;
     c->used += n;
+    if (!raw)
+        memset(p, 0, n);
     return p;
+}
+
+static void *dec_alloc(struct dec *d, size_t n)
+{
+    return dec_alloc_raw(d, n, 0);
 }
 
 static int dec_num_slow(struct dec *d, uint64_t *v)
@@ -407,10 +414,11 @@ static int dec_bytes(struct dec *d, char **s_r, size_t *len_r)
 
     if (dec_count(d, &len) < 0)
         return -1;
-    s = dec_alloc(d, len + 1);
+    s = dec_alloc_raw(d, len + 1, 1);
     if (!s)
         return -1;
     memcpy(s, d->p, len);
+    s[len] = '\0';
     d->p += len;
     *s_r = s;
     if (len_r)
