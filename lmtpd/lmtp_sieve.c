@@ -403,6 +403,7 @@ struct lmtp_sieve_run {
     struct lmtp_sieve_msg *m;
     const char *userid;
     const char *inbox;
+    const char *keep;             /* the keep target RCPT resolved */
     const char *rcpt;
 };
 
@@ -488,6 +489,10 @@ static int lmtp_sieve_postable(struct lmtp_sieve_run *run, const char *name)
     struct mboxlist_entry *e = NULL;
     int r;
 
+    /* the keep target: found and allowed when the recipient was resolved
+     * (RCPT), moments ago; the commit finds it again */
+    if (run->keep && strcmp(name, run->keep) == 0)
+        return 1;
     r = mboxlist_lookup(deliver_mboxlist(run->ls->dctx), name, &e);
     if (r == STORE_NOTFOUND || r == STORE_BADNAME)
         return 0;
@@ -1713,6 +1718,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     run.m = m;
     run.userid = res->userid;
     run.inbox = buf_cstring(&inbox);
+    run.keep = mailbox;
     run.rcpt = rcpt;
     sieve_msg_ctx(&run.sm, &ctx);
     ctx.mailbox_exists = lmtp_sieve_cb_mailbox_exists;

@@ -104,35 +104,57 @@ static const char *field_next(const char *p, const char *end,
  * when out of memory. */
 static char *field_value(const char *vs, const char *ve, int decoded)
 {
-    struct buf raw = BUF_INITIALIZER, v = BUF_INITIALIZER;
-    const char *q, *s;
-    char *val;
-    size_t a = 0, b;
+    size_t n = (size_t)(ve - vs), len = 0, a = 0, b, i;
+    char *raw = malloc(n + 1), *val;
+    int plain = 1;
+    const char *q;
 
+    if (!raw)
+        return NULL;
+    /* unfolded: the line ends dropped */
     for (q = vs; q < ve; q++)
-        if (*q != '\r' && *q != '\n' && buf_putc(&raw, *q) < 0) {
-            buf_free(&raw);
-            return NULL;
-        }
-    if (decoded) {
-        if (search_decode_header(raw.s ? raw.s : "", raw.len, &v) < 0) {
-            buf_free(&raw);
-            buf_free(&v);
-            return NULL;
-        }
-        buf_free(&raw);
-    } else {
-        v = raw;
+        if (*q != '\r' && *q != '\n')
+            raw[len++] = *q;
+    raw[len] = '\0';
+    /* the common value needs no decoding: no encoded word, no NUL */
+    for (i = 0; i < len && plain; i++)
+        if (raw[i] == '\0' ||
+            (decoded && raw[i] == '=' && i + 1 < len && raw[i + 1] == '?'))
+            plain = 0;
+    if (plain) {
+        while (a < len && (raw[a] == ' ' || raw[a] == '\t'))
+            a++;
+        b = len;
+        while (b > a && (raw[b - 1] == ' ' || raw[b - 1] == '\t'))
+            b--;
+        if (a)
+            memmove(raw, raw + a, b - a);
+        raw[b - a] = '\0';
+        return raw;
     }
-    s = v.s ? v.s : "";
-    b = v.len;
-    while (a < b && (s[a] == ' ' || s[a] == '\t'))
-        a++;
-    while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t'))
-        b--;
-    val = strndup(s + a, b - a);
-    buf_free(&v);
-    return val;
+    {
+        struct buf v = BUF_INITIALIZER;
+        const char *s = raw;
+
+        b = len;
+        if (decoded) {
+            if (search_decode_header(raw, len, &v) < 0) {
+                free(raw);
+                buf_free(&v);
+                return NULL;
+            }
+            s = v.s ? v.s : "";
+            b = v.len;
+        }
+        while (a < b && (s[a] == ' ' || s[a] == '\t'))
+            a++;
+        while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t'))
+            b--;
+        val = strndup(s + a, b - a);
+        buf_free(&v);
+        free(raw);
+        return val;
+    }
 }
 
 /* the fields of a header block [p, end): name -> values */

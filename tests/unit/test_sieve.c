@@ -97,6 +97,13 @@ static void test_header_index(void **state)
         assert_string_equal(v.data[1], "two\tfolded");
         assert_string_equal(v.data[2], "three");
         strarray_fini(&v);
+        /* decoded without an encoded word: the same, unfolded, trimmed */
+        assert_int_equal(ctx.header(ctx.rock, "x-a", 1, &v), 0);
+        assert_int_equal(v.count, 3);
+        assert_string_equal(v.data[0], "one");
+        assert_string_equal(v.data[1], "two\tfolded");
+        assert_string_equal(v.data[2], "three");
+        strarray_fini(&v);
         assert_int_equal(ctx.header(ctx.rock, "subject", 1, &v), 0);
         assert_int_equal(v.count, 1);
         assert_string_equal(v.data[0], "caf\xc3\xa9 day");
