@@ -98,6 +98,8 @@ struct lmtp_sieve {
                                       written: say so once, not per miss */
     unsigned long seq;
     struct lmtp_smtp *smtp;        /* smtp_backend: host: the MTA */
+    int smtp_host;                 /* smtp_backend is host */
+    long timeout;                  /* lmtp_timeout, seconds */
 };
 
 /* Extensions whose actions this delivery path does not carry out: never
@@ -154,6 +156,10 @@ int lmtp_sieve_new(const struct imapconf *conf, struct deliver_ctx *dctx,
     strarray_append(&ls->allowed, "comparator-i;octet");
     strarray_append(&ls->allowed, "comparator-i;ascii-casemap");
     ls->extmask = sieve_bc_extmask(&ls->allowed);
+    ls->smtp_host = imapconf_getenum(conf, "smtp_backend") == 1;
+    ls->timeout = imapconf_getint(conf, "lmtp_timeout");
+    if (ls->timeout <= 0)
+        ls->timeout = 300;
     *ls_r = ls;
     return 0;
 }
@@ -781,16 +787,14 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
                                size_t headlen, const char *body,
                                size_t bodylen)
 {
-    const char *prog = imapconf_getstring(ls->conf, "sendmail");
-    long timeout = imapconf_getint(ls->conf, "lmtp_timeout");
+    const char *prog;
+    long timeout = ls->timeout;
     struct strarray words = STRARRAY_INITIALIZER;
     int pfd[2], status = -1, ok = 1, late = 0, pidfd;
     uint64_t deadline;
     pid_t pid;
 
-    if (timeout <= 0)
-        timeout = 300;
-    if (imapconf_getenum(ls->conf, "smtp_backend") == 1) {
+    if (ls->smtp_host) {
         if (!ls->smtp && !(ls->smtp = lmtp_smtp_new(ls->conf))) {
             log_error("lmtp: sieve smtp failed to=<%s> error=<%s>", to,
                       strerror(ENOMEM));
@@ -799,6 +803,7 @@ static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
         return lmtp_smtp_send(ls->smtp, from, to, head, headlen, body,
                               bodylen, timeout);
     }
+    prog = imapconf_getstring(ls->conf, "sendmail");
     deadline = 0;
     {
         struct timespec ts;

@@ -429,11 +429,18 @@ static int lmtp_smtp_transaction(struct lmtp_smtp *sm, const char *from,
     if (from[0] == '<' || from[0] == '\0')
         from = from[0] ? from : "<>";
     buf_setcstr(&cmd[0], "RSET\r\n");
-    if (from[0] == '<')
-        buf_printf(&cmd[1], "MAIL FROM:%s\r\n", from);
-    else
-        buf_printf(&cmd[1], "MAIL FROM:<%s>\r\n", from);
-    buf_printf(&cmd[2], "RCPT TO:<%s>\r\n", to);
+    buf_appendcstr(&cmd[1], "MAIL FROM:");
+    if (from[0] == '<') {
+        buf_appendcstr(&cmd[1], from);
+    } else {
+        buf_putc(&cmd[1], '<');
+        buf_appendcstr(&cmd[1], from);
+        buf_putc(&cmd[1], '>');
+    }
+    buf_appendcstr(&cmd[1], "\r\n");
+    buf_appendcstr(&cmd[2], "RCPT TO:<");
+    buf_appendcstr(&cmd[2], to);
+    buf_appendcstr(&cmd[2], ">\r\n");
     buf_setcstr(&cmd[3], "DATA\r\n");
     sm->used = 1;
     for (i = first; i < 4 && rc == SM_OK; i++) {
@@ -497,6 +504,13 @@ int lmtp_smtp_send(struct lmtp_smtp *sm, const char *from, const char *to,
     const char *stage = "connect";
     int rc = SM_IO, attempt, late = 0;
 
+    /* an address is one line of a command: never a way to add others */
+    if (strpbrk(from, "\r\n") || strpbrk(to, "\r\n") ||
+        strlen(from) > 512 || strlen(to) > 512) {
+        log_error("lmtp: sieve smtp failed to=<(unusable)> "
+                  "reply=<address with a line end or too long>");
+        return -1;
+    }
     for (attempt = 0; attempt < 2; attempt++) {
         int reused = sm->fd >= 0;
 
