@@ -602,14 +602,14 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
         return -1;
     if (dec_small(d, (1u << BCV_COUNT) - 1, &mask) < 0)
         return -1;
-    for (k = 0; k < BCV_COUNT; k++) {
-        val[k] = 0;
-        if ((mask >> k) & 1) {
-            if (dec_small(d, max[k], &val[k]) < 0)
-                return -1;
-            if (val[k] == 0)
-                return dec_fail(d, "corrupt: a field given as 0");
-        }
+    memset(val, 0, sizeof(val));
+    /* the fields present, in order: the set bits of the mask */
+    for (; mask; mask &= mask - 1) {
+        k = __builtin_ctzll(mask);
+        if (dec_small(d, max[k], &val[k]) < 0)
+            return -1;
+        if (val[k] == 0)
+            return dec_fail(d, "corrupt: a field given as 0");
     }
     n->comparator = (int)val[BCV_COMPARATOR];
     n->match = (int)val[BCV_MATCH];
