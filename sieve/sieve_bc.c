@@ -48,14 +48,32 @@ enum {
 
 /* ---- hashes ------------------------------------------------------------- */
 
-uint64_t sieve_bc_hash(const char *p, size_t len)
+/* eight bytes per step (read little-endian, so that the value is the
+ * same on every host), a multiply and a shift to mix each in; the tail
+ * zero-padded; the length first */
+static uint64_t sieve_bc_word(const unsigned char *b, size_t n)
 {
-    uint64_t h = 14695981039346656037ULL;
+    uint64_t w = 0;
     size_t i;
 
-    for (i = 0; i < len; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 1099511628211ULL;
+    for (i = 0; i < n; i++)
+        w |= (uint64_t)b[i] << (8 * i);
+    return w;
+}
+
+uint64_t sieve_bc_hash(const char *p, size_t len)
+{
+    const uint64_t k = 0x9E3779B97F4A7C15ULL;
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = (uint64_t)len * k ^ 0x5349455642430002ULL;
+
+    for (; len >= 8; b += 8, len -= 8) {
+        h = (h ^ sieve_bc_word(b, 8)) * k;
+        h ^= h >> 29;
+    }
+    if (len) {
+        h = (h ^ sieve_bc_word(b, len)) * k;
+        h ^= h >> 29;
     }
     return h;
 }
