@@ -443,18 +443,27 @@ static int lmtp_smtp_transaction(struct lmtp_smtp *sm, const char *from,
     buf_appendcstr(&cmd[2], ">\r\n");
     buf_setcstr(&cmd[3], "DATA\r\n");
     sm->used = 1;
-    for (i = first; i < 4 && rc == SM_OK; i++) {
+    for (i = first; i < 4; i++)
         if (!cmd[i].s) {
             buf_setcstr(&sm->reply, "out of memory");
             rc = SM_REFUSED;
-            break;
         }
+    if (rc == SM_OK && sm->pipelining) {
+        /* the commands in one write (RFC 2920 3.1) */
+        buf_reset(&sm->out);
+        for (i = first; i < 4; i++)
+            buf_append(&sm->out, cmd[i].s, cmd[i].len);
+        *stage_r = stages[first];
+        if (!sm->out.s) {
+            buf_setcstr(&sm->reply, "out of memory");
+            rc = SM_REFUSED;
+        } else if (lmtp_smtp_write(sm, sm->out.s, sm->out.len,
+                                   deadline) != SM_OK) {
+            rc = SM_IO;
+        }
+    }
+    for (i = first; i < 4 && rc == SM_OK && !sm->pipelining; i++) {
         *stage_r = stages[i];
-        if (sm->pipelining) {
-            if (lmtp_smtp_write(sm, cmd[i].s, cmd[i].len, deadline) != SM_OK)
-                rc = SM_IO;
-            continue;
-        }
         if (lmtp_smtp_write(sm, cmd[i].s, cmd[i].len, deadline) != SM_OK) {
             rc = SM_IO;
             break;
