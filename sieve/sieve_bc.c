@@ -51,6 +51,20 @@ enum {
 /* eight bytes per step (read little-endian, so that the value is the
  * same on every host), a multiply and a shift to mix each in; the tail
  * zero-padded; the length first */
+static inline uint64_t sieve_bc_word8(const unsigned char *b)
+{
+    uint64_t w;
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&w, b, 8);            /* one load */
+#else
+    w = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 |
+        (uint64_t)b[3] << 24 | (uint64_t)b[4] << 32 |
+        (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 | (uint64_t)b[7] << 56;
+#endif
+    return w;
+}
+
 static uint64_t sieve_bc_word(const unsigned char *b, size_t n)
 {
     uint64_t w = 0;
@@ -68,7 +82,7 @@ uint64_t sieve_bc_hash(const char *p, size_t len)
     uint64_t h = (uint64_t)len * k ^ 0x5349455642430002ULL;
 
     for (; len >= 8; b += 8, len -= 8) {
-        h = (h ^ sieve_bc_word(b, 8)) * k;
+        h = (h ^ sieve_bc_word8(b)) * k;
         h ^= h >> 29;
     }
     if (len) {
