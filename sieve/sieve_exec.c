@@ -638,6 +638,27 @@ static int match_values(struct exec *ex, struct frame *fr,
                         const struct sv_node *n, const struct strarray *vals,
                         const struct sv_strlist *keys);
 
+/* The common header or address test (one header name without variables,
+ * no :index, not edited by the script): its decoded values borrowed from
+ * the message context into *view (read only, never freed; valid until the
+ * next header lookup).  1 done, 0 not this case, -1 error. */
+static int header_view(struct exec *ex, const struct sv_node *n,
+                       const struct sv_strlist *names, struct strarray *view)
+{
+    const char *const *v;
+    size_t nv;
+
+    if (!ex->ctx->header_view || names->n != 1 || names->v[0].has_var ||
+        n->index || edit_find(ex, names->v[0].s))
+        return 0;
+    if (ex->ctx->header_view(ex->ctx->rock, names->v[0].s, &v, &nv) < 0)
+        return rt_temp(ex, n->line, "header");
+    memset(view, 0, sizeof(*view));
+    view->data = (char **)v;
+    view->count = nv < ex->lim->max_headers ? nv : ex->lim->max_headers;
+    return 1;
+}
+
 /* the header values a header/address/date test looks at, :index applied */
 static int test_header_values(struct exec *ex, struct frame *fr,
                               const struct sv_node *n,
@@ -1194,21 +1215,36 @@ static int eval_test(struct exec *ex, struct frame *fr,
         }
         r = 1;
         goto out;
-    case SV_T_HEADER:
+    case SV_T_HEADER: {
+        struct strarray view;
+        int bv = header_view(ex, n, n->pos[0], &view);
+
+        if (bv < 0)
+            goto out;
+        if (bv) {
+            r = match_values(ex, fr, n, &view, n->pos[1]);
+            goto out;
+        }
         if (test_header_values(ex, fr, n, n->pos[0], &vals) < 0)
             goto out;
         r = match_values(ex, fr, n, &vals, n->pos[1]);
         goto out;
+    }
     case SV_T_ADDRESS: {
         struct strarray hv = STRARRAY_INITIALIZER;
-        if (test_header_values(ex, fr, n, n->pos[0], &hv) < 0) {
+        int bv = header_view(ex, n, n->pos[0], &hv);
+
+        if (bv < 0)
+            goto out;
+        if (!bv && test_header_values(ex, fr, n, n->pos[0], &hv) < 0) {
             strarray_fini(&hv);
             goto out;
         }
         for (i = 0; i < hv.count; i++)
             if (value_addresses(ex, hv.data[i], n->addrpart, &vals) < 0)
                 break;
-        strarray_fini(&hv);
+        if (!bv)
+            strarray_fini(&hv);
         if (ex->rc != SIEVE_OK)
             goto out;
         r = match_values(ex, fr, n, &vals, n->pos[1]);

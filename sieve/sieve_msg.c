@@ -54,6 +54,9 @@ void sieve_msg_fini(struct sieve_msg *m)
     m->fields = NULL;
     m->nfields = 0;
     m->indexed = 0;
+    free(m->view);
+    m->view = NULL;
+    m->view_cap = 0;
     strarray_fini(&m->env_to);
     strarray_fini(&m->env_auth);
     strarray_fini(&m->mailboxes);
@@ -236,6 +239,44 @@ static int msg_header(void *rock, const char *name, int decoded,
         if (strarray_append(out, *v) < 0)
             return -1;
     }
+    return 0;
+}
+
+/* msg_header()'s decoded values, pointing into the index (each value
+ * decoded once, kept until sieve_msg_fini()) */
+static int msg_header_view(void *rock, const char *name,
+                           const char *const **values_r, size_t *n_r)
+{
+    struct sieve_msg *m = rock;
+    size_t nlen = strlen(name), i, n = 0;
+
+    *values_r = NULL;
+    *n_r = 0;
+    if (!m->indexed && header_index(m) < 0)
+        return -1;
+    for (i = 0; i < m->nfields; i++) {
+        struct sieve_msg_field *f = &m->fields[i];
+
+        if (f->namelen != nlen || strncasecmp(f->name, name, nlen) != 0)
+            continue;
+        if (!f->dec) {
+            f->dec = field_value(f->value, f->value + f->valuelen, 1);
+            if (!f->dec)
+                return -1;
+        }
+        if (n == m->view_cap) {
+            size_t cap = m->view_cap ? 2 * m->view_cap : 8;
+            const char **v = realloc(m->view, cap * sizeof(*v));
+
+            if (!v)
+                return -1;
+            m->view = v;
+            m->view_cap = cap;
+        }
+        m->view[n++] = f->dec;
+    }
+    *values_r = (const char *const *)m->view;
+    *n_r = n;
     return 0;
 }
 
@@ -495,6 +536,7 @@ void sieve_msg_ctx(struct sieve_msg *m, struct sieve_message_ctx *ctx)
     ctx->rock = m;
     ctx->envelope = msg_envelope;
     ctx->header = msg_header;
+    ctx->header_view = msg_header_view;
     ctx->body = msg_body;
     ctx->size = m->len;
     ctx->now = m->now;
