@@ -33,7 +33,8 @@
 #               sieve     ours and Cyrus (and Dovecot with Pigeonhole) running
 #                         the same Sieve scripts: none, a 20-rule filing
 #                         script (one text for every user, and one text
-#                         per user), vacation; every user has the script;
+#                         per user), vacation (through `sendmail`, and over
+#                         SMTP to an smtp-sink); every user has the script;
 #                         flagged messages and replies counted afterwards
 #               idle      ours: CPU of 1,000 idle IDLE sessions and the delay
 #                         from an LMTP delivery to their EXISTS (bench/idle.py)
@@ -469,7 +470,10 @@ if g:
       "two users share a text; *vacation*: a reply to every message (one per "
       "user and run), with the user's address in :addresses, through a "
       "`sendmail` that reads the reply and drops it (Cyrus speaks SMTP to "
-      "`sendmail -bs`, the others write to `sendmail -i`). After each run "
+      "`sendmail -bs`, the others write to `sendmail -i`); *vacation, SMTP "
+      "to a sink*: the same replies handed over SMTP to an smtp-sink on "
+      "loopback (ours and Cyrus: smtp_backend: host; Dovecot: "
+      "submission_host). After each run "
       "the flagged messages (IMAP SEARCH FLAGGED in every INBOX) or the "
       "replies are counted: a count that is not the number of delivered "
       "messages marks the run (!). *vs no script*: the median over rounds "
@@ -502,7 +506,8 @@ if g:
             sv = [x for x in sv if x]
             if not sv:
                 continue
-            key = "replies" if sv[0].get("kind") == "vacation" else "flagged"
+            key = "replies" if sv[0].get("kind", "").startswith("vacation") \
+                else "flagged"
             chk.append("%s %s %s" % (s, fmt(med(x.get(key) for x in sv)), key))
         line += " | %s |" % ("; ".join(chk) if chk else "-")
         w(line)
@@ -751,7 +756,8 @@ if len(sys.argv) >= 7:
     n, f, rep = (int(x) for x in sys.argv[4:7])
 d = j.get("delivered_msgs") or 0
 # every message is flagged; one reply per user (one sender, :days 1)
-ok = n is not None and ((rep == min(d, users)) if kind == "vacation" else f == d)
+ok = n is not None and ((rep == min(d, users)) if kind.startswith("vacation")
+                         else f == d)
 j["sieve"] = {"kind": kind, "messages": n, "flagged": f, "replies": rep, "ok": ok}
 json.dump(j, open(path, "w"))
 sys.exit(0 if ok else 1)
@@ -923,13 +929,15 @@ fi
 # script in turn, every server in turn; the checks are in cell()
 if has sieve; then
     declare -A stpl=()
-    skinds=("none|no script" "filing|20-rule filing" "filing-own|20-rule filing, one text per user" "vacation|vacation")
+    skinds=("none|no script" "filing|20-rule filing" "filing-own|20-rule filing, one text per user" "vacation|vacation" "vacation-smtp|vacation, SMTP to a sink")
     for s in $servers; do
         for kv in "${skinds[@]}"; do
             k=${kv%%|*}
+            sargs=("sieve=$k")
+            [[ $k == vacation-smtp ]] && sargs=(sieve=vacation smtp=sink)
             if [[ $k == none ]]; then
                 t=$(tpl "$s-default" "$s") || die "cannot set up $s"
-            elif ! t=$(tpl "$s-sieve-$k" "$s" "sieve=$k"); then
+            elif ! t=$(tpl "$s-sieve-$k" "$s" "${sargs[@]}"); then
                 log "cannot set up $s with sieve=$k: left out"
                 continue
             fi

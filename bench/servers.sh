@@ -51,13 +51,20 @@
 # every server: sieve=filing|filing-own|vacation gives every user that
 # active Sieve script (srv_sieve_text), put in with the server's own
 # means, and a counting `sendmail` in DIR; srv_sieve_check DIR counts
-# the messages, the flagged ones and the replies after a run.
+# the messages, the flagged ones and the replies after a run.  With
+# smtp=sink (and sieve=...) the replies go over SMTP instead, to an
+# smtp-sink of the server's own on 127.0.0.1:PORT, started and stopped
+# with the server and counting what it gets (DIR/sink.out): ours and
+# Cyrus with `smtp_backend: host` + `smtp_host: 127.0.0.1:PORT`, Dovecot
+# with `submission_host`; each server keeps one connection per process
+# or opens one per reply as it does on its own.
 #
 # Environment: BENCH_BUILD (our build directory, default ./build),
 # BENCH_USERS (2000), BENCH_CACHE (/var/cache/mailbench: the
 # dovecot-imapd .deb), BENCH_QUIET=1 (no progress on stderr).
 
 BENCH_USERS=${BENCH_USERS:-2000}
+SMTP_SINK=${SMTP_SINK:-$(command -v smtp-sink || echo /usr/sbin/smtp-sink)}
 BENCH_CACHE=${BENCH_CACHE:-/var/cache/mailbench}
 BENCH_SERVERNAME=bench.example
 BENCH_DOMAIN=example.com
@@ -201,6 +208,59 @@ srv_parse_kv() {   # "SPECIAL KEYS" KEY=VALUE...
     done
 }
 
+# smtp=sink: check it can be had, and choose the sink's port (SINKPORT).
+srv_sink_setup() {   # VALUE
+    SINKPORT=
+    [[ -z ${1:-} ]] && return 0
+    [[ $1 == sink ]] || { srv_die "smtp=$1: only smtp=sink"; return 1; }
+    [[ -n ${srv_kv[sieve]:-} ]] || { srv_die "smtp=sink needs sieve=..."; return 1; }
+    [[ -x $SMTP_SINK ]] || { srv_die "smtp=sink: no smtp-sink (Debian package postfix)"; return 1; }
+    SINKPORT=$(srv_free_port)
+}
+
+# Start the server's smtp-sink (if it has one) and wait until it answers;
+# -c writes its counters (mesg=N) to DIR/sink.out after every message.
+srv_sink_start() {   # DIR
+    local d=$1 port i user=()
+    port=$(srv_env "$d" && echo "${SINK_PORT:-}") || return 1
+    [[ -n $port ]] || return 0
+    [[ $(id -u) -eq 0 ]] && user=(-u nobody)
+    : > "$d/sink.out"
+    "$SMTP_SINK" -c "${user[@]}" -h sink.bench.invalid "127.0.0.1:$port" 256 \
+        >"$d/sink.out" 2>"$d/sink.err" </dev/null &
+    echo $! > "$d/sink.pid"
+    for ((i = 0; i < 100; i++)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        kill -0 "$(cat "$d/sink.pid")" 2>/dev/null || break
+        sleep 0.1
+    done
+    srv_die "smtp-sink on 127.0.0.1:$port did not start: $(cat "$d/sink.err")"
+    srv_sink_stop "$d"
+    return 1
+}
+
+srv_sink_stop() {   # DIR
+    local d=$1 pid i
+    [[ -s $d/sink.pid ]] || return 0
+    pid=$(cat "$d/sink.pid")
+    kill -TERM "$pid" 2>/dev/null
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+    rm -f "$d/sink.pid"
+    return 0
+}
+
+# Messages the server's smtp-sink has received (0 without one).
+srv_sink_count() {   # DIR
+    local n=0
+    [[ -f $1/sink.out ]] &&
+        n=$(tr '\r' '\n' < "$1/sink.out" | sed -n 's/.*mesg=\([0-9]*\).*/\1/p' | tail -1)
+    echo "${n:-0}"
+}
+
 # Create DIR (absolute) and refuse one that already holds a server.
 srv_newdir() {
     local d=$1
@@ -214,7 +274,8 @@ srv_newdir() {
 srv_setup_ours() {   # DIR KEY=VALUE...
     local d=$1; shift
     local b p
-    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve build" "$@" || return 1
+    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve build smtp" "$@" || return 1
+    srv_sink_setup "${srv_kv[smtp]:-}" || return 1
     if [[ -n ${srv_kv[build]:-} ]]; then
         b=$(cd "${srv_kv[build]}" 2>/dev/null && pwd) || { srv_die "no build directory ${srv_kv[build]}"; return 1; }
     else
@@ -244,6 +305,10 @@ srv_setup_ours() {   # DIR KEY=VALUE...
         if [[ -n ${srv_kv[sieve]:-} ]]; then
             echo "sievedir: $d/sieve"
             echo "sendmail: $d/sendmail"
+        fi
+        if [[ -n $SINKPORT ]]; then
+            echo "smtp_backend: host"
+            echo "smtp_host: 127.0.0.1:$SINKPORT"
         fi
         ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}"
     } > "$d/imapd.conf"
@@ -275,6 +340,7 @@ OWNER=$OWNER
 PARTITION=$partition
 BUILD=$b
 EOF
+    [[ -n $SINKPORT ]] && echo "SINK_PORT=$SINKPORT" >> "$d/bench.env"
     srv_make_sasldb "$d/sasldb2" || return 1
     if [[ -n $OWNER ]]; then
         chown -R "$OWNER:$(id -gn "$OWNER")" "$d" "$partition"
@@ -392,6 +458,7 @@ srv_sieve_scripts() {   # DIR KIND BUILD
 srv_sieve_check() {   # DIR
     local replies=0
     [[ -f $1/sendmail.count ]] && replies=$(wc -l < "$1/sendmail.count")
+    replies=$((replies + $(srv_sink_count "$1")))
     python3 - "$(srv_imap "$1")" "$BENCH_PASSWORD" "$BENCH_USERS" "$replies" <<'PY'
 import imaplib, re, sys
 from concurrent.futures import ThreadPoolExecutor
@@ -429,7 +496,8 @@ srv_setup_cyrus() {   # DIR KEY=VALUE...
         [[ -x $CYRUS_BIN/$p ]] || { srv_die "missing $CYRUS_BIN/$p (Debian package cyrus-imapd)"; return 1; }
     done
     [[ $(id -u) -eq 0 ]] || { srv_die "cyrus: run as root (its master becomes the cyrus user)"; return 1; }
-    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve" "$@" || return 1
+    srv_parse_kv "prefork maxchild imap_prefork imap_maxchild partition sieve smtp" "$@" || return 1
+    srv_sink_setup "${srv_kv[smtp]:-}" || return 1
     local prefork=${srv_kv[prefork]:-0} maxchild=${srv_kv[maxchild]:-20}
     local iprefork=${srv_kv[imap_prefork]:-2} imaxchild=${srv_kv[imap_maxchild]:-250}
     local partition=$d/spool
@@ -456,6 +524,10 @@ srv_setup_cyrus() {   # DIR KEY=VALUE...
         if [[ -n ${srv_kv[sieve]:-} ]]; then
             echo "sievedir: $d/sieve"
             echo "sendmail: $d/sendmail"
+        fi
+        if [[ -n $SINKPORT ]]; then
+            echo "smtp_backend: host"
+            echo "smtp_host: 127.0.0.1:$SINKPORT"
         fi
         ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}"
     } > "$c"
@@ -488,6 +560,7 @@ LOG=$d/master.log
 OWNER=$OWNER
 PARTITION=$partition
 EOF
+    [[ -n $SINKPORT ]] && echo "SINK_PORT=$SINKPORT" >> "$d/bench.env"
     srv_make_sasldb "$d/sasldb2" || return 1
     chown -R cyrus:mail "$d" "$partition"
     srv_start "$d" || return 1
@@ -609,7 +682,8 @@ srv_setup_dovecot() {   # DIR KEY=VALUE...
     [[ $(id -u) -eq 0 ]] || { srv_die "dovecot: run as root (its master drops to dovecot/dovenull, mail as user mail)"; return 1; }
     local x
     x=$(srv_dovecot_imap_dir) || return 1
-    srv_parse_kv "format partition sieve" "$@" || return 1
+    srv_parse_kv "format partition sieve smtp" "$@" || return 1
+    srv_sink_setup "${srv_kv[smtp]:-}" || return 1
     local format=${srv_kv[format]:-sdbox}
     local mail=$d/mail
     [[ -n ${srv_kv[partition]:-} ]] && mail=${srv_kv[partition]%/}/$(basename "$d")
@@ -699,6 +773,7 @@ plugin {
 }
 EOF
     fi
+    [[ -n $SINKPORT ]] && echo "submission_host = 127.0.0.1:$SINKPORT" >> "$d/dovecot.conf"
     ((${#srv_kv_rest[@]})) && printf '%s\n' "${srv_kv_rest[@]}" | sed 's/: / = /' >> "$d/dovecot.conf"
     cat > "$d/bench.env" <<EOF
 SERVER=dovecot
@@ -710,6 +785,7 @@ LOG=$d/dovecot.log
 OWNER=$OWNER
 PARTITION=$mail
 EOF
+    [[ -n $SINKPORT ]] && echo "SINK_PORT=$SINKPORT" >> "$d/bench.env"
     chown mail:mail "$mail"
     doveconf -c "$d/dovecot.conf" -n >/dev/null 2>"$d/doveconf.err" ||
         { srv_die "dovecot: config refused: $(cat "$d/doveconf.err")"; return 1; }
@@ -819,6 +895,7 @@ srv_start() {   # DIR
         if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
             srv_die "$SERVER in $d is running already"; exit 1
         fi
+        srv_sink_start "$d" || exit 1
         "srv_start_$SERVER" "$d"
         local ok=1
         local pid
@@ -878,6 +955,7 @@ srv_stop() {   # DIR
             if [[ -n $left ]]; then srv_die "$SERVER in $d: still running: $(echo $left)"; exit 1; fi
         fi
         rm -f "$PIDFILE" "$d/master.pid.launch"
+        srv_sink_stop "$d"
         if [[ $SERVER == ours ]] && grep -E 'crashed signal=|AddressSanitizer' "$LOG" >&2; then
             srv_die "ours: stopped, but a worker crashed or was killed (log $LOG)"; exit 2
         fi

@@ -102,6 +102,10 @@ static const char *const imapconf_expunge_mode_words[] = {
     "immediate", "delayed", NULL
 };
 
+static const char *const imapconf_smtp_backend_words[] = {
+    "sendmail", "host", NULL
+};
+
 static const char *const imapconf_delete_mode_words[] = {
     "immediate", "delayed", NULL
 };
@@ -402,6 +406,17 @@ static const struct imapconf_option imapconf_options[] = {
       .desc = "program that sends Sieve's redirects, vacation replies "
               "and rejections: a path, optionally followed by arguments "
               "separated by spaces (run as PATH ARGS -i -f SENDER -- RCPT)" },
+    { .name = "smtp_backend", .type = IMAPCONF_ENUM, .def = "sendmail",
+      .words = imapconf_smtp_backend_words,
+      .desc = "how lmtpd hands Sieve's redirects and vacation replies to "
+              "the MTA: sendmail = a `sendmail` process per message; "
+              "host = SMTP to smtp_host over a connection each lmtpd "
+              "process keeps open" },
+    { .name = "smtp_host", .type = IMAPCONF_STRING,
+      .def = "localhost:587",
+      .desc = "the MTA of smtp_backend: host: HOST[:PORT] (port 587 when "
+              "not given; [ADDRESS]:PORT for IPv6) or a UNIX socket's "
+              "path; a trailing /noauth is accepted, /tls is refused" },
     { .name = "metrics_listen", .type = IMAPCONF_STRING, .def = "",
       .desc = "HOST:PORT ([ADDRESS]:PORT for IPv6) where metricsd serves "
               "Prometheus metrics on /metrics; the master runs metricsd "

@@ -39,6 +39,7 @@
 #include "lib/fsutil.h"
 #include "lib/log.h"
 #include "lmtpd/lmtp_sieve.h"
+#include "lmtpd/lmtp_smtp.h"
 
 extern char **environ;
 #include "sieve/sieve.h"
@@ -83,7 +84,11 @@ struct lmtp_sieve {
     struct deliver_ctx *dctx;
     struct sieve_limits limits;
     struct strarray allowed;
+    uint32_t extmask;              /* allowed as the compiled form's mask */
     struct lmtp_sieve_cached cache[LMTP_SIEVE_CACHE];
+    /* the text hash of each entry's compiled text (0: none), side by
+     * side: a miss looks for a same-text script in one short scan */
+    uint64_t hashes[LMTP_SIEVE_CACHE];
     unsigned long tick;
     unsigned long run_tick;        /* tick when the current run began:
                                       entries used since are in use */
@@ -92,6 +97,9 @@ struct lmtp_sieve {
     int bc_quiet;                  /* a compiled form could not be
                                       written: say so once, not per miss */
     unsigned long seq;
+    struct lmtp_smtp *smtp;        /* smtp_backend: host: the MTA */
+    int smtp_host;                 /* smtp_backend is host */
+    long timeout;                  /* lmtp_timeout, seconds */
 };
 
 /* Extensions whose actions this delivery path does not carry out: never
@@ -147,6 +155,11 @@ int lmtp_sieve_new(const struct imapconf *conf, struct deliver_ctx *dctx,
     }
     strarray_append(&ls->allowed, "comparator-i;octet");
     strarray_append(&ls->allowed, "comparator-i;ascii-casemap");
+    ls->extmask = sieve_bc_extmask(&ls->allowed);
+    ls->smtp_host = imapconf_getenum(conf, "smtp_backend") == 1;
+    ls->timeout = imapconf_getint(conf, "lmtp_timeout");
+    if (ls->timeout <= 0)
+        ls->timeout = 300;
     *ls_r = ls;
     return 0;
 }
@@ -173,6 +186,7 @@ void lmtp_sieve_free(struct lmtp_sieve **lsp)
         return;
     for (i = 0; i < LMTP_SIEVE_CACHE; i++)
         lmtp_sieve_cache_drop(&ls->cache[i]);
+    lmtp_smtp_free(&ls->smtp);
     strarray_fini(&ls->allowed);
     free(ls);
     *lsp = NULL;
@@ -189,18 +203,6 @@ unsigned long lmtp_sieve_bcloads(const struct lmtp_sieve *ls)
 }
 
 /* ---- the compiled-script cache ------------------------------------------ */
-
-static uint64_t lmtp_sieve_hash(const char *p, size_t len)
-{
-    uint64_t h = 14695981039346656037ULL;
-    size_t i;
-
-    for (i = 0; i < len; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
 
 /* Read the whole open file fd into text (at most max + 1 bytes).  0, or
  * -1 (errno set). */
@@ -231,7 +233,7 @@ static int lmtp_sieve_read(int fd, size_t max, struct buf *text)
  * reason). */
 static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
                               const char *name, const struct buf *text,
-                              struct sieve_script **script_r,
+                              uint64_t hash, struct sieve_script **script_r,
                               const char **why_r)
 {
     struct buf bc = BUF_INITIALIZER;
@@ -249,8 +251,8 @@ static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
         buf_free(&bc);
         return 0;
     }
-    r = sieve_bc_decode(bc.s, bc.len, text->s, text->len, &ls->limits,
-                        &ls->allowed, script_r, why_r);
+    r = sieve_bc_decode_known(bc.s, bc.len, text->len, hash, ls->extmask,
+                              &ls->limits, script_r, why_r);
     buf_free(&bc);
     return r == SIEVE_OK;
 }
@@ -325,11 +327,14 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
         }
         r = SIEVE_OK;
     }
-    hash = lmtp_sieve_hash(text.s ? text.s : "", text.len);
+    hash = sieve_bc_hash(text.s ? text.s : "", text.len);
     if (r == SIEVE_OK)
         for (i = 0; i < LMTP_SIEVE_CACHE && !k; i++) {
-            struct lmtp_sieve_compiled *o = ls->cache[i].comp;
+            struct lmtp_sieve_compiled *o;
 
+            if (ls->hashes[i] != hash)
+                continue;
+            o = ls->cache[i].comp;
             if (ls->cache[i].valid && &ls->cache[i] != victim && o &&
                 o->text && o->hash == hash && o->len == text.len &&
                 memcmp(o->text, text.s ? text.s : "", text.len) == 0)
@@ -345,7 +350,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
             return NULL;
         }
         if (r == SIEVE_OK && bcdir &&
-            lmtp_sieve_load_bc(ls, bcdir, bcname, &text, &k->script,
+            lmtp_sieve_load_bc(ls, bcdir, bcname, &text, hash, &k->script,
                                &why)) {
             ls->bcloads++;
             log_info("lmtp: sieve loaded compiled script=<%s> loads=<%lu>",
@@ -390,6 +395,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
     victim->mtime = sb.st_mtim;
     victim->used = ls->tick;
     victim->valid = 1;
+    ls->hashes[victim - ls->cache] = k->text ? k->hash : 0;
     buf_free(&text);
     buf_free(&err);
     return k;
@@ -403,6 +409,7 @@ struct lmtp_sieve_run {
     struct lmtp_sieve_msg *m;
     const char *userid;
     const char *inbox;
+    const char *keep;             /* the keep target RCPT resolved */
     const char *rcpt;
 };
 
@@ -488,6 +495,10 @@ static int lmtp_sieve_postable(struct lmtp_sieve_run *run, const char *name)
     struct mboxlist_entry *e = NULL;
     int r;
 
+    /* the keep target: found and allowed when the recipient was resolved
+     * (RCPT), moments ago; the commit finds it again */
+    if (run->keep && strcmp(name, run->keep) == 0)
+        return 1;
     r = mboxlist_lookup(deliver_mboxlist(run->ls->dctx), name, &e);
     if (r == STORE_NOTFOUND || r == STORE_BADNAME)
         return 0;
@@ -765,23 +776,34 @@ static int lmtp_sieve_write(int fd, const char *p, size_t len,
     return 0;
 }
 
-/* Run `sendmail -i -f FROM -- TO` with head then body on stdin, within
- * lmtp_timeout seconds (then it is killed, with its process group).  0
- * when it exited 0, else -1 (logged). */
+/* Hand the message head then body from FROM to TO to the MTA, within
+ * lmtp_timeout seconds: with smtp_backend: host over SMTP to smtp_host
+ * (lmtp_smtp.h), else by running `sendmail -i -f FROM -- TO` with the
+ * message on its standard input (killed with its process group when
+ * late).  0 when the MTA has it (250 to the end of data; sendmail's exit
+ * status 0), else -1 (logged). */
 static int lmtp_sieve_sendmail(struct lmtp_sieve *ls, const char *from,
                                const char *to, const char *head,
                                size_t headlen, const char *body,
                                size_t bodylen)
 {
-    const char *prog = imapconf_getstring(ls->conf, "sendmail");
-    long timeout = imapconf_getint(ls->conf, "lmtp_timeout");
+    const char *prog;
+    long timeout = ls->timeout;
     struct strarray words = STRARRAY_INITIALIZER;
     int pfd[2], status = -1, ok = 1, late = 0, pidfd;
     uint64_t deadline;
     pid_t pid;
 
-    if (timeout <= 0)
-        timeout = 300;
+    if (ls->smtp_host) {
+        if (!ls->smtp && !(ls->smtp = lmtp_smtp_new(ls->conf))) {
+            log_error("lmtp: sieve smtp failed to=<%s> error=<%s>", to,
+                      strerror(ENOMEM));
+            return -1;
+        }
+        return lmtp_smtp_send(ls->smtp, from, to, head, headlen, body,
+                              bodylen, timeout);
+    }
+    prog = imapconf_getstring(ls->conf, "sendmail");
     deadline = 0;
     {
         struct timespec ts;
@@ -1701,6 +1723,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     run.m = m;
     run.userid = res->userid;
     run.inbox = buf_cstring(&inbox);
+    run.keep = mailbox;
     run.rcpt = rcpt;
     sieve_msg_ctx(&run.sm, &ctx);
     ctx.mailbox_exists = lmtp_sieve_cb_mailbox_exists;

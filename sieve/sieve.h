@@ -209,6 +209,14 @@ struct sieve_message_ctx {
     int (*header)(void *rock, const char *name, int decoded,
                   struct strarray *values);
 
+    /* Optional (NULL: header() is used): the decoded values header()
+     * would give, borrowed instead of copied: *values_r points at *n_r
+     * strings the context owns, valid until the next call of
+     * header_view() or the context's end.  A caller that replaces
+     * header() replaces or clears this too (sieve_msg_ctx() sets both). */
+    int (*header_view)(void *rock, const char *name,
+                       const char *const **values_r, size_t *n_r);
+
     /* Body parts for the body test (RFC 5173): for SIEVE_BODY_CONTENT,
      * `types` holds the content types asked ("text", "text/html", ""
      * for every part); for the others it is NULL.  One entry per part

@@ -48,19 +48,51 @@ enum {
 
 /* ---- hashes ------------------------------------------------------------- */
 
-static uint64_t sieve_bc_fnv(const char *p, size_t len)
+/* eight bytes per step (read little-endian, so that the value is the
+ * same on every host), a multiply and a shift to mix each in; the tail
+ * zero-padded; the length first */
+static inline uint64_t sieve_bc_word8(const unsigned char *b)
 {
-    uint64_t h = 14695981039346656037ULL;
+    uint64_t w;
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&w, b, 8);            /* one load */
+#else
+    w = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 |
+        (uint64_t)b[3] << 24 | (uint64_t)b[4] << 32 |
+        (uint64_t)b[5] << 40 | (uint64_t)b[6] << 48 | (uint64_t)b[7] << 56;
+#endif
+    return w;
+}
+
+static uint64_t sieve_bc_word(const unsigned char *b, size_t n)
+{
+    uint64_t w = 0;
     size_t i;
 
-    for (i = 0; i < len; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 1099511628211ULL;
+    for (i = 0; i < n; i++)
+        w |= (uint64_t)b[i] << (8 * i);
+    return w;
+}
+
+uint64_t sieve_bc_hash(const char *p, size_t len)
+{
+    const uint64_t k = 0x9E3779B97F4A7C15ULL;
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = (uint64_t)len * k ^ 0x5349455642430002ULL;
+
+    for (; len >= 8; b += 8, len -= 8) {
+        h = (h ^ sieve_bc_word8(b)) * k;
+        h ^= h >> 29;
+    }
+    if (len) {
+        h = (h ^ sieve_bc_word(b, len)) * k;
+        h ^= h >> 29;
     }
     return h;
 }
 
-static uint32_t sieve_bc_extmask(const struct strarray *allowed)
+uint32_t sieve_bc_extmask(const struct strarray *allowed)
 {
     uint32_t m = 0;
     int i;
@@ -272,7 +304,7 @@ int sieve_bc_encode(const struct sieve_script *s, const char *text,
     put_le(h + 8, SIEVE_BC_VERSION, 4);
     put_le(h + 12, SIEVE_BC_HEADER, 4);
     put_le(h + 16, len, 8);
-    put_le(h + 24, sieve_bc_fnv(text, len), 8);
+    put_le(h + 24, sieve_bc_hash(text, len), 8);
     put_le(h + 36, sieve_bc_extmask(allowed), 4);
     put_le(h + 40, s->limits.max_nesting, 4);
     put_le(h + 48, s->limits.max_string_len, 8);
@@ -315,8 +347,10 @@ static int dec_nomem(struct dec *d)
 #define DEC_CHUNK_HEAD \
     ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
 
-/* n zeroed bytes from the script's chunks, NULL when out of memory */
-static void *dec_alloc(struct dec *d, size_t n)
+/* n bytes from the script's chunks, NULL when out of memory; zeroed
+ * unless raw (only what is handed out is zeroed: a chunk is larger than
+ * most trees need) */
+static void *dec_alloc_raw(struct dec *d, size_t n, int raw)
 {
     struct sv_chunk *c = d->s->chunks;
     void *p;
@@ -338,8 +372,14 @@ static void *dec_alloc(struct dec *d, size_t n)
     }
     p = (char *)c + DEC_CHUNK_HEAD + c->used;
     c->used += n;
-    memset(p, 0, n);
+    if (!raw)
+        memset(p, 0, n);
     return p;
+}
+
+static void *dec_alloc(struct dec *d, size_t n)
+{
+    return dec_alloc_raw(d, n, 0);
 }
 
 static int dec_num_slow(struct dec *d, uint64_t *v)
@@ -406,10 +446,11 @@ static int dec_bytes(struct dec *d, char **s_r, size_t *len_r)
 
     if (dec_count(d, &len) < 0)
         return -1;
-    s = dec_alloc(d, len + 1);
+    s = dec_alloc_raw(d, len + 1, 1);
     if (!s)
         return -1;
     memcpy(s, d->p, len);
+    s[len] = '\0';
     d->p += len;
     *s_r = s;
     if (len_r)
@@ -593,14 +634,14 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
         return -1;
     if (dec_small(d, (1u << BCV_COUNT) - 1, &mask) < 0)
         return -1;
-    for (k = 0; k < BCV_COUNT; k++) {
-        val[k] = 0;
-        if ((mask >> k) & 1) {
-            if (dec_small(d, max[k], &val[k]) < 0)
-                return -1;
-            if (val[k] == 0)
-                return dec_fail(d, "corrupt: a field given as 0");
-        }
+    memset(val, 0, sizeof(val));
+    /* the fields present, in order: the set bits of the mask */
+    for (; mask; mask &= mask - 1) {
+        k = __builtin_ctzll(mask);
+        if (dec_small(d, max[k], &val[k]) < 0)
+            return -1;
+        if (val[k] == 0)
+            return dec_fail(d, "corrupt: a field given as 0");
     }
     n->comparator = (int)val[BCV_COMPARATOR];
     n->match = (int)val[BCV_MATCH];
@@ -664,6 +705,27 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
                     const struct strarray *allowed,
                     struct sieve_script **script_r, const char **why_r)
 {
+    const char *dummy;
+
+    if (!why_r)
+        why_r = &dummy;
+    *why_r = NULL;
+    if (!text && textlen) {
+        *why_r = "invalid arguments";
+        return SIEVE_EINVAL;
+    }
+    return sieve_bc_decode_known(data, len, textlen,
+                                 sieve_bc_hash(text ? text : "", textlen),
+                                 sieve_bc_extmask(allowed), limits,
+                                 script_r, why_r);
+}
+
+int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
+                          uint64_t texthash, uint32_t extmask,
+                          const struct sieve_limits *limits,
+                          struct sieve_script **script_r,
+                          const char **why_r)
+{
     const unsigned char *h = data;
     struct sieve_script *s;
     struct dec d;
@@ -674,13 +736,11 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
     if (!why_r)
         why_r = &dummy;
     *why_r = NULL;
-    if (!script_r || (!data && len) || (!text && textlen)) {
+    if (!script_r || (!data && len)) {
         *why_r = "invalid arguments";
         return SIEVE_EINVAL;
     }
     *script_r = NULL;
-    if (!text)
-        text = "";
     if (len < SIEVE_BC_HEADER || memcmp(h, sieve_bc_magic, 8) != 0) {
         *why_r = "corrupt: not a compiled Sieve script";
         return SIEVE_EINVAL;
@@ -694,14 +754,14 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
         *why_r = "corrupt: wrong length";
         return SIEVE_EINVAL;
     }
+    /* the cheap staleness checks first: a stale file is not summed */
+    if (get_le(h + 16, 8) != textlen || get_le(h + 24, 8) != texthash) {
+        *why_r = "stale: source changed";
+        return SIEVE_EINVAL;
+    }
     if (get_le(h + 60, 4) !=
         crc32c(h + SIEVE_BC_HEADER, len - SIEVE_BC_HEADER)) {
         *why_r = "corrupt: checksum mismatch";
-        return SIEVE_EINVAL;
-    }
-    if (get_le(h + 16, 8) != textlen ||
-        get_le(h + 24, 8) != sieve_bc_fnv(text, textlen)) {
-        *why_r = "stale: source changed";
         return SIEVE_EINVAL;
     }
     s = calloc(1, sizeof(*s));
@@ -711,7 +771,7 @@ int sieve_bc_decode(const void *data, size_t len, const char *text,
     }
     sieve_limits_merge(&s->limits, limits);
     if (get_le(h + 32, 4) != 0 || get_le(h + 44, 4) != 0 ||
-        get_le(h + 36, 4) != sieve_bc_extmask(allowed) ||
+        get_le(h + 36, 4) != extmask ||
         get_le(h + 40, 4) != s->limits.max_nesting ||
         get_le(h + 48, 8) != s->limits.max_string_len) {
         free(s);

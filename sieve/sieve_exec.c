@@ -638,6 +638,27 @@ static int match_values(struct exec *ex, struct frame *fr,
                         const struct sv_node *n, const struct strarray *vals,
                         const struct sv_strlist *keys);
 
+/* The common header or address test (one header name without variables,
+ * no :index, not edited by the script): its decoded values borrowed from
+ * the message context into *view (read only, never freed; valid until the
+ * next header lookup).  1 done, 0 not this case, -1 error. */
+static int header_view(struct exec *ex, const struct sv_node *n,
+                       const struct sv_strlist *names, struct strarray *view)
+{
+    const char *const *v;
+    size_t nv;
+
+    if (!ex->ctx->header_view || names->n != 1 || names->v[0].has_var ||
+        n->index || edit_find(ex, names->v[0].s))
+        return 0;
+    if (ex->ctx->header_view(ex->ctx->rock, names->v[0].s, &v, &nv) < 0)
+        return rt_temp(ex, n->line, "header");
+    memset(view, 0, sizeof(*view));
+    view->data = (char **)v;
+    view->count = nv < ex->lim->max_headers ? nv : ex->lim->max_headers;
+    return 1;
+}
+
 /* the header values a header/address/date test looks at, :index applied */
 static int test_header_values(struct exec *ex, struct frame *fr,
                               const struct sv_node *n,
@@ -649,25 +670,29 @@ static int test_header_values(struct exec *ex, struct frame *fr,
 
     for (i = 0; i < names->n; i++) {
         struct strarray vals = STRARRAY_INITIALIZER;
+        const char *name = names->v[i].s;
         size_t k;
-        if (expand(ex, fr, &names->v[i], &nb) < 0) {
-            buf_free(&nb);
-            return -1;
+        if (names->v[i].has_var) {
+            if (expand(ex, fr, &names->v[i], &nb) < 0) {
+                buf_free(&nb);
+                return -1;
+            }
+            name = buf_cstring(&nb);
+            /* address: a name made at run time that holds no addresses
+             * has no values (a constant one was refused at compile
+             * time) */
+            if (n->id == SV_T_ADDRESS && !sieve_check_address_header(name))
+                continue;
         }
-        /* address: a name made at run time that holds no addresses has
-         * no values (a constant one was refused at compile time) */
-        if (n->id == SV_T_ADDRESS &&
-            !sieve_check_address_header(buf_cstring(&nb)))
-            continue;
         if (!n->index && out->count == 0) {
             /* the common case: straight into out, no copy */
-            if (fetch_header(ex, n->line, buf_cstring(&nb), 1, out) < 0) {
+            if (fetch_header(ex, n->line, name, 1, out) < 0) {
                 buf_free(&nb);
                 return -1;
             }
             continue;
         }
-        if (fetch_header(ex, n->line, buf_cstring(&nb), 1, &vals) < 0) {
+        if (fetch_header(ex, n->line, name, 1, &vals) < 0) {
             strarray_fini(&vals);
             buf_free(&nb);
             return -1;
@@ -694,6 +719,9 @@ nomem:
     buf_free(&nb);
     return 0;
 }
+
+/* keys of a test used without a copy when none has a variable */
+#define MATCH_FIXED_KEYS 16
 
 static int match_values(struct exec *ex, struct frame *fr,
                         const struct sv_node *n, const struct strarray *vals,
@@ -729,48 +757,68 @@ static int match_values(struct exec *ex, struct frame *fr,
     }
     buf_free(&kb);
     {
-        /* the keys expanded, and their regexes compiled, once */
+        /* the keys expanded, and their regexes compiled, once; keys
+         * without variables (their regexes compiled with the script) are
+         * used as they are, without a copy */
         struct strarray kx = STRARRAY_INITIALIZER;
         regex_t *rx = NULL;
-        const regex_t **re = calloc(keys->n + 1, sizeof(*re));
-        size_t nrx = 0;
+        const char *kfix[MATCH_FIXED_KEYS];
+        const regex_t *rfix[MATCH_FIXED_KEYS];
+        const char *const *kd = kfix;
+        const regex_t **re = rfix;
+        size_t nrx = 0, nk = keys->n;
+        int fixed = keys->n <= MATCH_FIXED_KEYS;
 
-        if (!re)
-            return rt_nomem(ex);
-        if (n->match == SV_MATCH_REGEX) {
-            rx = calloc(keys->n + 1, sizeof(*rx));
-            if (!rx) {
-                free(re);
+        for (k = 0; k < keys->n && fixed; k++)
+            if (keys->v[k].has_var ||
+                (n->match == SV_MATCH_REGEX && !keys->v[k].re))
+                fixed = 0;
+        if (fixed) {
+            for (k = 0; k < keys->n; k++) {
+                kfix[k] = keys->v[k].s;
+                rfix[k] = keys->v[k].re;
+            }
+        } else {
+            re = calloc(keys->n + 1, sizeof(*re));
+            if (!re)
                 return rt_nomem(ex);
+            if (n->match == SV_MATCH_REGEX) {
+                rx = calloc(keys->n + 1, sizeof(*rx));
+                if (!rx) {
+                    free(re);
+                    return rt_nomem(ex);
+                }
             }
-        }
-        for (k = 0; k < keys->n && ex->rc == SIEVE_OK; k++) {
-            char *key = expand_dup(ex, fr, &keys->v[k]);
-            if (!key || strarray_appendm(&kx, key) < 0) {
-                rt_nomem(ex);
-                break;
-            }
-            re[k] = keys->v[k].re;
-            if (n->match == SV_MATCH_REGEX && !re[k]) {
-                int flags = REG_EXTENDED;
-                if (n->comparator == SV_CMP_CASEMAP)
-                    flags |= REG_ICASE;
-                ex->steps += strlen(key) + 1;
-                if (sieve_regex_has_backref(key, strlen(key)) ||
-                    regcomp(&rx[nrx], key, flags) != 0) {
-                    rt_error(ex, n->line, "invalid regular expression "
-                             "\"%s\"", key);
+            for (k = 0; k < keys->n && ex->rc == SIEVE_OK; k++) {
+                char *key = expand_dup(ex, fr, &keys->v[k]);
+                if (!key || strarray_appendm(&kx, key) < 0) {
+                    rt_nomem(ex);
                     break;
                 }
-                re[k] = &rx[nrx++];
+                re[k] = keys->v[k].re;
+                if (n->match == SV_MATCH_REGEX && !re[k]) {
+                    int flags = REG_EXTENDED;
+                    if (n->comparator == SV_CMP_CASEMAP)
+                        flags |= REG_ICASE;
+                    ex->steps += strlen(key) + 1;
+                    if (sieve_regex_has_backref(key, strlen(key)) ||
+                        regcomp(&rx[nrx], key, flags) != 0) {
+                        rt_error(ex, n->line, "invalid regular expression "
+                                 "\"%s\"", key);
+                        break;
+                    }
+                    re[k] = &rx[nrx++];
+                }
             }
+            kd = (const char *const *)kx.data;
+            nk = kx.count;
         }
         for (i = 0; i < vals->count && r == 0 && ex->rc == SIEVE_OK; i++) {
             const char *v = vals->data[i];
             size_t vlen = strlen(v);
-            for (k = 0; k < kx.count && r == 0; k++) {
+            for (k = 0; k < nk && r == 0; k++) {
                 r = sieve_match(&mc, n->comparator, n->match, n->relop, v,
-                                vlen, kx.data[k], strlen(kx.data[k]), re[k]);
+                                vlen, kd[k], strlen(kd[k]), re[k]);
                 if (r < 0) {
                     if (mc.error == 1)
                         rt_error(ex, n->line, "match limit passed (%lu "
@@ -783,11 +831,13 @@ static int match_values(struct exec *ex, struct frame *fr,
                 }
             }
         }
-        while (nrx > 0)
-            regfree(&rx[--nrx]);
-        free(rx);
-        free(re);
-        strarray_fini(&kx);
+        if (!fixed) {
+            while (nrx > 0)
+                regfree(&rx[--nrx]);
+            free(rx);
+            free(re);
+            strarray_fini(&kx);
+        }
     }
     return ex->rc == SIEVE_OK ? r : -1;
 }
@@ -1165,21 +1215,36 @@ static int eval_test(struct exec *ex, struct frame *fr,
         }
         r = 1;
         goto out;
-    case SV_T_HEADER:
+    case SV_T_HEADER: {
+        struct strarray view;
+        int bv = header_view(ex, n, n->pos[0], &view);
+
+        if (bv < 0)
+            goto out;
+        if (bv) {
+            r = match_values(ex, fr, n, &view, n->pos[1]);
+            goto out;
+        }
         if (test_header_values(ex, fr, n, n->pos[0], &vals) < 0)
             goto out;
         r = match_values(ex, fr, n, &vals, n->pos[1]);
         goto out;
+    }
     case SV_T_ADDRESS: {
         struct strarray hv = STRARRAY_INITIALIZER;
-        if (test_header_values(ex, fr, n, n->pos[0], &hv) < 0) {
+        int bv = header_view(ex, n, n->pos[0], &hv);
+
+        if (bv < 0)
+            goto out;
+        if (!bv && test_header_values(ex, fr, n, n->pos[0], &hv) < 0) {
             strarray_fini(&hv);
             goto out;
         }
         for (i = 0; i < hv.count; i++)
             if (value_addresses(ex, hv.data[i], n->addrpart, &vals) < 0)
                 break;
-        strarray_fini(&hv);
+        if (!bv)
+            strarray_fini(&hv);
         if (ex->rc != SIEVE_OK)
             goto out;
         r = match_values(ex, fr, n, &vals, n->pos[1]);

@@ -54,6 +54,9 @@ void sieve_msg_fini(struct sieve_msg *m)
     m->fields = NULL;
     m->nfields = 0;
     m->indexed = 0;
+    free(m->view);
+    m->view = NULL;
+    m->view_cap = 0;
     strarray_fini(&m->env_to);
     strarray_fini(&m->env_auth);
     strarray_fini(&m->mailboxes);
@@ -104,35 +107,57 @@ static const char *field_next(const char *p, const char *end,
  * when out of memory. */
 static char *field_value(const char *vs, const char *ve, int decoded)
 {
-    struct buf raw = BUF_INITIALIZER, v = BUF_INITIALIZER;
-    const char *q, *s;
-    char *val;
-    size_t a = 0, b;
+    size_t n = (size_t)(ve - vs), len = 0, a = 0, b, i;
+    char *raw = malloc(n + 1), *val;
+    int plain = 1;
+    const char *q;
 
+    if (!raw)
+        return NULL;
+    /* unfolded: the line ends dropped */
     for (q = vs; q < ve; q++)
-        if (*q != '\r' && *q != '\n' && buf_putc(&raw, *q) < 0) {
-            buf_free(&raw);
-            return NULL;
-        }
-    if (decoded) {
-        if (search_decode_header(raw.s ? raw.s : "", raw.len, &v) < 0) {
-            buf_free(&raw);
-            buf_free(&v);
-            return NULL;
-        }
-        buf_free(&raw);
-    } else {
-        v = raw;
+        if (*q != '\r' && *q != '\n')
+            raw[len++] = *q;
+    raw[len] = '\0';
+    /* the common value needs no decoding: no encoded word, no NUL */
+    for (i = 0; i < len && plain; i++)
+        if (raw[i] == '\0' ||
+            (decoded && raw[i] == '=' && i + 1 < len && raw[i + 1] == '?'))
+            plain = 0;
+    if (plain) {
+        while (a < len && (raw[a] == ' ' || raw[a] == '\t'))
+            a++;
+        b = len;
+        while (b > a && (raw[b - 1] == ' ' || raw[b - 1] == '\t'))
+            b--;
+        if (a)
+            memmove(raw, raw + a, b - a);
+        raw[b - a] = '\0';
+        return raw;
     }
-    s = v.s ? v.s : "";
-    b = v.len;
-    while (a < b && (s[a] == ' ' || s[a] == '\t'))
-        a++;
-    while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t'))
-        b--;
-    val = strndup(s + a, b - a);
-    buf_free(&v);
-    return val;
+    {
+        struct buf v = BUF_INITIALIZER;
+        const char *s = raw;
+
+        b = len;
+        if (decoded) {
+            if (search_decode_header(raw, len, &v) < 0) {
+                free(raw);
+                buf_free(&v);
+                return NULL;
+            }
+            s = v.s ? v.s : "";
+            b = v.len;
+        }
+        while (a < b && (s[a] == ' ' || s[a] == '\t'))
+            a++;
+        while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\t'))
+            b--;
+        val = strndup(s + a, b - a);
+        buf_free(&v);
+        free(raw);
+        return val;
+    }
 }
 
 /* the fields of a header block [p, end): name -> values */
@@ -214,6 +239,44 @@ static int msg_header(void *rock, const char *name, int decoded,
         if (strarray_append(out, *v) < 0)
             return -1;
     }
+    return 0;
+}
+
+/* msg_header()'s decoded values, pointing into the index (each value
+ * decoded once, kept until sieve_msg_fini()) */
+static int msg_header_view(void *rock, const char *name,
+                           const char *const **values_r, size_t *n_r)
+{
+    struct sieve_msg *m = rock;
+    size_t nlen = strlen(name), i, n = 0;
+
+    *values_r = NULL;
+    *n_r = 0;
+    if (!m->indexed && header_index(m) < 0)
+        return -1;
+    for (i = 0; i < m->nfields; i++) {
+        struct sieve_msg_field *f = &m->fields[i];
+
+        if (f->namelen != nlen || strncasecmp(f->name, name, nlen) != 0)
+            continue;
+        if (!f->dec) {
+            f->dec = field_value(f->value, f->value + f->valuelen, 1);
+            if (!f->dec)
+                return -1;
+        }
+        if (n == m->view_cap) {
+            size_t cap = m->view_cap ? 2 * m->view_cap : 8;
+            const char **v = realloc(m->view, cap * sizeof(*v));
+
+            if (!v)
+                return -1;
+            m->view = v;
+            m->view_cap = cap;
+        }
+        m->view[n++] = f->dec;
+    }
+    *values_r = (const char *const *)m->view;
+    *n_r = n;
     return 0;
 }
 
@@ -473,6 +536,7 @@ void sieve_msg_ctx(struct sieve_msg *m, struct sieve_message_ctx *ctx)
     ctx->rock = m;
     ctx->envelope = msg_envelope;
     ctx->header = msg_header;
+    ctx->header_view = msg_header_view;
     ctx->body = msg_body;
     ctx->size = m->len;
     ctx->now = m->now;

@@ -50,6 +50,8 @@ struct sieve_msg {
     struct sieve_msg_field *fields;
     size_t nfields;
     int indexed;
+    const char **view;           /* header_view()'s answer */
+    size_t view_cap;
 };
 
 /* Set up over len bytes at base (not copied). */

@@ -97,6 +97,13 @@ static void test_header_index(void **state)
         assert_string_equal(v.data[1], "two\tfolded");
         assert_string_equal(v.data[2], "three");
         strarray_fini(&v);
+        /* decoded without an encoded word: the same, unfolded, trimmed */
+        assert_int_equal(ctx.header(ctx.rock, "x-a", 1, &v), 0);
+        assert_int_equal(v.count, 3);
+        assert_string_equal(v.data[0], "one");
+        assert_string_equal(v.data[1], "two\tfolded");
+        assert_string_equal(v.data[2], "three");
+        strarray_fini(&v);
         assert_int_equal(ctx.header(ctx.rock, "subject", 1, &v), 0);
         assert_int_equal(v.count, 1);
         assert_string_equal(v.data[0], "caf\xc3\xa9 day");
@@ -333,6 +340,13 @@ static int tempfail_header(void *rock, const char *name, int decoded,
     return -1;
 }
 
+static int tempfail_header_view(void *rock, const char *name,
+                                const char *const **values_r, size_t *n_r)
+{
+    (void)rock; (void)name; (void)values_r; (void)n_r;
+    return -1;
+}
+
 static const struct sieve_script *self_script;
 
 static int include_self(void *rock, int global, const char *name,
@@ -375,6 +389,11 @@ static void test_callbacks(void **state)
                              &s, &err), SIEVE_OK);
     memset(&ctx, 0, sizeof(ctx));
     ctx.header = tempfail_header;
+    assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_ETEMP);
+    assert_int_equal(acts.count, 0);
+    /* the same through the borrowed view of the common header test */
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.header_view = tempfail_header_view;
     assert_int_equal(sieve_execute(s, &ctx, &acts, &err), SIEVE_ETEMP);
     assert_int_equal(acts.count, 0);
     sieve_script_free(&s);

@@ -193,6 +193,60 @@ static void test_stale(void **state)
     buf_free(&bc);
 }
 
+/* the loader's form: the caller's text hash and extension mask stand
+ * for the text and the list; a damaged payload is caught by its checksum
+ * when the text is current, a changed text is stale before any sum */
+static void test_decode_known(void **state)
+{
+    struct sieve_script *s = NULL, *d = NULL;
+    struct buf bc = BUF_INITIALIZER;
+    struct strarray few = STRARRAY_INITIALIZER;
+    const char *text = "require \"fileinto\"; fileinto \"A\";";
+    size_t len = strlen(text);
+    uint64_t h = sieve_bc_hash(text, len);
+    uint32_t all = sieve_bc_extmask(NULL);
+    const char *why = NULL;
+
+    (void)state;
+    /* the format's hash, pinned: the same on every host (a change makes
+     * every stored file stale, so it goes with a new format version) */
+    assert_true(sieve_bc_hash("", 0) == 0x5349455642430002ULL);
+    assert_true(sieve_bc_hash("abc", 3) == 0xe7fc3951d6b8af3bULL);
+    assert_true(h == 0xe95cb3c3e9279c01ULL);
+    encode_text(text, NULL, &s, &bc);
+    assert_int_equal(sieve_bc_decode_known(bc.s, bc.len, len, h, all, NULL,
+                                           &d, &why), SIEVE_OK);
+    assert_non_null(d);
+    sieve_script_free(&d);
+    /* the same hash as the full form computes */
+    assert_int_equal(sieve_bc_decode(bc.s, bc.len, text, len, NULL, NULL,
+                                     &d, &why), SIEVE_OK);
+    sieve_script_free(&d);
+    assert_int_equal(sieve_bc_decode_known(bc.s, bc.len, len, h + 1, all,
+                                           NULL, &d, &why), SIEVE_EINVAL);
+    assert_null(d);
+    assert_string_equal(why, "stale: source changed");
+    strarray_append(&few, "fileinto");
+    assert_int_not_equal(sieve_bc_extmask(&few), all);
+    assert_int_equal(sieve_bc_decode_known(bc.s, bc.len, len, h,
+                                           sieve_bc_extmask(&few), NULL, &d,
+                                           &why), SIEVE_EINVAL);
+    assert_string_equal(why, "stale: extensions or limits changed");
+    /* the last payload byte damaged: the checksum, for the current text */
+    bc.s[bc.len - 1] ^= 0x40;
+    assert_int_equal(sieve_bc_decode_known(bc.s, bc.len, len, h, all, NULL,
+                                           &d, &why), SIEVE_EINVAL);
+    assert_null(d);
+    assert_string_equal(why, "corrupt: checksum mismatch");
+    /* and stale first when the text changed too */
+    assert_int_equal(sieve_bc_decode_known(bc.s, bc.len, len + 1, h, all,
+                                           NULL, &d, &why), SIEVE_EINVAL);
+    assert_string_equal(why, "stale: source changed");
+    strarray_fini(&few);
+    sieve_script_free(&s);
+    buf_free(&bc);
+}
+
 /* every truncation, every bit flip: rejected */
 static void test_truncated_and_flipped(void **state)
 {
@@ -312,6 +366,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_stale),
+        cmocka_unit_test(test_decode_known),
         cmocka_unit_test(test_truncated_and_flipped),
         cmocka_unit_test(test_damaged_behind_checksum),
         cmocka_unit_test(test_garbage),
