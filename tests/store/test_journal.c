@@ -460,6 +460,67 @@ static void test_background_checkpoint(void **state)
  * CRC covers the bytes (field 36 zero); replay restores it.  A byte of
  * the entry of a record whose message the SHA-1 covers, changed, makes
  * that record and the ones after it invalid (the CRC covers the entry). */
+/* The file header's version: 2 is written; a version-1 file is read (and
+ * rewritten as 2 by the replay's checkpoint); a later version is refused
+ * rather than misread. */
+static void tj_set_version(const char *jpath, uint32_t v)
+{
+    unsigned char hdr[36];
+    uint32_t crc;
+    int fd = open(jpath, O_RDWR);
+
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, hdr, sizeof(hdr), 0), (ssize_t)sizeof(hdr));
+    hdr[8] = (unsigned char)v;
+    hdr[9] = hdr[10] = hdr[11] = 0;
+    crc = crc32c(hdr, 32);
+    hdr[32] = (unsigned char)crc;
+    hdr[33] = (unsigned char)(crc >> 8);
+    hdr[34] = (unsigned char)(crc >> 16);
+    hdr[35] = (unsigned char)(crc >> 24);
+    assert_int_equal(pwrite(fd, hdr, sizeof(hdr), 0), (ssize_t)sizeof(hdr));
+    close(fd);
+}
+
+static void test_version(void **state)
+{
+    struct tj_fix f;
+    struct mailbox *mb;
+    struct buf m = BUF_INITIALIZER, j = BUF_INITIALIZER;
+    struct journal_replay_stats st;
+    uint32_t uid;
+    char *jpath;
+
+    (void)state;
+    tj_setup(&f, "jvers", NULL);
+    mb = tj_create(&f, "user.vera");
+    tj_message(&m, 1, 3000);
+    assert_int_equal(tj_deliver(&f, &mb, 1, &m, 0, NULL, 0, &uid), STORE_OK);
+    jpath = tj_journal_path(&f);
+    tj_read_file(jpath, &j);
+    assert_int_equal(le32((const unsigned char *)(&j)->s + 8), 2);
+
+    /* a newer version than this binary knows: nothing replayed, refused */
+    tj_set_version(jpath, 3);
+    tj_unlink_file(mb, uid);
+    mailbox_close(&mb);
+    assert_int_not_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+
+    /* version 1: read, the message restored, the header now says 2 */
+    tj_set_version(jpath, 1);
+    assert_int_equal(journal_replay(f.conf, NULL, &st), STORE_OK);
+    assert_int_equal(st.files_written, 1);
+    tj_read_file(jpath, &j);
+    assert_int_equal(le32((const unsigned char *)(&j)->s + 8), 2);
+    assert_int_equal(mailbox_open(f.conf, "user.vera", NULL, &mb), STORE_OK);
+    tj_check_file(mb, uid, &m);
+    mailbox_close(&mb);
+    free(jpath);
+    buf_free(&j);
+    buf_free(&m);
+    tj_teardown(&f);
+}
+
 static void test_readback(void **state)
 {
     struct tj_fix f;
@@ -1549,6 +1610,7 @@ int main(void)
         cmocka_unit_test(test_synced),
         cmocka_unit_test(test_readback),
         cmocka_unit_test(test_background_checkpoint),
+        cmocka_unit_test(test_version),
     };
 
     return cmocka_run_group_tests_name("journal", tests, NULL, NULL);
