@@ -2316,6 +2316,20 @@ static void imap_keywords_announce(struct imap_session *s, struct buf *out)
  * messages, EXPUNGE for removed ones (when allow_expunge; else they stay
  * in the view, marked gone) and EXISTS for new ones.  (Written to the
  * client after the lock is released: a slow reader holds no lock.) */
+/* Every change of a record (flags, \Seen, expunge) raises the index's
+ * highest modseq, and every append its visible prefix: a header (h, read
+ * under a lock of s->sel) as it was at the last pass means a view that
+ * still matches the index. */
+static int imap_view_matches(const struct imap_session *s,
+                             const struct mailbox_header *h)
+{
+    return s->view_known && h->highestmodseq == s->view_hms &&
+           h->visible == s->view_visible && h->uidnext == s->view_uidnext &&
+           h->compactions == s->view_compactions &&
+           h->uidvalidity == s->view_uidvalidity &&
+           s->condstore == s->view_condstore;
+}
+
 static int imap_reconcile(struct imap_session *s, int allow_expunge,
                           struct buf *out)
 {
@@ -2326,16 +2340,9 @@ static int imap_reconcile(struct imap_session *s, int allow_expunge,
 
     imap_keywords_announce(s, out);
 
-    /* every change of a record (flags, \Seen, expunge) raises the
-     * index's highest modseq, and every append its visible prefix: a
-     * header as it was at the last pass means a view that still matches,
-     * unless expunges are still to be told */
-    if (s->view_known && h->highestmodseq == s->view_hms &&
-        visible == s->view_visible && h->uidnext == s->view_uidnext &&
-        h->compactions == s->view_compactions &&
-        h->uidvalidity == s->view_uidvalidity &&
-        s->condstore == s->view_condstore &&
-        !(s->view_gone && allow_expunge)) {
+    /* a matching view needs no pass, unless expunges are still to be
+     * told */
+    if (imap_view_matches(s, h) && !(s->view_gone && allow_expunge)) {
         mailbox_version(s->sel, &s->view_version);
         return STORE_OK;
     }
@@ -3098,7 +3105,8 @@ static void imap_cmd_store(struct imap_session *s)
     uint32_t mprev = 0;
     int mrun = 0, bad = 0, r, ur, seenchanged = 0;
     const char *err = NULL;
-    int kwok;
+    uint64_t newhms;
+    int kwok, viewcur;
 
     if (imap_check_set(s) != 0)
         return;
@@ -3120,6 +3128,9 @@ static void imap_cmd_store(struct imap_session *s)
         imap_store_no(s, r);
         return;
     }
+    /* nothing changed since the view's last pass: this STORE's own
+     * changes (each told to the view below) keep it current */
+    viewcur = imap_view_matches(s, mailbox_get_header(s->sel));
     if (imap_flag_list(s, s->sel, &st->flags,
                        st->op != IMAPPARSE_STORE_REMOVE && kwok, &sys, user,
                        &bad, &err) != 0) {
@@ -3214,9 +3225,17 @@ static void imap_cmd_store(struct imap_session *s)
         }
         imap_msg_told(m, &rec);
     }
+    newhms = mailbox_get_header(s->sel)->highestmodseq;
     ur = mailbox_unlock(s->sel);
     if (r == STORE_OK)
         r = ur;
+    /* the view is the index as this unlock wrote it: the update before
+     * the tagged reply sees the same generation and makes no pass, unless
+     * another process changed the mailbox in between */
+    if (viewcur && r == STORE_OK) {
+        s->view_hms = newhms;
+        mailbox_version(s->sel, &s->view_version);
+    }
     /* the seen state goes to its file after the index's changes: written
      * even when a later message failed, like those changes */
     if (seenchanged) {

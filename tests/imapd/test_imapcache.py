@@ -16,6 +16,9 @@ that the next command of the first session reports it:
   - a flag stored and a message delivered while the session ran a
     command that locked the mailbox itself (FETCH): the closing update
     compares with its own last pass, not with that lock;
+  - another session's flag change made just before or just after a
+    STORE of the first session (whose own changes keep its view current
+    only when nothing else changed the mailbox);
   - the selected mailbox's read right taken away by its owner;
 and that message files are served whole whichever way they are read
 (below 64 KiB in one read, from 64 KiB on mapped): FETCH BODY[] and
@@ -178,6 +181,35 @@ def test_changes_during_own_lock():
         b.close()
 
 
+def test_own_store():
+    """A STORE keeps the view current only when nothing else changed the
+    mailbox since its last pass: another session's change made before the
+    STORE is told with its reply, one made after it with the next
+    command, and the STORE's own silent change is not told back."""
+    a = session()
+    b = session()
+    try:
+        ok(a.cmd("a1", "SELECT INBOX"), "a1")
+        ok(b.cmd("b1", "SELECT INBOX"), "b1")
+        ok(a.cmd("a2", "NOOP"), "a2")
+        ok(b.cmd("b2", "STORE 2 +FLAGS.SILENT (\\Draft)"), "b2")
+        r = ok(a.cmd("a3", "STORE 1 +FLAGS.SILENT (\\Answered)"), "a3")
+        check(flags_of(r, 2) is not None and b"\\Draft" in flags_of(r, 2),
+              "change before the STORE not told with it: %r" % r)
+        r = ok(a.cmd("a4", "STORE 1 -FLAGS.SILENT (\\Answered)"), "a4")
+        r += ok(a.cmd("a5", "NOOP"), "a5")
+        check(flags_of(r, 1) is None and flags_of(r, 2) is None,
+              "own silent change told back: %r" % r)
+        ok(b.cmd("b3", "STORE 2 -FLAGS.SILENT (\\Draft)"), "b3")
+        r = ok(a.cmd("a6", "NOOP"), "a6")
+        check(flags_of(r, 2) is not None and
+              b"\\Draft" not in flags_of(r, 2),
+              "change after the STORE not told: %r" % r)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_rights_revoked():
     a = session()
     b = session("bob", BOB_PW)
@@ -259,6 +291,7 @@ if __name__ == "__main__":
     rc = run_imap_tests([
         test_seen_from_elsewhere,
         test_changes_during_own_lock,
+        test_own_store,
         test_rights_revoked,
         test_message_sizes,
     ])
