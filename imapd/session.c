@@ -269,6 +269,10 @@ struct imap_session {
                                     \Recent at SELECT (not claimed) */
     int recent_new;              /* messages came into the view: claim
                                     them, then send RECENT */
+    uint32_t claim_from, claim_upto;  /* uids (claim_from, claim_upto]
+                                    claimed as \Recent by this session's
+                                    APPEND/COPY into s->sel, not yet in the
+                                    view (claim_upto 0: none) */
     uint32_t *saved;             /* "$" (SEARCHRES): UIDs, ascending */
     size_t nsaved;
     struct imapparse_range *saved_ranges;  /* "$" of the current command */
@@ -1627,39 +1631,67 @@ int imap_mb_useseen(struct mailbox *mb)
 struct imap_seen_uids {
     const uint32_t *uids;
     size_t n;
+    uint32_t claim;     /* in: claim \Recent up to this uid (0: no) */
+    uint32_t from;      /* out: the watermark before a claim made */
+    int claimed;
 };
 
-/* seen_update() callback: add the uids. */
+/* seen_update() callback: add the uids; with u->claim also move the
+ * \Recent watermark up to it (imap_recent_claim_cb's claim, made in the
+ * same write). */
 static int imap_seen_adduids(struct seen_data *d, void *rock)
 {
-    const struct imap_seen_uids *u = rock;
+    struct imap_seen_uids *u = rock;
     int r = STORE_OK;
 
     for (size_t k = 0; k < u->n && r == STORE_OK; k++)
         r = seen_set_update(&d->seenuids, u->uids[k], 1);
     d->lastchange = time(NULL);
+    u->claimed = 0;
+    if (r == STORE_OK && u->claim > d->lastuid) {
+        u->from = d->lastuid;
+        d->lastuid = u->claim;
+        u->claimed = 1;
+    }
     return r;
 }
 
 /* Add uids[0..n-1] to the user's seen state of mb (APPEND and COPY with
- * \Seen).  Logged on error: the messages are in, only \Seen is lost. */
+ * \Seen).  Logged on error: the messages are in, only \Seen is lost.
+ * Into the selected mailbox of a read-write session the same write
+ * claims the new messages as \Recent (the claim the update before the
+ * reply would make with a second write of the seen file): the range
+ * claimed is kept for imap_recent_mark(). */
 void imap_seen_add_uids(struct imap_session *s, struct mailbox *mb,
                         const uint32_t *uids, size_t n)
 {
-    struct imap_seen_uids u = { uids, n };
+    struct imap_seen_uids u = { uids, n, 0, 0, 0 };
     struct seen_db *db;
     int r;
 
     if (n == 0)
         return;
+    if (mb == s->sel && s->sel_useseen && !s->sel_readonly) {
+        for (size_t k = 0; k < n; k++)
+            if (uids[k] > u.claim)
+                u.claim = uids[k];
+    }
     r = imap_seendb(s, &db);
     if (r == STORE_OK)
         r = seen_update(db, mailbox_uniqueid(mb), imap_seen_adduids, &u,
                         NULL);
-    if (r != STORE_OK)
+    if (r != STORE_OK) {
         log_error("imap: \\Seen of new messages lost user=<%s> "
                   "mailbox=<%s> error=<%s>", s->userid, mailbox_name(mb),
                   store_strerror(r));
+        return;
+    }
+    if (u.claimed) {
+        /* ranges merge only when nobody claimed in between */
+        if (s->claim_upto == 0 || s->claim_upto < u.from)
+            s->claim_from = u.from;
+        s->claim_upto = u.claim;
+    }
 }
 
 /* The record's flags as this user sees them: \Seen from the seen state. */
@@ -2012,6 +2044,7 @@ static void imap_cmd_select(struct imap_session *s, int examine)
         buf_free(&pf);
     }
     s->recent_base = s->seen.lastuid;
+    s->claim_upto = 0;
     prot_printf(s->p, "* %zu EXISTS\r\n", s->nmsgs);
     prot_printf(s->p, "* %zu RECENT\r\n", imap_recent_mark(s));
     if (firstunseen)
@@ -2136,10 +2169,18 @@ static size_t imap_recent_mark(struct imap_session *s)
     uint32_t from = s->recent_base, upto = UINT32_MAX;
     size_t n = 0;
 
+    uint32_t cfrom = s->claim_from, cupto = s->claim_upto;
+
     s->recent_new = 0;
+    s->claim_upto = 0;
     if (!s->sel_useseen)
         return 0;
-    if (!s->sel_readonly) {
+    if (!s->sel_readonly && cupto && s->lastuid <= cupto) {
+        /* everything new is at most what this session's APPEND or COPY
+         * claimed already: nothing to write */
+        from = cfrom;
+        upto = cupto;
+    } else if (!s->sel_readonly) {
         struct imap_recent_claim c = { s->lastuid, 0 };
         struct seen_db *db;
         int r = imap_seendb(s, &db);
@@ -2160,7 +2201,8 @@ static size_t imap_recent_mark(struct imap_session *s)
     for (size_t i = 0; i < s->nmsgs; i++) {
         struct imap_msg *m = &s->msgs[i];
 
-        if (m->uid > from && m->uid <= upto)
+        if ((m->uid > from && m->uid <= upto) ||
+            (cupto && m->uid > cfrom && m->uid <= cupto))
             m->recent = 1;
         if (m->recent && !m->gone)
             n++;

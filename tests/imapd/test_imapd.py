@@ -1372,6 +1372,29 @@ def test_recent():
         check(r[0] == b"* 3 FETCH (FLAGS (\\Recent))", "%r" % r)
         r = ok(a.cmd("a7", "SEARCH RECENT"), "a7")
         check(r[0] == b"* SEARCH 1 2", "%r" % r)
+        # an APPEND with \Seen into the selected mailbox claims in the
+        # same write as its \Seen: what it appended and what arrived
+        # before it unseen by any session
+        i.mbtool("deliver", "-D", "-m", "Rec", "alice",
+                 input=b"Subject: r3\r\n\r\nbody\r\n")
+        msg = b"Subject: r4\r\n\r\nappended\r\n"
+        r = ok(a.cmd("a8", "APPEND INBOX.Rec (\\Seen) {%d+}\r\n%s"
+                     % (len(msg), msg.decode())), "a8")
+        check(b"* 5 EXISTS" in r and b"* 4 RECENT" in r,
+              "a's APPEND reply %r" % r)
+        r = ok(b.cmd("b6", "NOOP"), "b6")
+        check(r[:-1] == [b"* 5 EXISTS", b"* 1 RECENT"], "b NOOP %r" % r)
+        r = ok(a.cmd("a9", "FETCH 4:5 FLAGS"), "a9")
+        check(r[:-1] == [b"* 4 FETCH (FLAGS (\\Recent))",
+                         b"* 5 FETCH (FLAGS (\\Seen \\Recent))"], "%r" % r)
+        # from a read-only session: nothing claimed; b hears of it first
+        msg = b"Subject: r5\r\n\r\nappended\r\n"
+        ok(x.cmd("x4", "APPEND INBOX.Rec (\\Seen) {%d+}\r\n%s"
+                 % (len(msg), msg.decode())), "x4")
+        r = ok(b.cmd("b7", "NOOP"), "b7")
+        check(r[:-1] == [b"* 6 EXISTS", b"* 2 RECENT"], "b NOOP %r" % r)
+        r = ok(a.cmd("a10", "SEARCH RECENT"), "a10")
+        check(r[0] == b"* SEARCH 1 2 4 5", "%r" % r)
     i.mbtool("check", "user.alice.Rec")
 
 
