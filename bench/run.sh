@@ -112,6 +112,10 @@ for s in $servers; do
 done
 [[ -n $BENCH_BUILD ]] || BENCH_BUILD=$top/build
 export BENCH_BUILD
+# the runs' directory: made when missing (an empty path would put every
+# server at the root of the file system)
+mkdir -p "$base" && base=$(cd "$base" && pwd) ||
+    { echo "run: cannot use directory $base" >&2; exit 2; }
 
 if [[ $quick == yes ]]; then
     export BENCH_USERS=${users_env:-200}
