@@ -36,7 +36,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -45,11 +44,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "lmtpd"),
                 os.path.join(os.path.dirname(HERE), "imapd"),
                 os.path.dirname(HERE)]
-from testlib import (RUN_AS, TOP_BUILDDIR, Fail, Skip,  # noqa: E402
-                     alive, check, kill_all, run_tests, tagged_processes,
-                     wait_until)
+from testlib import (TOP_BUILDDIR, Fail, Skip,  # noqa: E402
+                     check, kill_all, run_tests, tagged_processes)
 from imaphelp import ImapInstance, Raw, make_message  # noqa: E402
 import powerloss  # noqa: E402
+from powercut import PowerCutMixin  # noqa: E402
 
 SHIM = os.path.join(TOP_BUILDDIR, "tests", "crash", "lossyfs.so")
 CTL_CYRUSDB = os.path.join(TOP_BUILDDIR, "tools", "ctl_cyrusdb")
@@ -63,7 +62,7 @@ POLICIES = ("none", "subset", "prefix")
 FETCH_RE = re.compile(rb"^\* \d+ FETCH \((.*)\)")
 
 
-class FlInstance(ImapInstance):
+class FlInstance(PowerCutMixin, ImapInstance):
     """imapd whose configuration directory and spool lie in ROOT, and
     whose master may run with extra environment."""
 
@@ -80,25 +79,6 @@ class FlInstance(ImapInstance):
         self.write_imapd_conf({"allowplaintext": "yes"})
         self.make_dirs()
 
-    def make_dirs(self):
-        for d in (self.root, self.confdir, self.partition):
-            os.makedirs(d, exist_ok=True)
-            self.chown(d)
-
-    @staticmethod
-    def chown(path):
-        if RUN_AS is not None:
-            os.chown(path, RUN_AS.pw_uid, RUN_AS.pw_gid)
-
-    def chown_tree(self, top):
-        if RUN_AS is None:
-            return
-        for dirpath, dirs, files in os.walk(top):
-            self.chown(dirpath)
-            for f in files:
-                os.lchown(os.path.join(dirpath, f), RUN_AS.pw_uid,
-                          RUN_AS.pw_gid)
-
     def write_conf(self):
         self.write_cyrus_conf(imaps=False, lmtp=False, prefork=1,
                               maxchild=4)
@@ -112,31 +92,7 @@ class FlInstance(ImapInstance):
         # a status file of the last master would say "ready" at once
         if os.path.exists(self.statusfile):
             os.unlink(self.statusfile)
-        saved = dict(os.environ)
-        os.environ.update(self.extra_env)
-        try:
-            super().spawn(cmd)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-
-    def power_cut(self):
-        stopped = set()
-        for _ in range(50):
-            new = [p for p in set([self.pid] + tagged_processes(
-                self.TAG_VAR, self.dir)) if p not in stopped]
-            if not new:
-                break
-            for p in new:
-                try:
-                    os.kill(p, signal.SIGSTOP)
-                except OSError:
-                    pass
-                stopped.add(p)
-        kill_all(stopped)
-        self.proc.wait(30)
-        wait_until(lambda: not [p for p in stopped if alive(p)] or None, 30)
-        self.proc = None
+        super().spawn(cmd)
 
 
 def login(inst):

@@ -53,7 +53,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -64,14 +63,14 @@ sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "lmtpd"),
                 os.path.dirname(HERE)]
-from testlib import (RUN_AS, TMPDIR, TOP_BUILDDIR, Fail, Skip,  # noqa: E402
-                     alive,
+from testlib import (TMPDIR, TOP_BUILDDIR, Fail, Skip,  # noqa: E402
                      check, kill_all, run_tests, tagged_processes,
                      wait_until)
 from lmtphelp import (LMTPD, MASTER, MBTOOL, Conn, ConnectionClosed,  # noqa
                       Instance, dot_stuff, header_value, make_message,
                       split_added_headers, transaction)
 import powerloss  # noqa: E402
+from powercut import PowerCutMixin  # noqa: E402
 
 SHIM = os.path.join(TOP_BUILDDIR, "tests", "crash", "lossyfs.so")
 CTL_CYRUSDB = os.path.join(TOP_BUILDDIR, "tools", "ctl_cyrusdb")
@@ -136,7 +135,7 @@ def message_of(tag, i):
     return _messages[key]
 
 
-class PlInstance(Instance):
+class PlInstance(PowerCutMixin, Instance):
     """An lmtp Instance whose configuration directory and spool lie in
     ROOT, and whose master may run with extra environment."""
 
@@ -156,25 +155,6 @@ class PlInstance(Instance):
         self.write_imapd_conf(conf)
         self.make_dirs()
 
-    def make_dirs(self):
-        for d in (self.root, self.confdir, self.partition):
-            os.makedirs(d, exist_ok=True)
-            self.chown(d)
-
-    @staticmethod
-    def chown(path):
-        if RUN_AS is not None:
-            os.chown(path, RUN_AS.pw_uid, RUN_AS.pw_gid)
-
-    def chown_tree(self, top):
-        if RUN_AS is None:
-            return
-        for dirpath, dirs, files in os.walk(top):
-            self.chown(dirpath)
-            for f in files:
-                os.lchown(os.path.join(dirpath, f), RUN_AS.pw_uid,
-                          RUN_AS.pw_gid)
-
     def write_conf(self):
         self.write_cyrus_conf(prefork=2, maxchild=CLIENTS + 4)
         with open(self.cyrus_conf) as f:
@@ -183,37 +163,6 @@ class PlInstance(Instance):
             f.write('START {\n  recover cmd="%s -C %s -r"\n}\n'
                     % (CTL_CYRUSDB, self.imapd_conf)
                     + text)
-
-    def spawn(self, cmd):
-        saved = dict(os.environ)
-        os.environ.update(self.extra_env)
-        try:
-            super().spawn(cmd)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-
-    def everything(self):
-        return set([self.pid] + tagged_processes(self.TAG_VAR, self.dir))
-
-    def power_cut(self):
-        """SIGSTOP the master, then every process it started (until no
-        new one shows up), then SIGKILL them all."""
-        stopped = set()
-        for _ in range(50):
-            new = [p for p in self.everything() if p not in stopped]
-            if not new:
-                break
-            for p in new:
-                try:
-                    os.kill(p, signal.SIGSTOP)
-                except OSError:
-                    pass
-                stopped.add(p)
-        kill_all(stopped)
-        self.proc.wait(30)
-        wait_until(lambda: not [p for p in stopped if alive(p)] or None, 30)
-        self.proc = None
 
 
 def mode_known(inst):
