@@ -148,41 +148,41 @@ int fs_mkdir_p(const char *dir, int mode)
     return 0;
 }
 
-int fs_mkdir_parent(const char *path, int mode)
+/* The directory part of path into dir: 1, 0 when path has none (no
+ * slash, or only the leading one), -1 (ENAMETOOLONG). */
+static int fs_parent_of(const char *path, char dir[PATH_MAX])
 {
-    char dir[PATH_MAX];
     const char *slash = strrchr(path, '/');
     size_t n;
 
     if (!slash || slash == path)
         return 0;
     n = (size_t)(slash - path);
-    if (n >= sizeof(dir)) {
+    if (n >= PATH_MAX) {
         errno = ENAMETOOLONG;
         return -1;
     }
     memcpy(dir, path, n);
     dir[n] = '\0';
-    return fs_mkdir_p(dir, mode);
+    return 1;
+}
+
+int fs_mkdir_parent(const char *path, int mode)
+{
+    char dir[PATH_MAX];
+    int r = fs_parent_of(path, dir);
+
+    return r <= 0 ? r : fs_mkdir_p(dir, mode);
 }
 
 int fs_mkdir_parent_synced(const char *path, int mode)
 {
     char dir[PATH_MAX];
-    const char *slash = strrchr(path, '/');
-    size_t n;
     char *p;
-    int made = 0;
+    int made = 0, r = fs_parent_of(path, dir);
 
-    if (!slash || slash == path)
-        return 0;
-    n = (size_t)(slash - path);
-    if (n >= sizeof(dir)) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(dir, path, n);
-    dir[n] = '\0';
+    if (r <= 0)
+        return r;
     for (p = dir + 1; ; p++) {
         if (*p != '/' && *p != '\0')
             continue;
