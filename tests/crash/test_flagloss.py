@@ -186,6 +186,10 @@ def verify(inst, events, cut, everything):
         ids = set(v[1] for v in st.values())
         barrier = max([s for kind, _, s in events
                        if kind == "expunged" and s <= cut] or [-1])
+        # a STORE of \Seen commits to the seen file (whose next commit's
+        # sync carries the one before) only while its message is there
+        gone_at = dict((what, s) for kind, what, s in events
+                       if kind == "expunged")
         for kind, what, s in events:
             if s > cut:
                 continue
@@ -196,6 +200,7 @@ def verify(inst, events, cut, everything):
             elif kind == "flag" and (everything or (
                     s <= barrier if what[1] != "\\Seen" else
                     any(k2 == "flag" and w2[1] == "\\Seen" and s < s2 <= cut
+                        and gone_at.get(w2[0], s2 + 1) > s2
                         for k2, w2, s2 in events))):
                 uid, flag = what
                 if uid in st and flag not in st[uid][0].split():
