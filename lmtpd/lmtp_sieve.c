@@ -59,7 +59,9 @@ extern char **environ;
 
 /* A compiled text, shared by every cache entry whose file holds the same
  * bytes (users with identical scripts, as a webmail's filter editor
- * writes them, compile once per process). */
+ * writes them, compile once per process).  At most LMTP_SIEVE_CACHE of
+ * them are held (the trees are tens of times the text's size); the
+ * files' entries are cheap and many more (LMTP_SIEVE_FILES). */
 struct lmtp_sieve_compiled {
     char *text;                    /* the script's bytes, for comparison */
     size_t len;
@@ -67,17 +69,28 @@ struct lmtp_sieve_compiled {
     struct sieve_script *script;   /* NULL: the script does not compile */
     char *error;                   /* its compile error */
     unsigned refs;                 /* cache entries pointing here */
+    struct lmtp_sieve_compiled *prev, *next;   /* all of them */
 };
 
+/* A script file as last seen: found by (device, inode) through a hash
+ * table, valid while its size, mtime and ctime are unchanged (a rename,
+ * which changes the name an active link's target has, changes ctime). */
 struct lmtp_sieve_cached {
     dev_t dev;
     ino_t ino;
     off_t size;
-    struct timespec mtime;
+    struct timespec mtime, ctime;
     struct lmtp_sieve_compiled *comp;
+    char *name;                    /* the active link's target, as read
+                                      when the entry was made (NULL for
+                                      included scripts) */
     unsigned long used;
+    uint32_t chain;                /* next entry of the bucket, +1; 0 end */
     int valid;
+    int ref;                       /* used since the clock hand passed */
 };
+
+#define LMTP_SIEVE_BUCKETS (2 * LMTP_SIEVE_FILES)
 
 struct lmtp_sieve {
     const struct imapconf *conf;
@@ -85,10 +98,11 @@ struct lmtp_sieve {
     struct sieve_limits limits;
     struct strarray allowed;
     uint32_t extmask;              /* allowed as the compiled form's mask */
-    struct lmtp_sieve_cached cache[LMTP_SIEVE_CACHE];
-    /* the text hash of each entry's compiled text (0: none), side by
-     * side: a miss looks for a same-text script in one short scan */
-    uint64_t hashes[LMTP_SIEVE_CACHE];
+    struct lmtp_sieve_cached *cache;   /* LMTP_SIEVE_FILES entries */
+    uint32_t *buckets;             /* LMTP_SIEVE_BUCKETS: entry index + 1 */
+    size_t hand;                   /* the clock's next candidate */
+    struct lmtp_sieve_compiled *comps;   /* every compiled text */
+    size_t ncomps;
     unsigned long tick;
     unsigned long run_tick;        /* tick when the current run began:
                                       entries used since are in use */
@@ -130,6 +144,14 @@ int lmtp_sieve_new(const struct imapconf *conf, struct deliver_ctx *dctx,
     ls = calloc(1, sizeof(*ls));
     if (!ls)
         return -1;
+    ls->cache = calloc(LMTP_SIEVE_FILES, sizeof(*ls->cache));
+    ls->buckets = calloc(LMTP_SIEVE_BUCKETS, sizeof(*ls->buckets));
+    if (!ls->cache || !ls->buckets) {
+        free(ls->cache);
+        free(ls->buckets);
+        free(ls);
+        return -1;
+    }
     ls->conf = conf;
     ls->dctx = dctx;
     sieve_limits_default(&ls->limits);
@@ -164,17 +186,124 @@ int lmtp_sieve_new(const struct imapconf *conf, struct deliver_ctx *dctx,
     return 0;
 }
 
-static void lmtp_sieve_cache_drop(struct lmtp_sieve_cached *c)
+static uint32_t lmtp_sieve_bucket(dev_t dev, ino_t ino)
+{
+    uint64_t h = ((uint64_t)ino * 0x9e3779b97f4a7c15ULL) ^ (uint64_t)dev;
+
+    return (uint32_t)((h ^ (h >> 29)) % LMTP_SIEVE_BUCKETS);
+}
+
+/* A compiled text no entry holds any more. */
+static void lmtp_sieve_comp_free(struct lmtp_sieve *ls,
+                                 struct lmtp_sieve_compiled *k)
+{
+    if (k->prev)
+        k->prev->next = k->next;
+    else
+        ls->comps = k->next;
+    if (k->next)
+        k->next->prev = k->prev;
+    ls->ncomps--;
+    sieve_script_free(&k->script);
+    free(k->error);
+    free(k->text);
+    free(k);
+}
+
+/* Forget entry c (it leaves its bucket; its compiled text goes with its
+ * last entry). */
+static void lmtp_sieve_cache_drop(struct lmtp_sieve *ls,
+                                  struct lmtp_sieve_cached *c)
 {
     struct lmtp_sieve_compiled *k = c->comp;
+    uint32_t self = (uint32_t)(c - ls->cache) + 1, *link;
 
-    if (k && --k->refs == 0) {
-        sieve_script_free(&k->script);
-        free(k->error);
-        free(k->text);
-        free(k);
-    }
+    if (!c->valid)
+        return;
+    for (link = &ls->buckets[lmtp_sieve_bucket(c->dev, c->ino)]; *link;
+         link = &ls->cache[*link - 1].chain)
+        if (*link == self) {
+            *link = c->chain;
+            break;
+        }
+    if (k && --k->refs == 0)
+        lmtp_sieve_comp_free(ls, k);
+    free(c->name);
     memset(c, 0, sizeof(*c));
+}
+
+/* The entry of the file that sb describes, or NULL. */
+static struct lmtp_sieve_cached *lmtp_sieve_cache_find(struct lmtp_sieve *ls,
+                                                       const struct stat *sb)
+{
+    uint32_t i = ls->buckets[lmtp_sieve_bucket(sb->st_dev, sb->st_ino)];
+    struct lmtp_sieve_cached *c;
+
+    for (; i; i = c->chain) {
+        c = &ls->cache[i - 1];
+        if (c->dev != sb->st_dev || c->ino != sb->st_ino)
+            continue;
+        if (c->size == sb->st_size &&
+            c->mtime.tv_sec == sb->st_mtim.tv_sec &&
+            c->mtime.tv_nsec == sb->st_mtim.tv_nsec &&
+            c->ctime.tv_sec == sb->st_ctim.tv_sec &&
+            c->ctime.tv_nsec == sb->st_ctim.tv_nsec) {
+            c->used = ++ls->tick;
+            c->ref = 1;
+            return c;
+        }
+        lmtp_sieve_cache_drop(ls, c);   /* the file changed */
+        return NULL;
+    }
+    return NULL;
+}
+
+/* A free entry: the clock hand passes over entries used since it last
+ * came by (clearing their mark) and over those of the execution in
+ * progress, and takes the first other one.  NULL when every entry is
+ * in use by the execution. */
+static struct lmtp_sieve_cached *lmtp_sieve_cache_victim(struct lmtp_sieve *ls)
+{
+    size_t n;
+
+    for (n = 0; n < 2 * LMTP_SIEVE_FILES; n++) {
+        struct lmtp_sieve_cached *c = &ls->cache[ls->hand];
+
+        ls->hand = (ls->hand + 1) % LMTP_SIEVE_FILES;
+        if (!c->valid)
+            return c;
+        if (c->used > ls->run_tick)
+            continue;   /* a script of the running execution */
+        if (c->ref) {
+            c->ref = 0;
+            continue;
+        }
+        lmtp_sieve_cache_drop(ls, c);
+        return c;
+    }
+    return NULL;
+}
+
+/* Make room for one more compiled text: entries go, by the clock, until
+ * fewer than LMTP_SIEVE_CACHE texts are held or a whole turn freed none
+ * (every text in use by the execution: it stays over the bound). */
+static void lmtp_sieve_cache_trim(struct lmtp_sieve *ls)
+{
+    size_t n;
+
+    for (n = 0; ls->ncomps >= LMTP_SIEVE_CACHE && n < 2 * LMTP_SIEVE_FILES;
+         n++) {
+        struct lmtp_sieve_cached *c = &ls->cache[ls->hand];
+
+        ls->hand = (ls->hand + 1) % LMTP_SIEVE_FILES;
+        if (!c->valid || c->used > ls->run_tick)
+            continue;
+        if (c->ref) {
+            c->ref = 0;
+            continue;
+        }
+        lmtp_sieve_cache_drop(ls, c);
+    }
 }
 
 void lmtp_sieve_free(struct lmtp_sieve **lsp)
@@ -184,8 +313,10 @@ void lmtp_sieve_free(struct lmtp_sieve **lsp)
 
     if (!ls)
         return;
-    for (i = 0; i < LMTP_SIEVE_CACHE; i++)
-        lmtp_sieve_cache_drop(&ls->cache[i]);
+    for (i = 0; i < LMTP_SIEVE_FILES; i++)
+        lmtp_sieve_cache_drop(ls, &ls->cache[i]);
+    free(ls->cache);
+    free(ls->buckets);
     lmtp_smtp_free(&ls->smtp);
     strarray_fini(&ls->allowed);
     free(ls);
@@ -276,45 +407,28 @@ static void lmtp_sieve_store_bc(struct lmtp_sieve *ls, const char *dir,
 }
 
 /* The compiled script behind the open file fd (path for logs): the cache
- * entry of the file (device, inode, size, mtime), else the compiled form
- * of another entry whose file holds the same bytes, else the stored
- * compiled form bcdir/bcname.bc (bcdir NULL: none) when it is current
- * for the text, else a compilation (which writes bcname.bc).  Returns
- * the compiled text (script NULL with error set when it did not
- * compile), or NULL on an I/O or memory failure. */
-static const struct lmtp_sieve_compiled *
+ * entry of the file (device, inode, size, mtime, ctime), else the
+ * compiled form of another entry whose file holds the same bytes, else
+ * the stored compiled form bcdir/bcname.bc (bcdir NULL: none) when it is
+ * current for the text, else a compilation (which writes bcname.bc).  A
+ * new entry remembers name (the active link's target; NULL: none).
+ * Returns the entry, whose compiled text has script NULL and error set
+ * when it did not compile, or NULL on an I/O or memory failure. */
+static struct lmtp_sieve_cached *
 lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
-                const char *bcdir, const char *bcname)
+                const char *bcdir, const char *bcname, const char *name)
 {
-    struct lmtp_sieve_cached *c, *victim = NULL;
-    struct lmtp_sieve_compiled *k = NULL;
+    struct lmtp_sieve_cached *c, *victim;
+    struct lmtp_sieve_compiled *k = NULL, *o;
     struct stat sb;
     struct buf text = BUF_INITIALIZER, err = BUF_INITIALIZER;
     uint64_t hash;
-    size_t i;
     int r;
 
     if (fstat(fd, &sb) != 0)
         return NULL;
-    ls->tick++;
-    for (i = 0; i < LMTP_SIEVE_CACHE; i++) {
-        c = &ls->cache[i];
-        if (c->valid && c->dev == sb.st_dev && c->ino == sb.st_ino &&
-            c->size == sb.st_size &&
-            c->mtime.tv_sec == sb.st_mtim.tv_sec &&
-            c->mtime.tv_nsec == sb.st_mtim.tv_nsec) {
-            c->used = ls->tick;
-            return c->comp;
-        }
-        if (c->valid && c->used > ls->run_tick)
-            continue;   /* a script of the running execution */
-        if (!victim || !c->valid || (victim->valid && c->used < victim->used))
-            victim = c;
-    }
-    if (!victim) {
-        errno = ENOMEM;
-        return NULL;
-    }
+    if ((c = lmtp_sieve_cache_find(ls, &sb)))
+        return c;
     if ((size_t)sb.st_size > ls->limits.max_script_size + 1) {
         /* do not read more than the limit allows */
         r = SIEVE_ELIMIT;
@@ -329,20 +443,14 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
     }
     hash = sieve_bc_hash(text.s ? text.s : "", text.len);
     if (r == SIEVE_OK)
-        for (i = 0; i < LMTP_SIEVE_CACHE && !k; i++) {
-            struct lmtp_sieve_compiled *o;
-
-            if (ls->hashes[i] != hash)
-                continue;
-            o = ls->cache[i].comp;
-            if (ls->cache[i].valid && &ls->cache[i] != victim && o &&
-                o->text && o->hash == hash && o->len == text.len &&
+        for (o = ls->comps; o && !k; o = o->next)
+            if (o->text && o->hash == hash && o->len == text.len &&
                 memcmp(o->text, text.s ? text.s : "", text.len) == 0)
                 k = o;
-        }
     if (!k) {
         const char *why = NULL;
 
+        lmtp_sieve_cache_trim(ls);
         k = calloc(1, sizeof(*k));
         if (!k) {
             buf_free(&text);
@@ -385,20 +493,43 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
             k->hash = hash;
             k->text = buf_release(&text);
         }
+        k->next = ls->comps;
+        if (ls->comps)
+            ls->comps->prev = k;
+        ls->comps = k;
+        ls->ncomps++;
     }
-    k->refs++;
-    lmtp_sieve_cache_drop(victim);
+    k->refs++;   /* before the victim's drop, which may free a text */
+    victim = lmtp_sieve_cache_victim(ls);
+    if (!victim) {
+        /* every entry belongs to the running execution */
+        if (--k->refs == 0)
+            lmtp_sieve_comp_free(ls, k);
+        errno = ENOMEM;
+        buf_free(&text);
+        buf_free(&err);
+        return NULL;
+    }
     victim->comp = k;
     victim->dev = sb.st_dev;
     victim->ino = sb.st_ino;
     victim->size = sb.st_size;
     victim->mtime = sb.st_mtim;
-    victim->used = ls->tick;
+    victim->ctime = sb.st_ctim;
+    victim->name = name ? strdup(name) : NULL;
+    victim->used = ++ls->tick;
+    victim->ref = 1;
     victim->valid = 1;
-    ls->hashes[victim - ls->cache] = k->text ? k->hash : 0;
+    {
+        uint32_t *head = &ls->buckets[lmtp_sieve_bucket(sb.st_dev,
+                                                        sb.st_ino)];
+
+        victim->chain = *head;
+        *head = (uint32_t)(victim - ls->cache) + 1;
+    }
     buf_free(&text);
     buf_free(&err);
-    return k;
+    return victim;
 }
 
 /* ---- the message as the script sees it ---------------------------------- */
@@ -415,12 +546,18 @@ struct lmtp_sieve_run {
 
 static int lmtp_sieve_map(struct lmtp_sieve_msg *m)
 {
+    void *map;
     const char *path;
     struct stat sb;
     int fd;
 
     if (m->map)
         return 0;
+    m->map = append_stage_bytes(m->st, &m->maplen);
+    if (m->map) {
+        m->mapped = 0;   /* the stage's buffer: no file read */
+        return 0;
+    }
     path = append_stage_path(m->st);
     if (!path)
         return -1;
@@ -433,24 +570,25 @@ static int lmtp_sieve_map(struct lmtp_sieve_msg *m)
     }
     if (sb.st_size == 0) {
         close(fd);
-        m->map = (void *)"";
+        m->map = "";
         m->maplen = 0;
+        m->mapped = 0;
         return 0;
     }
-    m->map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (m->map == MAP_FAILED) {
-        m->map = NULL;
+    if (map == MAP_FAILED)
         return -1;
-    }
+    m->map = map;
     m->maplen = (size_t)sb.st_size;
+    m->mapped = 1;
     return 0;
 }
 
 void lmtp_sieve_msg_fini(struct lmtp_sieve_msg *m)
 {
-    if (m->map && m->maplen)
-        munmap(m->map, m->maplen);
+    if (m->map && m->maplen && m->mapped)
+        munmap((void *)m->map, m->maplen);
     m->map = NULL;
     m->maplen = 0;
 }
@@ -683,7 +821,9 @@ static int lmtp_sieve_cb_include(void *rock, int global, const char *name,
 {
     struct lmtp_sieve_run *run = rock;
     const struct lmtp_sieve_compiled *c;
+    struct lmtp_sieve_cached *e;
     struct buf dir = BUF_INITIALIZER, path = BUF_INITIALIZER;
+    struct stat sb;
     int fd, r = 0;
 
     *script_r = NULL;
@@ -698,19 +838,25 @@ static int lmtp_sieve_cb_include(void *rock, int global, const char *name,
         r = -1;
         goto out;
     }
-    fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        if (errno != ENOENT && errno != ENOTDIR) {
-            log_warning("lmtp: sieve included script unreadable "
-                        "script=<%s> error=<%s>", buf_cstring(&path),
-                        strerror(errno));
-            buf_printf(errmsg, "script unreadable");
+    /* a file unchanged since its entry was made is not opened */
+    e = stat(buf_cstring(&path), &sb) == 0
+            ? lmtp_sieve_cache_find(run->ls, &sb) : NULL;
+    if (!e) {
+        fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd < 0) {
+            if (errno != ENOENT && errno != ENOTDIR) {
+                log_warning("lmtp: sieve included script unreadable "
+                            "script=<%s> error=<%s>", buf_cstring(&path),
+                            strerror(errno));
+                buf_printf(errmsg, "script unreadable");
+            }
+            goto out;   /* not found: :optional decides */
         }
-        goto out;   /* not found: :optional decides */
+        e = lmtp_sieve_load(run->ls, fd, buf_cstring(&path),
+                            buf_cstring(&dir), name, NULL);
+        close(fd);
     }
-    c = lmtp_sieve_load(run->ls, fd, buf_cstring(&path), buf_cstring(&dir),
-                        name);
-    close(fd);
+    c = e ? e->comp : NULL;
     if (!c) {
         log_error("lmtp: sieve included script unreadable script=<%s> "
                   "error=<%s>", buf_cstring(&path), strerror(errno));
@@ -1647,6 +1793,8 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     struct buf log = BUF_INITIALIZER, name = BUF_INITIALIZER;
     struct buf udir = BUF_INITIALIZER;
     const struct lmtp_sieve_compiled *c;
+    struct lmtp_sieve_cached *e;
+    struct stat sb;
     char scriptname[256], clog[2048], crcpt[300];
     const char *status = "ok";
     ssize_t n;
@@ -1664,24 +1812,41 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
             userid.s[i] = '.';
     if (sievedir_active_path(ls->conf, buf_cstring(&userid), &path) != 0)
         goto out;
-    fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    ls->run_tick = ls->tick;   /* entries used from here on are in use */
+    /* an active script unchanged since its entry was made costs one
+     * stat(), through the link: no open, no read */
+    if (stat(buf_cstring(&path), &sb) != 0) {
         if (errno != ENOENT && errno != ENOTDIR)
             log_warning("lmtp: sieve script unreadable script=<%s> "
                         "error=<%s>", buf_cstring(&path), strerror(errno));
         goto out;   /* no active script */
     }
-    n = readlink(buf_cstring(&path), scriptname, sizeof(scriptname) - 1);
-    scriptname[n > 0 ? n : 0] = '\0';
-    if (n <= 0)
-        snprintf(scriptname, sizeof(scriptname), "%s", SIEVEDIR_ACTIVE_LINK);
+    e = lmtp_sieve_cache_find(ls, &sb);
+    if (e && e->name) {
+        snprintf(scriptname, sizeof(scriptname), "%s", e->name);
+    } else {
+        e = NULL;
+        fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno != ENOENT && errno != ENOTDIR)
+                log_warning("lmtp: sieve script unreadable script=<%s> "
+                            "error=<%s>", buf_cstring(&path),
+                            strerror(errno));
+            goto out;   /* no active script */
+        }
+        n = readlink(buf_cstring(&path), scriptname, sizeof(scriptname) - 1);
+        scriptname[n > 0 ? n : 0] = '\0';
+        if (n <= 0)
+            snprintf(scriptname, sizeof(scriptname), "%s",
+                     SIEVEDIR_ACTIVE_LINK);
+    }
     res->userid = strdup(buf_cstring(&userid));
     if (!res->userid)
         goto tempfail;
     res->outcome = LMTP_SIEVE_DONE;
-    ls->run_tick = ls->tick;
-    {
+    if (!e) {
         /* the compiled form beside the link's target: DIR/NAME.bc */
+        char bcname[sizeof(scriptname)];
         size_t tl = strlen(scriptname), sl = strlen(SIEVEDIR_SUFFIX);
         size_t ll = strlen(SIEVEDIR_ACTIVE_LINK) + 1;
         int named = tl > sl && !strchr(scriptname, '/') &&
@@ -1689,14 +1854,15 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
                     path.len > ll;
 
         if (named) {
-            scriptname[tl - sl] = '\0';
+            memcpy(bcname, scriptname, tl - sl);
+            bcname[tl - sl] = '\0';
             named = buf_setmap(&udir, path.s, path.len - ll) == 0;
         }
-        c = lmtp_sieve_load(ls, fd, buf_cstring(&path),
-                            named ? buf_cstring(&udir) : NULL, scriptname);
-        if (named)
-            scriptname[tl - sl] = SIEVEDIR_SUFFIX[0];
+        e = lmtp_sieve_load(ls, fd, buf_cstring(&path),
+                            named ? buf_cstring(&udir) : NULL,
+                            named ? bcname : NULL, scriptname);
     }
+    c = e ? e->comp : NULL;
     if (!c) {
         log_error("lmtp: sieve script unreadable script=<%s> error=<%s>",
                   buf_cstring(&path), strerror(errno));

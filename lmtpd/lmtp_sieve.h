@@ -5,9 +5,12 @@
  * For a recipient whose mailbox is a user's (INBOX or a +detail folder),
  * the active script (store/sievedir.h: SIEVEDIR/.../USER/defaultbc) is
  * compiled once per process and cached by the script file's (device,
- * inode, size, mtime), LRU-bounded to LMTP_SIEVE_CACHE entries; files
- * holding the same bytes share one compiled script (compiled scripts are
- * immutable, so sharing is safe); it runs
+ * inode, size, mtime, ctime): up to LMTP_SIEVE_FILES files remembered
+ * and LMTP_SIEVE_CACHE compiled texts held, older ones evicted by a
+ * clock (second chance); files holding the same bytes share one compiled
+ * script (compiled scripts are immutable, so sharing is safe).  A
+ * delivery to a user whose script is cached and unchanged costs one
+ * stat() of the link, no open and no read.  The script runs
  * against the staged message with that recipient's envelope.  The
  * result is turned into:
  *   - local targets (keep, fileinto: mailbox, system flags, keywords)
@@ -46,7 +49,8 @@
 #include "store/append.h"
 #include "store/deliver.h"
 
-#define LMTP_SIEVE_CACHE 256
+#define LMTP_SIEVE_CACHE 256     /* compiled texts held per process */
+#define LMTP_SIEVE_FILES 8192     /* script files remembered per process */
 
 struct lmtp_sieve;
 
@@ -62,9 +66,11 @@ struct lmtp_sieve_msg {
     struct append_stage *st;   /* closed stage */
     const char *msgid;         /* Message-ID or NULL */
     const char *servername;
-    /* private: the mapped staging file */
-    void *map;
+    /* private: the message (the stage's buffer, or the staging file
+     * mapped when mapped is set) */
+    const void *map;
     size_t maplen;
+    int mapped;
 };
 
 struct lmtp_sieve_target {

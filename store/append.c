@@ -107,7 +107,8 @@ struct append_stage {
     int error;                   /* sticky: a failed write or TOOBIG */
     int closed;
     int whole;                   /* closed with every byte still in wbuf
-                                    (kept for the journal record) */
+                                    (kept for the journal record and
+                                    for append_stage_bytes()) */
     struct mailbox_msginfo info; /* filled by append_stage_close() */
 };
 
@@ -464,10 +465,11 @@ int append_stage_close(struct append_stage *st)
         return st->error;
     if (st->closed)
         return STORE_INTERNAL;
-    /* all of the message still in the buffer: in journal mode it stays
-     * there for the record (append_commit_journal), which then needs
-     * neither a read back nor a checksum of its own */
-    st->whole = st->wlen == st->size && journal_mode(st->conf);
+    /* all of the message still in the buffer: it stays there, for the
+     * journal record (append_commit_journal, which then needs neither a
+     * read back nor a checksum of its own) and for readers of the
+     * closed message (append_stage_bytes: Sieve reads no file) */
+    st->whole = st->wlen == st->size;
     if ((r = append_stage_flush(st)) != STORE_OK)
         return r;
     if (SHA_DIGEST_LENGTH != MAILBOX_DIGEST_LEN ||
@@ -503,6 +505,14 @@ const struct mailbox_msginfo *append_stage_info(const struct append_stage *st)
 const char *append_stage_path(const struct append_stage *st)
 {
     return st->nparts ? st->parts[0].path : NULL;
+}
+
+const void *append_stage_bytes(const struct append_stage *st, size_t *len_r)
+{
+    if (!st->closed || !st->whole || !st->wbuf)
+        return NULL;
+    *len_r = (size_t)st->size;
+    return st->wbuf;
 }
 
 void append_stage_free(struct append_stage **stp)

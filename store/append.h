@@ -81,6 +81,10 @@ const struct mailbox_msginfo *append_stage_info(const struct append_stage *st);
  * readers of the closed message (lmtpd's Sieve body test).  Read it, never
  * write it. */
 const char *append_stage_path(const struct append_stage *st);
+/* The whole closed message in memory when it fit in the stage's write
+ * buffer (64 KiB; *len_r its size), else NULL: read append_stage_path().
+ * Owned by the stage; read it, never write it. */
+const void *append_stage_bytes(const struct append_stage *st, size_t *len_r);
 /* A closed stage for a message already in the store (IMAP COPY): the
  * message file `msgpath` is hard-linked into the staging directory of
  * `partition` (NULL = defaultpartition) instead of being copied, and

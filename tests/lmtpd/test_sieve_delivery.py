@@ -16,8 +16,12 @@ ereject (550 5.7.1 with the reason), three recipients with three
 different scripts in one transaction, runtime and compile errors
 (implicit keep), duplicatesuppression with fileinto targets, the
 compiled-script cache (an unchanged script is compiled once per worker,
-a changed one again; users with the same text share one), and workers SIGKILLed while delivering with
-scripts (no acknowledged message lost, nothing partial visible).
+a changed one again; users with the same text share one; a cached
+script costs one stat, no open or read, and a message within the
+stage's buffer is not read back; more texts than the cache holds are
+evicted and compiled again, never while running), and workers
+SIGKILLed while delivering with scripts (no acknowledged message lost,
+nothing partial visible).
 
 Environment: see lmtphelp.py (top_builddir, TEST_TMPDIR, LMTP_TESTS,
 LMTP_KEEP).
@@ -25,6 +29,7 @@ LMTP_KEEP).
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -32,7 +37,8 @@ import time
 sys.dont_write_bytecode = True     # no __pycache__ in the source tree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]   # lmtphelp, ../testlib
-from testlib import check, chown_run_as, wait_until  # noqa: E402
+from testlib import (Skip, check, children_of, chown_run_as,  # noqa: E402
+                     cmdline, proc_read, wait_until)
 from lmtphelp import (Conn, Instance, make_message, read_index,  # noqa: E402
                       run_lmtp_tests, transaction)
 
@@ -616,6 +622,163 @@ def test_compiled_form():
         check(not inst.worker_trouble(), "worker trouble")
 
 
+STRACE = "/usr/bin/strace"
+
+
+def _worker(inst):
+    """The one lmtpd of a prefork=1 maxchild=1 instance."""
+    pids = []
+
+    def found():
+        pids[:] = [p for p in children_of(inst.proc.pid, False)
+                   if "lmtpd" in cmdline(p)]
+        return len(pids) == 1
+    check(wait_until(found, 30), "no single lmtpd worker: %r" % pids)
+    return pids[0]
+
+
+def _strace(inst, pid, calls):
+    """strace -y of pid for calls, attached when this returns."""
+    if not os.access(STRACE, os.X_OK):
+        raise Skip("%s not installed" % STRACE)
+    out = inst.path("strace.%d.%f" % (pid, time.time()))
+    p = subprocess.Popen([STRACE, "-qq", "-y", "-s", "300", "-e",
+                          "trace=" + calls, "-o", out, "-p", str(pid)],
+                         stderr=subprocess.PIPE)
+
+    def attached():
+        m = re.search(r"^TracerPid:\s+(\d+)",
+                      (proc_read(pid, "status") or b"").decode(), re.M)
+        return m is not None and int(m.group(1)) == p.pid
+    if not wait_until(lambda: attached() or p.poll() is not None, 60) or \
+            p.poll() is not None:
+        raise Skip("strace cannot attach: %s"
+                   % p.stderr.read().decode(errors="replace"))
+    return p, out
+
+
+def _strace_stop(p, out):
+    if p.poll() is None:
+        p.terminate()
+    p.wait(timeout=60)
+    with open(out) as f:
+        lines = f.read().splitlines()
+    os.unlink(out)
+    return lines
+
+
+def test_cached_lookup():
+    """A delivery to a user whose script is cached and unchanged opens
+    and reads no script file (one stat through the link) and reads no
+    staged file for a message that fits the stage's buffer; a larger
+    message is read from the staging file (its body test still sees its
+    end).  A renamed active script is logged under its new name."""
+    with SieveInstance("sv-lookup", prefork=1, maxchild=1) as inst:
+        inst.create("user.alice.work")
+        inst.create("user.alice.body")
+        inst.script("alice", 'require ["fileinto", "body"];\n'
+                    'if body :text :contains "tail-word" '
+                    '{ fileinto "INBOX.body"; stop; }\n'
+                    'fileinto "INBOX.work";\n')
+        inst.start()
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        pid = _worker(inst)
+        p, out = _strace(inst, pid, "openat,open,readlink,mmap,stat,"
+                                    "newfstatat")
+        try:
+            send(inst, ["alice@test.example"],
+                 make_message(msgid(), body=b"short\r\ntail-word\r\n"))
+        finally:
+            lines = _strace_stop(p, out)
+        script_d = os.path.join(inst.sievedir, "a", "alice")
+        opened = [ln for ln in lines if ("openat(" in ln or "open(" in ln or
+                                         "readlink(" in ln) and
+                  (script_d in ln or "/stage./" in ln and "O_RDONLY" in ln)]
+        check(not opened, "a cached script or the staged message was "
+              "opened: %s" % opened)
+        check(any("stat" in ln and "defaultbc" in ln for ln in lines),
+              "the link was not looked at: %s" % lines[-20:])
+        check(len(inst.messages("user.alice.body")) == 1,
+              "the body test did not see the message")
+
+        # over the stage's 64 KiB buffer: read from the staging file
+        big = b"".join(b"line %06d of a long body\r\n" % i
+                       for i in range(4000)) + b"tail-word\r\n"
+        check(len(big) > 70000, "message not large")
+        send(inst, ["alice@test.example"], make_message(msgid(), body=big))
+        check(len(inst.messages("user.alice.body")) == 2,
+              "the body test did not see the end of a large message")
+        check(len(inst.messages("user.alice.work")) == 1, "not filed")
+
+        # renamed: the same file under a new name (ctime changes)
+        d = script_d
+        os.rename(os.path.join(d, "main.script"),
+                  os.path.join(d, "renamed.script"))
+        os.unlink(os.path.join(d, "defaultbc"))
+        os.symlink("renamed.script", os.path.join(d, "defaultbc"))
+        inst.mark_log()
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        check("script=<renamed.script>" in inst.new_log(),
+              "the new name is not logged: %s" % inst.new_log()[-600:])
+        check(len(inst.messages("user.alice.work")) == 2, "not filed")
+        check(not inst.worker_trouble(), "worker trouble")
+
+
+def test_cache_bound():
+    """More distinct compiled texts than the cache holds (256): nine
+    users whose active scripts (one text) each include 31 scripts of
+    their own, 280 texts.  Every execution runs its own scripts (an entry
+    of the running execution is never evicted), a second round loads
+    again what was evicted (from its stored compiled form), and the worker stays up."""
+    users = USERS + ["gina", "hank", "ivan"]
+    nincl = 31
+    texts = len(users) * nincl + 1
+    with SieveInstance("sv-bound", prefork=1, maxchild=1) as inst:
+        for u in users[len(USERS):]:
+            inst.create("user." + u)
+        for u in users:
+            inst.create("user.%s.work" % u)
+            d = os.path.join(inst.sievedir, u[0], u)
+            text = 'require ["include", "fileinto", "imap4flags"];\n'
+            for i in range(nincl):
+                text += 'include :personal "s%d";\n' % i
+            text += 'if hasflag "\\\\Flagged" { fileinto "INBOX.work"; }\n'
+            inst.script(u, text)
+            for i in range(nincl):
+                last = i == nincl - 1
+                with open(os.path.join(d, "s%d.script" % i), "w") as f:
+                    f.write('require "imap4flags";\n# %s %d\n%s\n'
+                            % (u, i, 'addflag "\\\\Flagged";' if last
+                               else 'keep;'))
+            chown_run_as(d)
+            for n in os.listdir(d):
+                chown_run_as(os.path.join(d, n))
+        inst.start()
+        for rnd in (1, 2):
+            for u in users:
+                per = send(inst, ["%s@test.example" % u],
+                           make_message(msgid()))
+                check(per[0].code == 250, "%s: %r" % (u, per))
+            compiled = inst.log().count("lmtp: sieve compiled")
+            if rnd == 1:
+                # the active scripts share one text
+                check(compiled == texts, "round 1 compiled %d texts, not %d"
+                      % (compiled, texts))
+        # an evicted text comes back from its stored compiled form
+        loaded = inst.log().count("lmtp: sieve loaded compiled")
+        check(compiled == texts and loaded > 0,
+              "nothing evicted with %d texts (compiled %d, loaded %d)"
+              % (texts, compiled, loaded))
+        for u in users:
+            work = inst.messages("user.%s.work" % u)
+            check(len(work) == 2, "%s: %d filed, not 2 (its included "
+                  "scripts did not all run)" % (u, len(work)))
+            check(all(f & FLAG_FLAGGED for f in
+                      flags_of(inst, "user.%s.work" % u)),
+                  "%s: the last included script did not run" % u)
+        check(not inst.worker_trouble(), "worker trouble")
+
+
 CRASH_SCRIPTS = {
     "alice": 'require "fileinto";\nfileinto "INBOX.work";\n',
     "bob": 'require "copy";\nredirect :copy "bob@elsewhere.example";\n',
@@ -767,6 +930,8 @@ TESTS = [
     test_compiled_shared,
     test_crash_during_sieve_deliveries,
     test_compiled_form,
+    test_cached_lookup,
+    test_cache_bound,
 ]
 
 if __name__ == "__main__":
