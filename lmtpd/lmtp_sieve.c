@@ -335,27 +335,31 @@ unsigned long lmtp_sieve_bcloads(const struct lmtp_sieve *ls)
 
 /* ---- the compiled-script cache ------------------------------------------ */
 
-/* Read the whole open file fd into text (at most max + 1 bytes).  0, or
- * -1 (errno set). */
-static int lmtp_sieve_read(int fd, size_t max, struct buf *text)
+/* Read the whole open file fd into text (at most max + 1 bytes); size is
+ * what fstat() said: one read of size + 1 bytes that comes back short is
+ * the whole file (a regular file's short read is its end).  0, or -1
+ * (errno set). */
+static int lmtp_sieve_read(int fd, size_t size, size_t max, struct buf *text)
 {
-    char chunk[8192];
+    size_t want = (size < max ? size : max) + 1;
     ssize_t n;
 
     for (;;) {
-        n = read(fd, chunk, sizeof(chunk));
+        if (buf_ensure(text, want) != 0) {
+            errno = ENOMEM;
+            return -1;
+        }
+        n = read(fd, text->s + text->len, want);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
             return -1;
         if (n == 0)
             return 0;
-        if (buf_append(text, chunk, (size_t)n) != 0) {
-            errno = ENOMEM;
-            return -1;
-        }
-        if (text->len > max)
+        text->len += (size_t)n;
+        if (text->len > max || (size_t)n < want)
             return 0;
+        want = 8192;   /* it grew since the fstat: read on */
     }
 }
 
@@ -435,7 +439,8 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
         buf_printf(&err, "script of %lld bytes over sieve_maxscriptsize",
                    (long long)sb.st_size);
     } else {
-        if (lmtp_sieve_read(fd, ls->limits.max_script_size, &text) != 0) {
+        if (lmtp_sieve_read(fd, (size_t)sb.st_size,
+                            ls->limits.max_script_size, &text) != 0) {
             buf_free(&text);
             return NULL;
         }
