@@ -367,8 +367,9 @@ EOF
 #   ran (srv_sieve_check);
 # filing-own: the same rules, but rule 18 names the user, so that every
 #   user's text is different (nothing shared between users' scripts);
-# vacation: an auto-reply to each message (the load sends one message
-#   per user from one sender: one reply per message), with the user's
+# vacation: an auto-reply to each message (the load gives each message
+#   a sender of its own, mailbench --from-each: one reply per message,
+#   however many a user gets), with the user's
 #   address in :addresses as webmail filter editors write it (Cyrus's
 #   lmtpd answers only mail whose To/Cc names the envelope recipient as
 #   it sees it, the bare user name here, or one of :addresses).

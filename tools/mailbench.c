@@ -865,7 +865,7 @@ static void mailbench_usage(FILE *f)
 "common: -c N conns (10)  -q  --json FILE  --csv FILE  --plot FILE.png\n"
 "  --label TEXT  --seed N  --timeout SECONDS (60)\n"
 "lmtp: -n N msgs (2000)  -s BYTES (13870)  -r R rcpts (1)  -m M mailboxes (n)\n"
-"  --user FMT (u%%04d)  --domain D (example.com)  --from ADDR\n"
+"  --user FMT (u%%04d)  --domain D (example.com)  --from ADDR  --from-each\n"
 "  --dup PCT (0)  --lhlo NAME  -k (one connection per message)\n"
 "  --lmtp-rate MSGS_PER_S (as fast as the server takes them)\n"
 "imap: --sessions N (10)  --imap-n N (100)  --users K (100)  --password P\n"
@@ -983,7 +983,7 @@ static int mailbench_check_user_fmt(const char *fmt)
 enum {
     OPT_LMTP = 256, OPT_IMAP, OPT_LMTP_TLS, OPT_IMAP_TLS, OPT_LMTP_STARTTLS,
     OPT_IMAP_STARTTLS, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_LABEL, OPT_SEED,
-    OPT_USER, OPT_DOMAIN, OPT_FROM, OPT_DUP, OPT_LHLO, OPT_SESSIONS,
+    OPT_USER, OPT_DOMAIN, OPT_FROM, OPT_FROM_EACH, OPT_DUP, OPT_LHLO, OPT_SESSIONS,
     OPT_IMAP_N, OPT_USERS, OPT_PASSWORD, OPT_AUTH, OPT_MIX, OPT_OPS,
     OPT_VERIFY, OPT_DEDUP, OPT_TIMEOUT, OPT_LMTP_RATE, OPT_HELP
 };
@@ -1003,6 +1003,7 @@ static const struct option mailbench_longopts[] = {
     { "user", required_argument, NULL, OPT_USER },
     { "domain", required_argument, NULL, OPT_DOMAIN },
     { "from", required_argument, NULL, OPT_FROM },
+    { "from-each", no_argument, NULL, OPT_FROM_EACH },
     { "dup", required_argument, NULL, OPT_DUP },
     { "lmtp-rate", required_argument, NULL, OPT_LMTP_RATE },
     { "lhlo", required_argument, NULL, OPT_LHLO },
@@ -1141,6 +1142,7 @@ static int mailbench_parse_args(struct mb_options *o, int argc, char **argv)
         case OPT_USER: o->user_fmt = optarg; break;
         case OPT_DOMAIN: o->domain = optarg; break;
         case OPT_FROM: o->from = optarg; break;
+        case OPT_FROM_EACH: o->from_each = 1; break;
         case OPT_DUP: {
             char *end;
 

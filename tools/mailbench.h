@@ -75,6 +75,7 @@ struct mb_options {
     unsigned rcpts;             /* -r */
     unsigned long mailboxes;    /* -m (0 = msgs) */
     const char *user_fmt, *domain, *from, *lhlo;
+    int from_each;              /* --from-each: sender mN.FROM per message */
     double dup_pct;
     double lmtp_rate;           /* --lmtp-rate: messages/s, 0 = as fast
                                  * as the server takes them */

@@ -356,7 +356,11 @@ static void mailbench_lmtp_next(struct mb_conn *c)
     m->next_rcpt = 0;
     memset(m->code, 0, run->opt.rcpts * sizeof(int));
     m->t_mail = m->t_cmd = run->now;
-    mailbench_conn_printf(c, "MAIL FROM:<%s>\r\n", run->opt.from);
+    if (run->opt.from_each)   /* a sender of its own (vacation's memory) */
+        mailbench_conn_printf(c, "MAIL FROM:<m%lu.%s>\r\n", m->src,
+                              run->opt.from);
+    else
+        mailbench_conn_printf(c, "MAIL FROM:<%s>\r\n", run->opt.from);
     if (c->pipelining) {
         for (unsigned j = 0; j < run->opt.rcpts; j++)
             mailbench_lmtp_send_rcpt(c, j);
