@@ -66,6 +66,74 @@ int log_to_journal(void)
     return log_journal;
 }
 
+/* Lines held by log_hold() (stderr and file targets): one buffer, the
+ * descriptor its lines go to, and the process that holds (a child
+ * forked meanwhile writes its own lines at once). */
+static char log_held[16384];
+static size_t log_heldlen;
+static int log_held_fd = -1;
+static pid_t log_holder;
+
+static void log_write_all(int fd, const char *p, size_t n)
+{
+    size_t off;
+    ssize_t w;
+
+    for (off = 0; off < n; off += (size_t)w) {
+        w = write(fd, p + off, n - off);
+        if (w < 0 && errno == EINTR)
+            w = 0;
+        else if (w <= 0)
+            return;
+    }
+}
+
+static void log_held_flush(void)
+{
+    if (log_heldlen)
+        log_write_all(log_held_fd, log_held, log_heldlen);
+    log_heldlen = 0;
+}
+
+/* One whole line (with its newline) to fd: held while log_hold() is on
+ * in this process, else written at once. */
+static void log_out(int fd, const char *line, size_t n)
+{
+    if (log_holder && log_holder == procid_get()) {
+        if (fd != log_held_fd || log_heldlen + n > sizeof(log_held))
+            log_held_flush();
+        log_held_fd = fd;
+        if (n <= sizeof(log_held)) {
+            memcpy(log_held + log_heldlen, line, n);
+            log_heldlen += n;
+            return;
+        }
+    }
+    log_write_all(fd, line, n);
+}
+
+static void log_release_at_exit(void)
+{
+    log_release();
+}
+
+void log_hold(void)
+{
+    static int registered;
+
+    if (!registered && atexit(log_release_at_exit) == 0)
+        registered = 1;   /* an exit() while holding still writes them */
+    log_holder = procid_get();
+}
+
+void log_release(void)
+{
+    if (log_holder && log_holder == procid_get())
+        log_held_flush();
+    log_holder = 0;
+    log_heldlen = 0;
+}
+
 /* One line to stderr: "prog[pid]: level: text", with the sd-daemon(3)
  * priority prefix "<N>" first when stderr is journald's stream. */
 static size_t log_put(char *out, size_t n, size_t outlen, const char *s)
@@ -84,8 +152,7 @@ static void log_stderr_write(int prio, const char *level, const char *text,
                              int withpid)
 {
     char out[LOG_SAFE_MAX + 128], num[24];
-    size_t n = 0, off;
-    ssize_t w;
+    size_t n = 0;
 
     if (log_to_journal()) {
         snprintf(num, sizeof(num), "<%d>", prio & 7);
@@ -101,13 +168,7 @@ static void log_stderr_write(int prio, const char *level, const char *text,
     n = log_put(out, n, sizeof(out), ": ");
     n = log_put(out, n, sizeof(out), text);
     out[n++] = '\n';   /* log_put() keeps a byte for it */
-    for (off = 0; off < n; off += (size_t)w) {
-        w = write(STDERR_FILENO, out + off, n - off);
-        if (w < 0 && errno == EINTR)
-            w = 0;
-        else if (w <= 0)
-            return;
-    }
+    log_out(STDERR_FILENO, out, n);
 }
 
 /* 1 when something accepts connections on /dev/log (datagram, as
@@ -222,8 +283,7 @@ static void log_file_write(const char *level, const char *line)
         n = sizeof(out) - 1;
         out[n - 1] = '\n';
     }
-    while (write(log_file_fd, out, (size_t)n) < 0 && errno == EINTR)
-        ;
+    log_out(log_file_fd, out, (size_t)n);
 }
 
 void log_set_debug(int on)
@@ -352,6 +412,7 @@ void log_fatal(int code, const char *fmt, ...)
 {
     va_list ap;
 
+    log_release();   /* what was held goes out before the end */
     va_start(ap, fmt);
     log_vemit(LOG_CRIT, "fatal", fmt, ap);
     va_end(ap);

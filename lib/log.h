@@ -84,6 +84,17 @@ void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Hold this process's lines (stderr and file targets; syslog is not
+ * held) from log_hold() until log_release(), which writes them with one
+ * write(2): the lines of one event (lmtpd: every recipient's and the
+ * delivery's of one message) cost one system call, and reach the log
+ * together, whole.  At most 16 KiB are held (more goes out at once, in
+ * order); a child forked meanwhile writes its own lines at once;
+ * log_fatal() releases first.  Lines held when the process is killed
+ * are lost: hold only across work that ends in a reply. */
+void log_hold(void);
+void log_release(void);
+
 /* Log and exit(code).  For main() and the master only. */
 void log_fatal(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3), noreturn));

@@ -1076,6 +1076,10 @@ static void lmtp_msg_finish(struct lmtp_session *s)
     lmtp_msg_end(s);
     /* a delivery blocks on the commit: send what is queued first */
     prot_flush(s->p);
+    /* the lines of this message (Sieve's, every recipient's, the
+     * delivery's) go to the log together, with one write, before any
+     * reply leaves (the replies are flushed after this returns) */
+    log_hold();
     if (m->err == MSG_OK) {
         r = append_stage_close(m->st);
         if (r == STORE_TOOBIG)
@@ -1165,6 +1169,7 @@ static void lmtp_msg_finish(struct lmtp_session *s)
              (unsigned long)stored, (unsigned long)dups,
              (unsigned long)failed, cmsgid, s->conn->peer,
              fixed ? " reason=<" : "", fixed ? fixed : "", fixed ? ">" : "");
+    log_release();
     free(dr);
     buf_free(&msgid);
     lmtp_txn_reset(s);

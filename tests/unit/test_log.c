@@ -2,7 +2,9 @@
  * test_log.c - unit tests of lib/log.c: log_escape (what is kept, what is
  * escaped, a cut never splits an escape) and the emitter (a line to
  * stderr whose %s carries CR, LF, other controls, 8-bit bytes and a NUL
- * comes out as one line of printable ASCII; an overlong line is cut).
+ * comes out as one line of printable ASCII; an overlong line is cut;
+ * held lines go out together at the release, in order, and a child's at
+ * once).
  */
 #include "config.h"
 
@@ -13,10 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "lib/log.h"
+#include "lib/procid.h"
 
 static void expect_escape(const char *in, size_t len, const char *want)
 {
@@ -188,6 +193,77 @@ static void test_prefix(void **state)
     free(data);
 }
 
+/* stderr's size so far (the capture's file) */
+static long stderr_size(void)
+{
+    off_t end = lseek(2, 0, SEEK_END);
+
+    return (long)end;
+}
+
+static void emit_held(void)
+{
+    long before;
+    pid_t pid;
+    int status;
+    char big[3000];
+
+    log_init("test_log", LOG_TO_STDERR);
+    log_hold();
+    before = stderr_size();
+    log_info("held one");
+    log_warning("held two");
+    /* nothing written while held */
+    assert_int_equal(stderr_size(), before);
+    /* a child forked meanwhile writes its line at once */
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        log_info("child line");
+        _exit(stderr_size() > before ? 0 : 1);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    before = stderr_size();
+    /* more than the 16 KiB held: the earlier lines go out first */
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    for (int i = 0; i < 8; i++)
+        log_info("big %d %s", i, big);
+    assert_true(stderr_size() > before);
+    log_info("held last");
+    log_release();
+    log_info("after release");
+}
+
+static void test_hold(void **state)
+{
+    size_t len;
+    char *data, *one, *two, *child, *b0, *b7, *last, *after;
+
+    (void)state;
+    data = capture_stderr(emit_held, &len);
+    one = strstr(data, "info: held one\n");
+    two = strstr(data, "warning: held two\n");
+    child = strstr(data, "info: child line\n");
+    b0 = strstr(data, "info: big 0 ");
+    b7 = strstr(data, "info: big 7 ");
+    last = strstr(data, "info: held last\n");
+    after = strstr(data, "info: after release\n");
+    assert_non_null(one);
+    assert_non_null(two);
+    assert_non_null(child);
+    assert_non_null(b0);
+    assert_non_null(b7);
+    assert_non_null(last);
+    assert_non_null(after);
+    /* the child's line first (written at once), then the held ones in
+     * order, then the line after the release */
+    assert_true(child < one && one < two && two < b0 && b0 < b7 &&
+                b7 < last && last < after);
+    free(data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -196,6 +272,7 @@ int main(void)
         cmocka_unit_test(test_emit_escapes),
         cmocka_unit_test(test_emit_long),
         cmocka_unit_test(test_prefix),
+        cmocka_unit_test(test_hold),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
