@@ -485,10 +485,13 @@ if g:
       "the flagged messages (IMAP SEARCH FLAGGED in every INBOX) or the "
       "replies are counted: a count that is not the number of delivered "
       "messages marks the run (!). Each run delivers %s messages to the "
-      "%s users; each round runs the scripts in a rotated order. "
+      "%s users; each round runs the scripts in a rotated order, each "
+      "script's run paired with a run without a script on the same server "
+      "right before it (odd rounds) or after it (even rounds); the *no "
+      "script* row is every pair's run without one. "
       "*vs no script*: the median over rounds "
-      "of the rate with the script divided by the same server's rate "
-      "without one in the same round." % (fmt(meta.get("sievemsgs")),
+      "of the rate with the script divided by the rate of its pair." % (
+          fmt(meta.get("sievemsgs")),
                                             fmt(meta.get("users"))))
     w("")
     rat = [b for b in vs if b != "ours"] if "ours" in vs else []
@@ -937,12 +940,15 @@ if has_server ours; then
     fi
 fi
 
-# Sieve: every server with the same scripts, round by round, every
-# script in turn, every server in turn; the checks are in cell().  Each
-# round starts one script further on (round 1: none first, round 2:
-# filing first, ...), so that no script always runs in the same place
-# after the same others (the file system slows as a round creates
-# files: a fixed order put "no script" first every time).
+# Sieve: every server with the same scripts.  Each script's run is
+# paired with a run without one on the same server right beside it
+# (before it in odd rounds, after it in even ones), and the ratio is
+# taken within the pair: the file system slows as a round creates files,
+# so runs far apart in a round differ by more than the 10% to be seen.
+# The scripts' order rotates from round to round.  A pair's cells share
+# the round number ROUND * 10 + the script's place in skinds (the "no
+# script" row holds every pair's run without a script); the checks are
+# in cell().
 if has sieve; then
     declare -A stpl=()
     skinds=("none|no script" "filing|20-rule filing" "filing-own|20-rule filing, one text per user" "vacation|vacation" "vacation-smtp|vacation, SMTP to a sink")
@@ -960,15 +966,23 @@ if has sieve; then
             stpl[$s:$k]=$t
         done
     done
+    nk=${#skinds[@]}
     for ((r = 1; r <= runs; r++)); do
-        nk=${#skinds[@]}
-        for ((ki = 0; ki < nk; ki++)); do
-            kv=${skinds[(ki + r - 1) % nk]}
+        for ((ki = 0; ki < nk - 1; ki++)); do
+            kn=$((1 + (ki + r - 1) % (nk - 1)))   # skinds[0] is "none"
+            kv=${skinds[kn]}
             k=${kv%%|*}
             for s in $servers; do
-                [[ -n ${stpl[$s:$k]:-} ]] || continue
-                cell_sieve=$k cell sieve "${kv#*|}" "$s" "${stpl[$s:$k]}" 40 "$r" lmtp \
-                    -n "$sievemsgs" -m "$BENCH_USERS" --from-each
+                [[ -n ${stpl[$s:$k]:-} && -n ${stpl[$s:none]:-} ]] || continue
+                for side in 1 2; do
+                    if (( (side == 1) == (r % 2 == 1) )); then
+                        cell_sieve=none cell sieve "${skinds[0]#*|}" "$s" "${stpl[$s:none]}" \
+                            40 $((r * 10 + kn)) lmtp -n "$sievemsgs" -m "$BENCH_USERS" --from-each
+                    else
+                        cell_sieve=$k cell sieve "${kv#*|}" "$s" "${stpl[$s:$k]}" \
+                            40 $((r * 10 + kn)) lmtp -n "$sievemsgs" -m "$BENCH_USERS" --from-each
+                    fi
+                done
             done
         done
     done
