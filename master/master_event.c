@@ -32,6 +32,7 @@ struct event {
     double next;                    /* when to run next */
     int delay;                      /* DAEMON restart delay */
     int removed;
+    int signalled;                  /* the master sent it SIGTERM */
     struct event *next_ev;
 };
 
@@ -234,6 +235,7 @@ void master_event_run(double now, double *deadline)
                     ev->pid = master_service_forkexec(argv, -1, -1, -1, 0,
                                                       event_env());
                     ev->started = now;
+                    ev->signalled = 0;
                     if (ev->pid > 0)
                         log_info("event=<%s> started pid=<%d>", ev->name,
                                  (int)ev->pid);
@@ -256,7 +258,11 @@ int master_event_reaped(pid_t pid, int wstatus, double now)
     for (ev = events; ev; ev = ev->next_ev) {
         if (ev->pid != pid) continue;
         ev->pid = 0;
-        if (WIFSIGNALED(wstatus))
+        if (WIFSIGNALED(wstatus) && ev->signalled &&
+            WTERMSIG(wstatus) == SIGTERM)
+            log_info("event=<%s> pid=<%d> stopped signal=<%d> (%s)",
+                     ev->name, (int)pid, SIGTERM, master_signame(SIGTERM));
+        else if (WIFSIGNALED(wstatus))
             log_warning("event=<%s> pid=<%d> crashed signal=<%d> (%s)",
                         ev->name, (int)pid, WTERMSIG(wstatus),
                         master_signame(WTERMSIG(wstatus)));
@@ -294,7 +300,11 @@ void master_event_killall(int sig)
     struct event *ev;
 
     for (ev = events; ev; ev = ev->next_ev)
-        if (ev->pid > 0) kill(ev->pid, sig);
+        if (ev->pid > 0) {
+            if (sig == SIGTERM)
+                ev->signalled = 1;   /* its end is a stop, not a crash */
+            kill(ev->pid, sig);
+        }
 }
 
 size_t master_event_nchildren(void)

@@ -1004,6 +1004,27 @@ def test_events_scheduled():
         stop_checked(m)
 
 
+def test_event_stopped_at_shutdown():
+    """An EVENTS child still running when the master shuts down ends by
+    the master's SIGTERM: logged as stopped, not as a crash (a slow
+    checkpoint at a test's end read as worker trouble)."""
+    with Master("evstop") as m:
+        sock = m.path("echo.sock")
+        m.write_conf(services_conf(
+            service_line("echo", "testsvc echo", sock, prefork=1),
+            events=['  longjob cmd="/bin/sleep 120" period=30\n']))
+        m.start()
+        check(wait_until(lambda: "event=<longjob> started pid=" in m.log(),
+                         EVENT_S), "the event did not start")
+        stop_checked(m)
+        log = m.log()
+        check(re.search(r"event=<longjob> pid=<\d+> stopped signal=<15>",
+                        log), "no 'stopped signal=<15>' line: %s"
+              % log[-600:])
+        check("crashed" not in log,
+              "the stop was logged as a crash: %s" % log[-600:])
+
+
 def test_masterstatus_tool():
     with Master("mstatus") as m:
         sock = m.path("echo.sock")
@@ -1268,6 +1289,7 @@ def test_no_syslog_falls_back_to_stderr():
 
 TESTS = [
     test_events_scheduled,
+    test_event_stopped_at_shutdown,
     test_prefork_ready_at_start,
     test_maxchild_50_clients,
     test_sigkill_child_replaced,
