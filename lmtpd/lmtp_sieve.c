@@ -258,11 +258,13 @@ static struct lmtp_sieve_cached *lmtp_sieve_cache_find(struct lmtp_sieve *ls,
     return NULL;
 }
 
-/* A free entry: the clock hand passes over entries used since it last
- * came by (clearing their mark) and over those of the execution in
- * progress, and takes the first other one.  NULL when every entry is
- * in use by the execution. */
-static struct lmtp_sieve_cached *lmtp_sieve_cache_victim(struct lmtp_sieve *ls)
+/* The clock: the hand passes over entries used since it last came by
+ * (clearing their mark) and over those of the execution in progress,
+ * and drops the first other one and returns it; with take_free, an
+ * unused entry is taken as it is.  NULL after two whole turns without
+ * one (every entry in use by the execution, or none to drop). */
+static struct lmtp_sieve_cached *lmtp_sieve_clock(struct lmtp_sieve *ls,
+                                                  int take_free)
 {
     size_t n;
 
@@ -270,8 +272,11 @@ static struct lmtp_sieve_cached *lmtp_sieve_cache_victim(struct lmtp_sieve *ls)
         struct lmtp_sieve_cached *c = &ls->cache[ls->hand];
 
         ls->hand = (ls->hand + 1) % LMTP_SIEVE_FILES;
-        if (!c->valid)
-            return c;
+        if (!c->valid) {
+            if (take_free)
+                return c;
+            continue;
+        }
         if (c->used > ls->run_tick)
             continue;   /* a script of the running execution */
         if (c->ref) {
@@ -282,28 +287,6 @@ static struct lmtp_sieve_cached *lmtp_sieve_cache_victim(struct lmtp_sieve *ls)
         return c;
     }
     return NULL;
-}
-
-/* Make room for one more compiled text: entries go, by the clock, until
- * fewer than LMTP_SIEVE_CACHE texts are held or a whole turn freed none
- * (every text in use by the execution: it stays over the bound). */
-static void lmtp_sieve_cache_trim(struct lmtp_sieve *ls)
-{
-    size_t n;
-
-    for (n = 0; ls->ncomps >= LMTP_SIEVE_CACHE && n < 2 * LMTP_SIEVE_FILES;
-         n++) {
-        struct lmtp_sieve_cached *c = &ls->cache[ls->hand];
-
-        ls->hand = (ls->hand + 1) % LMTP_SIEVE_FILES;
-        if (!c->valid || c->used > ls->run_tick)
-            continue;
-        if (c->ref) {
-            c->ref = 0;
-            continue;
-        }
-        lmtp_sieve_cache_drop(ls, c);
-    }
 }
 
 void lmtp_sieve_free(struct lmtp_sieve **lsp)
@@ -455,7 +438,11 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
     if (!k) {
         const char *why = NULL;
 
-        lmtp_sieve_cache_trim(ls);
+        /* room for one more compiled text: entries go until fewer than
+         * LMTP_SIEVE_CACHE are held (or none can go: the bound is then
+         * passed while the execution holds them) */
+        while (ls->ncomps >= LMTP_SIEVE_CACHE && lmtp_sieve_clock(ls, 0))
+            ;
         k = calloc(1, sizeof(*k));
         if (!k) {
             buf_free(&text);
@@ -505,7 +492,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
         ls->ncomps++;
     }
     k->refs++;   /* before the victim's drop, which may free a text */
-    victim = lmtp_sieve_cache_victim(ls);
+    victim = lmtp_sieve_clock(ls, 1);
     if (!victim) {
         /* every entry belongs to the running execution */
         if (--k->refs == 0)
