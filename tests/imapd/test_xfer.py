@@ -594,7 +594,8 @@ def test_big():
                     ("messages", str(n + acked))):
         check(field(info_after, f) == want, "alpha's user.big %s: %s, want "
               "%s" % (f, field(info_after, f), want))
-    check(mailboxes("beta", "big") == [], "beta kept big")
+    check(mailboxes("beta", "big") == [], "beta kept big; cyr_user said: "
+          "%s %s" % (out, err.decode(errors="replace")))
 
 
 def test_delete():
