@@ -118,7 +118,11 @@ static int xfer_inbox(const char *userid, struct buf *inbox)
     return r;
 }
 
-/* The stamp of the mailboxes as they are (mbtool_xfer.h). */
+/* The stamp of the mailboxes as they are (mbtool_xfer.h): every change a
+ * purge could lose raises HIGHESTMODSEQ (a message made visible, a flag
+ * change, an expunge); UIDNEXT is not in it, as a reservation aborted
+ * after the dump (a delivery whose RCPT came before the "moving" mark,
+ * turned away with 451 at DATA) consumes a UID and stores nothing. */
 static int xfer_stamp(const struct imapconf *conf, const struct xfer_tree *t,
                       uint32_t *stamp_r)
 {
@@ -135,8 +139,8 @@ static int xfer_stamp(const struct imapconf *conf, const struct xfer_tree *t,
             r = mailbox_lock(mb, MAILBOX_LOCK_SHARED);
         if (r == STORE_OK) {
             h = mailbox_get_header(mb);
-            buf_printf(&text, "%s %" PRIu32 " %" PRIu64 "\n",
-                       t->names.data[i], h->uidnext, h->highestmodseq);
+            buf_printf(&text, "%s %" PRIu64 "\n", t->names.data[i],
+                       h->highestmodseq);
             mailbox_unlock(mb);
         }
         mailbox_close(&mb);

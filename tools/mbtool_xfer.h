@@ -39,9 +39,11 @@
  *   END MAILBOXES MESSAGES STAMP
  * Names are internal names (no spaces, store/mboxname.h).  Expunged
  * messages are not dumped.  STAMP is the CRC-32C of the lines "NAME
- * UIDNEXT HIGHESTMODSEQ LF" of the mailboxes, in hex: user-purge -s
- * compares it with the mailboxes as they are, so a message that reached
- * the old backend after the dump is never removed with it.
+ * HIGHESTMODSEQ LF" of the mailboxes, in hex: user-purge -s compares it
+ * with the mailboxes as they are, so a message that reached the old
+ * backend after the dump is never removed with it (every visible change
+ * raises HIGHESTMODSEQ; a reservation aborted after the dump, which
+ * consumes a UID and stores nothing, does not).
  */
 #ifndef TOOLS_MBTOOL_XFER_H
 #define TOOLS_MBTOOL_XFER_H

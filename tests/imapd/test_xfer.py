@@ -20,8 +20,9 @@ tests/tierhelp.py's.
             explicit backend is honoured
   marks     a user marked "moving" on its backend: deliveries through the
             frontend and straight to the backend get 451 4.2.1, a DATA
-            whose RCPT came before the mark 451 with nothing stored, a
-            login at the backend NO [UNAVAILABLE], a session open
+            whose RCPT came before the mark 451 with nothing stored and
+            the user's stamp unchanged (the purge of a move not refused
+            by a delivery it turned away), a login at the backend NO [UNAVAILABLE], a session open
             (through the frontend) before the mark BYE at its next
             command; marked "moved": 451 4.2.1; unmarked, 250 again
   move      a user with messages in two folders, flags, keywords, \\Seen,
@@ -285,11 +286,19 @@ def test_marks():
             r = c.cmd("RCPT TO:<gina>")
             check(r.code == 250, "RCPT before the mark: %r" % r)
             B["beta"].mbtool("user-mark", "gina", "moving")
+            stamp = B["beta"].mbtool("user-stamp", "gina")[1].strip()
             check(c.cmd("DATA").code == 354, "DATA")
             c.send(dot_stuff(make_message(msgid="race@test")))
             r = c.replies(1)[0]
             check(r.code == 451, "DATA after the mark: %r" % r)
         check(B["beta"].count("user.gina") == n0, "stored after the mark")
+        # the reservation it aborted consumed a UID but stored nothing: a
+        # dump's stamp taken before still holds (the move's purge of the
+        # old copy is not refused by a delivery it turned away)
+        after = B["beta"].mbtool("user-stamp", "gina")[1].strip()
+        check(re.fullmatch(r"[0-9a-f]{8}", stamp) and after == stamp,
+              "stamp changed by an aborted delivery: %r -> %r"
+              % (stamp, after))
         B["beta"].mbtool("user-mark", "gina", "moved", "alpha")
         r, _ = backend_deliver("beta", "gina", make_message(msgid="m3@test"))
         check(r.code == 451 and "4.2.1" in str(r), "moved: %r" % r)
