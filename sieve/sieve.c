@@ -102,6 +102,7 @@ void sieve_limits_default(struct sieve_limits *l)
     l->max_match_len = 64 * 1024;
     l->max_match_steps = 10000000UL;
     l->max_headers = 1024;
+    l->max_regex_cost = 1000000UL;
 }
 
 void sieve_limits_merge(struct sieve_limits *out,
@@ -123,6 +124,7 @@ void sieve_limits_merge(struct sieve_limits *out,
     TAKE(max_match_len);
     TAKE(max_match_steps);
     TAKE(max_headers);
+    TAKE(max_regex_cost);
 #undef TAKE
 }
 

@@ -117,6 +117,13 @@ struct sieve_limits {
                                      passed [10,000,000] */
     unsigned max_headers;         /* values fetched for one header name
                                      [1024]; more are ignored */
+    unsigned long max_regex_cost; /* :regex keys: the sum over a script of
+                                     the square of each key's positions
+                                     once its repetitions are expanded
+                                     (x{1,100}: 100 positions), about 8
+                                     bytes of compiled form per unit; a
+                                     key built at run time over it is a
+                                     runtime error [1,000,000] */
 };
 
 /* Fill *l with the defaults (the bracketed values above). */

@@ -323,6 +323,7 @@ struct dec {
     size_t chunk_size;            /* of the next chunk */
     const char *why;
     int rc;
+    unsigned long regex_cost;     /* of the keys compiled so far */
 };
 
 static int dec_fail(struct dec *d, const char *why)
@@ -488,10 +489,16 @@ static int dec_regex(struct dec *d, struct sv_str *s, int casemap)
 {
     struct sv_regex *r;
     int flags = REG_EXTENDED | (casemap ? REG_ICASE : 0);
+    unsigned long cost;
 
-    if (s->has_var || sieve_regex_has_backref(s->s, s->len) ||
-        strlen(s->s) != s->len)
+    if (s->has_var || strlen(s->s) != s->len)
         return dec_fail(d, "corrupt: bad regex key");
+    /* refused or over the limit: a limit lowered since the compile (the
+     * text is compiled again and says why) */
+    if (sieve_regex_refusal(s->s, s->len, d->s->limits.max_regex_cost,
+                            &cost) ||
+        (d->regex_cost += cost) > d->s->limits.max_regex_cost)
+        return dec_fail(d, "stale: a regex key over max_regex_cost");
     r = dec_alloc(d, sizeof(*r));
     if (!r)
         return -1;
@@ -790,6 +797,7 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
     d.chunk_size = 8 * (len - SIEVE_BC_HEADER) + 1024;
     d.why = NULL;
     d.rc = SIEVE_OK;
+    d.regex_cost = 0;
     if (dec_count(&d, &n) == 0) {
         for (i = 0; i < n; i++) {
             char *name;

@@ -15,6 +15,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +190,7 @@ struct checker {
     struct buf *errmsg;
     int rc;
     unsigned char enabled[EXT_COUNT];
+    unsigned long regex_cost;     /* of the keys compiled so far */
 };
 
 static int cerr(struct checker *c, unsigned line, const char *fmt, ...)
@@ -476,11 +478,22 @@ static int regex_compile_key(struct checker *c, struct sv_node *n,
 {
     int rc;
     int flags = REG_EXTENDED;
+    unsigned long cost;
+    const char *why;
 
-    if (sieve_regex_has_backref(k->s, k->len))
-        return cerr(c, line, "back-references are not allowed in :regex");
+    /* a key with variables is checked again once expanded (sieve_exec) */
+    why = sieve_regex_refusal(k->s, k->len, k->has_var ? ULONG_MAX :
+                              c->s->limits.max_regex_cost, &cost);
+    if (why)
+        return cerr(c, line, "regular expression \"%s\" refused: %s",
+                    k->s, why);
     if (k->has_var)
         return 0;
+    c->regex_cost += cost;
+    if (c->regex_cost > c->s->limits.max_regex_cost)
+        return cerr(c, line, "the regular expressions of the script are "
+                    "too large together (cost %lu, limit %lu)",
+                    c->regex_cost, c->s->limits.max_regex_cost);
     if (n->comparator == SV_CMP_CASEMAP)
         flags |= REG_ICASE;
     k->re = calloc(1, sizeof(*k->re));

@@ -798,11 +798,21 @@ static int match_values(struct exec *ex, struct frame *fr,
                 re[k] = keys->v[k].re;
                 if (n->match == SV_MATCH_REGEX && !re[k]) {
                     int flags = REG_EXTENDED;
+                    unsigned long cost;
+                    const char *why;
+
                     if (n->comparator == SV_CMP_CASEMAP)
                         flags |= REG_ICASE;
-                    ex->steps += strlen(key) + 1;
-                    if (sieve_regex_has_backref(key, strlen(key)) ||
-                        regcomp(&rx[nrx], key, flags) != 0) {
+                    why = sieve_regex_refusal(key, strlen(key),
+                                              ex->lim->max_regex_cost,
+                                              &cost);
+                    ex->steps += strlen(key) + 1 + (why ? 0 : cost);
+                    if (why) {
+                        rt_error(ex, n->line, "regular expression \"%s\" "
+                                 "refused: %s", key, why);
+                        break;
+                    }
+                    if (regcomp(&rx[nrx], key, flags) != 0) {
                         rt_error(ex, n->line, "invalid regular expression "
                                  "\"%s\"", key);
                         break;

@@ -8,14 +8,18 @@
  * (pattern length + 1) x (value length + 1) steps, never exponential,
  * and each wildcard's capture is the shortest one that lets the rest
  * match, as RFC 5229 3.2 asks.  :contains is a bounded scan.  :regex
- * runs POSIX regexec() on keys checked for back-references (the one
- * feature that makes POSIX matching exponential) and on values no longer
+ * runs POSIX regexec() on keys checked by sieve_regex_refusal() (no
+ * back-references, the one feature that makes POSIX matching
+ * exponential; a bounded size once repetitions are expanded, as the
+ * compiled form's memory grows with its square) and on values no longer
  * than max_match_len.  Each call adds its cost to *steps, and passing
  * max_steps ends the match with an error.
  */
 #include "config.h"
 
 #include <ctype.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,18 +205,160 @@ int sieve_relop_holds(int relop, int c)
     }
 }
 
-int sieve_regex_has_backref(const char *p, size_t len)
+/* The end of the bracket expression opening at p[i] ('['): the index
+ * after its ']' (len when it has none; regcomp() refuses it then). */
+static size_t regex_bracket_end(const char *p, size_t len, size_t i)
 {
-    size_t i;
+    size_t j = i + 1;
 
-    for (i = 0; i + 1 < len; i++) {
-        if (p[i] == '\\') {
-            if (p[i + 1] >= '1' && p[i + 1] <= '9')
-                return 1;
-            i++;
+    if (j < len && p[j] == '^')
+        j++;
+    if (j < len && p[j] == ']')
+        j++;                    /* a ']' first is a member */
+    while (j < len && p[j] != ']') {
+        if (p[j] == '[' && j + 1 < len &&
+            (p[j + 1] == ':' || p[j + 1] == '.' || p[j + 1] == '=')) {
+            char d = p[j + 1];
+
+            for (j += 2; j + 1 < len && !(p[j] == d && p[j + 1] == ']');
+                 j++)
+                ;
+            j += 2;
+        } else {
+            j++;
         }
     }
-    return 0;
+    return j < len ? j + 1 : len;
+}
+
+/* An interval {N}, {N,}, {N,M} or {,M} at p[i]: the index after its '}'
+ * and the copies of the atom before it that regcomp() makes (M, or N+1
+ * for an open one); 0 when it is not an interval (its '{' is a literal
+ * then, or an error regcomp() reports). */
+static size_t regex_interval(const char *p, size_t len, size_t i,
+                             uint64_t *copies_r)
+{
+    uint64_t lo = 0, hi = 0;
+    size_t j = i + 1;
+    int has_lo = 0, has_comma = 0, has_hi = 0;
+
+    for (; j < len && p[j] >= '0' && p[j] <= '9'; j++, has_lo = 1)
+        if (lo < SIEVE_REGEX_SATURATE)
+            lo = lo * 10 + (uint64_t)(p[j] - '0');
+    if (j < len && p[j] == ',') {
+        has_comma = 1;
+        for (j++; j < len && p[j] >= '0' && p[j] <= '9'; j++, has_hi = 1)
+            if (hi < SIEVE_REGEX_SATURATE)
+                hi = hi * 10 + (uint64_t)(p[j] - '0');
+    }
+    if (j >= len || p[j] != '}' || (!has_lo && !has_hi))
+        return 0;
+    if (!has_comma)
+        *copies_r = lo;
+    else if (!has_hi)
+        *copies_r = lo + 1;
+    else
+        *copies_r = hi > lo ? hi : lo;
+    if (*copies_r == 0)
+        *copies_r = 1;
+    return j + 1;
+}
+
+static uint64_t regex_sat(uint64_t v)
+{
+    return v > SIEVE_REGEX_SATURATE ? SIEVE_REGEX_SATURATE : v;
+}
+
+const char *sieve_regex_refusal(const char *p, size_t len,
+                                unsigned long max_cost,
+                                unsigned long *cost_r)
+{
+    /* per open group: the positions in it so far, and those of the last
+     * atom (what a repetition copies; 0: nothing to repeat) */
+    struct {
+        uint64_t sum, last;
+    } f[SIEVE_REGEX_MAX_DEPTH + 1];
+    unsigned d = 0;
+    uint64_t n, copies;
+    size_t i = 0, j;
+
+    f[0].sum = f[0].last = 0;
+    if (cost_r)
+        *cost_r = 0;
+#define RX_ATOM(k) (f[d].last = (k), f[d].sum = regex_sat(f[d].sum + (k)))
+    while (i < len) {
+        copies = 0;
+        switch (p[i]) {
+        case '\\':
+            if (i + 1 < len && p[i + 1] >= '1' && p[i + 1] <= '9')
+                return "back-references are not allowed";
+            RX_ATOM(1);
+            i += 2;
+            continue;
+        case '[':
+            RX_ATOM(1);
+            i = regex_bracket_end(p, len, i);
+            continue;
+        case '(':
+            if (d == SIEVE_REGEX_MAX_DEPTH)
+                return "groups nested too deep";
+            d++;
+            f[d].sum = f[d].last = 0;
+            i++;
+            continue;
+        case ')':
+            if (d == 0) {
+                RX_ATOM(1);
+            } else {
+                n = f[d].sum + 1;
+                d--;
+                RX_ATOM(n);
+            }
+            i++;
+            continue;
+        case '|':
+            f[d].last = 0;
+            f[d].sum = regex_sat(f[d].sum + 1);
+            i++;
+            continue;
+        case '*':
+        case '?':
+            copies = 1;
+            j = i + 1;
+            break;
+        case '+':
+            copies = 2;             /* x+ is x x* */
+            j = i + 1;
+            break;
+        case '{':
+            j = regex_interval(p, len, i, &copies);
+            break;
+        default:
+            break;
+        }
+        if (!copies || !f[d].last) {
+            /* a literal (or a repetition of nothing: regcomp's error) */
+            RX_ATOM(1);
+            i++;
+            continue;
+        }
+        n = regex_sat(f[d].last * copies + 1);
+        f[d].sum = regex_sat(f[d].sum - f[d].last + n);
+        f[d].last = n;
+        i = j;
+    }
+    while (d > 0) {                 /* unclosed: regcomp() refuses it */
+        n = f[d].sum + 1;
+        d--;
+        RX_ATOM(n);
+    }
+#undef RX_ATOM
+    n = f[0].sum * f[0].sum;
+    if (cost_r)
+        *cost_r = n > ULONG_MAX ? ULONG_MAX : (unsigned long)n;
+    if (n > max_cost)
+        return "too large once its repetitions are expanded";
+    return NULL;
 }
 
 static int contains(struct sv_matchctx *mc, int casemap, const char *v,

@@ -14,6 +14,7 @@
 
 #include <regex.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "lib/buf.h"
 #include "lib/strarray.h"
@@ -178,7 +179,18 @@ int sieve_relop_holds(int relop, int c);
 int sieve_glob(const char *p, size_t plen, const char *s, size_t slen,
                int casemap, struct strarray *caps, unsigned long *steps,
                unsigned long max_steps);
-/* does a regex pattern contain a back-reference? */
-int sieve_regex_has_backref(const char *p, size_t len);
+/* Why a :regex key may not be given to regcomp() (NULL: it may):
+ * a back-reference, groups nested over SIEVE_REGEX_MAX_DEPTH, or a cost
+ * over max_cost.  The cost (*cost_r, also when refused) is the square of
+ * the positions the key has once every repetition is expanded as glibc
+ * expands it (x{2,4} is x x x? x?, x+ is x x*): the compiled form keeps,
+ * per position, the set of positions reachable from it, about 8 bytes
+ * per unit of cost.  a+++...+ or (a{1,999}){1,999} would take gigabytes
+ * in regcomp(). */
+#define SIEVE_REGEX_MAX_DEPTH 32
+#define SIEVE_REGEX_SATURATE ((uint64_t)1 << 30)
+const char *sieve_regex_refusal(const char *p, size_t len,
+                                unsigned long max_cost,
+                                unsigned long *cost_r);
 
 #endif

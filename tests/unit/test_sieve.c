@@ -1,7 +1,7 @@
 /*
  * test_sieve.c - unit tests of the Sieve library (sieve/): compile errors
  * and their line numbers, every limit of struct sieve_limits, bounded
- * glob matching, temporary failures of callbacks, runtime errors giving
+ * glob matching, the size bound of :regex keys, temporary failures of callbacks, runtime errors giving
  * the implicit keep, reuse of one compiled script, the allowed-extension
  * list, and every prefix and many mutations of a script compiled and run
  * without a crash (run under the sanitizer build too).
@@ -244,6 +244,62 @@ static void test_glob_bounded(void **state)
     free(s);
 }
 
+/* sieve_regex_refusal(): the expanded size glibc's regcomp() would
+ * build, squared, and what it refuses outright */
+static void test_regex_cost(void **state)
+{
+    static const struct {
+        const char *re;
+        unsigned long cost;
+    } ok[] = {
+        { "abc", 9 },
+        { "a+", 9 },                  /* a a* : 3 positions */
+        { "(ab)+", 49 },              /* (ab) is 3, +: 3*2+1 */
+        { "a{1,100}", 101 * 101 },
+        { "a{5,}", 49 },              /* 5 copies and a* */
+        { "a{,3}", 16 },
+        { "[a{]{5}", 36 },            /* a '{' in a bracket is a member */
+        { "[]{]x", 4 },               /* ']' first is a member */
+        { "[[:alpha:]]{2}", 9 },
+        { "a|b", 9 },
+        { "{5}", 9 },                 /* nothing to repeat: literals */
+        { "a{x}", 16 },               /* not an interval */
+        { "[\\1]", 1 },               /* no back-reference in a bracket */
+        { "^[0-9]{1,3}(\\.[0-9]{1,3}){3}$", 0 },
+    };
+    unsigned long cost;
+    char deep[80];
+    size_t i;
+    (void)state;
+
+    for (i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        const char *why = sieve_regex_refusal(ok[i].re, strlen(ok[i].re),
+                                              1000000, &cost);
+        if (why)
+            fail_msg("%s refused: %s", ok[i].re, why);
+        if (ok[i].cost && cost != ok[i].cost)
+            fail_msg("%s: cost %lu, want %lu", ok[i].re, cost, ok[i].cost);
+    }
+    /* the expansions that take gigabytes in regcomp() */
+    assert_non_null(sieve_regex_refusal("a++++++++++++++++++++++++++++",
+                                        28, 1000000, &cost));
+    assert_non_null(sieve_regex_refusal("(a{1,999}){1,999}", 17, 1000000,
+                                        &cost));
+    assert_non_null(sieve_regex_refusal("a{1,1000}{1,1000}", 17, 1000000,
+                                        &cost));
+    assert_non_null(sieve_regex_refusal("x{99999999999999999999}", 23,
+                                        1000000, &cost));
+    assert_null(sieve_regex_refusal("a{1,999}", 8, 1000000, &cost));
+    assert_non_null(sieve_regex_refusal("a{1,999}", 8, 999999, &cost));
+    assert_non_null(sieve_regex_refusal("(a)\\1", 5, 1000000, &cost));
+    memset(deep, '(', 33);
+    deep[33] = 'a';
+    memset(deep + 34, ')', 33);
+    deep[67] = '\0';
+    assert_non_null(sieve_regex_refusal(deep, 67, (unsigned long)-1, &cost));
+    assert_null(sieve_regex_refusal(deep + 1, 65, (unsigned long)-1, &cost));
+}
+
 static void test_limits(void **state)
 {
     struct sieve_limits l;
@@ -321,6 +377,27 @@ static void test_limits(void **state)
     assert_int_equal(run("require \"regex\"; if header :regex \"subject\" "
                          "\"^h\" { discard; }", &l, &out, &err),
                      SIEVE_ERUNTIME);
+    /* regex size: each key alone within, together over */
+    memset(&l, 0, sizeof(l));
+    l.max_regex_cost = 20000;
+    assert_int_equal(run("require \"regex\"; if header :regex \"subject\" "
+                         "\"^h.{1,100}\" { discard; }", &l, &out, &err),
+                     SIEVE_OK);
+    assert_string_equal(buf_cstring(&out), "discard\n");
+    assert_int_equal(compile("require \"regex\"; if header :regex "
+                             "\"subject\" [\"^h.{1,100}\", \"^w.{1,100}\"] "
+                             "{ discard; }", &l, &s, &err), SIEVE_ESYNTAX);
+    assert_non_null(strstr(buf_cstring(&err), "too large together"));
+    assert_int_equal(compile("require \"regex\"; if header :regex "
+                             "\"subject\" \"a{1,200}\" { discard; }", &l, &s,
+                             &err), SIEVE_ESYNTAX);
+    assert_non_null(strstr(buf_cstring(&err), "repetitions are expanded"));
+    /* built at run time: a runtime error, the implicit keep */
+    assert_int_equal(run("require [\"regex\", \"variables\"]; set \"p\" "
+                         "\"a{1,200}\"; if header :regex \"subject\" "
+                         "\"${p}\" { discard; }", &l, &out, &err),
+                     SIEVE_ERUNTIME);
+    assert_string_equal(buf_cstring(&out), "keep implicit\n");
     /* a long script made of many commands still compiles */
     for (i = 0; i < 2000; i++)
         buf_appendcstr(&text, "keep;\n");
@@ -594,6 +671,7 @@ int main(void)
         cmocka_unit_test(test_numbers_and_strings),
         cmocka_unit_test(test_glob_bounded),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_regex_cost),
         cmocka_unit_test(test_callbacks),
         cmocka_unit_test(test_reuse_and_allowed),
         cmocka_unit_test(test_prefixes_and_mutations),
