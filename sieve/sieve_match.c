@@ -12,7 +12,9 @@
  * back-references, the one feature that makes POSIX matching
  * exponential; a bounded size once repetitions are expanded, as the
  * compiled form's memory grows with its square) and on values no longer
- * than max_match_len.  Each call adds its cost to *steps, and passing
+ * than max_match_len; a call costs (value length + 1) x (positions of
+ * the expanded key) steps, as regexec() walks the value once per
+ * position.  Each call adds its cost to *steps, and passing
  * max_steps ends the match with an error.
  */
 #include "config.h"
@@ -269,9 +271,9 @@ static uint64_t regex_sat(uint64_t v)
     return v > SIEVE_REGEX_SATURATE ? SIEVE_REGEX_SATURATE : v;
 }
 
-const char *sieve_regex_refusal(const char *p, size_t len,
-                                unsigned long max_cost,
-                                unsigned long *cost_r)
+/* The positions of the ERE p once its repetitions are expanded, or
+ * why regcomp() may not have it (then NULL is not returned). */
+static const char *regex_size(const char *p, size_t len, uint64_t *size_r)
 {
     /* per open group: the positions in it so far, and those of the last
      * atom (what a repetition copies; 0: nothing to repeat) */
@@ -283,8 +285,7 @@ const char *sieve_regex_refusal(const char *p, size_t len,
     size_t i = 0, j;
 
     f[0].sum = f[0].last = 0;
-    if (cost_r)
-        *cost_r = 0;
+    *size_r = 0;
 #define RX_ATOM(k) (f[d].last = (k), f[d].sum = regex_sat(f[d].sum + (k)))
     while (i < len) {
         copies = 0;
@@ -353,12 +354,23 @@ const char *sieve_regex_refusal(const char *p, size_t len,
         RX_ATOM(n);
     }
 #undef RX_ATOM
-    n = f[0].sum * f[0].sum;
-    if (cost_r)
-        *cost_r = n > ULONG_MAX ? ULONG_MAX : (unsigned long)n;
-    if (n > max_cost)
-        return "too large once its repetitions are expanded";
+    *size_r = f[0].sum;
     return NULL;
+}
+
+const char *sieve_regex_refusal(const char *p, size_t len,
+                                unsigned long max_cost,
+                                unsigned long *cost_r)
+{
+    uint64_t size, cost;
+    const char *why = regex_size(p, len, &size);
+
+    cost = size * size;         /* size <= 2^30 */
+    if (cost_r)
+        *cost_r = cost > ULONG_MAX ? ULONG_MAX : (unsigned long)cost;
+    if (!why && cost > max_cost)
+        why = "too large once its repetitions are expanded";
+    return why;
 }
 
 static int contains(struct sv_matchctx *mc, int casemap, const char *v,
@@ -435,10 +447,21 @@ int sieve_match(struct sv_matchctx *mc, int comparator, int match, int relop,
             mc->error = 2;
             return -1;
         }
-        *mc->steps += vlen + 1;
-        if (*mc->steps > mc->max_steps) {
-            mc->error = 1;
-            return -1;
+        {
+            /* regexec() walks the value once per position of the
+             * expanded key (and keeps a set of positions per byte):
+             * (^(a|b)*a(a|b){200}$ took 16 s and 1.6 GB for a 64 KiB
+             * value) */
+            uint64_t size = 1, cost;
+
+            (void)regex_size(key, klen, &size);
+            cost = ((uint64_t)vlen + 1) * (size ? size : 1);
+            if (*mc->steps > mc->max_steps ||
+                cost > mc->max_steps - *mc->steps) {
+                mc->error = 1;
+                return -1;
+            }
+            *mc->steps += (unsigned long)cost;
         }
         if (!re) {
             mc->error = 3;

@@ -377,6 +377,18 @@ static void test_limits(void **state)
     assert_int_equal(run("require \"regex\"; if header :regex \"subject\" "
                          "\"^h\" { discard; }", &l, &out, &err),
                      SIEVE_ERUNTIME);
+    /* a regexec() costs (value + 1) x positions of the expanded key:
+     * "hello world" is 11 bytes, "^h.{1,100}" 103 positions */
+    memset(&l, 0, sizeof(l));
+    l.max_match_steps = 1000;
+    assert_int_equal(run("require \"regex\"; if header :regex \"subject\" "
+                         "\"^h.{1,10}\" { discard; }", &l, &out, &err),
+                     SIEVE_OK);
+    assert_string_equal(buf_cstring(&out), "discard\n");
+    assert_int_equal(run("require \"regex\"; if header :regex \"subject\" "
+                         "\"^h.{1,100}\" { discard; }", &l, &out, &err),
+                     SIEVE_ERUNTIME);
+    assert_string_equal(buf_cstring(&out), "keep implicit\n");
     /* regex size: each key alone within, together over */
     memset(&l, 0, sizeof(l));
     l.max_regex_cost = 20000;
