@@ -351,26 +351,35 @@ static int dec_nomem(struct dec *d)
 /* n bytes from the script's chunks, NULL when out of memory; zeroed
  * unless raw (only what is handed out is zeroed: a chunk is larger than
  * most trees need) */
-static void *dec_alloc_raw(struct dec *d, size_t n, int raw)
+/* a new chunk of at least n bytes at the head of the list, NULL when out
+ * of memory */
+static struct sv_chunk *dec_chunk_new(struct dec *d, size_t n)
+{
+    size_t size = d->chunk_size > n ? d->chunk_size : n;
+    struct sv_chunk *c = malloc(DEC_CHUNK_HEAD + size);
+
+    if (!c) {
+        dec_nomem(d);
+        return NULL;
+    }
+    c->size = size;
+    c->used = 0;
+    c->next = d->s->chunks;
+    d->s->chunks = c;
+    if (d->chunk_size < (1u << 20))
+        d->chunk_size *= 2;
+    return c;
+}
+
+static inline void *dec_alloc_raw(struct dec *d, size_t n, int raw)
 {
     struct sv_chunk *c = d->s->chunks;
     void *p;
 
     n = (n + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1);
-    if (!c || c->size - c->used < n) {
-        size_t size = d->chunk_size > n ? d->chunk_size : n;
-        c = malloc(DEC_CHUNK_HEAD + size);
-        if (!c) {
-            dec_nomem(d);
-            return NULL;
-        }
-        c->size = size;
-        c->used = 0;
-        c->next = d->s->chunks;
-        d->s->chunks = c;
-        if (d->chunk_size < (1u << 20))
-            d->chunk_size *= 2;
-    }
+    if (__builtin_expect(!c || c->size - c->used < n, 0) &&
+        !(c = dec_chunk_new(d, n)))
+        return NULL;
     p = (char *)c + DEC_CHUNK_HEAD + c->used;
     c->used += n;
     if (!raw)
@@ -378,7 +387,7 @@ static void *dec_alloc_raw(struct dec *d, size_t n, int raw)
     return p;
 }
 
-static void *dec_alloc(struct dec *d, size_t n)
+static inline void *dec_alloc(struct dec *d, size_t n)
 {
     return dec_alloc_raw(d, n, 0);
 }
