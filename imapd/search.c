@@ -167,6 +167,8 @@ static int charset_append(enum cs cs, const char *s, size_t len,
 {
     size_t i;
 
+    if (len == 0)
+        return 0;           /* s may be NULL (an empty encoded word) */
     if (cs != CS_LATIN1) {
         size_t start = 0;
 

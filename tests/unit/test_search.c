@@ -196,6 +196,7 @@ static const char *const msgs[NMSG] = {
     "From: quinn@example.org\n"
     "Subject: =?UTF-8?X?abc?= and =?KOI8-R?B?8NLJ18XU?= end\n"
     "X-Custom: Custom-Value-17\n"
+    "X-Empty: left =?UTF-8?B?\?= right\n"
     "Date: 17 Feb 2024 09:00:00 +0000\n"
     "\n"
     "custom\n",
@@ -653,6 +654,9 @@ static void test_headers(void **state)
     expect("SEARCH SUBJECT \"=?utf-8?x?ABC?=\"", "17");
     expect("SEARCH SUBJECT \"=?KOI8-R?B?8NLJ18XU?= end\"", "17");
     expect("SEARCH SUBJECT 8nlj18xu", "17");
+    /* an encoded word that decodes to nothing (no text to append) */
+    expect("SEARCH HEADER X-Empty left", "17");
+    expect("SEARCH HEADER X-Empty right", "17");
 }
 
 static void test_bodies(void **state)
