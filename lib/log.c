@@ -309,10 +309,20 @@ size_t log_escape(const char *s, size_t len, char *out, size_t outlen)
         char e[4];
         size_t elen;
 
-        if (c >= 0x20 && c < 0x7f) {   /* the usual byte: no escape */
+        if (c >= 0x20 && c < 0x7f) {
+            /* the usual bytes: the run of them copied at once */
+            size_t k = i + 1, room = outlen - 1 - n;
+
+            while (k < len && (unsigned char)s[k] >= 0x20 &&
+                   (unsigned char)s[k] < 0x7f)
+                k++;
+            if (k - i > room)
+                k = i + room;
+            memcpy(out + n, s + i, k - i);
+            n += k - i;
+            i = k - 1;
             if (n + 1 >= outlen)
                 break;
-            out[n++] = (char)c;
             continue;
         } else if (c == '\r' || c == '\n' || c == '\t') {
             e[0] = '\\';
