@@ -484,6 +484,10 @@ static int regex_compile_key(struct checker *c, struct sv_node *n,
     /* a key with variables is checked again once expanded (sieve_exec) */
     why = sieve_regex_refusal(k->s, k->len, k->has_var ? ULONG_MAX :
                               c->s->limits.max_regex_cost, &cost);
+    if (why && !k->has_var && cost > c->s->limits.max_regex_cost)
+        return cerr(c, line, "regular expression \"%s\" refused: %s "
+                    "(cost %lu, limit %lu)", k->s, why, cost,
+                    c->s->limits.max_regex_cost);
     if (why)
         return cerr(c, line, "regular expression \"%s\" refused: %s",
                     k->s, why);
