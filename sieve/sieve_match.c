@@ -271,8 +271,8 @@ static uint64_t regex_sat(uint64_t v)
     return v > SIEVE_REGEX_SATURATE ? SIEVE_REGEX_SATURATE : v;
 }
 
-/* The positions of the ERE p once its repetitions are expanded, or
- * why regcomp() may not have it (then NULL is not returned). */
+/* *size_r: the positions of the ERE p once its repetitions are
+ * expanded; returns NULL, or why regcomp() may not have p at all. */
 static const char *regex_size(const char *p, size_t len, uint64_t *size_r)
 {
     /* per open group: the positions in it so far, and those of the last
