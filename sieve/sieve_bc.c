@@ -348,9 +348,6 @@ static int dec_nomem(struct dec *d)
 #define DEC_CHUNK_HEAD \
     ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
 
-/* n bytes from the script's chunks, NULL when out of memory; zeroed
- * unless raw (only what is handed out is zeroed: a chunk is larger than
- * most trees need) */
 /* a new chunk of at least n bytes at the head of the list, NULL when out
  * of memory */
 static struct sv_chunk *dec_chunk_new(struct dec *d, size_t n)
@@ -371,6 +368,9 @@ static struct sv_chunk *dec_chunk_new(struct dec *d, size_t n)
     return c;
 }
 
+/* n bytes from the script's chunks, NULL when out of memory; zeroed
+ * unless raw (only what is handed out is zeroed: a chunk is larger than
+ * most trees need) */
 static inline void *dec_alloc_raw(struct dec *d, size_t n, int raw)
 {
     struct sv_chunk *c = d->s->chunks;
