@@ -207,6 +207,10 @@ int sieve_relop_holds(int relop, int c)
     }
 }
 
+/* Counts stop growing here (a key's positions are far below it when
+ * accepted; the square of it still fits in 64 bits). */
+#define RX_SATURATE ((uint64_t)1 << 30)
+
 /* The end of the bracket expression opening at p[i] ('['): the index
  * after its ']' (len when it has none; regcomp() refuses it then). */
 static size_t regex_bracket_end(const char *p, size_t len, size_t i)
@@ -245,12 +249,12 @@ static size_t regex_interval(const char *p, size_t len, size_t i,
     int has_lo = 0, has_comma = 0, has_hi = 0;
 
     for (; j < len && p[j] >= '0' && p[j] <= '9'; j++, has_lo = 1)
-        if (lo < SIEVE_REGEX_SATURATE)
+        if (lo < RX_SATURATE)
             lo = lo * 10 + (uint64_t)(p[j] - '0');
     if (j < len && p[j] == ',') {
         has_comma = 1;
         for (j++; j < len && p[j] >= '0' && p[j] <= '9'; j++, has_hi = 1)
-            if (hi < SIEVE_REGEX_SATURATE)
+            if (hi < RX_SATURATE)
                 hi = hi * 10 + (uint64_t)(p[j] - '0');
     }
     if (j >= len || p[j] != '}' || (!has_lo && !has_hi))
@@ -268,7 +272,7 @@ static size_t regex_interval(const char *p, size_t len, size_t i,
 
 static uint64_t regex_sat(uint64_t v)
 {
-    return v > SIEVE_REGEX_SATURATE ? SIEVE_REGEX_SATURATE : v;
+    return v > RX_SATURATE ? RX_SATURATE : v;
 }
 
 /* *size_r: the positions of the ERE p once its repetitions are

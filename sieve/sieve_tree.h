@@ -14,7 +14,6 @@
 
 #include <regex.h>
 #include <stddef.h>
-#include <stdint.h>
 
 #include "lib/buf.h"
 #include "lib/strarray.h"
@@ -188,7 +187,6 @@ int sieve_glob(const char *p, size_t plen, const char *s, size_t slen,
  * per unit of cost.  a+++...+ or (a{1,999}){1,999} would take gigabytes
  * in regcomp(). */
 #define SIEVE_REGEX_MAX_DEPTH 32
-#define SIEVE_REGEX_SATURATE ((uint64_t)1 << 30)
 const char *sieve_regex_refusal(const char *p, size_t len,
                                 unsigned long max_cost,
                                 unsigned long *cost_r);
