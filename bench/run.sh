@@ -27,8 +27,10 @@
 #               nosync    ours: spool_sync group/file/journal/off on disk, off
 #                         on tmpfs, at 40 and 100 connections (or at -c's
 #                         when -c is given); with BENCH_BASELINE=BUILDDIR
-#                         also that build's journal mode (the code before
-#                         a change, in the same rounds)
+#                         also that build's modes BENCH_BASELINE_MODES
+#                         (default "journal"; e.g. "group file" for a
+#                         build older than the journal), the code before a
+#                         change in the same rounds
 #               tool      mailbench vs smtp-source -L against smtp-sink -L
 #               sieve     ours and Cyrus (and Dovecot with Pigeonhole) running
 #                         the same Sieve scripts: none, a 20-rule filing
@@ -930,7 +932,9 @@ if has_server ours; then
            "spool_sync=file|ours-sync-file|spool_sync=file"
            "spool_sync=journal|ours-sync-journal|spool_sync=journal")
         if [[ -n ${BENCH_BASELINE:-} ]]; then
-            v+=("spool_sync=journal, baseline build|ours-sync-journal-base|spool_sync=journal build=$BENCH_BASELINE")
+            for m in ${BENCH_BASELINE_MODES:-journal}; do
+                v+=("spool_sync=$m, baseline build|ours-sync-$m-base|spool_sync=$m build=$BENCH_BASELINE")
+            done
         fi
         v+=("spool_sync=off|ours-sync-off|spool_sync=off"
             "spool_sync=off, partition on tmpfs|ours-sync-off-tmpfs|spool_sync=off partition=$tmpfs_dir")
