@@ -592,10 +592,11 @@ static int addr_cb(void *rock, const char *name, size_t namelen,
     return addr_part(rock, mailbox, mailboxlen, host, hostlen);
 }
 
-/* append the address parts of an address-list value (parsed once per
- * execution for each value and part: see struct exec's addr_memo) */
-static int value_addresses(struct exec *ex, const char *value, int part,
-                           struct strarray *out)
+/* the address parts of an address-list value, parsed once per execution
+ * for each value and part (struct exec's addr_memo): read only, valid
+ * until the next call; NULL on error (ex->rc set) */
+static const struct strarray *addr_memo_get(struct exec *ex,
+                                            const char *value, int part)
 {
     struct addrpart_rock r;
     struct addr_memo *m = NULL;
@@ -613,8 +614,10 @@ static int value_addresses(struct exec *ex, const char *value, int part,
         strarray_fini(&m->parts);
         m->part = part;
         m->value = strdup(value);
-        if (!m->value)
-            return rt_nomem(ex);
+        if (!m->value) {
+            rt_nomem(ex);
+            return NULL;
+        }
         r.ex = ex;
         r.part = part;
         r.sep = ex->ctx->subaddress_sep ? ex->ctx->subaddress_sep : '+';
@@ -625,11 +628,24 @@ static int value_addresses(struct exec *ex, const char *value, int part,
             free(m->value);
             m->value = NULL;
             strarray_fini(&m->parts);
-            return rt_nomem(ex);
+            rt_nomem(ex);
+            return NULL;
         }
     }
-    for (i = 0; i < m->parts.count; i++)
-        if (strarray_append(out, m->parts.data[i]) < 0)
+    return &m->parts;
+}
+
+/* append the address parts of an address-list value */
+static int value_addresses(struct exec *ex, const char *value, int part,
+                           struct strarray *out)
+{
+    const struct strarray *parts = addr_memo_get(ex, value, part);
+    size_t i;
+
+    if (!parts)
+        return -1;
+    for (i = 0; i < parts->count; i++)
+        if (strarray_append(out, parts->data[i]) < 0)
             return rt_nomem(ex);
     return 0;
 }
@@ -1248,6 +1264,17 @@ static int eval_test(struct exec *ex, struct frame *fr,
             goto out;
         if (!bv && test_header_values(ex, fr, n, n->pos[0], &hv) < 0) {
             strarray_fini(&hv);
+            goto out;
+        }
+        if (hv.count == 1) {
+            /* one header value (the common case): its memoized parts
+             * matched as they are, no copy */
+            const struct strarray *parts =
+                addr_memo_get(ex, hv.data[0], n->addrpart);
+            if (!bv)
+                strarray_fini(&hv);
+            if (parts)
+                r = match_values(ex, fr, n, parts, n->pos[1]);
             goto out;
         }
         for (i = 0; i < hv.count; i++)

@@ -377,20 +377,35 @@ const char *sieve_regex_refusal(const char *p, size_t len,
     return why;
 }
 
+/* :contains.  Every start position is charged klen steps, as a
+ * byte-by-byte comparison at each would cost; the positions whose first
+ * byte cannot start the key are passed over in one tight loop and charged
+ * together (the same total, the same position where the budget runs
+ * out: no match can lie among them). */
 static int contains(struct sv_matchctx *mc, int casemap, const char *v,
                     size_t vlen, const char *k, size_t klen)
 {
-    size_t i, j;
+    size_t i, i0, j, last;
+    int f0;
 
     if (klen == 0)
         return 1;
-    for (i = 0; i + klen <= vlen; i++) {
-        *mc->steps += klen;
+    if (klen > vlen)
+        return 0;
+    last = vlen - klen;
+    f0 = fold((unsigned char)k[0], casemap);
+    for (i = 0; i <= last; i++) {
+        i0 = i;
+        while (i <= last && fold((unsigned char)v[i], casemap) != f0)
+            i++;
+        *mc->steps += klen * (i - i0 + (i <= last));
         if (*mc->steps > mc->max_steps) {
             mc->error = 1;
             return -1;
         }
-        for (j = 0; j < klen; j++)
+        if (i > last)
+            return 0;
+        for (j = 1; j < klen; j++)
             if (fold((unsigned char)v[i + j], casemap) !=
                 fold((unsigned char)k[j], casemap))
                 break;

@@ -246,6 +246,56 @@ static void test_glob_bounded(void **state)
 
 /* sieve_regex_refusal(): the expanded size glibc's regcomp() would
  * build, squared, and what it refuses outright */
+/* :contains: the result, and the steps charged (klen per start position
+ * looked at, up to and including the match), with the budget running out
+ * at the same position as a byte-by-byte walk would */
+static int ts_contains(int casemap, const char *v, const char *k,
+                       unsigned long max, unsigned long *steps_r)
+{
+    unsigned long steps = 0;
+    struct sv_matchctx mc;
+    int r;
+
+    memset(&mc, 0, sizeof(mc));
+    mc.steps = &steps;
+    mc.max_steps = max;
+    mc.max_len = 1 << 20;
+    r = sieve_match(&mc, casemap ? SV_CMP_CASEMAP : SV_CMP_OCTET,
+                    SV_MATCH_CONTAINS, 0, v, strlen(v), k, strlen(k), NULL);
+    *steps_r = steps;
+    return r;
+}
+
+static void test_contains(void **state)
+{
+    unsigned long st;
+
+    (void)state;
+    assert_int_equal(ts_contains(0, "xxxxabc", "abc", 1000, &st), 1);
+    assert_int_equal(st, 3 * 5);            /* positions 0..4 */
+    assert_int_equal(ts_contains(0, "abc", "abc", 1000, &st), 1);
+    assert_int_equal(st, 3);
+    assert_int_equal(ts_contains(0, "xxxxxx", "ab", 1000, &st), 0);
+    assert_int_equal(st, 2 * 5);            /* every position */
+    assert_int_equal(ts_contains(0, "ab", "abc", 1000, &st), 0);
+    assert_int_equal(st, 0);
+    assert_int_equal(ts_contains(0, "anything", "", 1000, &st), 1);
+    /* a first byte that starts the key, then a mismatch, then the match */
+    assert_int_equal(ts_contains(0, "abxabc", "abc", 1000, &st), 1);
+    assert_int_equal(st, 3 * 4);
+    assert_int_equal(ts_contains(0, "XXABC", "abc", 1000, &st), 0);
+    assert_int_equal(ts_contains(1, "XXABC", "abc", 1000, &st), 1);
+    assert_int_equal(st, 3 * 3);
+    assert_int_equal(ts_contains(1, "xxabc", "ABC", 1000, &st), 1);
+    assert_int_equal(ts_contains(0, "a\xc3\xa9" "b", "\xc3\xa9", 1000, &st), 1);
+    /* the budget: 10 positions x 3 = 30 steps to the match at 9 */
+    assert_int_equal(ts_contains(0, "xxxxxxxxxabc", "abc", 30, &st), 1);
+    assert_int_equal(ts_contains(0, "xxxxxxxxxabc", "abc", 29, &st), -1);
+    assert_int_equal(ts_contains(0, "xxxxxxxxxxxx", "abc", 29, &st), -1);
+    assert_int_equal(ts_contains(0, "xxxxxxxxxxxx", "abc", 30, &st), 0);
+    assert_int_equal(st, 30);
+}
+
 static void test_regex_cost(void **state)
 {
     static const struct {
@@ -683,6 +733,7 @@ int main(void)
         cmocka_unit_test(test_numbers_and_strings),
         cmocka_unit_test(test_glob_bounded),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_contains),
         cmocka_unit_test(test_regex_cost),
         cmocka_unit_test(test_callbacks),
         cmocka_unit_test(test_reuse_and_allowed),
