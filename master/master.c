@@ -523,6 +523,10 @@ int main(int argc, char **argv)
     }
     master_event_apply(conf, master_now());
     master_status_init(statusfile);
+    /* the status file exists, listing every service, before the master
+     * says it started (the log line, READY=1, the daemon's parent exit):
+     * whoever waited for that can read it at once */
+    master_status_update(master_now(), 1);
     log_info("master: started pid=<%ld> config=<%s>", (long)getpid(),
              cyrusconf);
     log_set_echo(0);
