@@ -122,6 +122,16 @@ static uint64_t get_le(const unsigned char *p, int n)
     return v;
 }
 
+/* The checksum of a stored form (header h, payload len bytes after it):
+ * the CRC-32C of the payload and then of the header's size hint, so
+ * that no byte of the file changes unnoticed. */
+static uint32_t sieve_bc_crc(const unsigned char *h, size_t len)
+{
+    uint32_t c = crc32c_update(CRC32C_INIT, h + SIEVE_BC_HEADER, len);
+
+    return crc32c_final(crc32c_update(c, h + 44, 4));
+}
+
 /* ---- encoding ----------------------------------------------------------- */
 
 struct enc {
@@ -309,9 +319,32 @@ int sieve_bc_encode(const struct sieve_script *s, const char *text,
     put_le(h + 40, s->limits.max_nesting, 4);
     put_le(h + 48, s->limits.max_string_len, 8);
     put_le(h + 56, out->len - start - SIEVE_BC_HEADER, 4);
-    put_le(h + 60, crc32c(out->s + start + SIEVE_BC_HEADER,
-                          out->len - start - SIEVE_BC_HEADER), 4);
     memcpy(out->s + start, h, sizeof(h));
+    put_le(h + 60, sieve_bc_crc((const unsigned char *)out->s + start,
+                                out->len - start - SIEVE_BC_HEADER), 4);
+    memcpy(out->s + start, h, sizeof(h));
+    /* the size hint: what loading this form takes, measured by loading
+     * it once (a form that does not load has no hint) */
+    {
+        struct sieve_script *t = NULL;
+        const struct sv_chunk *c;
+        uint64_t used = 0;
+
+        if (sieve_bc_decode_known(out->s + start, out->len - start, len,
+                                  get_le(h + 24, 8), get_le(h + 36, 4),
+                                  &s->limits, &t, NULL) == SIEVE_OK) {
+            for (c = t->chunks; c; c = c->next)
+                used += c->used;
+            sieve_script_free(&t);
+            if (used <= UINT32_MAX) {
+                unsigned char *f = (unsigned char *)out->s + start;
+
+                put_le(f + 44, used, 4);
+                put_le(f + 60, sieve_bc_crc(f, out->len - start -
+                                                   SIEVE_BC_HEADER), 4);
+            }
+        }
+    }
     return SIEVE_OK;
 }
 
@@ -746,7 +779,7 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
     struct sieve_script *s;
     struct dec d;
     size_t i, n;
-    uint64_t v;
+    uint64_t v, hint;
     const char *dummy;
 
     if (!why_r)
@@ -776,7 +809,7 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
         return SIEVE_EINVAL;
     }
     if (get_le(h + 60, 4) !=
-        crc32c(h + SIEVE_BC_HEADER, len - SIEVE_BC_HEADER)) {
+        sieve_bc_crc(h, len - SIEVE_BC_HEADER)) {
         *why_r = "corrupt: checksum mismatch";
         return SIEVE_EINVAL;
     }
@@ -786,7 +819,7 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
         return SIEVE_ENOMEM;
     }
     sieve_limits_merge(&s->limits, limits);
-    if (get_le(h + 32, 4) != 0 || get_le(h + 44, 4) != 0 ||
+    if (get_le(h + 32, 4) != 0 ||
         get_le(h + 36, 4) != extmask ||
         get_le(h + 40, 4) != s->limits.max_nesting ||
         get_le(h + 48, 8) != s->limits.max_string_len) {
@@ -802,8 +835,14 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
     d.p = h + SIEVE_BC_HEADER;
     d.end = h + len;
     d.s = s;
-    /* the tree takes about 8 times the bytes of its flat form */
-    d.chunk_size = 8 * (len - SIEVE_BC_HEADER) + 1024;
+    /* one allocation for the whole tree: the size the encoder measured
+     * (a hint: a wrong one costs only another chunk, and one beyond any
+     * tree this payload could make is not taken), else an estimate (the
+     * tree takes about 14 times the bytes of its flat form) */
+    hint = get_le(h + 44, 4);
+    d.chunk_size = hint && hint <= 64 * (uint64_t)len + 65536
+                       ? (size_t)hint
+                       : 16 * (len - SIEVE_BC_HEADER) + 1024;
     d.why = NULL;
     d.rc = SIEVE_OK;
     d.regex_cost = 0;

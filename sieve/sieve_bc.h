@@ -12,7 +12,7 @@
  *   SIEVE_OK: s runs exactly as the compiled text would; SIEVE_EINVAL:
  *   the file is stale or damaged (why says which): compile the text.
  *
- * Format (version 2; integers little-endian; no pointers, so the bytes
+ * Format (version 3; integers little-endian; no pointers, so the bytes
  * mean the same wherever they are read or mapped):
  *
  *   offset size
@@ -25,10 +25,12 @@
  *     36    4   extension set the script was checked against: bit i =
  *               sieve_ext_names[i] (sieve_ext.h) allowed
  *     40    4   max_nesting the script was checked under
- *     44    4   0 (reserved)
+ *     44    4   size hint: the bytes the loaded tree takes (measured by
+ *               the encoder, which loads the form once; 0 none), so
+ *               that the loader makes it in one allocation
  *     48    8   max_string_len the script was checked under
  *     56    4   payload size (the file is exactly 64 + this)
- *     60    4   payload CRC-32C
+ *     60    4   CRC-32C of the payload followed by the size hint
  *     64        payload
  *
  * The payload is a sequence of unsigned LEB128 numbers ("n" below, at
@@ -79,7 +81,7 @@
 #include "lib/strarray.h"
 #include "sieve/sieve.h"
 
-#define SIEVE_BC_VERSION 2
+#define SIEVE_BC_VERSION 3
 #define SIEVE_BC_HEADER 64
 #define SIEVE_BC_SUFFIX ".bc"
 

@@ -1150,11 +1150,9 @@ int sieve_check_shape(const struct sv_node *n, int in_test)
     if (in_test ? n->has_block || n->nblock :
         spec->block != !!n->has_block || (!n->has_block && n->nblock))
         return -1;
-    if (n->comparator < SV_CMP_OCTET || n->comparator > SV_CMP_NUMERIC ||
-        n->match < SV_MATCH_IS || n->match > SV_MATCH_COUNT ||
-        n->relop < SV_REL_GT || n->relop > SV_REL_NE ||
-        n->addrpart < SV_ADDR_ALL || n->addrpart > SV_ADDR_DETAIL ||
-        n->body_transform < SIEVE_BODY_RAW ||
+    /* the enumerations are bytes from 0 (the first of each) */
+    if (n->comparator > SV_CMP_NUMERIC || n->match > SV_MATCH_COUNT ||
+        n->relop > SV_REL_NE || n->addrpart > SV_ADDR_DETAIL ||
         n->body_transform > SIEVE_BODY_TEXT)
         return -1;
     if ((n->has_flags && !n->flags) ||

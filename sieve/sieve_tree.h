@@ -60,35 +60,36 @@ enum { SV_MOD_LOWER = 1, SV_MOD_UPPER = 2, SV_MOD_LOWERFIRST = 4,
 
 struct sv_node {
     int id;                  /* SV_C_* / SV_T_* of sieve_check.c */
-    char *name;
     unsigned line;
+    char *name;
     struct sv_arg *args;
     size_t nargs;
     struct sv_node **tests;  /* the test or test list */
     size_t ntests;
-    int test_list;           /* ( ) given */
     struct sv_node **block;
     size_t nblock;
-    int has_block;
-    int unchecked;           /* inside a failed ihave: a runtime error */
+    unsigned char test_list; /* ( ) given */
+    unsigned char has_block;
+    unsigned char unchecked; /* inside a failed ihave: a runtime error */
 
-    /* resolved by the checker */
-    const struct sv_strlist *pos[3];
+    /* resolved by the checker (the flags and enumerations in a byte
+     * each: the tree of a loaded script is made per delivery) */
+    unsigned char comparator, match, relop, addrpart;
+    unsigned char has_match, has_comparator, has_addrpart;
+    unsigned char last, originalzone, has_flags;
+    unsigned char copy, create, mime, once, optional, global;
+    unsigned char body_transform, has_seconds, over;
+    unsigned modifiers;
     size_t npos;
-    int comparator, match, relop, addrpart;
-    int has_match, has_comparator, has_addrpart;
-    unsigned long long index; int last;  /* :index n, :last */
-    const struct sv_str *zone; int originalzone;
-    const struct sv_strlist *flags; int has_flags;
-    int copy, create, mime, once, optional, global;
+    const struct sv_strlist *pos[3];
+    unsigned long long index;   /* :index n (:last above) */
+    const struct sv_str *zone;
+    const struct sv_strlist *flags;
     const struct sv_str *specialuse, *subject, *from, *handle, *header,
                         *uniqueid;
     const struct sv_strlist *addresses, *content_types;
-    int body_transform;
-    unsigned long long seconds; int has_seconds;
-    unsigned modifiers;
+    unsigned long long seconds;
     unsigned long long number; /* size :over/:under limit */
-    int over;
 };
 
 /* a block of memory the decoder of the stored form (sieve_bc.c) carves

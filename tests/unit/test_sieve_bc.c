@@ -5,7 +5,8 @@
  * format version is stale; every truncation and every bit flip is
  * rejected; payloads damaged behind a valid checksum are rejected or
  * decode to a tree that runs without a fault (run under the sanitizer
- * build too).
+ * build too); the size hint makes the tree one allocation, and a wrong
+ * one changes nothing but the allocations.
  */
 #include "config.h"
 
@@ -24,6 +25,7 @@
 #include "sieve/sieve.h"
 #include "sieve/sieve_bc.h"
 #include "sieve/sieve_msg.h"
+#include "sieve/sieve_tree.h"
 
 static const char msg_text[] =
     "From: \"A\" <a+x@example.org>\r\n"
@@ -314,7 +316,10 @@ static void test_damaged_behind_checksum(void **state)
                 continue;
             memcpy(copy, bc.s, bc.len);
             copy[i] = (char)nb;
-            crc = crc32c(copy + SIEVE_BC_HEADER, bc.len - SIEVE_BC_HEADER);
+            crc = crc32c_final(crc32c_update(
+                crc32c_update(CRC32C_INIT, copy + SIEVE_BC_HEADER,
+                              bc.len - SIEVE_BC_HEADER),
+                copy + 44, 4));
             copy[60] = (char)crc;
             copy[61] = (char)(crc >> 8);
             copy[62] = (char)(crc >> 16);
@@ -343,6 +348,66 @@ static void test_damaged_behind_checksum(void **state)
     buf_free(&out);
 }
 
+/* the size hint: what the loaded tree takes, so that it is one
+ * allocation; a wrong hint (too small, 0, absurd) with the checksum made
+ * to match costs only more chunks: the tree runs the same */
+static void test_size_hint(void **state)
+{
+    static const uint32_t wrong[] = { 0, 1, 16, 0xFFFFFFFFu };
+    struct sieve_script *s = NULL, *d = NULL;
+    struct buf bc = BUF_INITIALIZER, a = BUF_INITIALIZER, b = BUF_INITIALIZER;
+    const struct sv_chunk *c;
+    const char *why = NULL;
+    size_t len = strlen(rich_script), i, chunks, used;
+    unsigned char *f;
+    uint32_t hint, crc;
+
+    (void)state;
+    encode_text(rich_script, NULL, &s, &bc);
+    run_script(s, &a);
+    f = (unsigned char *)bc.s;
+    hint = (uint32_t)f[44] | (uint32_t)f[45] << 8 | (uint32_t)f[46] << 16 |
+           (uint32_t)f[47] << 24;
+    assert_true(hint > bc.len);
+    assert_int_equal(sieve_bc_decode(bc.s, bc.len, rich_script, len, NULL,
+                                     NULL, &d, &why), SIEVE_OK);
+    for (chunks = 0, used = 0, c = d->chunks; c; c = c->next, chunks++)
+        used += c->used;
+    assert_int_equal(chunks, 1);
+    assert_int_equal(used, hint);
+    assert_int_equal(d->chunks->size, hint);
+    sieve_script_free(&d);
+    for (i = 0; i < sizeof(wrong) / sizeof(wrong[0]); i++) {
+        f[44] = (unsigned char)wrong[i];
+        f[45] = (unsigned char)(wrong[i] >> 8);
+        f[46] = (unsigned char)(wrong[i] >> 16);
+        f[47] = (unsigned char)(wrong[i] >> 24);
+        /* a changed hint alone is damage the checksum sees */
+        assert_int_equal(sieve_bc_decode(bc.s, bc.len, rich_script, len,
+                                         NULL, NULL, &d, &why), SIEVE_EINVAL);
+        assert_string_equal(why, "corrupt: checksum mismatch");
+        crc = crc32c_final(crc32c_update(
+            crc32c_update(CRC32C_INIT, f + SIEVE_BC_HEADER,
+                          bc.len - SIEVE_BC_HEADER), f + 44, 4));
+        f[60] = (unsigned char)crc;
+        f[61] = (unsigned char)(crc >> 8);
+        f[62] = (unsigned char)(crc >> 16);
+        f[63] = (unsigned char)(crc >> 24);
+        assert_int_equal(sieve_bc_decode(bc.s, bc.len, rich_script, len,
+                                         NULL, NULL, &d, &why), SIEVE_OK);
+        assert_string_equal(run_script(d, &b), buf_cstring(&a));
+        for (chunks = 0, c = d->chunks; c; c = c->next)
+            chunks++;
+        assert_true(wrong[i] == 0xFFFFFFFFu || wrong[i] == 0 ||
+                    chunks > 1);
+        sieve_script_free(&d);
+    }
+    sieve_script_free(&s);
+    buf_free(&bc);
+    buf_free(&a);
+    buf_free(&b);
+}
+
 /* not a compiled form at all */
 static void test_garbage(void **state)
 {
@@ -369,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_decode_known),
         cmocka_unit_test(test_truncated_and_flipped),
         cmocka_unit_test(test_damaged_behind_checksum),
+        cmocka_unit_test(test_size_hint),
         cmocka_unit_test(test_garbage),
     };
 
