@@ -135,7 +135,14 @@ CLUSTER = None
 WORK = None
 
 
-def conf_file(name, endpoints, timeout_ms=3000, prefix=None):
+# A request to a healthy cluster gets this long: a loaded shared machine
+# (the sanitizer build beside other tests' fsync storms) can hold an etcd
+# member's WAL fsync for seconds, and a write that times out is an I/O
+# error, not retried.  Tests of failing members give their own timeout.
+HEALTHY_TIMEOUT_MS = 30000
+
+
+def conf_file(name, endpoints, timeout_ms=HEALTHY_TIMEOUT_MS, prefix=None):
     path = os.path.join(WORK, name + ".conf")
     with open(path, "w") as f:
         f.write("etcd_endpoints: %s\n" % endpoints)
@@ -155,12 +162,20 @@ def dbtool(conf, *args, stdin=None, timeout=60):
 def test_conformance():
     env = dict(os.environ, TEST_BACKENDS="etcd",
                TEST_ETCD_ENDPOINTS=CLUSTER.endpoints(),
-               TEST_ETCD_PREFIX="/cyrusdeliver-suite-%d/" % os.getpid())
+               TEST_ETCD_PREFIX="/cyrusdeliver-suite-%d/" % os.getpid(),
+               TEST_ETCD_TIMEOUT=str(HEALTHY_TIMEOUT_MS),
+               TEST_LOG="1")
     p = subprocess.run([SUITE], env=env, capture_output=True, timeout=1200)
-    out = p.stdout.decode(errors="replace") + p.stderr.decode(errors="replace")
+    out = p.stdout.decode(errors="replace")
+    err = p.stderr.decode(errors="replace")
     ran = [ln for ln in out.splitlines() if ln.startswith("[       OK ]")]
     print("# conformance: %d cases passed against the cluster" % len(ran))
-    check(p.returncode == 0 and ran, "test_cyrusdb with TEST_BACKENDS=etcd:\n" + out[-4000:])
+    # on a failure, what the etcd client logged (why a request failed)
+    # beside the suite's own lines
+    etcd_lines = [ln for ln in err.splitlines() if "etcd" in ln]
+    check(p.returncode == 0 and ran, "test_cyrusdb with TEST_BACKENDS=etcd:\n"
+          + out[-3000:] + "\n" + err[-1500:] + "\n# etcd log lines:\n"
+          + "\n".join(etcd_lines[-20:]))
 
 
 def test_dbtool():
