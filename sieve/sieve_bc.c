@@ -122,11 +122,9 @@ static uint64_t get_le(const unsigned char *p, int n)
     return v;
 }
 
-/* The checksum of a stored form (header h, payload len bytes after it):
- * the CRC-32C of the payload and then of the header's size hint, so
- * that no byte of the file changes unnoticed. */
-static uint32_t sieve_bc_crc(const unsigned char *h, size_t len)
+uint32_t sieve_bc_checksum(const void *file, size_t len)
 {
+    const unsigned char *h = file;
     uint32_t c = crc32c_update(CRC32C_INIT, h + SIEVE_BC_HEADER, len);
 
     return crc32c_final(crc32c_update(c, h + 44, 4));
@@ -284,7 +282,10 @@ int sieve_bc_encode(const struct sieve_script *s, const char *text,
                     struct buf *out)
 {
     struct enc e;
-    unsigned char h[SIEVE_BC_HEADER];
+    unsigned char h[SIEVE_BC_HEADER], *f;
+    struct sieve_script *t = NULL;
+    const struct sv_chunk *c;
+    uint64_t used = 0;
     size_t start, i;
 
     if (!s || !out || (!text && len))
@@ -319,30 +320,22 @@ int sieve_bc_encode(const struct sieve_script *s, const char *text,
     put_le(h + 40, s->limits.max_nesting, 4);
     put_le(h + 48, s->limits.max_string_len, 8);
     put_le(h + 56, out->len - start - SIEVE_BC_HEADER, 4);
-    memcpy(out->s + start, h, sizeof(h));
-    put_le(h + 60, sieve_bc_crc((const unsigned char *)out->s + start,
-                                out->len - start - SIEVE_BC_HEADER), 4);
-    memcpy(out->s + start, h, sizeof(h));
+    f = (unsigned char *)out->s + start;
+    memcpy(f, h, sizeof(h));
+    put_le(f + 60, sieve_bc_checksum(f, out->len - start - SIEVE_BC_HEADER),
+           4);
     /* the size hint: what loading this form takes, measured by loading
-     * it once (a form that does not load has no hint) */
-    {
-        struct sieve_script *t = NULL;
-        const struct sv_chunk *c;
-        uint64_t used = 0;
-
-        if (sieve_bc_decode_known(out->s + start, out->len - start, len,
-                                  get_le(h + 24, 8), get_le(h + 36, 4),
-                                  &s->limits, &t, NULL) == SIEVE_OK) {
-            for (c = t->chunks; c; c = c->next)
-                used += c->used;
-            sieve_script_free(&t);
-            if (used <= UINT32_MAX) {
-                unsigned char *f = (unsigned char *)out->s + start;
-
-                put_le(f + 44, used, 4);
-                put_le(f + 60, sieve_bc_crc(f, out->len - start -
-                                                   SIEVE_BC_HEADER), 4);
-            }
+     * it once (a form that does not load keeps hint 0) */
+    if (sieve_bc_decode_known(f, out->len - start, len, get_le(h + 24, 8),
+                              get_le(h + 36, 4), &s->limits, &t,
+                              NULL) == SIEVE_OK) {
+        for (c = t->chunks; c; c = c->next)
+            used += c->used;
+        sieve_script_free(&t);
+        if (used <= UINT32_MAX) {
+            put_le(f + 44, used, 4);
+            put_le(f + 60, sieve_bc_checksum(f, out->len - start -
+                                                    SIEVE_BC_HEADER), 4);
         }
     }
     return SIEVE_OK;
@@ -809,7 +802,7 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
         return SIEVE_EINVAL;
     }
     if (get_le(h + 60, 4) !=
-        sieve_bc_crc(h, len - SIEVE_BC_HEADER)) {
+        sieve_bc_checksum(h, len - SIEVE_BC_HEADER)) {
         *why_r = "corrupt: checksum mismatch";
         return SIEVE_EINVAL;
     }

@@ -119,6 +119,11 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
  * caller where it matters (lmtpd compares the bytes). */
 uint64_t sieve_bc_hash(const char *text, size_t len);
 
+/* The checksum of the stored form file (its header, then len bytes of
+ * payload), header field 60: the CRC-32C of the payload and then of the
+ * size hint, so that no byte of either changes unnoticed. */
+uint32_t sieve_bc_checksum(const void *file, size_t len);
+
 /* The header's extension mask for the list allowed (NULL: all). */
 uint32_t sieve_bc_extmask(const struct strarray *allowed);
 
