@@ -65,12 +65,17 @@ extern char **environ;
 struct lmtp_sieve_compiled {
     char *text;                    /* the script's bytes, for comparison */
     size_t len;
-    uint64_t hash;                 /* FNV-1a of the bytes */
+    uint64_t hash;                 /* sieve_bc_hash() of the bytes */
     struct sieve_script *script;   /* NULL: the script does not compile */
     char *error;                   /* its compile error */
     unsigned refs;                 /* cache entries pointing here */
-    struct lmtp_sieve_compiled *prev, *next;   /* all of them */
+    struct lmtp_sieve_compiled *prev, *next;   /* the hash's bucket */
 };
+
+/* the compiled texts' hash table: a miss looks at one short chain, not
+ * at every text held (a walk over LMTP_SIEVE_CACHE scattered entries
+ * took more time than loading the stored form it was looking for) */
+#define LMTP_SIEVE_COMP_BUCKETS (2 * LMTP_SIEVE_CACHE)
 
 /* A script file as last seen: found by (device, inode) through a hash
  * table, valid while its size, mtime and ctime are unchanged (a rename,
@@ -101,8 +106,8 @@ struct lmtp_sieve {
     struct lmtp_sieve_cached *cache;   /* LMTP_SIEVE_FILES entries */
     uint32_t *buckets;             /* LMTP_SIEVE_BUCKETS: entry index + 1 */
     size_t hand;                   /* the clock's next candidate */
-    struct lmtp_sieve_compiled *comps;   /* every compiled text */
-    size_t ncomps;
+    struct lmtp_sieve_compiled *comps[LMTP_SIEVE_COMP_BUCKETS];
+    size_t ncomps;                 /* compiled texts held */
     unsigned long tick;
     unsigned long run_tick;        /* tick when the current run began:
                                       entries used since are in use */
@@ -200,7 +205,7 @@ static void lmtp_sieve_comp_free(struct lmtp_sieve *ls,
     if (k->prev)
         k->prev->next = k->next;
     else
-        ls->comps = k->next;
+        ls->comps[k->hash % LMTP_SIEVE_COMP_BUCKETS] = k->next;
     if (k->next)
         k->next->prev = k->prev;
     ls->ncomps--;
@@ -431,7 +436,8 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
     }
     hash = sieve_bc_hash(text.s ? text.s : "", text.len);
     if (r == SIEVE_OK)
-        for (o = ls->comps; o && !k; o = o->next)
+        for (o = ls->comps[hash % LMTP_SIEVE_COMP_BUCKETS]; o && !k;
+             o = o->next)
             if (o->text && o->hash == hash && o->len == text.len &&
                 memcmp(o->text, text.s ? text.s : "", text.len) == 0)
                 k = o;
@@ -480,15 +486,20 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
                      k->error ? " error=<" : "", k->error ? k->error : "",
                      k->error ? ">" : "", ls->compiles);
         }
+        k->hash = hash;
         if (r == SIEVE_OK && text.len) {
             k->len = text.len;
-            k->hash = hash;
             k->text = buf_release(&text);
         }
-        k->next = ls->comps;
-        if (ls->comps)
-            ls->comps->prev = k;
-        ls->comps = k;
+        {
+            struct lmtp_sieve_compiled **head =
+                &ls->comps[hash % LMTP_SIEVE_COMP_BUCKETS];
+
+            k->next = *head;
+            if (*head)
+                (*head)->prev = k;
+            *head = k;
+        }
         ls->ncomps++;
     }
     k->refs++;   /* before the victim's drop, which may free a text */
