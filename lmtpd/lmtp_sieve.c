@@ -198,6 +198,13 @@ static uint32_t lmtp_sieve_bucket(dev_t dev, ino_t ino)
     return (uint32_t)((h ^ (h >> 29)) % LMTP_SIEVE_BUCKETS);
 }
 
+/* The chain of the compiled texts whose text has this hash. */
+static struct lmtp_sieve_compiled **lmtp_sieve_comp_chain(
+    struct lmtp_sieve *ls, uint64_t hash)
+{
+    return &ls->comps[hash % LMTP_SIEVE_COMP_BUCKETS];
+}
+
 /* A compiled text no entry holds any more. */
 static void lmtp_sieve_comp_free(struct lmtp_sieve *ls,
                                  struct lmtp_sieve_compiled *k)
@@ -205,7 +212,7 @@ static void lmtp_sieve_comp_free(struct lmtp_sieve *ls,
     if (k->prev)
         k->prev->next = k->next;
     else
-        ls->comps[k->hash % LMTP_SIEVE_COMP_BUCKETS] = k->next;
+        *lmtp_sieve_comp_chain(ls, k->hash) = k->next;
     if (k->next)
         k->next->prev = k->prev;
     ls->ncomps--;
@@ -436,8 +443,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
     }
     hash = sieve_bc_hash(text.s ? text.s : "", text.len);
     if (r == SIEVE_OK)
-        for (o = ls->comps[hash % LMTP_SIEVE_COMP_BUCKETS]; o && !k;
-             o = o->next)
+        for (o = *lmtp_sieve_comp_chain(ls, hash); o && !k; o = o->next)
             if (o->text && o->hash == hash && o->len == text.len &&
                 memcmp(o->text, text.s ? text.s : "", text.len) == 0)
                 k = o;
@@ -493,7 +499,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
         }
         {
             struct lmtp_sieve_compiled **head =
-                &ls->comps[hash % LMTP_SIEVE_COMP_BUCKETS];
+                lmtp_sieve_comp_chain(ls, hash);
 
             k->next = *head;
             if (*head)
