@@ -69,6 +69,7 @@ struct lmtp_sieve_compiled {
     struct sieve_script *script;   /* NULL: the script does not compile */
     char *error;                   /* its compile error */
     unsigned refs;                 /* cache entries pointing here */
+    int probation;                 /* in the probation slot (below) */
     struct lmtp_sieve_compiled *prev, *next;   /* the hash's bucket */
 };
 
@@ -76,6 +77,19 @@ struct lmtp_sieve_compiled {
  * at every text held (a walk over LMTP_SIEVE_CACHE scattered entries
  * took more time than loading the stored form it was looking for) */
 #define LMTP_SIEVE_COMP_BUCKETS (2 * LMTP_SIEVE_CACHE)
+
+/* Admission.  A text of its own per user is seldom used twice by one
+ * worker (2,000 users' mail spread over 20 workers), and a tree kept for
+ * each took fresh memory at every load: about seven page faults per
+ * delivery, more than the load itself cost.  So a new compiled text of
+ * an active script waits in a probation slot of one: it is kept (held
+ * like any other) when it is used again before the next new text takes
+ * the slot (another delivery to the user, another user's file with the
+ * same bytes), or when its text was made before (its hash is among the
+ * LMTP_SIEVE_GHOSTS last texts made, direct-mapped); otherwise the next
+ * new text drops it, and the next tree is carved from the memory it
+ * leaves.  Included scripts are always kept. */
+#define LMTP_SIEVE_GHOSTS 4096
 
 /* A script file as last seen: found by (device, inode) through a hash
  * table, valid while its size, mtime and ctime are unchanged (a rename,
@@ -108,6 +122,11 @@ struct lmtp_sieve {
     size_t hand;                   /* the clock's next candidate */
     struct lmtp_sieve_compiled *comps[LMTP_SIEVE_COMP_BUCKETS];
     size_t ncomps;                 /* compiled texts held */
+    uint32_t probation;            /* the entry (index + 1) whose
+                                      compiled text is on probation;
+                                      0 none */
+    uint64_t *ghosts;              /* LMTP_SIEVE_GHOSTS hashes of texts
+                                      made (0 none) */
     unsigned long tick;
     unsigned long run_tick;        /* tick when the current run began:
                                       entries used since are in use */
@@ -151,9 +170,11 @@ int lmtp_sieve_new(const struct imapconf *conf, struct deliver_ctx *dctx,
         return -1;
     ls->cache = calloc(LMTP_SIEVE_FILES, sizeof(*ls->cache));
     ls->buckets = calloc(LMTP_SIEVE_BUCKETS, sizeof(*ls->buckets));
-    if (!ls->cache || !ls->buckets) {
+    ls->ghosts = calloc(LMTP_SIEVE_GHOSTS, sizeof(*ls->ghosts));
+    if (!ls->cache || !ls->buckets || !ls->ghosts) {
         free(ls->cache);
         free(ls->buckets);
+        free(ls->ghosts);
         free(ls);
         return -1;
     }
@@ -232,6 +253,8 @@ static void lmtp_sieve_cache_drop(struct lmtp_sieve *ls,
 
     if (!c->valid)
         return;
+    if (ls->probation == self)
+        ls->probation = 0;
     for (link = &ls->buckets[lmtp_sieve_bucket(c->dev, c->ino)]; *link;
          link = &ls->cache[*link - 1].chain)
         if (*link == self) {
@@ -242,6 +265,27 @@ static void lmtp_sieve_cache_drop(struct lmtp_sieve *ls,
         lmtp_sieve_comp_free(ls, k);
     free(c->name);
     memset(c, 0, sizeof(*c));
+}
+
+/* A compiled text used again: kept from now on (see Admission). */
+static void lmtp_sieve_admit(struct lmtp_sieve *ls,
+                             struct lmtp_sieve_compiled *k)
+{
+    if (k && k->probation) {
+        k->probation = 0;
+        ls->probation = 0;
+    }
+}
+
+/* 1 when a text of this hash was made before (see Admission); records
+ * it either way. */
+static int lmtp_sieve_ghost(struct lmtp_sieve *ls, uint64_t hash)
+{
+    uint64_t *g = &ls->ghosts[(hash ^ (hash >> 32)) % LMTP_SIEVE_GHOSTS];
+    int seen = *g == hash && hash != 0;
+
+    *g = hash;
+    return seen;
 }
 
 /* The entry of the file that sb describes, or NULL. */
@@ -262,6 +306,7 @@ static struct lmtp_sieve_cached *lmtp_sieve_cache_find(struct lmtp_sieve *ls,
             c->ctime.tv_nsec == sb->st_ctim.tv_nsec) {
             c->used = ++ls->tick;
             c->ref = 1;
+            lmtp_sieve_admit(ls, c->comp);
             return c;
         }
         lmtp_sieve_cache_drop(ls, c);   /* the file changed */
@@ -312,6 +357,7 @@ void lmtp_sieve_free(struct lmtp_sieve **lsp)
         lmtp_sieve_cache_drop(ls, &ls->cache[i]);
     free(ls->cache);
     free(ls->buckets);
+    free(ls->ghosts);
     lmtp_smtp_free(&ls->smtp);
     strarray_fini(&ls->allowed);
     free(ls);
@@ -447,9 +493,22 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
             if (o->text && o->hash == hash && o->len == text.len &&
                 memcmp(o->text, text.s ? text.s : "", text.len) == 0)
                 k = o;
+    lmtp_sieve_admit(ls, k);
     if (!k) {
         const char *why = NULL;
+        /* an active script's text not made before goes on probation,
+         * and the one there leaves (unless the running execution holds
+         * it: it is then kept) before this tree takes its memory */
+        int probation = name && !lmtp_sieve_ghost(ls, hash);
 
+        if (probation && ls->probation) {
+            struct lmtp_sieve_cached *p = &ls->cache[ls->probation - 1];
+
+            if (p->used > ls->run_tick)
+                lmtp_sieve_admit(ls, p->comp);
+            else
+                lmtp_sieve_cache_drop(ls, p);
+        }
         /* room for one more compiled text: entries go until fewer than
          * LMTP_SIEVE_CACHE are held (or none can go: the bound is then
          * passed while the execution holds them) */
@@ -493,6 +552,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
                      k->error ? ">" : "", ls->compiles);
         }
         k->hash = hash;
+        k->probation = probation;
         if (r == SIEVE_OK && text.len) {
             k->len = text.len;
             k->text = buf_release(&text);
@@ -529,6 +589,8 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
     victim->used = ++ls->tick;
     victim->ref = 1;
     victim->valid = 1;
+    if (k->probation)
+        ls->probation = (uint32_t)(victim - ls->cache) + 1;
     {
         uint32_t *head = &ls->buckets[lmtp_sieve_bucket(sb.st_dev,
                                                         sb.st_ino)];

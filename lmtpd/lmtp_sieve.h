@@ -8,7 +8,9 @@
  * inode, size, mtime, ctime): up to LMTP_SIEVE_FILES files remembered
  * and LMTP_SIEVE_CACHE compiled texts held, older ones evicted by a
  * clock (second chance); files holding the same bytes share one compiled
- * script (compiled scripts are immutable, so sharing is safe).  A
+ * script (compiled scripts are immutable, so sharing is safe).  A new
+ * text is held only once used again (a probation slot of one, and the
+ * hashes of the last texts made: see "Admission" in lmtp_sieve.c).  A
  * delivery to a user whose script is cached and unchanged costs one
  * stat() of the link, no open and no read.  The script runs
  * against the staged message with that recipient's envelope.  The

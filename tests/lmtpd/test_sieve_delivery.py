@@ -538,6 +538,46 @@ def test_compiled_shared():
               "bob's script changed with carol's")
 
 
+def test_compiled_probation():
+    """A user's own text, new to the worker, waits in a probation slot of
+    one: the next new text drops it (its memory is the next tree's), a
+    text used again while there is kept, and a text made before is kept
+    at once when it comes back (loaded from its compiled form, not
+    compiled again)."""
+    with SieveInstance("sv-probation", maxchild=1) as inst:
+        for u in ("alice", "bob", "carol"):
+            inst.create("user.%s.work" % u)
+            inst.script(u, 'require "fileinto";\n# %s\n'
+                           'fileinto "INBOX.work";\n' % u)
+        inst.start()
+
+        def deliver(u):
+            per = send(inst, ["%s@test.example" % u], make_message(msgid()))
+            check(per[0].code == 250, "%s: %r" % (u, per))
+
+        def counts():
+            log = inst.log()
+            return (log.count("lmtp: sieve compiled"),
+                    log.count("lmtp: sieve loaded compiled"))
+
+        deliver("alice")    # alice's text on probation
+        deliver("bob")      # bob's takes the slot: alice's dropped
+        check(counts() == (2, 0), "compiles, loads: %r" % (counts(),))
+        deliver("alice")    # made before: loaded again, and kept
+        check(counts() == (2, 1), "alice's dropped text not loaded "
+              "again from its compiled form: %r" % (counts(),))
+        deliver("alice")
+        deliver("bob")      # used again on probation: kept
+        deliver("carol")    # a new text: bob's stays
+        deliver("bob")
+        deliver("alice")
+        check(counts() == (3, 1), "a kept text was loaded again: %r"
+              % (counts(),))
+        for u, n in (("alice", 4), ("bob", 3), ("carol", 1)):
+            got = len(inst.messages("user.%s.work" % u))
+            check(got == n, "%s: %d filed, not %d" % (u, got, n))
+
+
 def _restart(inst):
     problems = inst.stop()
     check(not problems, "; ".join(problems))
@@ -928,6 +968,7 @@ TESTS = [
     test_duplicatesuppression,
     test_compiled_cache,
     test_compiled_shared,
+    test_compiled_probation,
     test_crash_during_sieve_deliveries,
     test_compiled_form,
     test_cached_lookup,
