@@ -40,7 +40,10 @@
 #                         10,000 messages per run (5 per user), each with
 #                         a sender of its own (one vacation reply per
 #                         message); flagged messages and replies counted
-#                         afterwards
+#                         afterwards; beside the rates, each server's CPU
+#                         time per message (every cell's JSON has it:
+#                         server_cpu_us_per_msg, from /proc of the
+#                         server's processes before and after the load)
 #               idle      ours: CPU of 1,000 idle IDLE sessions and the delay
 #                         from an LMTP delivery to their EXISTS (bench/idle.py)
 #               tier      ours: a private 3-member etcd, a backend and a
@@ -220,6 +223,7 @@ def flag(rs):
     return "" if not bad else " (!%d)" % len(bad)
 
 peers = ["ours", "cyrus", "dovecot"]
+CPU = "server_cpu_us_per_msg"   # cell(): the server's CPU per message
 
 # plots: throughput and p99 vs connections, one line per server
 g = cells("conc")
@@ -492,7 +496,13 @@ if g:
       "right before it (odd rounds) or after it (even rounds); the *no "
       "script* row is every pair's run without one. "
       "*vs no script*: the median over rounds "
-      "of the rate with the script divided by the rate of its pair." % (
+      "of the rate with the script divided by the rate of its pair. "
+      "*CPU µs/msg*: the server's CPU time (user + system, every process "
+      "it started: a `sendmail` it runs is counted, the load tool and the "
+      "smtp-sink are not) per delivered message, median of the runs; *CPU "
+      "vs no script*: the median over rounds of that divided by its "
+      "pair's, the script's cost where the CPU is the limit, less swayed "
+      "by the disk than the rates." % (
           fmt(meta.get("sievemsgs")),
                                             fmt(meta.get("users"))))
     w("")
@@ -500,10 +510,12 @@ if g:
     head = "| script | " + " | ".join("%s msgs/s" % s for s in vs)
     head += "".join(" | ours/%s" % b for b in rat)
     head += "".join(" | %s vs no script" % s for s in vs)
+    head += "".join(" | %s CPU µs/msg" % s for s in vs)
+    head += "".join(" | %s CPU vs no script" % s for s in vs)
     head += " | " + " | ".join("%s p99 ms" % s for s in vs)
     head += " | checked (median per run) |"
     w(head)
-    w("|---" + "|---:" * (3 * len(vs) + len(rat)) + "|---|")
+    w("|---" + "|---:" * (5 * len(vs) + len(rat)) + "|---|")
     for grp, byv in g.items():
         line = "| %s" % grp
         for s in vs:
@@ -514,6 +526,12 @@ if g:
         for s in vs:
             line += " | %s" % ("-" if grp == first else
                                fmt(ratio_med(byv.get(s, []), g[first].get(s, [])), 2))
+        for s in vs:
+            line += " | %s" % fmt(med(rate(r, CPU) for r in byv.get(s, [])))
+        for s in vs:
+            line += " | %s" % ("-" if grp == first else
+                               fmt(ratio_med(byv.get(s, []), g[first].get(s, []),
+                                             key=CPU), 2))
         for s in vs:
             line += " | %s" % fmt(med(lat(r) for r in byv.get(s, [])), 1)
         chk = []
@@ -748,15 +766,33 @@ cell() {
         stale+=("$d"); current=
         return 1
     fi
+    local cpu0 cpu1
+    cpu0=$(srv_cpu_ticks "$d")
     # a bound on the whole run (a server that hangs must not stop the suite)
     timeout -k 10 "$cell_timeout" \
         "$mailbench" "$mode" --lmtp "$(srv_lmtp "$d")" --imap "$(srv_imap "$d")" \
         --verify imap -c "$conc" -s "$msgsize" --label "$variant" -q \
         --json "$results/$json" "$@" > "$results/$name.txt" 2>&1
     rc=$?
+    cpu1=$(srv_cpu_ticks "$d")
     if ((rc == 124 || rc == 137)); then
         echo "run: mailbench killed after $cell_timeout s" >> "$results/$name.txt"
         rm -f "$results/$json"
+    fi
+    # the server's CPU time per delivered message (all its processes, the
+    # load tool not counted): less at the mercy of the disk than msgs/s
+    if [[ -f $results/$json ]]; then
+        python3 - "$results/$json" "$(getconf CLK_TCK)" $cpu0 $cpu1 <<'PY' || true
+import json, sys
+path, hz = sys.argv[1], float(sys.argv[2])
+u0, s0, u1, s1 = (int(x) for x in sys.argv[3:7])
+j = json.load(open(path))
+n = j.get("delivered_msgs") or 0
+if n:
+    j["server_cpu_s"] = {"user": (u1 - u0) / hz, "system": (s1 - s0) / hz}
+    j["server_cpu_us_per_msg"] = ((u1 - u0) + (s1 - s0)) / hz * 1e6 / n
+json.dump(j, open(path, "w"))
+PY
     fi
     if [[ -n ${cell_sieve:-} && $cell_sieve != none && -f $results/$json ]]; then
         # did the script run? flagged messages (filing) or replies (vacation)

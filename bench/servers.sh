@@ -185,6 +185,23 @@ srv_tagged() {   # DIR
     done
 }
 
+# The CPU time of DIR's server so far, in clock ticks: "USER SYSTEM", the
+# sums over its processes (srv_tagged) of utime + cutime and stime +
+# cstime.  A process reaped by another of the server's is in its parent's
+# c-times, one still running in its own, so the difference of two calls
+# is what the server used between them, whatever exited meanwhile; the
+# load tool and the smtp-sink carry no tag and are not counted.
+srv_cpu_ticks() {   # DIR
+    local pid u=0 s=0 a b
+    for pid in $(srv_tagged "$1"); do
+        read -r a b < <(awk '{ sub(/^.*\) /, ""); print $12 + $14, $13 + $15 }' \
+            "/proc/$pid/stat" 2>/dev/null)
+        [[ -n ${b:-} ]] || continue
+        u=$((u + a)); s=$((s + b))
+    done
+    echo "$u $s"
+}
+
 # Run as the data's owner (the server's unprivileged user) when root.
 srv_as_owner() {
     if [[ -n ${OWNER:-} && $(id -u) -eq 0 ]]; then
