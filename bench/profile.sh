@@ -24,9 +24,10 @@
 #               without the start-up (repeatable on a busy machine; the
 #               two profiles stay in OUTDIR for callgrind_annotate)
 #     cpu       RUNS runs of MSGS messages, 40 connections: msgs/s and the
-#               CPU time of the master's process tree (utime + stime of the
-#               master and its children, reaped ones included, from /proc
-#               before and after the run) divided by MSGS
+#               CPU time of the server's processes (srv_cpu_ticks of
+#               bench/servers.sh: utime + stime of each, reaped children
+#               included, from /proc before and after the run) divided by
+#               MSGS
 #
 # Run directories are not removed before the end: on ext4 without a
 # journal, files created within minutes of many deletions in the same
@@ -131,25 +132,16 @@ if has callgrind; then
     echo "instructions per delivery (callgrind, (I(1200) - I(200)) / 1000): $(( (b - a) / 1000 ))"
 fi
 
-tree_ticks() {   # MASTERPID -> clock ticks of the master and its children
-    local p s=0 t
-    for p in $1 $(pgrep -P "$1"); do
-        t=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 + $14 + $15 }' "/proc/$p/stat" 2>/dev/null) && s=$((s + t))
-    done
-    echo "$s"
-}
-
 if has cpu; then
     hz=$(getconf CLK_TCK)
     for ((r = 1; r <= runs; r++)); do
         d=$(start "cpu$r") || exit 1
         runs_made+=("$d")
-        m=$(cat "$d/master.pid")
         sleep 1
-        t0=$(tree_ticks "$m")
+        read -r u s < <(srv_cpu_ticks "$d"); t0=$((u + s))
         "$mailbench" lmtp --lmtp "$(srv_lmtp "$d")" -c 40 -n "$msgs" -m 2000 -q \
             --json "$out/cpu.$r.json" > "$out/cpu.$r.txt" 2>&1
-        t1=$(tree_ticks "$m")
+        read -r u s < <(srv_cpu_ticks "$d"); t1=$((u + s))
         srv_stop "$d" || exit 1
         python3 - "$out/cpu.$r.json" "$((t1 - t0))" "$hz" "$msgs" <<'PY'
 import json, sys
