@@ -374,12 +374,13 @@ static int dec_nomem(struct dec *d)
 #define DEC_CHUNK_HEAD \
     ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
 
-/* a new chunk of at least n bytes at the head of the list, NULL when out
- * of memory */
+/* a new chunk of at least n bytes at the head of the list, zeroed (one
+ * wide clear of the block the size hint makes just large enough costs
+ * less than a short clear per node and array), NULL when out of memory */
 static struct sv_chunk *dec_chunk_new(struct dec *d, size_t n)
 {
     size_t size = d->chunk_size > n ? d->chunk_size : n;
-    struct sv_chunk *c = malloc(DEC_CHUNK_HEAD + size);
+    struct sv_chunk *c = calloc(1, DEC_CHUNK_HEAD + size);
 
     if (!c) {
         dec_nomem(d);
@@ -394,10 +395,8 @@ static struct sv_chunk *dec_chunk_new(struct dec *d, size_t n)
     return c;
 }
 
-/* n bytes from the script's chunks, NULL when out of memory; zeroed
- * unless raw (only what is handed out is zeroed: a chunk is larger than
- * most trees need) */
-static inline void *dec_alloc_raw(struct dec *d, size_t n, int raw)
+/* n zeroed bytes from the script's chunks, NULL when out of memory */
+static inline void *dec_alloc(struct dec *d, size_t n)
 {
     struct sv_chunk *c = d->s->chunks;
     void *p;
@@ -408,14 +407,7 @@ static inline void *dec_alloc_raw(struct dec *d, size_t n, int raw)
         return NULL;
     p = (char *)c + DEC_CHUNK_HEAD + c->used;
     c->used += n;
-    if (!raw)
-        memset(p, 0, n);
     return p;
-}
-
-static inline void *dec_alloc(struct dec *d, size_t n)
-{
-    return dec_alloc_raw(d, n, 0);
 }
 
 static int dec_num_slow(struct dec *d, uint64_t *v)
@@ -482,7 +474,7 @@ static int dec_bytes(struct dec *d, char **s_r, size_t *len_r)
 
     if (dec_count(d, &len) < 0)
         return -1;
-    s = dec_alloc_raw(d, len + 1, 1);
+    s = dec_alloc(d, len + 1);
     if (!s)
         return -1;
     memcpy(s, d->p, len);
@@ -636,7 +628,7 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
         [BCV_ADDRESSES] = UINT64_MAX, [BCV_CONTENT] = UINT64_MAX,
     };
     struct sv_node *n;
-    uint64_t v, f, mask, val[BCV_COUNT];
+    uint64_t v, f, mask, have, val[BCV_COUNT];
     size_t i, npos;
     int k;
 
@@ -676,8 +668,10 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
         return -1;
     if (dec_small(d, (1u << BCV_COUNT) - 1, &mask) < 0)
         return -1;
-    memset(val, 0, sizeof(val));
-    /* the fields present, in order: the set bits of the mask */
+    /* the fields present, in order: the set bits of the mask (val[k] is
+     * read only through FIELD: those absent are 0 without a clear of the
+     * whole array per node) */
+    have = mask;
     for (; mask; mask &= mask - 1) {
         k = __builtin_ctzll(mask);
         if (dec_small(d, max[k], &val[k]) < 0)
@@ -685,38 +679,40 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
         if (val[k] == 0)
             return dec_fail(d, "corrupt: a field given as 0");
     }
-    n->comparator = (int)val[BCV_COMPARATOR];
-    n->match = (int)val[BCV_MATCH];
-    n->relop = (int)val[BCV_RELOP];
-    n->addrpart = (int)val[BCV_ADDRPART];
-    n->body_transform = (int)val[BCV_BODY];
-    n->modifiers = (unsigned)val[BCV_MODIFIERS];
-    n->index = val[BCV_INDEX];
-    n->seconds = val[BCV_SECONDS];
-    n->number = val[BCV_NUMBER];
+#define FIELD(k) ((have >> (k)) & 1 ? val[k] : 0)
+    n->comparator = (int)FIELD(BCV_COMPARATOR);
+    n->match = (int)FIELD(BCV_MATCH);
+    n->relop = (int)FIELD(BCV_RELOP);
+    n->addrpart = (int)FIELD(BCV_ADDRPART);
+    n->body_transform = (int)FIELD(BCV_BODY);
+    n->modifiers = (unsigned)FIELD(BCV_MODIFIERS);
+    n->index = FIELD(BCV_INDEX);
+    n->seconds = FIELD(BCV_SECONDS);
+    n->number = FIELD(BCV_NUMBER);
     if (dec_args(d, n, n->comparator == SV_CMP_CASEMAP) < 0)
         return -1;
-    if ((val[BCV_ZONE] &&
-         dec_ref(d, n, val[BCV_ZONE], NULL, &n->zone) < 0) ||
-        (val[BCV_SPECIALUSE] &&
-         dec_ref(d, n, val[BCV_SPECIALUSE], NULL, &n->specialuse) < 0) ||
-        (val[BCV_SUBJECT] &&
-         dec_ref(d, n, val[BCV_SUBJECT], NULL, &n->subject) < 0) ||
-        (val[BCV_FROM] &&
-         dec_ref(d, n, val[BCV_FROM], NULL, &n->from) < 0) ||
-        (val[BCV_HANDLE] &&
-         dec_ref(d, n, val[BCV_HANDLE], NULL, &n->handle) < 0) ||
-        (val[BCV_HEADER] &&
-         dec_ref(d, n, val[BCV_HEADER], NULL, &n->header) < 0) ||
-        (val[BCV_UNIQUEID] &&
-         dec_ref(d, n, val[BCV_UNIQUEID], NULL, &n->uniqueid) < 0) ||
-        (val[BCV_FLAGS] &&
-         dec_ref(d, n, val[BCV_FLAGS], &n->flags, NULL) < 0) ||
-        (val[BCV_ADDRESSES] &&
-         dec_ref(d, n, val[BCV_ADDRESSES], &n->addresses, NULL) < 0) ||
-        (val[BCV_CONTENT] &&
-         dec_ref(d, n, val[BCV_CONTENT], &n->content_types, NULL) < 0))
+    if ((FIELD(BCV_ZONE) &&
+         dec_ref(d, n, FIELD(BCV_ZONE), NULL, &n->zone) < 0) ||
+        (FIELD(BCV_SPECIALUSE) &&
+         dec_ref(d, n, FIELD(BCV_SPECIALUSE), NULL, &n->specialuse) < 0) ||
+        (FIELD(BCV_SUBJECT) &&
+         dec_ref(d, n, FIELD(BCV_SUBJECT), NULL, &n->subject) < 0) ||
+        (FIELD(BCV_FROM) &&
+         dec_ref(d, n, FIELD(BCV_FROM), NULL, &n->from) < 0) ||
+        (FIELD(BCV_HANDLE) &&
+         dec_ref(d, n, FIELD(BCV_HANDLE), NULL, &n->handle) < 0) ||
+        (FIELD(BCV_HEADER) &&
+         dec_ref(d, n, FIELD(BCV_HEADER), NULL, &n->header) < 0) ||
+        (FIELD(BCV_UNIQUEID) &&
+         dec_ref(d, n, FIELD(BCV_UNIQUEID), NULL, &n->uniqueid) < 0) ||
+        (FIELD(BCV_FLAGS) &&
+         dec_ref(d, n, FIELD(BCV_FLAGS), &n->flags, NULL) < 0) ||
+        (FIELD(BCV_ADDRESSES) &&
+         dec_ref(d, n, FIELD(BCV_ADDRESSES), &n->addresses, NULL) < 0) ||
+        (FIELD(BCV_CONTENT) &&
+         dec_ref(d, n, FIELD(BCV_CONTENT), &n->content_types, NULL) < 0))
         return -1;
+#undef FIELD
     if (dec_small(d, 3, &v) < 0)
         return -1;
     npos = (size_t)v;
