@@ -523,9 +523,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
         if (r == SIEVE_OK && bcdir &&
             lmtp_sieve_load_bc(ls, bcdir, bcname, &text, hash, &k->script,
                                &why)) {
-            ls->bcloads++;
-            log_info("lmtp: sieve loaded compiled script=<%s> loads=<%lu>",
-                     path, ls->bcloads);
+            ls->bcloads++;   /* the recipient's line says how many */
         } else {
             if (why && !ls->bc_quiet)
                 log_warning("lmtp: sieve ignoring compiled form script=<%s> "
@@ -1872,6 +1870,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     size_t i;
     struct lmtp_sieve_hdr hdr;
     int fd = -1, r, tempfail = 0, hdr_set = 0, hdr_parsed = 0;
+    unsigned long loads = ls->bcloads;
 
     memset(res, 0, sizeof(*res));
     res->outcome = LMTP_SIEVE_NONE;
@@ -2154,8 +2153,9 @@ done:
     log_sanitize(log.s ? log.s : "", log.len, clog, sizeof(clog));
     log_sanitize(rcpt, strlen(rcpt), crcpt, sizeof(crcpt));
     log_info("lmtp: sieve rcpt=<%s> user=<%s> script=<%s> result=<%s> "
-             "actions=<%s>", crcpt, res->userid ? res->userid : "",
-             scriptname, status, clog);
+             "loaded=<%lu> actions=<%s>", crcpt,
+             res->userid ? res->userid : "", scriptname, status,
+             ls->bcloads - loads, clog);
 out:
     if (hdr_set)
         lmtp_sieve_hdr_fini(&hdr);
