@@ -44,6 +44,40 @@ enum {
 #define BCS_HAS_VAR 1u
 #define BCS_REGEX   2u
 
+/* the node fields that point into the node's arguments (BCV_ZONE and
+ * after): the first string of an argument, or its whole list; stored as
+ * 1 + the argument's index, the same table for writing and reading */
+static const struct bc_ref {
+    unsigned char k;      /* BCV_* */
+    unsigned char list;   /* a const struct sv_strlist *, else sv_str * */
+    size_t off;           /* offsetof(struct sv_node, field) */
+} bc_refs[] = {
+    { BCV_ZONE, 0, offsetof(struct sv_node, zone) },
+    { BCV_SPECIALUSE, 0, offsetof(struct sv_node, specialuse) },
+    { BCV_SUBJECT, 0, offsetof(struct sv_node, subject) },
+    { BCV_FROM, 0, offsetof(struct sv_node, from) },
+    { BCV_HANDLE, 0, offsetof(struct sv_node, handle) },
+    { BCV_HEADER, 0, offsetof(struct sv_node, header) },
+    { BCV_UNIQUEID, 0, offsetof(struct sv_node, uniqueid) },
+    { BCV_FLAGS, 1, offsetof(struct sv_node, flags) },
+    { BCV_ADDRESSES, 1, offsetof(struct sv_node, addresses) },
+    { BCV_CONTENT, 1, offsetof(struct sv_node, content_types) },
+};
+#define BC_NREFS (sizeof(bc_refs) / sizeof(bc_refs[0]))
+
+/* the field of n that r names (for the decoder, which sets it) */
+static const struct sv_str **bc_ref_str(struct sv_node *n,
+                                        const struct bc_ref *r)
+{
+    return (const struct sv_str **)(void *)((char *)n + r->off);
+}
+
+static const struct sv_strlist **bc_ref_list(struct sv_node *n,
+                                             const struct bc_ref *r)
+{
+    return (const struct sv_strlist **)(void *)((char *)n + r->off);
+}
+
 #define SIEVE_BC_MAX_DEPTH 256
 
 /* ---- hashes ------------------------------------------------------------- */
@@ -211,6 +245,7 @@ static void enc_node(struct enc *e, const struct sv_node *n)
     {
         uint64_t v[BCV_COUNT], mask = 0;
         int k2;
+        size_t ri;
 
         v[BCV_COMPARATOR] = (uint64_t)n->comparator;
         v[BCV_MATCH] = (uint64_t)n->match;
@@ -221,16 +256,19 @@ static void enc_node(struct enc *e, const struct sv_node *n)
         v[BCV_INDEX] = n->index;
         v[BCV_SECONDS] = n->seconds;
         v[BCV_NUMBER] = n->number;
-        v[BCV_ZONE] = enc_strref(n, n->zone);
-        v[BCV_SPECIALUSE] = enc_strref(n, n->specialuse);
-        v[BCV_SUBJECT] = enc_strref(n, n->subject);
-        v[BCV_FROM] = enc_strref(n, n->from);
-        v[BCV_HANDLE] = enc_strref(n, n->handle);
-        v[BCV_HEADER] = enc_strref(n, n->header);
-        v[BCV_UNIQUEID] = enc_strref(n, n->uniqueid);
-        v[BCV_FLAGS] = enc_listref(n, n->flags);
-        v[BCV_ADDRESSES] = enc_listref(n, n->addresses);
-        v[BCV_CONTENT] = enc_listref(n, n->content_types);
+        for (ri = 0; ri < BC_NREFS; ri++) {
+            const struct bc_ref *r = &bc_refs[ri];
+            const char *at = (const char *)n + r->off;
+            const struct sv_strlist *sl;
+            const struct sv_str *str;
+            if (r->list) {
+                memcpy(&sl, at, sizeof(sl));
+                v[r->k] = enc_listref(n, sl);
+            } else {
+                memcpy(&str, at, sizeof(str));
+                v[r->k] = enc_strref(n, str);
+            }
+        }
         for (k2 = 0; k2 < BCV_COUNT; k2++)
             if (v[k2])
                 mask |= 1u << k2;
@@ -689,30 +727,16 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
     n->index = FIELD(BCV_INDEX);
     n->seconds = FIELD(BCV_SECONDS);
     n->number = FIELD(BCV_NUMBER);
+#undef FIELD
     if (dec_args(d, n, n->comparator == SV_CMP_CASEMAP) < 0)
         return -1;
-    if ((FIELD(BCV_ZONE) &&
-         dec_ref(d, n, FIELD(BCV_ZONE), NULL, &n->zone) < 0) ||
-        (FIELD(BCV_SPECIALUSE) &&
-         dec_ref(d, n, FIELD(BCV_SPECIALUSE), NULL, &n->specialuse) < 0) ||
-        (FIELD(BCV_SUBJECT) &&
-         dec_ref(d, n, FIELD(BCV_SUBJECT), NULL, &n->subject) < 0) ||
-        (FIELD(BCV_FROM) &&
-         dec_ref(d, n, FIELD(BCV_FROM), NULL, &n->from) < 0) ||
-        (FIELD(BCV_HANDLE) &&
-         dec_ref(d, n, FIELD(BCV_HANDLE), NULL, &n->handle) < 0) ||
-        (FIELD(BCV_HEADER) &&
-         dec_ref(d, n, FIELD(BCV_HEADER), NULL, &n->header) < 0) ||
-        (FIELD(BCV_UNIQUEID) &&
-         dec_ref(d, n, FIELD(BCV_UNIQUEID), NULL, &n->uniqueid) < 0) ||
-        (FIELD(BCV_FLAGS) &&
-         dec_ref(d, n, FIELD(BCV_FLAGS), &n->flags, NULL) < 0) ||
-        (FIELD(BCV_ADDRESSES) &&
-         dec_ref(d, n, FIELD(BCV_ADDRESSES), &n->addresses, NULL) < 0) ||
-        (FIELD(BCV_CONTENT) &&
-         dec_ref(d, n, FIELD(BCV_CONTENT), &n->content_types, NULL) < 0))
-        return -1;
-#undef FIELD
+    for (i = 0; i < BC_NREFS; i++) {
+        const struct bc_ref *r = &bc_refs[i];
+        if (((have >> r->k) & 1) &&
+            dec_ref(d, n, val[r->k], r->list ? bc_ref_list(n, r) : NULL,
+                    r->list ? NULL : bc_ref_str(n, r)) < 0)
+            return -1;
+    }
     if (dec_small(d, 3, &v) < 0)
         return -1;
     npos = (size_t)v;
