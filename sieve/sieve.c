@@ -145,7 +145,7 @@ void sieve_script_free(struct sieve_script **scriptp)
         while (s->chunks) {
             struct sv_chunk *c = s->chunks;
             s->chunks = c->next;
-            free(c);
+            sv_chunk_release(c);
         }
     } else {
         for (i = 0; i < s->ncmds; i++)

@@ -194,7 +194,22 @@ static void enc_bytes(struct enc *e, const char *s, size_t len)
         e->rc = SIEVE_ENOMEM;
 }
 
-/* 0 or 1 + index of the argument whose string list is sl */
+/* The stored arguments are the positional ones (the tags were resolved
+ * into the node's fields by the checker), each as a string list: a number
+ * (size's limit, in the node's number) as an empty one, which a
+ * positional reference may name.  The index of argument i among them: */
+static uint64_t enc_argindex(const struct sv_node *n, size_t i)
+{
+    uint64_t k = 0;
+    size_t j;
+
+    for (j = 0; j < i; j++)
+        if (n->args[j].kind != SV_ARG_TAG)
+            k++;
+    return k;
+}
+
+/* 0 or 1 + the stored index of the argument whose string list is sl */
 static uint64_t enc_listref(const struct sv_node *n,
                             const struct sv_strlist *sl)
 {
@@ -203,8 +218,8 @@ static uint64_t enc_listref(const struct sv_node *n,
     if (!sl)
         return 0;
     for (i = 0; i < n->nargs; i++)
-        if (&n->args[i].sl == sl)
-            return i + 1;
+        if (n->args[i].kind != SV_ARG_TAG && &n->args[i].sl == sl)
+            return enc_argindex(n, i) + 1;
     return 0;
 }
 
@@ -215,8 +230,9 @@ static uint64_t enc_strref(const struct sv_node *n, const struct sv_str *s)
     if (!s)
         return 0;
     for (i = 0; i < n->nargs; i++)
-        if (n->args[i].sl.n && &n->args[i].sl.v[0] == s)
-            return i + 1;
+        if (n->args[i].kind == SV_ARG_STRLIST && n->args[i].sl.n &&
+            &n->args[i].sl.v[0] == s)
+            return enc_argindex(n, i) + 1;
     return 0;
 }
 
@@ -275,29 +291,25 @@ static void enc_node(struct enc *e, const struct sv_node *n)
         enc_num(e, (uint64_t)n->id);
         enc_num(e, n->line);
         enc_num(e, f);
-        enc_bytes(e, n->name, strlen(n->name));
+        /* a command or test the checker knows is named by its id */
+        if (n->id == 0 || !sieve_node_name(n->id))
+            enc_bytes(e, n->name ? n->name : "", n->name ? strlen(n->name)
+                                                         : 0);
         enc_num(e, mask);
         for (k2 = 0; k2 < BCV_COUNT; k2++)
             if (v[k2])
                 enc_num(e, v[k2]);
     }
-    enc_num(e, n->nargs);
+    enc_num(e, enc_argindex(n, n->nargs));
     for (i = 0; i < n->nargs; i++) {
         const struct sv_arg *a = &n->args[i];
-        enc_num(e, (uint64_t)a->kind);
-        enc_num(e, a->line);
-        enc_num(e, a->is_list ? 1 : 0);
         if (a->kind == SV_ARG_TAG)
-            enc_bytes(e, a->tag, strlen(a->tag));
-        else if (a->kind == SV_ARG_NUM)
-            enc_num(e, a->num);
-        else {
-            enc_num(e, a->sl.n);
-            for (k = 0; k < a->sl.n; k++) {
-                enc_bytes(e, a->sl.v[k].s, a->sl.v[k].len);
-                enc_num(e, (a->sl.v[k].has_var ? BCS_HAS_VAR : 0) |
-                           (a->sl.v[k].re ? BCS_REGEX : 0));
-            }
+            continue;
+        enc_num(e, a->sl.n);   /* 0 for a number */
+        for (k = 0; k < a->sl.n; k++) {
+            enc_bytes(e, a->sl.v[k].s, a->sl.v[k].len);
+            enc_num(e, (a->sl.v[k].has_var ? BCS_HAS_VAR : 0) |
+                       (a->sl.v[k].re ? BCS_REGEX : 0));
         }
     }
     enc_num(e, n->npos);
@@ -412,17 +424,40 @@ static int dec_nomem(struct dec *d)
 #define DEC_CHUNK_HEAD \
     ((sizeof(struct sv_chunk) + DEC_ALIGN - 1) & ~(size_t)(DEC_ALIGN - 1))
 
+/* the block kept from the last tree freed (sv_chunk_release) */
+static __thread struct sv_chunk *bc_spare;
+
+void sv_chunk_release(struct sv_chunk *c)
+{
+    if (!c)
+        return;
+    if (c->cap > SV_CHUNK_KEEP || (bc_spare && bc_spare->cap >= c->cap)) {
+        free(c);
+        return;
+    }
+    free(bc_spare);
+    bc_spare = c;
+}
+
 /* a new chunk of at least n bytes at the head of the list, zeroed (one
  * wide clear of the block the size hint makes just large enough costs
- * less than a short clear per node and array), NULL when out of memory */
+ * less than a short clear per node and array): the kept block when it is
+ * large enough, else a new one; NULL when out of memory */
 static struct sv_chunk *dec_chunk_new(struct dec *d, size_t n)
 {
     size_t size = d->chunk_size > n ? d->chunk_size : n;
-    struct sv_chunk *c = calloc(1, DEC_CHUNK_HEAD + size);
+    struct sv_chunk *c = bc_spare;
 
-    if (!c) {
-        dec_nomem(d);
-        return NULL;
+    if (c && c->cap >= size) {
+        bc_spare = NULL;
+        memset((char *)c + DEC_CHUNK_HEAD, 0, size);
+    } else {
+        c = calloc(1, DEC_CHUNK_HEAD + size);
+        if (!c) {
+            dec_nomem(d);
+            return NULL;
+        }
+        c->cap = size;
     }
     c->size = size;
     c->used = 0;
@@ -589,26 +624,7 @@ static int dec_args(struct dec *d, struct sv_node *n, int casemap)
         return -1;
     for (i = 0; i < n->nargs; i++) {
         struct sv_arg *a = &n->args[i];
-        if (dec_small(d, SV_ARG_TAG, &v) < 0)
-            return -1;
-        a->kind = (enum sv_argkind)v;
-        if (dec_small(d, UINT32_MAX, &v) < 0)
-            return -1;
-        a->line = (unsigned)v;
-        if (dec_small(d, 1, &v) < 0)
-            return -1;
-        a->is_list = (int)v;
-        if (a->kind == SV_ARG_TAG) {
-            if (dec_bytes(d, &a->tag, NULL) < 0)
-                return -1;
-            continue;
-        }
-        if (a->kind == SV_ARG_NUM) {
-            if (dec_num(d, &v) < 0)
-                return -1;
-            a->num = v;
-            continue;
-        }
+        a->kind = SV_ARG_STRLIST;
         if (dec_count(d, &k) < 0)
             return -1;
         if (k == 0)
@@ -702,7 +718,8 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
     n->global = !!(f & BCF_GLOBAL);
     n->has_seconds = !!(f & BCF_HAS_SECONDS);
     n->over = !!(f & BCF_OVER);
-    if (dec_bytes(d, &n->name, NULL) < 0)
+    n->name = n->id ? (char *)sieve_node_name(n->id) : NULL;
+    if (!n->name && dec_bytes(d, &n->name, NULL) < 0)
         return -1;
     if (dec_small(d, (1u << BCV_COUNT) - 1, &mask) < 0)
         return -1;
@@ -743,7 +760,7 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
     for (i = 0; i < npos; i++) {
         if (dec_small(d, n->nargs ? n->nargs - 1 : 0, &v) < 0)
             return -1;
-        if (n->nargs == 0 || n->args[v].kind == SV_ARG_TAG)
+        if (n->nargs == 0)
             return dec_fail(d, "corrupt: bad positional argument");
         n->pos[n->npos++] = &n->args[v].sl;
     }

@@ -12,7 +12,7 @@
  *   SIEVE_OK: s runs exactly as the compiled text would; SIEVE_EINVAL:
  *   the file is stale or damaged (why says which): compile the text.
  *
- * Format (version 3; integers little-endian; no pointers, so the bytes
+ * Format (version 4; integers little-endian; no pointers, so the bytes
  * mean the same wherever they are read or mapped):
  *
  *   offset size
@@ -43,7 +43,9 @@
  *             2 unchecked, 3 has match, 4 has comparator, 5 has address
  *             part, 6 last, 7 originalzone, 8 has flags, 9 copy,
  *             10 create, 11 mime, 12 once, 13 optional, 14 global,
- *             15 has seconds, 16 over), string name,
+ *             15 has seconds, 16 over), string name only when the id
+ *             is 0 or names no command or test (an unchecked command;
+ *             the others take their name from the id),
  *             n field mask, then the fields whose bit is set (those not
  *             0, in this order): comparator, match, relop, address
  *             part, body transform, set modifiers, index, seconds,
@@ -55,10 +57,14 @@
  *             n count, n arg index*          the positional arguments
  *             n count, node*                 the tests
  *             n count, node*                 the block
- *   arg     = n kind (0 number, 1 string list, 2 tag), n line, n is-list,
- *             kind 2: string tag; kind 0: n value;
- *             kind 1: n count, (string, n flags)* (flag bit 0: has a
- *             variable reference, bit 1: a :regex key compiled at load)
+ *   arg     = n count, (string, n flags)*: the node's arguments that are
+ *             not tags, in order, each a string list (flag bit 0: has a
+ *             variable reference, bit 1: a :regex key compiled at load);
+ *             a number is an empty list (its value is in the node's
+ *             fields, as every tag's meaning is).  Version 3 also kept
+ *             each argument's kind, line and list syntax, the tags and
+ *             the numbers, and every node's name: what the checker had
+ *             already turned into fields, read at every load.
  *
  * A loaded tree lives in a few large blocks (struct sv_chunk), not one
  * allocation per node and string, and :regex keys are compiled again.
@@ -81,7 +87,7 @@
 #include "lib/strarray.h"
 #include "sieve/sieve.h"
 
-#define SIEVE_BC_VERSION 3
+#define SIEVE_BC_VERSION 4
 #define SIEVE_BC_HEADER 64
 #define SIEVE_BC_SUFFIX ".bc"
 

@@ -1114,6 +1114,13 @@ static const struct cmdspec *spec_by_id(int id)
     return id > 0 && id <= SV_T_VALID_EXT_LIST ? index[id] : NULL;
 }
 
+const char *sieve_node_name(int id)
+{
+    const struct cmdspec *spec = spec_by_id(id);
+
+    return spec ? spec->name : NULL;
+}
+
 int sieve_check_shape(const struct sv_node *n, int in_test)
 {
     const struct cmdspec *spec = spec_by_id(n->id);

@@ -97,8 +97,17 @@ struct sv_node {
 struct sv_chunk {
     struct sv_chunk *next;
     size_t used, size;
+    size_t cap;              /* bytes after the head (>= size: a block
+                                kept from a freed tree may be larger) */
     /* the memory follows, 16-byte aligned */
 };
+
+/* sieve_bc.c: give back the block of a freed loaded tree.  One block per
+ * thread (the largest, up to SV_CHUNK_KEEP bytes) is kept for the next
+ * load, so that a worker loading a tree per delivery does not free and
+ * allocate (and fault in) the same tens of kilobytes each time. */
+#define SV_CHUNK_KEEP (256 * 1024)
+void sv_chunk_release(struct sv_chunk *c);
 
 /* a :regex key compiled when a stored form was loaded (regfree'd) */
 struct sv_regex {
@@ -135,6 +144,10 @@ int sieve_check(struct sieve_script *s, const struct strarray *allowed,
  * range), else -1; for a tree that did not come from sieve_check() (the
  * stored form, sieve_bc.c) */
 int sieve_check_shape(const struct sv_node *n, int in_test);
+
+/* the name of the command or test of a checked node's id (NULL: not an
+ * id the checker gives) */
+const char *sieve_node_name(int id);
 
 /* the limits of a compiled script: the defaults, overridden by the
  * non-zero fields of in (NULL: none) */
