@@ -68,6 +68,11 @@ struct lmtp_sieve_compiled {
     uint64_t hash;                 /* sieve_bc_hash() of the bytes */
     struct sieve_script *script;   /* NULL: the script does not compile */
     char *error;                   /* its compile error */
+    char *bc;                      /* the stored form it was loaded
+                                      from (lmtp_sieve_keep_bc(); NULL:
+                                      compiled), for comparison by loads
+                                      that do not read the text */
+    size_t bclen;
     unsigned refs;                 /* cache entries pointing here */
     int probation;                 /* in the probation slot (below) */
     struct lmtp_sieve_compiled *prev, *next;   /* the hash's bucket */
@@ -240,6 +245,7 @@ static void lmtp_sieve_comp_free(struct lmtp_sieve *ls,
     sieve_script_free(&k->script);
     free(k->error);
     free(k->text);
+    free(k->bc);
     free(k);
 }
 
@@ -405,32 +411,67 @@ static int lmtp_sieve_read(int fd, size_t size, size_t max, struct buf *text)
 }
 
 /* The stored compiled form DIR/NAME.bc of the text: 1 loaded into
- * *script_r, 0 not (missing: *why_r NULL; stale or damaged: *why_r the
- * reason). */
+ * *script_r, its bytes left in *bc (the caller frees them) and
+ * *current_r 1 when it names the file of sb as its source; 0 not
+ * (missing: *why_r NULL; stale or damaged: *why_r the reason). */
 static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
                               const char *name, const struct buf *text,
-                              uint64_t hash, struct sieve_script **script_r,
+                              uint64_t hash, const struct stat *sb,
+                              struct buf *bc, int *current_r,
+                              struct sieve_script **script_r,
                               const char **why_r)
 {
-    struct buf bc = BUF_INITIALIZER;
     int r;
 
     *why_r = NULL;
+    *current_r = 0;
     r = sievedir_get_bc(dir, name, 4 * ls->limits.max_script_size + 65536,
-                        &bc);
-    if (r == SIEVEDIR_NOTFOUND) {
-        buf_free(&bc);
+                        bc);
+    if (r == SIEVEDIR_NOTFOUND)
         return 0;
-    }
     if (r != SIEVEDIR_OK) {
         *why_r = "unreadable";
-        buf_free(&bc);
         return 0;
     }
-    r = sieve_bc_decode_known(bc.s, bc.len, text->len, hash, ls->extmask,
+    r = sieve_bc_decode_known(bc->s, bc->len, text->len, hash, ls->extmask,
                               &ls->limits, script_r, why_r);
-    buf_free(&bc);
-    return r == SIEVE_OK;
+    if (r != SIEVE_OK)
+        return 0;
+    *current_r = sievedir_bc_is_source(bc->s, bc->len, sb);
+    return 1;
+}
+
+/* What two stored forms of the same tree have in common: the header
+ * from the text's size to the payload's size (the version and magic
+ * are checked by every load, the checksum and the source differ per
+ * file), then the payload. */
+#define LMTP_SIEVE_BC_SAME 16
+#define LMTP_SIEVE_BC_SAME_END 60
+
+/* the bytes of the stored form bc that k keeps for comparison */
+static void lmtp_sieve_keep_bc(struct lmtp_sieve_compiled *k,
+                               const struct buf *bc)
+{
+    size_t h = LMTP_SIEVE_BC_SAME_END - LMTP_SIEVE_BC_SAME;
+    size_t n = bc->len - SIEVE_BC_HEADER;
+
+    k->bc = malloc(h + n);
+    if (k->bc) {
+        memcpy(k->bc, bc->s + LMTP_SIEVE_BC_SAME, h);
+        memcpy(k->bc + h, bc->s + SIEVE_BC_HEADER, n);
+        k->bclen = h + n;
+    }
+}
+
+/* 1 when k was loaded from a stored form with the same tree as bc */
+static int lmtp_sieve_same_bc(const struct lmtp_sieve_compiled *k,
+                              const struct buf *bc)
+{
+    size_t h = LMTP_SIEVE_BC_SAME_END - LMTP_SIEVE_BC_SAME;
+
+    return k->bc && k->bclen == h + bc->len - SIEVE_BC_HEADER &&
+           memcmp(k->bc, bc->s + LMTP_SIEVE_BC_SAME, h) == 0 &&
+           memcmp(k->bc + h, bc->s + SIEVE_BC_HEADER, k->bclen - h) == 0;
 }
 
 /* Write the compiled form DIR/NAME.bc after a compile (a cache: not
@@ -438,10 +479,11 @@ static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
 static void lmtp_sieve_store_bc(struct lmtp_sieve *ls, const char *dir,
                                 const char *name,
                                 const struct sieve_script *script,
-                                const struct buf *text)
+                                const struct buf *text,
+                                const struct stat *src)
 {
     int r = sievedir_store_bc(dir, name, script, text->s, text->len,
-                              &ls->allowed, 0);
+                              &ls->allowed, src, 0);
 
     if (r == SIEVEDIR_OK || ls->bc_quiet)
         return;
@@ -455,30 +497,77 @@ static void lmtp_sieve_store_bc(struct lmtp_sieve *ls, const char *dir,
  * entry of the file (device, inode, size, mtime, ctime), else the
  * compiled form of another entry whose file holds the same bytes, else
  * the stored compiled form bcdir/bcname.bc (bcdir NULL: none) when it is
- * current for the text, else a compilation (which writes bcname.bc).  A
- * new entry remembers name (the active link's target; NULL: none).
- * Returns the entry, whose compiled text has script NULL and error set
- * when it did not compile, or NULL on an I/O or memory failure. */
+ * current for the text, else a compilation (which writes bcname.bc).
+ * With fd -1 the file is not opened: known is its stat(), and only a
+ * stored form that names that file as its source (the same inode, mtime
+ * and size: sievedir_bc_is_source()) is taken, compared with the held
+ * compiled texts by its payload; NULL with errno ESTALE when there is
+ * none (the caller opens the file).  A new entry remembers name (the
+ * active link's target; NULL: none).  Returns the entry, whose compiled
+ * text has script NULL and error set when it did not compile, or NULL on
+ * an I/O or memory failure. */
 static struct lmtp_sieve_cached *
-lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
-                const char *bcdir, const char *bcname, const char *name)
+lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const struct stat *known,
+                const char *path, const char *bcdir, const char *bcname,
+                const char *name)
 {
     struct lmtp_sieve_cached *c, *victim;
     struct lmtp_sieve_compiled *k = NULL, *o;
+    struct sieve_script *loaded = NULL;
     struct stat sb;
     struct buf text = BUF_INITIALIZER, err = BUF_INITIALIZER;
-    uint64_t hash;
-    int r;
+    struct buf bc = BUF_INITIALIZER;
+    uint64_t hash, textlen = 0;
+    int r, current = 0;
 
-    if (fstat(fd, &sb) != 0)
+    if (fd >= 0) {
+        if (fstat(fd, &sb) != 0)
+            return NULL;
+    } else if (known && bcdir) {
+        sb = *known;
+    } else {
+        errno = EINVAL;
         return NULL;
+    }
     if ((c = lmtp_sieve_cache_find(ls, &sb)))
         return c;
-    if ((size_t)sb.st_size > ls->limits.max_script_size + 1) {
+    if (fd < 0) {
+        /* the stored form alone, when it names this file as its source */
+        uint64_t ino;
+        int64_t mt;
+
+        if (sievedir_get_bc(bcdir, bcname,
+                            4 * ls->limits.max_script_size + 65536,
+                            &bc) != SIEVEDIR_OK ||
+            !sievedir_bc_is_source(bc.s, bc.len, &sb) ||
+            sieve_bc_source(bc.s, bc.len, &textlen, &hash, &ino, &mt) != 0) {
+            buf_free(&bc);
+            errno = ESTALE;
+            return NULL;
+        }
+        for (o = *lmtp_sieve_comp_chain(ls, hash); o && !k; o = o->next)
+            if (o->hash == hash && lmtp_sieve_same_bc(o, &bc))
+                k = o;
+        if (!k) {
+            const char *why = NULL;
+
+            /* decoded before the probation slot's text leaves: a form
+             * that does not load leaves everything as it was */
+            if (sieve_bc_decode_known(bc.s, bc.len, (size_t)textlen, hash,
+                                      ls->extmask, &ls->limits, &loaded,
+                                      &why) != SIEVE_OK) {
+                buf_free(&bc);
+                errno = ESTALE;
+                return NULL;
+            }
+        }
+        r = SIEVE_OK;
+    } else if ((size_t)sb.st_size > ls->limits.max_script_size + 1) {
         /* do not read more than the limit allows */
         r = SIEVE_ELIMIT;
         buf_printf(&err, "script of %lld bytes over sieve_maxscriptsize",
                    (long long)sb.st_size);
+        hash = sieve_bc_hash("", 0);
     } else {
         if (lmtp_sieve_read(fd, (size_t)sb.st_size,
                             ls->limits.max_script_size, &text) != 0) {
@@ -486,13 +575,12 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
             return NULL;
         }
         r = SIEVE_OK;
-    }
-    hash = sieve_bc_hash(text.s ? text.s : "", text.len);
-    if (r == SIEVE_OK)
+        hash = sieve_bc_hash(text.s ? text.s : "", text.len);
         for (o = *lmtp_sieve_comp_chain(ls, hash); o && !k; o = o->next)
             if (o->text && o->hash == hash && o->len == text.len &&
                 memcmp(o->text, text.s ? text.s : "", text.len) == 0)
                 k = o;
+    }
     lmtp_sieve_admit(ls, k);
     if (!k) {
         const char *why = NULL;
@@ -516,14 +604,27 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
             ;
         k = calloc(1, sizeof(*k));
         if (!k) {
+            sieve_script_free(&loaded);
             buf_free(&text);
             buf_free(&err);
+            buf_free(&bc);
             return NULL;
         }
-        if (r == SIEVE_OK && bcdir &&
-            lmtp_sieve_load_bc(ls, bcdir, bcname, &text, hash, &k->script,
-                               &why)) {
+        if (loaded) {
+            k->script = loaded;
+            lmtp_sieve_keep_bc(k, &bc);
             ls->bcloads++;   /* the recipient's line says how many */
+        } else if (r == SIEVE_OK && bcdir &&
+                   lmtp_sieve_load_bc(ls, bcdir, bcname, &text, hash, &sb,
+                                      &bc, &current, &k->script, &why)) {
+            lmtp_sieve_keep_bc(k, &bc);
+            ls->bcloads++;
+            /* current for the text, but not naming this file: stored
+             * again (a cache, not synced), so that the next load need
+             * not read the text */
+            if (!current)
+                lmtp_sieve_store_bc(ls, bcdir, bcname, k->script, &text,
+                                    &sb);
         } else {
             if (why && !ls->bc_quiet)
                 log_warning("lmtp: sieve ignoring compiled form script=<%s> "
@@ -536,11 +637,13 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
                 free(k);
                 buf_free(&text);
                 buf_free(&err);
+                buf_free(&bc);
                 return NULL;
             }
             ls->compiles++;
             if (r == SIEVE_OK && bcdir)
-                lmtp_sieve_store_bc(ls, bcdir, bcname, k->script, &text);
+                lmtp_sieve_store_bc(ls, bcdir, bcname, k->script, &text,
+                                    &sb);
             if (r != SIEVE_OK)
                 k->error = strdup(err.len ? buf_cstring(&err)
                                           : sieve_strerror(r));
@@ -566,6 +669,7 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const char *path,
         }
         ls->ncomps++;
     }
+    buf_free(&bc);
     k->refs++;   /* before the victim's drop, which may free a text */
     victim = lmtp_sieve_clock(ls, 1);
     if (!victim) {
@@ -921,7 +1025,7 @@ static int lmtp_sieve_cb_include(void *rock, int global, const char *name,
             }
             goto out;   /* not found: :optional decides */
         }
-        e = lmtp_sieve_load(run->ls, fd, buf_cstring(&path),
+        e = lmtp_sieve_load(run->ls, fd, NULL, buf_cstring(&path),
                             buf_cstring(&dir), name, NULL);
         close(fd);
     }
@@ -1864,12 +1968,12 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     const struct lmtp_sieve_compiled *c;
     struct lmtp_sieve_cached *e;
     struct stat sb;
-    char scriptname[256], clog[2048], crcpt[300];
+    char scriptname[256], bcname[256], clog[2048], crcpt[300];
     const char *status = "ok";
     ssize_t n;
     size_t i;
     struct lmtp_sieve_hdr hdr;
-    int fd = -1, r, tempfail = 0, hdr_set = 0, hdr_parsed = 0;
+    int fd = -1, r, tempfail = 0, hdr_set = 0, hdr_parsed = 0, named = 0;
     unsigned long loads = ls->bcloads;
 
     memset(res, 0, sizeof(*res));
@@ -1895,43 +1999,49 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     if (e && e->name) {
         snprintf(scriptname, sizeof(scriptname), "%s", e->name);
     } else {
+        size_t tl, sl = strlen(SIEVEDIR_SUFFIX);
+        size_t ll = strlen(SIEVEDIR_ACTIVE_LINK) + 1;
+
         e = NULL;
-        fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            if (errno != ENOENT && errno != ENOTDIR)
-                log_warning("lmtp: sieve script unreadable script=<%s> "
-                            "error=<%s>", buf_cstring(&path),
-                            strerror(errno));
-            goto out;   /* no active script */
-        }
         n = readlink(buf_cstring(&path), scriptname, sizeof(scriptname) - 1);
         scriptname[n > 0 ? n : 0] = '\0';
         if (n <= 0)
             snprintf(scriptname, sizeof(scriptname), "%s",
                      SIEVEDIR_ACTIVE_LINK);
-    }
-    res->userid = strdup(buf_cstring(&userid));
-    if (!res->userid)
-        goto tempfail;
-    res->outcome = LMTP_SIEVE_DONE;
-    if (!e) {
         /* the compiled form beside the link's target: DIR/NAME.bc */
-        char bcname[sizeof(scriptname)];
-        size_t tl = strlen(scriptname), sl = strlen(SIEVEDIR_SUFFIX);
-        size_t ll = strlen(SIEVEDIR_ACTIVE_LINK) + 1;
-        int named = tl > sl && !strchr(scriptname, '/') &&
-                    strcmp(scriptname + tl - sl, SIEVEDIR_SUFFIX) == 0 &&
-                    path.len > ll;
-
+        tl = strlen(scriptname);
+        named = tl > sl && !strchr(scriptname, '/') &&
+                strcmp(scriptname + tl - sl, SIEVEDIR_SUFFIX) == 0 &&
+                path.len > ll;
         if (named) {
             memcpy(bcname, scriptname, tl - sl);
             bcname[tl - sl] = '\0';
             named = buf_setmap(&udir, path.s, path.len - ll) == 0;
         }
-        e = lmtp_sieve_load(ls, fd, buf_cstring(&path),
+        /* a compiled form that names the file stat() found as its
+         * source is taken without opening the text */
+        if (named)
+            e = lmtp_sieve_load(ls, -1, &sb, buf_cstring(&path),
+                                buf_cstring(&udir), bcname, scriptname);
+        if (!e) {
+            fd = open(buf_cstring(&path), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) {
+                if (errno != ENOENT && errno != ENOTDIR)
+                    log_warning("lmtp: sieve script unreadable script=<%s> "
+                                "error=<%s>", buf_cstring(&path),
+                                strerror(errno));
+                goto out;   /* no active script */
+            }
+        }
+    }
+    res->userid = strdup(buf_cstring(&userid));
+    if (!res->userid)
+        goto tempfail;
+    res->outcome = LMTP_SIEVE_DONE;
+    if (!e)
+        e = lmtp_sieve_load(ls, fd, NULL, buf_cstring(&path),
                             named ? buf_cstring(&udir) : NULL,
                             named ? bcname : NULL, scriptname);
-    }
     c = e ? e->comp : NULL;
     if (!c) {
         log_error("lmtp: sieve script unreadable script=<%s> error=<%s>",

@@ -161,7 +161,44 @@ uint32_t sieve_bc_checksum(const void *file, size_t len)
     const unsigned char *h = file;
     uint32_t c = crc32c_update(CRC32C_INIT, h + SIEVE_BC_HEADER, len);
 
-    return crc32c_final(crc32c_update(c, h + 44, 4));
+    c = crc32c_update(c, h + 44, 4);
+    return crc32c_final(crc32c_update(c, h + 64, 16));
+}
+
+/* the header is of this version and says the file's length */
+static int bc_header_ok(const unsigned char *h, size_t len)
+{
+    return len >= SIEVE_BC_HEADER && memcmp(h, sieve_bc_magic, 8) == 0 &&
+           get_le(h + 8, 4) == SIEVE_BC_VERSION &&
+           get_le(h + 12, 4) == SIEVE_BC_HEADER &&
+           get_le(h + 56, 4) == len - SIEVE_BC_HEADER;
+}
+
+int sieve_bc_set_source(void *file, size_t len, uint64_t ino,
+                        int64_t mtime_ns)
+{
+    unsigned char *h = file;
+
+    if (!h || !bc_header_ok(h, len))
+        return -1;
+    put_le(h + 64, ino, 8);
+    put_le(h + 72, (uint64_t)mtime_ns, 8);
+    put_le(h + 60, sieve_bc_checksum(h, len - SIEVE_BC_HEADER), 4);
+    return 0;
+}
+
+int sieve_bc_source(const void *file, size_t len, uint64_t *textlen,
+                    uint64_t *texthash, uint64_t *ino, int64_t *mtime_ns)
+{
+    const unsigned char *h = file;
+
+    if (!h || !bc_header_ok(h, len))
+        return -1;
+    *textlen = get_le(h + 16, 8);
+    *texthash = get_le(h + 24, 8);
+    *ino = get_le(h + 64, 8);
+    *mtime_ns = (int64_t)get_le(h + 72, 8);
+    return 0;
 }
 
 /* ---- encoding ----------------------------------------------------------- */

@@ -18,7 +18,7 @@
  *   offset size
  *      0    8   magic "\x7fSIEVBC\n"
  *      8    4   format version (SIEVE_BC_VERSION)
- *     12    4   header size (64)
+ *     12    4   header size (80)
  *     16    8   source size in bytes
  *     24    8   source hash (sieve_bc_hash(): 8 bytes a step)
  *     32    4   0 (reserved)
@@ -29,9 +29,24 @@
  *               the encoder, which loads the form once; 0 none), so
  *               that the loader makes it in one allocation
  *     48    8   max_string_len the script was checked under
- *     56    4   payload size (the file is exactly 64 + this)
- *     60    4   CRC-32C of the payload followed by the size hint
- *     64        payload
+ *     56    4   payload size (the file is exactly 80 + this)
+ *     60    4   CRC-32C of the payload, then of the size hint, then
+ *               of the source's identity (64..79)
+ *     64    8   the source's identity, set when the writer knew which
+ *               file the text was read from (0 and 0: unknown): the
+ *               file's inode number,
+ *     72    8   and its modification time, in nanoseconds since the
+ *               epoch (signed)
+ *     80        payload
+ *
+ * The identity lets a loader that has stat()ed the script file (size,
+ * inode, mtime) take the compiled form as current without reading the
+ * text (sieve_bc_source()); one that has read the text checks the size
+ * and hash instead.  The identity does not see an edit in place that
+ * keeps the size and the mtime (cp -p, touch -r), nor one within the
+ * file system's timestamp granularity of the writer's read: after such
+ * an edit the old compiled form runs until the script is stored again.
+ * Every writer of ours replaces a script by a rename (a new inode). 
  *
  * The payload is a sequence of unsigned LEB128 numbers ("n" below, at
  * most 10 bytes, 64 bits) and byte strings (n length, then the bytes):
@@ -88,7 +103,7 @@
 #include "sieve/sieve.h"
 
 #define SIEVE_BC_VERSION 4
-#define SIEVE_BC_HEADER 64
+#define SIEVE_BC_HEADER 80
 #define SIEVE_BC_SUFFIX ".bc"
 
 /* Append the stored form of script s, compiled from text[0..len) with
@@ -126,9 +141,24 @@ int sieve_bc_decode_known(const void *data, size_t len, size_t textlen,
 uint64_t sieve_bc_hash(const char *text, size_t len);
 
 /* The checksum of the stored form file (its header, then len bytes of
- * payload), header field 60: the CRC-32C of the payload and then of the
- * size hint, so that no byte of either changes unnoticed. */
+ * payload), header field 60: the CRC-32C of the payload, then of the
+ * size hint and of the source identity, so that no byte of them changes
+ * unnoticed. */
 uint32_t sieve_bc_checksum(const void *file, size_t len);
+
+/* Set the source identity of the stored form file[0..len) (a whole
+ * file as sieve_bc_encode() wrote it; the checksum is made again):
+ * the inode number and the mtime (ns since the epoch) of the file its
+ * text was read from.  0, or -1 when file is not a stored form. */
+int sieve_bc_set_source(void *file, size_t len, uint64_t ino,
+                        int64_t mtime_ns);
+
+/* The header of the stored form file[0..len), read without checking the
+ * payload (sieve_bc_decode_known() does that): 0 with the text's size
+ * and hash and the source identity (0 and 0: unknown) when the header is
+ * of this version and the length matches, else -1. */
+int sieve_bc_source(const void *file, size_t len, uint64_t *textlen,
+                    uint64_t *texthash, uint64_t *ino, int64_t *mtime_ns);
 
 /* The header's extension mask for the list allowed (NULL: all). */
 uint32_t sieve_bc_extmask(const struct strarray *allowed);

@@ -253,8 +253,10 @@ long sievedir_count(const char *dir)
     return r == SIEVEDIR_OK ? n : r;
 }
 
-/* The file at path into out (replaced). */
-static int sievedir_read(const char *path, size_t max, struct buf *out)
+/* The file at path into out (replaced); st_r (NULL: not wanted) its
+ * fstat(). */
+static int sievedir_read_st(const char *path, size_t max, struct buf *out,
+                            struct stat *st_r)
 {
     struct stat st;
     int fd;
@@ -285,11 +287,34 @@ static int sievedir_read(const char *path, size_t max, struct buf *out)
     out->len = (size_t)st.st_size;
     out->s[out->len] = '\0';
     close(fd);
+    if (st_r)
+        *st_r = st;
     return SIEVEDIR_OK;
 }
 
-int sievedir_get(const char *dir, const char *name, size_t max,
-                 struct buf *out)
+static int sievedir_read(const char *path, size_t max, struct buf *out)
+{
+    return sievedir_read_st(path, max, out, NULL);
+}
+
+int64_t sievedir_mtime_ns(const struct stat *st)
+{
+    return (int64_t)st->st_mtim.tv_sec * 1000000000 +
+           (int64_t)st->st_mtim.tv_nsec;
+}
+
+int sievedir_bc_is_source(const void *bc, size_t len, const struct stat *st)
+{
+    uint64_t tl, th, ino;
+    int64_t mt;
+
+    return sieve_bc_source(bc, len, &tl, &th, &ino, &mt) == 0 &&
+           (ino != 0 || mt != 0) && ino == (uint64_t)st->st_ino &&
+           mt == sievedir_mtime_ns(st) && tl == (uint64_t)st->st_size;
+}
+
+int sievedir_get_st(const char *dir, const char *name, size_t max,
+                    struct buf *out, struct stat *st_r)
 {
     struct buf path = BUF_INITIALIZER;
     int r;
@@ -297,9 +322,15 @@ int sievedir_get(const char *dir, const char *name, size_t max,
     buf_reset(out);
     r = sievedir_script_path(dir, name, &path);
     if (r == SIEVEDIR_OK)
-        r = sievedir_read(buf_cstring(&path), max, out);
+        r = sievedir_read_st(buf_cstring(&path), max, out, st_r);
     buf_free(&path);
     return r;
+}
+
+int sievedir_get(const char *dir, const char *name, size_t max,
+                 struct buf *out)
+{
+    return sievedir_get_st(dir, name, max, out, NULL);
 }
 
 int sievedir_get_bc(const char *dir, const char *name, size_t max,
@@ -410,17 +441,30 @@ int sievedir_put_bc(const char *dir, const char *name, const char *data,
 
 int sievedir_store_bc(const char *dir, const char *name,
                       const struct sieve_script *script, const char *text,
-                      size_t len, const struct strarray *allowed, int sync)
+                      size_t len, const struct strarray *allowed,
+                      const struct stat *src, int sync)
 {
-    struct buf bc = BUF_INITIALIZER;
+    struct buf bc = BUF_INITIALIZER, cur = BUF_INITIALIZER;
+    struct stat st;
     int r;
 
     r = sieve_bc_encode(script, text, len, allowed, &bc);
-    if (r == SIEVE_OK)
-        r = sievedir_put_bc(dir, name, bc.s, bc.len, sync);
-    else
-        r = r == SIEVE_ENOMEM ? SIEVEDIR_NOMEM : SIEVEDIR_BADNAME;
+    if (r != SIEVE_OK) {
+        buf_free(&bc);
+        return r == SIEVE_ENOMEM ? SIEVEDIR_NOMEM : SIEVEDIR_BADNAME;
+    }
+    /* the source identity: the caller's, else that of NAME.script when
+     * it holds this text now (else none: loaders read the text) */
+    if (!src && sievedir_get_st(dir, name, len + 1, &cur, &st) ==
+                    SIEVEDIR_OK &&
+        cur.len == len && (len == 0 || memcmp(cur.s, text, len) == 0))
+        src = &st;
+    if (src)
+        sieve_bc_set_source(bc.s, bc.len, (uint64_t)src->st_ino,
+                            sievedir_mtime_ns(src));
+    r = sievedir_put_bc(dir, name, bc.s, bc.len, sync);
     buf_free(&bc);
+    buf_free(&cur);
     return r;
 }
 
@@ -430,21 +474,28 @@ int sievedir_ensure_bc(const char *dir, const char *name,
 {
     struct buf text = BUF_INITIALIZER, bc = BUF_INITIALIZER;
     struct sieve_script *script = NULL;
+    struct stat st;
     int r;
 
-    r = sievedir_get(dir, name, limits ? limits->max_script_size : 0,
-                     &text);
+    r = sievedir_get_st(dir, name, limits ? limits->max_script_size : 0,
+                        &text, &st);
     if (r != SIEVEDIR_OK)
         goto out;
     if (sievedir_get_bc(dir, name, 0, &bc) == SIEVEDIR_OK &&
         sieve_bc_decode(bc.s, bc.len, text.s, text.len, limits, allowed,
-                        &script, NULL) == SIEVE_OK)
+                        &script, NULL) == SIEVE_OK) {
+        /* current for the text; stored again only to name its source
+         * (a form written before the text's last change of identity) */
+        if (!sievedir_bc_is_source(bc.s, bc.len, &st))
+            r = sievedir_store_bc(dir, name, script, text.s, text.len,
+                                  allowed, &st, sync);
         goto out;
+    }
     r = sieve_compile(text.s ? text.s : "", text.len, limits, allowed,
                       &script, NULL);
     if (r == SIEVE_OK)
         r = sievedir_store_bc(dir, name, script, text.s, text.len, allowed,
-                              sync);
+                              &st, sync);
     else
         r = r == SIEVE_ENOMEM ? SIEVEDIR_NOMEM : SIEVEDIR_BADNAME;
 out:

@@ -119,6 +119,11 @@ int sievedir_active(const char *dir, struct buf *name);
 int sievedir_get(const char *dir, const char *name, size_t max,
                  struct buf *out);
 
+/* The same, with the file's fstat() in *st_r. */
+struct stat;
+int sievedir_get_st(const char *dir, const char *name, size_t max,
+                    struct buf *out, struct stat *st_r);
+
 /* Store text as script `name` (created or replaced; the directory and
  * its parents are created, mode 0750).  Durable on SIEVEDIR_OK.
  * SIEVEDIR_OK, SIEVEDIR_BADNAME, SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
@@ -142,12 +147,24 @@ int sievedir_put_bc(const char *dir, const char *name, const char *data,
                     size_t len, int sync);
 
 /* Encode script (compiled from text[0..len) against the extension list
- * allowed, NULL: all) and store it with sievedir_put_bc().  Its codes;
+ * allowed, NULL: all) and store it with sievedir_put_bc(), naming its
+ * source (sieve_bc_set_source()): src, the stat of the file the text
+ * was read from, or with src NULL NAME.script when it holds text now
+ * (else no source: loaders then read the text).  Its codes;
  * SIEVEDIR_BADNAME also when script is NULL. */
 struct sieve_script;
 int sievedir_store_bc(const char *dir, const char *name,
                       const struct sieve_script *script, const char *text,
-                      size_t len, const struct strarray *allowed, int sync);
+                      size_t len, const struct strarray *allowed,
+                      const struct stat *src, int sync);
+
+/* A script file's mtime in nanoseconds since the epoch. */
+int64_t sievedir_mtime_ns(const struct stat *st);
+
+/* 1 when the stored form bc[0..len) names as its source the file whose
+ * stat is st (the same inode, mtime and size): it is then current for
+ * that file's text without reading it; else 0. */
+int sievedir_bc_is_source(const void *bc, size_t len, const struct stat *st);
 
 /* Make sure script `name` has a current compiled form: keep NAME.bc
  * when it loads for the text under limits and allowed (NULL: defaults,

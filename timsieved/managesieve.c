@@ -821,7 +821,7 @@ static void ms_store_bc(struct ms_session *s, const char *name,
                         size_t len)
 {
     int r = sievedir_store_bc(buf_cstring(&s->dir), name, script, text, len,
-                              &s->srv->allowed, 1);
+                              &s->srv->allowed, NULL, 1);
 
     if (r != SIEVEDIR_OK)
         log_warning("timsieved: compiled script not stored user=<%s> "

@@ -1405,7 +1405,7 @@ static int mbtool_sieve(int argc, char **argv)
         else if ((r = sievedir_store_bc(buf_cstring(&dir), name, script,
                                         text.s, text.len,
                                         allowed.count ? &allowed : NULL,
-                                        1)) != SIEVEDIR_OK)
+                                        NULL, 1)) != SIEVEDIR_OK)
             ret = mbtool_sieve_fail("put (compiled form)", name, r);
         sieve_script_free(&script);
     } else if (strcmp(sub, "get") == 0) {

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "lib/buf.h"
@@ -38,6 +39,7 @@
 #include "sieve/sieve.h"
 #include "sieve/sieve_bc.h"
 #include "sieve/sieve_msg.h"
+#include "store/sievedir.h"
 
 #define SIEVEC_OK 0
 #define SIEVEC_COMPILE 1
@@ -62,7 +64,8 @@ static void sievec_usage(FILE *out)
 "  -h, --help  this text\n", sievec_progname, sievec_progname);
 }
 
-static int sievec_read(const char *path, struct buf *out)
+/* path into out; st_r (NULL: not wanted) its fstat() */
+static int sievec_read(const char *path, struct buf *out, struct stat *st_r)
 {
     FILE *f = fopen(path, "rb");
     char tmp[65536];
@@ -73,6 +76,8 @@ static int sievec_read(const char *path, struct buf *out)
                 strerror(errno));
         return -1;
     }
+    if (st_r && fstat(fileno(f), st_r) != 0)
+        memset(st_r, 0, sizeof(*st_r));
     while ((n = fread(tmp, 1, sizeof(tmp), f)) > 0)
         if (buf_append(out, tmp, n) < 0) {
             fprintf(stderr, "%s: %s: too large\n", sievec_progname, path);
@@ -91,7 +96,7 @@ static int sievec_read(const char *path, struct buf *out)
 /* The compiled form of script (text) into path: a temporary file beside
  * it, fsync, rename.  0 or -1 (message printed). */
 static int sievec_write_bc(const char *path, const struct sieve_script *s,
-                           const struct buf *text,
+                           const struct buf *text, const struct stat *src,
                            const struct strarray *allowed)
 {
     struct buf bc = BUF_INITIALIZER, tmp = BUF_INITIALIZER;
@@ -102,6 +107,11 @@ static int sievec_write_bc(const char *path, const struct sieve_script *s,
         fprintf(stderr, "%s: %s: out of memory\n", sievec_progname, path);
         goto out;
     }
+    /* the script file it was compiled from is its source (a loader
+     * that finds that file unchanged need not read it) */
+    if (src && S_ISREG(src->st_mode))
+        sieve_bc_set_source(bc.s, bc.len, (uint64_t)src->st_ino,
+                            sievedir_mtime_ns(src));
     fd = open(buf_cstring(&tmp), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
               0640);
     if (fd < 0 || fs_write_all(fd, bc.s, bc.len) != 0 || fsync(fd) != 0 ||
@@ -162,7 +172,7 @@ static int sievec_include(void *rock, int global, const char *name,
         }
         fclose(f);
     }
-    if (sievec_read(buf_cstring(&path), &text) < 0) {
+    if (sievec_read(buf_cstring(&path), &text, NULL) < 0) {
         buf_free(&path);
         buf_free(&key);
         return -1;
@@ -203,6 +213,7 @@ int main(int argc, char **argv)
     struct buf text = BUF_INITIALIZER, msgbytes = BUF_INITIALIZER,
                err = BUF_INITIALIZER, out = BUF_INITIALIZER;
     struct strarray allowed = STRARRAY_INITIALIZER;
+    struct stat textst;
     int have_allowed = 0, run = 0, c, rc, status = SIEVEC_OK;
     struct sieve_script *script = NULL;
     struct sieve_msg m;
@@ -260,13 +271,13 @@ int main(int argc, char **argv)
         sievec_usage(stderr);
         return SIEVEC_USAGE;
     }
-    if (sievec_read(argv[optind], &text) < 0)
+    if (sievec_read(argv[optind], &text, &textst) < 0)
         return SIEVEC_USAGE;
     if (bcin) {
         struct buf bc = BUF_INITIALIZER;
         const char *why = NULL;
 
-        if (sievec_read(bcin, &bc) < 0)
+        if (sievec_read(bcin, &bc, NULL) < 0)
             return SIEVEC_USAGE;
         rc = sieve_bc_decode(bc.s, bc.len, text.s, text.len, NULL,
                              have_allowed ? &allowed : NULL, &script, &why);
@@ -286,7 +297,7 @@ int main(int argc, char **argv)
             goto done;
         }
     }
-    if (bcout && sievec_write_bc(bcout, script, &text,
+    if (bcout && sievec_write_bc(bcout, script, &text, &textst,
                                  have_allowed ? &allowed : NULL) < 0) {
         status = SIEVEC_USAGE;
         goto done;
@@ -295,7 +306,7 @@ int main(int argc, char **argv)
         printf("OK\n");
         goto done;
     }
-    if (sievec_read(argv[optind + 1], &msgbytes) < 0) {
+    if (sievec_read(argv[optind + 1], &msgbytes, NULL) < 0) {
         status = SIEVEC_USAGE;
         goto done;
     }

@@ -1,7 +1,7 @@
 /*
  * fuzz_sievebc.c - libFuzzer target for the stored compiled form of a
  * Sieve script (sieve/sieve_bc.c): the input is a payload (the bytes
- * after the 64-byte header); the target wraps it in a header that
+ * after the 80-byte header); the target wraps it in a header that
  * matches (source hashes of an empty text, the payload's CRC-32C), so
  * that every input reaches the tree decoder, and runs what decodes
  * against a fixed message with every callback of sieve_msg.c.  The

@@ -669,6 +669,74 @@ def test_compiled_form():
         check(not inst.worker_trouble(), "worker trouble")
 
 
+def test_compiled_form_alone():
+    """A compiled form that names its text file as its source (the
+    inode, mtime and size mbtool sieve put saw) is loaded without
+    opening the text.  A text whose mtime changed (the same bytes) is
+    read once and its compiled form stored again naming it, and then
+    read no more.  An edit in place that keeps the size and the mtime
+    is not seen (lmtpd(8) says so) until the mtime changes."""
+    with SieveInstance("sv-alone", prefork=1, maxchild=1) as inst:
+        inst.create("user.alice.aaaa")
+        inst.create("user.alice.bbbb")
+        d = os.path.join(inst.sievedir, "a", "alice")
+        src = inst.path("main.sieve")
+        with open(src, "w") as f:
+            f.write('require "fileinto";\nfileinto "INBOX.aaaa";\n')
+        inst.mbtool("sieve", "put", "alice", "main", src)
+        inst.mbtool("sieve", "activate", "alice", "main")
+        text = os.path.join(d, "main.script")
+        bc = os.path.join(d, "main.bc")
+        inst.start()
+
+        def traced_send():
+            p, out = _strace(inst, _worker(inst), "openat,open")
+            try:
+                send(inst, ["alice@test.example"], make_message(msgid()))
+            finally:
+                lines = _strace_stop(p, out)
+            return ([ln for ln in lines if text in ln],
+                    [ln for ln in lines if bc in ln])
+
+        opened, bcs = traced_send()
+        check(not opened, "the text was opened: %s" % opened)
+        check(bcs, "the compiled form was not read")
+        check(len(inst.messages("user.alice.aaaa")) == 1, "not filed")
+
+        # the same bytes, a new mtime: read once, the form stored again
+        st = os.stat(text)
+        before = open(bc, "rb").read()
+        os.utime(text, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        _restart(inst)
+        inst.mark_log()
+        opened, _ = traced_send()
+        check(opened, "a text with a new mtime was not read")
+        check("lmtp: sieve compiled" not in inst.new_log(),
+              "a current compiled form was compiled again")
+        check(open(bc, "rb").read() != before,
+              "the compiled form was not stored again for its source")
+        _restart(inst)
+        opened, _ = traced_send()
+        check(not opened, "the text was opened again: %s" % opened)
+        check(len(inst.messages("user.alice.aaaa")) == 3, "not filed")
+
+        # an edit in place keeping the size and the mtime: not seen
+        st = os.stat(text)
+        with open(text, "r+") as f:
+            f.write('require "fileinto";\nfileinto "INBOX.bbbb";\n')
+        os.utime(text, ns=(st.st_atime_ns, st.st_mtime_ns))
+        check(os.stat(text).st_size == st.st_size, "size changed")
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        check(len(inst.messages("user.alice.aaaa")) == 4,
+              "the compiled form did not run")
+        # its mtime changed: the new text runs
+        os.utime(text, ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
+        send(inst, ["alice@test.example"], make_message(msgid()))
+        check(len(inst.messages("user.alice.bbbb")) == 1,
+              "the edited text did not run")
+        check(not inst.worker_trouble(), "worker trouble")
+
+
 STRACE = "/usr/bin/strace"
 
 
@@ -978,6 +1046,7 @@ TESTS = [
     test_compiled_probation,
     test_crash_during_sieve_deliveries,
     test_compiled_form,
+    test_compiled_form_alone,
     test_cached_lookup,
     test_cache_bound,
 ]
