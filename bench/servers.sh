@@ -896,6 +896,17 @@ srv_clone() {   # SRC DST
             rm -rf "$np"
             cp -a "$PARTITION" "$np" || exit 1
         fi
+        # our Sieve scripts as hard links: a script keeps its inode, as
+        # on a site where it was stored in place, so that lmtpd takes the
+        # compiled form that names the script file as its source without
+        # reading the text (lmtpd(8)); a copy gives every file a new
+        # inode, and lmtpd would store each user's compiled form again at
+        # the first delivery, work a site does once after a restore.
+        # Every writer of ours replaces a script file by a rename, so
+        # nothing in the clone writes through the links.
+        if [[ $SERVER == ours && -d $s/sieve ]]; then
+            rm -rf "$t/sieve" && cp -al "$s/sieve" "$t/sieve" || exit 1
+        fi
         rm -f "$t"/master.pid* "$t"/master.status "$t"/*.log
         local f
         for f in "$t"/imapd.conf "$t"/cyrus.conf "$t"/dovecot.conf "$t"/bench.env; do
