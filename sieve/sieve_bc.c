@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include <endian.h>
 #include <regex.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,6 +31,20 @@ enum {
 };
 #define BCF_ALL ((1u << 17) - 1)
 
+/* the node's flag of each bit (BCF_*), in bit order */
+static const size_t bc_flag_off[] = {
+    offsetof(struct sv_node, test_list), offsetof(struct sv_node, has_block),
+    offsetof(struct sv_node, unchecked), offsetof(struct sv_node, has_match),
+    offsetof(struct sv_node, has_comparator),
+    offsetof(struct sv_node, has_addrpart), offsetof(struct sv_node, last),
+    offsetof(struct sv_node, originalzone),
+    offsetof(struct sv_node, has_flags), offsetof(struct sv_node, copy),
+    offsetof(struct sv_node, create), offsetof(struct sv_node, mime),
+    offsetof(struct sv_node, once), offsetof(struct sv_node, optional),
+    offsetof(struct sv_node, global), offsetof(struct sv_node, has_seconds),
+    offsetof(struct sv_node, over)
+};
+
 /* the node fields written only when not 0: bit i of the field mask */
 enum {
     BCV_COMPARATOR, BCV_MATCH, BCV_RELOP, BCV_ADDRPART, BCV_BODY,
@@ -46,7 +61,8 @@ enum {
 
 /* the node fields that point into the node's arguments (BCV_ZONE and
  * after): the first string of an argument, or its whole list; stored as
- * 1 + the argument's index, the same table for writing and reading */
+ * 1 + the argument's index, the same table for writing and reading, in
+ * BCV_* order (the decoder takes row k - BCV_ZONE for mask bit k) */
 static const struct bc_ref {
     unsigned char k;      /* BCV_* */
     unsigned char list;   /* a const struct sv_strlist *, else sv_str * */
@@ -146,14 +162,14 @@ static void put_le(unsigned char *p, uint64_t v, int n)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* n (at most 8) bytes little-endian: they fill the low bytes of v's
+ * memory, which le64toh() reads as little-endian on any host */
 static uint64_t get_le(const unsigned char *p, int n)
 {
     uint64_t v = 0;
-    int i;
 
-    for (i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
+    memcpy(&v, p, (size_t)n);
+    return le64toh(v);
 }
 
 uint32_t sieve_bc_checksum(const void *file, size_t len)
@@ -738,56 +754,44 @@ static int dec_node(struct dec *d, struct sv_node **n_r, int depth,
     n->line = (unsigned)v;
     if (dec_small(d, BCF_ALL, &f) < 0)
         return -1;
-    n->test_list = !!(f & BCF_TEST_LIST);
-    n->has_block = !!(f & BCF_HAS_BLOCK);
-    n->unchecked = !!(f & BCF_UNCHECKED);
-    n->has_match = !!(f & BCF_HAS_MATCH);
-    n->has_comparator = !!(f & BCF_HAS_CMP);
-    n->has_addrpart = !!(f & BCF_HAS_ADDR);
-    n->last = !!(f & BCF_LAST);
-    n->originalzone = !!(f & BCF_ORIGZONE);
-    n->has_flags = !!(f & BCF_HAS_FLAGS);
-    n->copy = !!(f & BCF_COPY);
-    n->create = !!(f & BCF_CREATE);
-    n->mime = !!(f & BCF_MIME);
-    n->once = !!(f & BCF_ONCE);
-    n->optional = !!(f & BCF_OPTIONAL);
-    n->global = !!(f & BCF_GLOBAL);
-    n->has_seconds = !!(f & BCF_HAS_SECONDS);
-    n->over = !!(f & BCF_OVER);
+    /* the node is zeroed: only the flags that are set are written */
+    for (; f; f &= f - 1)
+        *((unsigned char *)n + bc_flag_off[__builtin_ctzll(f)]) = 1;
     n->name = n->id ? (char *)sieve_node_name(n->id) : NULL;
     if (!n->name && dec_bytes(d, &n->name, NULL) < 0)
         return -1;
     if (dec_small(d, (1u << BCV_COUNT) - 1, &mask) < 0)
         return -1;
-    /* the fields present, in order: the set bits of the mask (val[k] is
-     * read only through FIELD: those absent are 0 without a clear of the
-     * whole array per node) */
+    /* the fields present, in order: the set bits of the mask; the node
+     * is zeroed, so only those are written (a reference is kept in val[]
+     * until the arguments it names are decoded; val[] is read only at
+     * the mask's bits, never cleared) */
     have = mask;
     for (; mask; mask &= mask - 1) {
         k = __builtin_ctzll(mask);
-        if (dec_small(d, max[k], &val[k]) < 0)
+        if (dec_small(d, max[k], &v) < 0)
             return -1;
-        if (val[k] == 0)
+        if (v == 0)
             return dec_fail(d, "corrupt: a field given as 0");
+        switch (k) {
+        case BCV_COMPARATOR: n->comparator = (unsigned char)v; break;
+        case BCV_MATCH: n->match = (unsigned char)v; break;
+        case BCV_RELOP: n->relop = (unsigned char)v; break;
+        case BCV_ADDRPART: n->addrpart = (unsigned char)v; break;
+        case BCV_BODY: n->body_transform = (unsigned char)v; break;
+        case BCV_MODIFIERS: n->modifiers = (unsigned)v; break;
+        case BCV_INDEX: n->index = v; break;
+        case BCV_SECONDS: n->seconds = v; break;
+        case BCV_NUMBER: n->number = v; break;
+        default: val[k] = v; break;
+        }
     }
-#define FIELD(k) ((have >> (k)) & 1 ? val[k] : 0)
-    n->comparator = (int)FIELD(BCV_COMPARATOR);
-    n->match = (int)FIELD(BCV_MATCH);
-    n->relop = (int)FIELD(BCV_RELOP);
-    n->addrpart = (int)FIELD(BCV_ADDRPART);
-    n->body_transform = (int)FIELD(BCV_BODY);
-    n->modifiers = (unsigned)FIELD(BCV_MODIFIERS);
-    n->index = FIELD(BCV_INDEX);
-    n->seconds = FIELD(BCV_SECONDS);
-    n->number = FIELD(BCV_NUMBER);
-#undef FIELD
     if (dec_args(d, n, n->comparator == SV_CMP_CASEMAP) < 0)
         return -1;
-    for (i = 0; i < BC_NREFS; i++) {
-        const struct bc_ref *r = &bc_refs[i];
-        if (((have >> r->k) & 1) &&
-            dec_ref(d, n, val[r->k], r->list ? bc_ref_list(n, r) : NULL,
+    /* the references present: bc_refs[] is in BCV_* order from BCV_ZONE */
+    for (mask = have >> BCV_ZONE; mask; mask &= mask - 1) {
+        const struct bc_ref *r = &bc_refs[__builtin_ctzll(mask)];
+        if (dec_ref(d, n, val[r->k], r->list ? bc_ref_list(n, r) : NULL,
                     r->list ? NULL : bc_ref_str(n, r)) < 0)
             return -1;
     }
