@@ -410,6 +410,9 @@ static int lmtp_sieve_read(int fd, size_t size, size_t max, struct buf *text)
     }
 }
 
+/* the largest NAME.bc read: a form's payload is a few times its text */
+#define LMTP_SIEVE_BC_MAX(ls) (4 * (ls)->limits.max_script_size + 65536)
+
 /* The stored compiled form DIR/NAME.bc of the text: 1 loaded into
  * *script_r, its bytes left in *bc (the caller frees them) and
  * *current_r 1 when it names the file of sb as its source; 0 not
@@ -425,8 +428,7 @@ static int lmtp_sieve_load_bc(struct lmtp_sieve *ls, const char *dir,
 
     *why_r = NULL;
     *current_r = 0;
-    r = sievedir_get_bc(dir, name, 4 * ls->limits.max_script_size + 65536,
-                        bc);
+    r = sievedir_get_bc(dir, name, LMTP_SIEVE_BC_MAX(ls), bc);
     if (r == SIEVEDIR_NOTFOUND)
         return 0;
     if (r != SIEVEDIR_OK) {
@@ -536,9 +538,8 @@ lmtp_sieve_load(struct lmtp_sieve *ls, int fd, const struct stat *known,
         uint64_t ino;
         int64_t mt;
 
-        if (sievedir_get_bc(bcdir, bcname,
-                            4 * ls->limits.max_script_size + 65536,
-                            &bc) != SIEVEDIR_OK ||
+        if (sievedir_get_bc(bcdir, bcname, LMTP_SIEVE_BC_MAX(ls), &bc) !=
+                SIEVEDIR_OK ||
             !sievedir_bc_is_source(bc.s, bc.len, &sb) ||
             sieve_bc_source(bc.s, bc.len, &textlen, &hash, &ino, &mt) != 0) {
             buf_free(&bc);

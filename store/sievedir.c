@@ -303,6 +303,12 @@ int64_t sievedir_mtime_ns(const struct stat *st)
            (int64_t)st->st_mtim.tv_nsec;
 }
 
+int sievedir_bc_set_source(void *bc, size_t len, const struct stat *st)
+{
+    return sieve_bc_set_source(bc, len, (uint64_t)st->st_ino,
+                               sievedir_mtime_ns(st));
+}
+
 int sievedir_bc_is_source(const void *bc, size_t len, const struct stat *st)
 {
     uint64_t tl, th, ino;
@@ -460,8 +466,7 @@ int sievedir_store_bc(const char *dir, const char *name,
         cur.len == len && (len == 0 || memcmp(cur.s, text, len) == 0))
         src = &st;
     if (src)
-        sieve_bc_set_source(bc.s, bc.len, (uint64_t)src->st_ino,
-                            sievedir_mtime_ns(src));
+        sievedir_bc_set_source(bc.s, bc.len, src);
     r = sievedir_put_bc(dir, name, bc.s, bc.len, sync);
     buf_free(&bc);
     buf_free(&cur);

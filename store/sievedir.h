@@ -161,6 +161,10 @@ int sievedir_store_bc(const char *dir, const char *name,
 /* A script file's mtime in nanoseconds since the epoch. */
 int64_t sievedir_mtime_ns(const struct stat *st);
 
+/* Name the file whose stat is st as the source of the stored form
+ * bc[0..len) (sieve_bc_set_source()).  0, or -1 when bc is not one. */
+int sievedir_bc_set_source(void *bc, size_t len, const struct stat *st);
+
 /* 1 when the stored form bc[0..len) names as its source the file whose
  * stat is st (the same inode, mtime and size): it is then current for
  * that file's text without reading it; else 0. */

@@ -110,8 +110,7 @@ static int sievec_write_bc(const char *path, const struct sieve_script *s,
     /* the script file it was compiled from is its source (a loader
      * that finds that file unchanged need not read it) */
     if (src && S_ISREG(src->st_mode))
-        sieve_bc_set_source(bc.s, bc.len, (uint64_t)src->st_ino,
-                            sievedir_mtime_ns(src));
+        sievedir_bc_set_source(bc.s, bc.len, src);
     fd = open(buf_cstring(&tmp), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
               0640);
     if (fd < 0 || fs_write_all(fd, bc.s, bc.len) != 0 || fsync(fd) != 0 ||

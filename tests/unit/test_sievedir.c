@@ -16,7 +16,6 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <cmocka.h>
 
 #include "lib/buf.h"
@@ -24,6 +23,7 @@
 #include "sieve/sieve.h"
 #include "sieve/sieve_bc.h"
 #include "store/sievedir.h"
+#include "tests/testhelp.h"
 
 static struct imapconf *conf_of(const char *text)
 {
@@ -99,7 +99,7 @@ static void test_refused(void **state)
  * changed), and leaves one that does */
 static void test_bc_source(void **state)
 {
-    char dir[] = "/tmp/test_sievedir.XXXXXX";
+    char *dir = th_mkdtemp("sievedir");
     const char *text = "require \"fileinto\";\nfileinto \"A\";\n";
     const char *other = "keep;\n";
     struct sieve_script *s = NULL;
@@ -108,7 +108,7 @@ static void test_bc_source(void **state)
     struct timespec ts[2];
     (void)state;
 
-    assert_non_null(mkdtemp(dir));
+    assert_non_null(dir);
     assert_int_equal(sieve_compile(text, strlen(text), NULL, NULL, &s, NULL),
                      SIEVE_OK);
     assert_int_equal(sievedir_put(dir, "main", text, strlen(text)),
@@ -179,7 +179,8 @@ static void test_bc_source(void **state)
     assert_memory_equal(bc.s, bc2.s, bc.len);
 
     assert_int_equal(sievedir_delete(dir, "main"), SIEVEDIR_OK);
-    assert_int_equal(rmdir(dir), 0);
+    th_rmrf(dir);
+    free(dir);
     sieve_script_free(&s);
     buf_free(&bc);
     buf_free(&bc2);
