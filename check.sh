@@ -51,6 +51,7 @@ make -j"$(nproc)" check >make-check.out 2>&1 || rc=$?
 
 # Summaries: cmocka's lines from each test program's log, then totals.
 passed=0 failed=0 skipped=0
+failed_logs=()
 while IFS= read -r log; do
   name=${log%.log}
   res=$(sed -n 's/^:test-result: //p' "${name}.trs" 2>/dev/null | head -1)
@@ -68,6 +69,7 @@ while IFS= read -r log; do
           sf=$(sed -n 's/^[0-9]* passed, \([0-9]*\) failed.*/\1/p' "$log" | tail -1)
           n=$(( ${f:-0} + ${sf:-0} ))
           failed=$((failed + (n > 0 ? n : 1)))
+          failed_logs+=("$log")
           echo "---- ${name#./}: last lines of its log:"
           tail -40 "$log" ;;
   esac
@@ -76,6 +78,12 @@ done < <(find . -path ./tests/tmp -prune -o -name 'test_*.log' -print | sort)
 if [[ $rc -ne 0 ]]; then
   grep -E '^(FAIL|ERROR|XPASS):' make-check.out || tail -30 make-check.out
 fi
+# the failures' own lines once more at the end, where a shortened
+# output (a CI excerpt) still shows why
+for log in "${failed_logs[@]}"; do
+  echo "---- ${log#./}: its failures:"
+  grep -E '^(FAIL|not ok|\[  FAILED  \]|\[  ERROR   \])' "$log" | head -20 | cut -c1-400 || true
+done
 echo "check: build=${build#$here/}"
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 exit $rc

@@ -248,10 +248,14 @@ def test_convert():
 def test_leader_kill():
     leader = CLUSTER.leader()
     check(leader, "no leader")
-    # the leader first in the list: after it dies, the client moves on
+    # the leader first in the list: after it dies, the client moves on.
+    # The requests around the kill get 2 s (an I/O error there is
+    # allowed); the seed before and the read after get the healthy
+    # cluster's time, which a loaded machine may need.
     conf = conf_file("kill", CLUSTER.endpoints(first=leader), timeout_ms=2000)
+    healthy = conf_file("kill-healthy", CLUSTER.endpoints())
     db = "/kill/db-%d" % time.monotonic_ns()
-    check(dbtool(conf, "-n", db, "etcd", "set", "seed", "0").returncode == 0, "seed")
+    check(dbtool(healthy, "-n", db, "etcd", "set", "seed", "0").returncode == 0, "seed")
     known = {}        # key -> value surely stored
     maybe = {}        # key -> value whose store ended in an I/O error
     ok = errors = 0
@@ -295,7 +299,7 @@ def test_leader_kill():
           "(ok %d, errors %d)" % (ok, errors))
     new = CLUSTER.leader(exclude=leader)
     check(new and new is not leader, "no new leader")
-    p = dbtool(conf, db, "etcd", "show")
+    p = dbtool(healthy, db, "etcd", "show")
     check(p.returncode == 0, "show after failover: %r" % (p.stderr,))
     print("# leader_kill: %d operations answered, %d I/O errors around the "
           "failover, new leader %s" % (ok, errors, new["name"]))
@@ -303,12 +307,15 @@ def test_leader_kill():
 
 class Junk(http.server.BaseHTTPRequestHandler):
     mode = "text"
+    release = threading.Event()   # set when the test ends
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(n)
         if Junk.mode == "hang":
-            time.sleep(5)
+            # no answer before the client's timeout, however long: the
+            # connection is held until the test ends
+            Junk.release.wait(300)
             return
         body, status = {
             "text": (b"<html>hello</html>\x00\xff", 200),
@@ -336,10 +343,19 @@ def test_garbage():
         good = conf_file("good", CLUSTER.endpoints())
         db = "/garbage/db"
         check(dbtool(good, "-n", db, "etcd", "set", "k", "v").returncode == 0, "seed")
-        only = conf_file("junk", fake, timeout_ms=1000)
-        both = conf_file("both", fake + "," + CLUSTER.endpoints(), timeout_ms=1000)
+        # A junk answer comes at once: the healthy cluster's timeout.  A
+        # member that hangs is given up after the timeout, which then is
+        # also all the good member behind it gets: 1 s where nothing good
+        # is behind, 10 s where a loaded machine's etcd must answer.
+        only = conf_file("junk", fake)
+        both = conf_file("both", fake + "," + CLUSTER.endpoints())
+        only_hang = conf_file("junk-hang", fake, timeout_ms=1000)
+        both_hang = conf_file("both-hang", fake + "," + CLUSTER.endpoints(),
+                              timeout_ms=10000)
         for mode in ("text", "json", "badkv", "500", "hang"):
             Junk.mode = mode
+            if mode == "hang":
+                only, both = only_hang, both_hang
             for action in (["get", "k"], ["show"], ["set", "k", "w"]):
                 p = dbtool(only, db, "etcd", *action)
                 check(p.returncode == 1 and b"I/O error" in p.stderr,
@@ -356,6 +372,7 @@ def test_garbage():
         p = dbtool(good, db, "etcd", "get", "k")
         check(p.stdout == b"v\n", "the junk changed the data: %r" % (p.stdout,))
     finally:
+        Junk.release.set()
         srv.shutdown()
         srv.server_close()
 
