@@ -56,7 +56,8 @@ void sieve_msg_fini(struct sieve_msg *m)
     m->indexed = 0;
     free(m->view);
     m->view = NULL;
-    m->view_cap = 0;
+    m->view_len = m->view_cap = 0;
+    m->nviews = 0;
     strarray_fini(&m->env_to);
     strarray_fini(&m->env_auth);
     strarray_fini(&m->mailboxes);
@@ -243,17 +244,37 @@ static int msg_header(void *rock, const char *name, int decoded,
 }
 
 /* msg_header()'s decoded values, pointing into the index (each value
- * decoded once, kept until sieve_msg_fini()) */
+ * decoded once, kept until sieve_msg_fini()); a name asked for again
+ * gets its earlier answer (the header is not edited here: a script's
+ * edits are applied by the library, which then does not ask) */
 static int msg_header_view(void *rock, const char *name,
                            const char *const **values_r, size_t *n_r)
 {
     struct sieve_msg *m = rock;
-    size_t nlen = strlen(name), i, n = 0;
+    struct sieve_msg_view *w = NULL;
+    size_t nlen = strlen(name), i, start, n = 0;
 
     *values_r = NULL;
     *n_r = 0;
+    for (i = 0; i < m->nviews; i++)
+        if (m->views[i].namelen == nlen &&
+            strncasecmp(m->views[i].name, name, nlen) == 0) {
+            if (m->views[i].n) {
+                *values_r = (const char *const *)m->view + m->views[i].start;
+                *n_r = m->views[i].n;
+            }
+            return 0;
+        }
     if (!m->indexed && header_index(m) < 0)
         return -1;
+    if (nlen < sizeof(w->name)) {
+        if (m->nviews == SIEVE_MSG_VIEWS)
+            m->nviews = m->view_len = 0;
+        w = &m->views[m->nviews];
+        start = m->view_len;
+    } else {
+        start = m->view_len;   /* after the remembered ones, not kept */
+    }
     for (i = 0; i < m->nfields; i++) {
         struct sieve_msg_field *f = &m->fields[i];
 
@@ -264,8 +285,8 @@ static int msg_header_view(void *rock, const char *name,
             if (!f->dec)
                 return -1;
         }
-        if (n == m->view_cap) {
-            size_t cap = m->view_cap ? 2 * m->view_cap : 8;
+        if (start + n == m->view_cap) {
+            size_t cap = m->view_cap ? 2 * m->view_cap : 16;
             const char **v = realloc(m->view, cap * sizeof(*v));
 
             if (!v)
@@ -273,10 +294,20 @@ static int msg_header_view(void *rock, const char *name,
             m->view = v;
             m->view_cap = cap;
         }
-        m->view[n++] = f->dec;
+        m->view[start + n++] = f->dec;
     }
-    *values_r = (const char *const *)m->view;
-    *n_r = n;
+    if (w) {
+        memcpy(w->name, name, nlen);
+        w->namelen = nlen;
+        w->start = start;
+        w->n = n;
+        m->nviews++;
+        m->view_len = start + n;
+    }
+    if (n) {
+        *values_r = (const char *const *)m->view + start;
+        *n_r = n;
+    }
     return 0;
 }
 

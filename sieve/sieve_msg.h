@@ -31,6 +31,9 @@
 
 #include "sieve/sieve.h"
 
+#define SIEVE_MSG_VIEWS 8        /* names remembered by header_view() */
+#define SIEVE_MSG_VIEW_NAME 32    /* longer names are looked up each time */
+
 struct sieve_msg {
     const char *base;
     size_t len;
@@ -50,8 +53,16 @@ struct sieve_msg {
     struct sieve_msg_field *fields;
     size_t nfields;
     int indexed;
-    const char **view;           /* header_view()'s answer */
-    size_t view_cap;
+    /* header_view()'s answers: the values of the last names asked
+     * for, each name's at view[start, start + n) (a script asks for the
+     * same few headers test after test); the table is emptied when full */
+    const char **view;
+    size_t view_len, view_cap;
+    struct sieve_msg_view {
+        char name[SIEVE_MSG_VIEW_NAME];
+        size_t namelen, start, n;
+    } views[SIEVE_MSG_VIEWS];
+    size_t nviews;
 };
 
 /* Set up over len bytes at base (not copied). */

@@ -124,6 +124,68 @@ static void test_header_index(void **state)
     assert_int_equal(m.indexed, 0);
 }
 
+/* header_view(): the same answers as header(), decoded; a name asked
+ * for again is answered from the views kept (case-blind), also past the
+ * point where the table of names is full and starts over, and for a
+ * name too long to be kept; a missing header has no values */
+static void test_header_view(void **state)
+{
+    static const char msg[] =
+        "Subject: =?utf-8?q?caf=C3=A9?= day\r\n"
+        "X-A: one\r\n"
+        "x-a:  two\r\n\tfolded \r\n"
+        "X-Very-Long-Header-Name-Beyond-Thirty-Two: long\r\n"
+        "H0: v0\r\nH1: v1\r\nH2: v2\r\nH3: v3\r\nH4: v4\r\n"
+        "H5: v5\r\nH6: v6\r\nH7: v7\r\nH8: v8\r\nH9: v9\r\n"
+        "X-A: three\r\n"
+        "\r\n"
+        "X-A: in the body\r\n";
+    struct sieve_msg m;
+    struct sieve_message_ctx ctx;
+    const char *const *v;
+    size_t n;
+    int round, k;
+    char name[8], val[8];
+
+    (void)state;
+    sieve_msg_init(&m, msg, sizeof(msg) - 1);
+    sieve_msg_ctx(&m, &ctx);
+    assert_non_null(ctx.header_view);
+    for (round = 0; round < 3; round++) {
+        assert_int_equal(ctx.header_view(ctx.rock, round ? "x-A" : "X-A",
+                                         &v, &n), 0);
+        assert_int_equal(n, 3);
+        assert_string_equal(v[0], "one");
+        assert_string_equal(v[1], "two\tfolded");
+        assert_string_equal(v[2], "three");
+        assert_int_equal(ctx.header_view(ctx.rock, "SUBJECT", &v, &n), 0);
+        assert_int_equal(n, 1);
+        assert_string_equal(v[0], "caf\xc3\xa9 day");
+        assert_int_equal(ctx.header_view(ctx.rock, "missing", &v, &n), 0);
+        assert_int_equal(n, 0);
+        assert_int_equal(ctx.header_view(
+            ctx.rock, "x-very-long-header-name-beyond-thirty-two", &v, &n), 0);
+        assert_int_equal(n, 1);
+        assert_string_equal(v[0], "long");
+        if (round == 0)   /* kept: X-A, SUBJECT, missing; not the long one */
+            assert_int_equal(m.nviews, 3);
+        /* more names than the table holds: it starts over */
+        for (k = 0; k < 10; k++) {
+            snprintf(name, sizeof(name), "h%d", k);
+            snprintf(val, sizeof(val), "v%d", k);
+            assert_int_equal(ctx.header_view(ctx.rock, name, &v, &n), 0);
+            assert_int_equal(n, 1);
+            assert_string_equal(v[0], val);
+        }
+        assert_true(m.nviews <= SIEVE_MSG_VIEWS);
+    }
+    assert_int_equal(ctx.header_view(ctx.rock, "h9", &v, &n), 0);
+    assert_string_equal(v[0], "v9");
+    sieve_msg_fini(&m);
+    assert_null(m.view);
+    assert_int_equal(m.nviews, 0);
+}
+
 static void test_compile_errors(void **state)
 {
     static const struct { const char *text; int rc; const char *prefix; }
@@ -739,6 +801,7 @@ int main(void)
         cmocka_unit_test(test_reuse_and_allowed),
         cmocka_unit_test(test_prefixes_and_mutations),
         cmocka_unit_test(test_header_index),
+        cmocka_unit_test(test_header_view),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
