@@ -37,6 +37,8 @@
 #                         script (one text for every user, and one text
 #                         per user), vacation (through `sendmail`, and over
 #                         SMTP to an smtp-sink); every user has the script;
+#                         (BENCH_SIEVE="filing filing-own" runs only those
+#                         of filing filing-own vacation vacation-smtp);
 #                         10,000 messages per run (5 per user), each with
 #                         a sender of its own (one vacation reply per
 #                         message); flagged messages and replies counted
@@ -992,6 +994,16 @@ fi
 if has sieve; then
     declare -A stpl=()
     skinds=("none|no script" "filing|20-rule filing" "filing-own|20-rule filing, one text per user" "vacation|vacation" "vacation-smtp|vacation, SMTP to a sink")
+    if [[ -n ${BENCH_SIEVE:-} ]]; then
+        sk=("${skinds[0]}")
+        for w in $BENCH_SIEVE; do
+            for kv in "${skinds[@]:1}"; do
+                [[ ${kv%%|*} == "$w" ]] && sk+=("$kv") && continue 2
+            done
+            die "BENCH_SIEVE: unknown script $w"
+        done
+        skinds=("${sk[@]}")
+    fi
     for s in $servers; do
         for kv in "${skinds[@]}"; do
             k=${kv%%|*}

@@ -631,10 +631,29 @@ struct tok {
     int space_before;
 };
 
+/* the tokens of a field: the first TOKLIST_INLINE in the struct (a
+ * field's addresses rarely need more), the rest on the heap */
+#define TOKLIST_INLINE 24
+
 struct toklist {
-    struct tok *t;
+    struct tok *t;              /* `inline` or the heap */
     size_t n, alloc;
+    struct tok inline_t[TOKLIST_INLINE];
 };
+
+static void toklist_init(struct toklist *tl)
+{
+    tl->t = tl->inline_t;
+    tl->n = 0;
+    tl->alloc = TOKLIST_INLINE;
+}
+
+static void toklist_fini(struct toklist *tl)
+{
+    if (tl->t != tl->inline_t)
+        free(tl->t);
+    toklist_init(tl);
+}
 
 #define ADDR_MAX_TOKENS 100000
 
@@ -642,11 +661,17 @@ static int tok_add(struct toklist *tl, enum tok_kind kind, const char *p,
                    size_t len, int space)
 {
     if (tl->n == tl->alloc) {
-        size_t na = tl->alloc ? tl->alloc * 2 : 32;
+        size_t na = tl->alloc * 2;
         struct tok *nt;
         if (na > ADDR_MAX_TOKENS)
             return 1;
-        nt = realloc(tl->t, na * sizeof(*nt));
+        if (tl->t == tl->inline_t) {
+            nt = malloc(na * sizeof(*nt));
+            if (nt != NULL)
+                memcpy(nt, tl->t, tl->n * sizeof(*nt));
+        } else {
+            nt = realloc(tl->t, na * sizeof(*nt));
+        }
         if (nt == NULL)
             return -1;
         tl->t = nt;
@@ -926,11 +951,12 @@ static int put_addresses(struct buf *out, const struct message *msg,
                          int *written)
 {
     struct buf v = BUF_INITIALIZER;
-    struct toklist tl = { NULL, 0, 0 };
+    struct toklist tl;
     struct addr_out ao = { out, 0, BUF_INITIALIZER, BUF_INITIALIZER,
                            BUF_INITIALIZER, BUF_INITIALIZER, NULL, NULL };
     int r;
 
+    toklist_init(&tl);
     *written = 0;
     r = header_get(msg->base + part->hdr_off, part->hdr_len, name, &v);
     if (r <= 0) {
@@ -947,7 +973,7 @@ static int put_addresses(struct buf *out, const struct message *msg,
         *written = 1;
     }
 done:
-    free(tl.t);
+    toklist_fini(&tl);
     buf_free(&v);
     buf_free(&ao.name);
     buf_free(&ao.route);
@@ -960,30 +986,44 @@ int message_addresses(const char *value, size_t len, message_address_fn *fn,
                       void *rock)
 {
     struct buf v = BUF_INITIALIZER;
-    struct toklist tl = { NULL, 0, 0 };
+    struct toklist tl;
     struct addr_out ao = { NULL, 0, BUF_INITIALIZER, BUF_INITIALIZER,
                            BUF_INITIALIZER, BUF_INITIALIZER, fn, rock };
-    size_t i;
+    const char *p = value;
+    size_t i, plen = len;
     int r = MESSAGE_OK;
 
     if (fn == NULL || (value == NULL && len > 0))
         return MESSAGE_BADARG;
-    /* unfold as header_get() does */
-    for (i = 0; i < len; i++) {
+    toklist_init(&tl);
+    /* unfold as header_get() does: CR, LF and NUL left out (a value
+     * without them, an unfolded one, is read where it is) */
+    for (i = 0; i < len; i++)
         if (value[i] == '\r' || value[i] == '\n' || value[i] == '\0')
-            continue;
-        if (buf_putc(&v, (unsigned char)value[i]) < 0) {
+            break;
+    if (i < len) {
+        if (buf_append(&v, value, i) < 0) {
             r = MESSAGE_NOMEM;
             goto done;
         }
+        for (; i < len; i++) {
+            if (value[i] == '\r' || value[i] == '\n' || value[i] == '\0')
+                continue;
+            if (buf_putc(&v, (unsigned char)value[i]) < 0) {
+                r = MESSAGE_NOMEM;
+                goto done;
+            }
+        }
+        p = v.s;
+        plen = v.len;
     }
-    if (v.len > 0 && addr_tokenize(v.s, v.s + v.len, &tl) < 0) {
+    if (plen > 0 && addr_tokenize(p, p + plen, &tl) < 0) {
         r = MESSAGE_NOMEM;
         goto done;
     }
     r = addr_list_tokens(&ao, &tl);
 done:
-    free(tl.t);
+    toklist_fini(&tl);
     buf_free(&v);
     buf_free(&ao.name);
     buf_free(&ao.route);

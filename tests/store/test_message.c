@@ -505,6 +505,53 @@ static void test_groups(void **state)
     message_free(&m);
 }
 
+/* message_addresses(): each address reported as name, mailbox, host; a
+ * folded value (CR, LF, a NUL) read as unfolded; a list of more tokens
+ * than the parser keeps inline (100 addresses) reported whole */
+static int addr_collect(void *rock, const char *name, size_t namelen,
+                        const char *mailbox, size_t mailboxlen,
+                        const char *host, size_t hostlen)
+{
+    struct buf *out = rock;
+
+    buf_printf(out, "[%.*s|%.*s|%.*s]", (int)namelen, name ? name : "",
+               (int)mailboxlen, mailbox, (int)hostlen, host);
+    return 0;
+}
+
+static void check_addresses(const char *value, size_t len, const char *want)
+{
+    struct buf out = BUF_INITIALIZER;
+
+    assert_int_equal(message_addresses(value, len, addr_collect, &out),
+                     MESSAGE_OK);
+    assert_string_equal(buf_cstring(&out), want);
+    buf_free(&out);
+}
+
+static void test_addresses(void **state)
+{
+    static const char folded[] = " Bob\r\n <bob@exa\0mple.net>,\r\n\tcarol@example.net";
+    struct buf list = BUF_INITIALIZER, want = BUF_INITIALIZER;
+    int i;
+
+    (void)state;
+    check_addresses("", 0, "");
+    check_addresses(" \"A. Person\" <a.person@example.org> (home)", 42,
+                    "[A. Person|a.person|example.org]");
+    check_addresses(folded, sizeof(folded) - 1,
+                    "[Bob|bob|example.net][|carol|example.net]");
+    check_addresses("Team: alice@example.org, Bob <bob@example.net>;", 47,
+                    "[|alice|example.org][Bob|bob|example.net]");
+    for (i = 0; i < 100; i++) {
+        buf_printf(&list, "%sU%d <u%d@h%d.example>", i ? ", " : "", i, i, i);
+        buf_printf(&want, "[U%d|u%d|h%d.example]", i, i, i);
+    }
+    check_addresses(list.s, list.len, buf_cstring(&want));
+    buf_free(&list);
+    buf_free(&want);
+}
+
 static void test_8bit(void **state)
 {
     struct message *m = parse(
@@ -916,6 +963,7 @@ int main(void)
         cmocka_unit_test(test_mixed),
         cmocka_unit_test(test_nested),
         cmocka_unit_test(test_groups),
+        cmocka_unit_test(test_addresses),
         cmocka_unit_test(test_8bit),
         cmocka_unit_test(test_digest),
         cmocka_unit_test(test_malformed),
