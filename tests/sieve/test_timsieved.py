@@ -610,6 +610,73 @@ def test_layout_domain_users():
     check("line 3" in str(r), "mbtool put of a bad script: %r" % (r,))
 
 
+def _compiled(out):
+    m = re.search(r"sieve compile: (\d+) scripts of (\d+) users: (\d+) "
+                  r"stored again, (\d+) current, (\d+) failed", out)
+    check(m, "mbtool sieve compile printed no counts: %r" % (out,))
+    return tuple(int(x) for x in m.groups())
+
+
+def test_compile_all():
+    """mbtool sieve compile stores again every compiled form that is
+    missing or damaged, in every user's directory (domain users too),
+    leaves current ones alone, and names a script that does not compile
+    (exit 1); with a user, that user's scripts only."""
+    i = inst()
+    src = os.path.join(i.dir, "cmp.siv")
+    with open(src, "wb") as f:
+        f.write(GOOD)
+    dirs = {}
+    for user, rel in (("carol@Example.COM", "domain/e/example.com/c/carol"),
+                      ("2dan", "q/2dan"), ("erin", "e/erin")):
+        i.mbtool("sieve", "put", user, "cmp", src)
+        i.mbtool("sieve", "activate", user, "cmp")
+        dirs[user] = os.path.join(i.sievedir(), rel)
+        check(os.path.exists(os.path.join(dirs[user], "cmp.bc")),
+              "%s: no compiled form after put" % user)
+    rc, out, err = i.mbtool("sieve", "compile")
+    scripts, users, stored, current, failed = _compiled(out)
+    check(rc == 0 and failed == 0 and stored == 0 and current == scripts
+          and scripts >= 3 and users >= 3,
+          "all current: rc %d %r %r" % (rc, out, err))
+    # one form gone, one damaged: both stored again, the rest current
+    os.unlink(os.path.join(dirs["carol@Example.COM"], "cmp.bc"))
+    bad_bc = os.path.join(dirs["2dan"], "cmp.bc")
+    with open(bad_bc, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 16)
+    rc, out, err = i.mbtool("sieve", "compile")
+    n = _compiled(out)
+    check(rc == 0 and n[2] == 2 and n[3] == scripts - 2 and n[4] == 0,
+          "after a loss and a damage: rc %d %r %r" % (rc, out, err))
+    for user in dirs:
+        check(os.path.exists(os.path.join(dirs[user], "cmp.bc")),
+              "%s: no compiled form after compile" % user)
+    rc, out, err = i.mbtool("sieve", "compile")
+    check(_compiled(out)[2] == 0, "a second compile stored again: %r" % (out,))
+    # one user only
+    os.unlink(os.path.join(dirs["erin"], "cmp.bc"))
+    rc, out, err = i.mbtool("sieve", "compile", "erin")
+    check(rc == 0 and _compiled(out) == (1, 1, 1, 0, 0),
+          "compile erin: rc %d %r %r" % (rc, out, err))
+    # a text that does not compile (written past mbtool and timsieved):
+    # named with the compiler's line and reason, exit 1, the rest done
+    badpath = os.path.join(dirs["erin"], "broken.script")
+    with open(badpath, "wb") as f:
+        f.write(BAD)
+    try:
+        rc, out, err = i.mbtool("sieve", "compile", check_rc=False)
+        n = _compiled(out)
+        check(rc != 0 and n[4] == 1 and n[0] == scripts + 1
+              and "broken" in err and "line 3" in err,
+              "a broken text: rc %d %r %r" % (rc, out, err))
+    finally:
+        os.unlink(badpath)
+    for user in dirs:
+        i.mbtool("sieve", "deactivate", user)
+        i.mbtool("sieve", "delete", user, "cmp")
+
+
 def _sc(args, password=PASSWORD, user=USER, timeout=60):
     i = inst()
     cmd = [SIEVE_CONNECT, "--4", "--server", "localhost", "--port",
@@ -714,7 +781,7 @@ if __name__ == "__main__":
         test_byte_at_a_time,
         test_prelogin_timeout,
         test_rfc5804_examples,
-        test_layout_domain_users,
+        test_layout_domain_users, test_compile_all,
         test_sieve_connect,
         test_sivtest,
         test_shutdown,
