@@ -1450,13 +1450,43 @@ static int mbtool_subdirs(const char *dir, struct strarray *out)
     return 0;
 }
 
+/* fn on each directory `depth` levels of subdirectories below dir */
+static void mbtool_walk(struct mbtool_compile *mc, const char *dir, int depth,
+                        void (*fn)(struct mbtool_compile *, const char *))
+{
+    struct strarray subs = STRARRAY_INITIALIZER;
+    size_t i;
+
+    if (depth == 0) {
+        fn(mc, dir);
+        return;
+    }
+    if (mbtool_subdirs(dir, &subs) != 0)
+        return;
+    for (i = 0; i < subs.count; i++) {
+        struct buf p = BUF_INITIALIZER;
+
+        buf_printf(&p, "%s/%s", dir, subs.data[i]);
+        mbtool_walk(mc, buf_cstring(&p), depth - 1, fn);
+        buf_free(&p);
+    }
+    strarray_fini(&subs);
+}
+
+static void mbtool_compile_tree(struct mbtool_compile *mc, const char *root,
+                                int domains);
+
+static void mbtool_compile_domain(struct mbtool_compile *mc, const char *dir)
+{
+    mbtool_compile_tree(mc, dir, 0);
+}
+
 /* every user directory: ROOT/H/USER and ROOT/domain/DH/DOMAIN/H/USER */
 static void mbtool_compile_tree(struct mbtool_compile *mc, const char *root,
                                 int domains)
 {
-    struct strarray hs = STRARRAY_INITIALIZER, us = STRARRAY_INITIALIZER;
-    struct buf p = BUF_INITIALIZER;
-    size_t i, k;
+    struct strarray hs = STRARRAY_INITIALIZER;
+    size_t i;
 
     if (mbtool_subdirs(root, &hs) != 0) {
         if (errno != ENOENT) {
@@ -1467,50 +1497,16 @@ static void mbtool_compile_tree(struct mbtool_compile *mc, const char *root,
         return;
     }
     for (i = 0; i < hs.count; i++) {
-        if (domains && strcmp(hs.data[i], "domain") == 0) {
-            struct strarray ds = STRARRAY_INITIALIZER;
-            struct buf dp = BUF_INITIALIZER;
-            size_t j;
+        struct buf p = BUF_INITIALIZER;
 
-            buf_printf(&p, "%s/domain", root);
-            if (mbtool_subdirs(buf_cstring(&p), &us) == 0)
-                for (k = 0; k < us.count; k++) {
-                    buf_reset(&dp);
-                    buf_printf(&dp, "%s/domain/%s", root, us.data[k]);
-                    if (mbtool_subdirs(buf_cstring(&dp), &ds) != 0)
-                        continue;
-                    for (j = 0; j < ds.count; j++) {
-                        struct buf one = BUF_INITIALIZER;
-
-                        buf_printf(&one, "%s/%s", buf_cstring(&dp),
-                                   ds.data[j]);
-                        mbtool_compile_tree(mc, buf_cstring(&one), 0);
-                        buf_free(&one);
-                    }
-                }
-            strarray_fini(&ds);
-            buf_free(&dp);
-            buf_reset(&p);
-            continue;
-        }
-        if (strlen(hs.data[i]) != 1)
-            continue;   /* not a hash directory */
-        buf_reset(&p);
         buf_printf(&p, "%s/%s", root, hs.data[i]);
-        if (mbtool_subdirs(buf_cstring(&p), &us) != 0)
-            continue;
-        for (k = 0; k < us.count; k++) {
-            struct buf ud = BUF_INITIALIZER;
-
-            buf_printf(&ud, "%s/%s", buf_cstring(&p), us.data[k]);
-            mbtool_compile_dir(mc, buf_cstring(&ud));
-            buf_free(&ud);
-        }
-        buf_reset(&p);
+        if (domains && strcmp(hs.data[i], "domain") == 0)
+            mbtool_walk(mc, buf_cstring(&p), 2, mbtool_compile_domain);
+        else if (strlen(hs.data[i]) == 1)   /* a hash directory */
+            mbtool_walk(mc, buf_cstring(&p), 1, mbtool_compile_dir);
+        buf_free(&p);
     }
     strarray_fini(&hs);
-    strarray_fini(&us);
-    buf_free(&p);
 }
 
 static int mbtool_sieve_compile(const char *user)
