@@ -267,14 +267,12 @@ static int msg_header_view(void *rock, const char *name,
         }
     if (!m->indexed && header_index(m) < 0)
         return -1;
-    if (nlen < sizeof(w->name)) {
+    if (nlen < sizeof(w->name)) {   /* a longer one is not kept */
         if (m->nviews == SIEVE_MSG_VIEWS)
             m->nviews = m->view_len = 0;
         w = &m->views[m->nviews];
-        start = m->view_len;
-    } else {
-        start = m->view_len;   /* after the remembered ones, not kept */
     }
+    start = m->view_len;   /* after the kept ones */
     for (i = 0; i < m->nfields; i++) {
         struct sieve_msg_field *f = &m->fields[i];
 

@@ -475,12 +475,13 @@ int sievedir_store_bc(const char *dir, const char *name,
 
 int sievedir_ensure_bc(const char *dir, const char *name,
                        const struct sieve_limits *limits,
-                       const struct strarray *allowed, int sync)
+                       const struct strarray *allowed, int sync,
+                       int *stored_r, struct buf *err)
 {
     struct buf text = BUF_INITIALIZER, bc = BUF_INITIALIZER;
     struct sieve_script *script = NULL;
     struct stat st;
-    int r;
+    int r, stored = 0;
 
     r = sievedir_get_st(dir, name, limits ? limits->max_script_size : 0,
                         &text, &st);
@@ -491,22 +492,108 @@ int sievedir_ensure_bc(const char *dir, const char *name,
                         &script, NULL) == SIEVE_OK) {
         /* current for the text; stored again only to name its source
          * (a form written before the text's last change of identity) */
-        if (!sievedir_bc_is_source(bc.s, bc.len, &st))
+        if (!sievedir_bc_is_source(bc.s, bc.len, &st)) {
             r = sievedir_store_bc(dir, name, script, text.s, text.len,
                                   allowed, &st, sync);
+            stored = 1;
+        }
         goto out;
     }
     r = sieve_compile(text.s ? text.s : "", text.len, limits, allowed,
-                      &script, NULL);
-    if (r == SIEVE_OK)
+                      &script, err);
+    if (r == SIEVE_OK) {
         r = sievedir_store_bc(dir, name, script, text.s, text.len, allowed,
                               &st, sync);
-    else
+        stored = 1;
+    } else {
         r = r == SIEVE_ENOMEM ? SIEVEDIR_NOMEM : SIEVEDIR_BADNAME;
+    }
 out:
+    if (stored_r)
+        *stored_r = r == SIEVEDIR_OK && stored;
     sieve_script_free(&script);
     buf_free(&text);
     buf_free(&bc);
+    return r;
+}
+
+/* The subdirectories of dir, sorted, into subs (replaced); a name of
+ * one byte only when one is set.  SIEVEDIR_OK (also for a missing
+ * dir: none), SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
+static int sievedir_subdirs(const char *dir, int one, struct strarray *subs)
+{
+    struct buf path = BUF_INITIALIZER;
+    struct dirent *de;
+    struct stat st;
+    DIR *d = opendir(dir);
+    int r = SIEVEDIR_OK;
+
+    strarray_fini(subs);
+    if (!d)
+        return errno == ENOENT || errno == ENOTDIR ? SIEVEDIR_OK
+                                                   : SIEVEDIR_IOERROR;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.' || (one && de->d_name[1] != '\0'))
+            continue;
+        buf_reset(&path);
+        if (buf_printf(&path, "%s/%s", dir, de->d_name) < 0 ||
+            (lstat(buf_cstring(&path), &st) == 0 && S_ISDIR(st.st_mode) &&
+             strarray_append(subs, de->d_name) < 0)) {
+            r = SIEVEDIR_NOMEM;
+            break;
+        }
+    }
+    closedir(d);
+    buf_free(&path);
+    strarray_sort(subs);
+    return r;
+}
+
+/* fn on every directory below dir along `levels`: one character per
+ * level, '1' a hash directory (a name of one byte), '*' any name, 'd'
+ * the directory "domain" (then the levels after it) */
+static int sievedir_walk(const char *dir, const char *levels,
+                         sievedir_user_fn *fn, void *rock)
+{
+    struct strarray subs = STRARRAY_INITIALIZER;
+    struct buf path = BUF_INITIALIZER;
+    size_t i;
+    int r;
+
+    if (!*levels)
+        return fn(rock, dir);
+    if (*levels == 'd') {
+        if (buf_printf(&path, "%s/domain", dir) < 0)
+            return SIEVEDIR_NOMEM;
+        r = sievedir_walk(buf_cstring(&path), levels + 1, fn, rock);
+        buf_free(&path);
+        return r;
+    }
+    r = sievedir_subdirs(dir, *levels == '1', &subs);
+    for (i = 0; r == SIEVEDIR_OK && i < subs.count; i++) {
+        buf_reset(&path);
+        r = buf_printf(&path, "%s/%s", dir, subs.data[i]) < 0
+                ? SIEVEDIR_NOMEM
+                : sievedir_walk(buf_cstring(&path), levels + 1, fn, rock);
+    }
+    strarray_fini(&subs);
+    buf_free(&path);
+    return r;
+}
+
+int sievedir_foreach_user(const struct imapconf *conf, sievedir_user_fn *fn,
+                          void *rock)
+{
+    struct buf root = BUF_INITIALIZER;
+    int r = sievedir_root(conf, &root);
+
+    /* SIEVEDIR/H/USER, then SIEVEDIR/domain/DH/DOMAIN/H/USER (the
+     * layout of sievedir_user_path()) */
+    if (r == SIEVEDIR_OK)
+        r = sievedir_walk(buf_cstring(&root), "1*", fn, rock);
+    if (r == SIEVEDIR_OK)
+        r = sievedir_walk(buf_cstring(&root), "d1*1*", fn, rock);
+    buf_free(&root);
     return r;
 }
 

@@ -172,13 +172,26 @@ int sievedir_bc_is_source(const void *bc, size_t len, const struct stat *st);
 
 /* Make sure script `name` has a current compiled form: keep NAME.bc
  * when it loads for the text under limits and allowed (NULL: defaults,
- * all), else compile the text and store it.  SIEVEDIR_OK,
- * SIEVEDIR_NOTFOUND, SIEVEDIR_BADNAME (the text does not compile),
- * SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
+ * all), else compile the text and store it.  *stored_r (may be NULL):
+ * 1 when NAME.bc was written, 0 when it was current; err (may be NULL):
+ * the compiler's line and reason when the text does not compile.
+ * SIEVEDIR_OK, SIEVEDIR_NOTFOUND, SIEVEDIR_BADNAME (the text does not
+ * compile), SIEVEDIR_IOERROR, SIEVEDIR_NOMEM. */
 struct sieve_limits;
 int sievedir_ensure_bc(const char *dir, const char *name,
                        const struct sieve_limits *limits,
-                       const struct strarray *allowed, int sync);
+                       const struct strarray *allowed, int sync,
+                       int *stored_r, struct buf *err);
+
+/* fn(rock, dir) for every user directory under the configuration's
+ * sieve root, in sorted order: SIEVEDIR/H/USER and, with domains,
+ * SIEVEDIR/domain/DH/DOMAIN/H/USER.  A nonzero return of fn stops the
+ * walk and is returned.  SIEVEDIR_OK (also when there is no root yet),
+ * SIEVEDIR_IOERROR (errno) when a directory of the layout cannot be
+ * read, SIEVEDIR_NOMEM. */
+typedef int sievedir_user_fn(void *rock, const char *dir);
+int sievedir_foreach_user(const struct imapconf *conf, sievedir_user_fn *fn,
+                          void *rock);
 
 /* Make `name` the active script; name NULL or "" deactivates (no error
  * when none was active).  SIEVEDIR_OK, SIEVEDIR_NOTFOUND,

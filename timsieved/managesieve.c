@@ -921,7 +921,7 @@ static void ms_cmd_setactive(struct ms_session *s)
      * behind our back: the compiled form of the one to run is current */
     if (*name && (r = sievedir_ensure_bc(buf_cstring(&s->dir), name,
                                          &s->srv->limits, &s->srv->allowed,
-                                         1)) != SIEVEDIR_OK)
+                                         1, NULL, NULL)) != SIEVEDIR_OK)
         log_warning("timsieved: compiled script not stored user=<%s> "
                     "name=<%s> error=<%s>", s->userid, name,
                     sievedir_strerror(r));

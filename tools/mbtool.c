@@ -1347,166 +1347,47 @@ struct mbtool_compile {
     unsigned long dirs, scripts, stored, current, failed;
 };
 
-static int mbtool_bc_ino(const char *dir, const char *name, ino_t *ino)
+static int mbtool_compile_dir(void *rock, const char *dir)
 {
-    struct buf path = BUF_INITIALIZER;
-    struct stat st;
-    int r = 0;
-
-    *ino = 0;
-    if (sievedir_bc_path(dir, name, &path) == SIEVEDIR_OK &&
-        stat(buf_cstring(&path), &st) == 0)
-        *ino = st.st_ino;
-    else
-        r = -1;
-    buf_free(&path);
-    return r;
-}
-
-static void mbtool_compile_dir(struct mbtool_compile *mc, const char *dir)
-{
+    struct mbtool_compile *mc = rock;
     struct strarray names = STRARRAY_INITIALIZER;
-    struct buf active = BUF_INITIALIZER, text = BUF_INITIALIZER,
-               err = BUF_INITIALIZER;
+    struct buf err = BUF_INITIALIZER;
     size_t i;
     int r;
 
-    r = sievedir_list(dir, &names, &active);
+    r = sievedir_list(dir, &names, NULL);
     if (r != SIEVEDIR_OK) {
-        if (r != SIEVEDIR_NOTFOUND) {
-            mbtool_sieve_fail("compile", dir, r);
-            mc->failed++;
-        }
+        mbtool_sieve_fail("compile", dir, r);
+        mc->failed++;
         goto out;
     }
     mc->dirs++;
     for (i = 0; i < names.count; i++) {
-        const char *name = names.data[i];
-        ino_t before, after;
-        int had = mbtool_bc_ino(dir, name, &before) == 0;
+        int stored = 0;
 
         mc->scripts++;
-        r = sievedir_ensure_bc(dir, name, &mc->limits,
-                               mc->allowed.count ? &mc->allowed : NULL, 1);
+        buf_reset(&err);
+        r = sievedir_ensure_bc(dir, names.data[i], &mc->limits,
+                               mc->allowed.count ? &mc->allowed : NULL, 1,
+                               &stored, &err);
         if (r == SIEVEDIR_OK) {
-            if (mbtool_bc_ino(dir, name, &after) == 0 &&
-                (!had || after != before))
+            if (stored)
                 mc->stored++;
             else
                 mc->current++;
             continue;
         }
         mc->failed++;
-        if (r != SIEVEDIR_BADNAME) {
-            fprintf(stderr, "%s: sieve compile %s/%s: %s\n",
-                    mbtool_progname, dir, name, sievedir_strerror(r));
-            continue;
-        }
-        /* the text does not compile (under today's limits and
-         * extensions): why, from the compiler */
-        buf_reset(&err);
-        buf_reset(&text);
-        if (sievedir_get(dir, name, 0, &text) == SIEVEDIR_OK) {
-            struct sieve_script *script = NULL;
-
-            r = sieve_compile(text.s ? text.s : "", text.len, &mc->limits,
-                              mc->allowed.count ? &mc->allowed : NULL,
-                              &script, &err);
-            sieve_script_free(&script);
-        }
-        fprintf(stderr, "%s: sieve compile %s/%s: does not compile: %s\n",
-                mbtool_progname, dir, name,
-                err.len ? buf_cstring(&err) : "too big or unreadable");
+        fprintf(stderr, "%s: sieve compile %s/%s: %s%s%s\n",
+                mbtool_progname, dir, names.data[i],
+                r == SIEVEDIR_BADNAME ? "does not compile"
+                                      : sievedir_strerror(r),
+                err.len ? ": " : "", buf_cstring(&err));
     }
 out:
     strarray_fini(&names);
-    buf_free(&active);
-    buf_free(&text);
     buf_free(&err);
-}
-
-/* the subdirectories of dir, sorted; 0 or -1 (dir unreadable, errno) */
-static int mbtool_subdirs(const char *dir, struct strarray *out)
-{
-    DIR *d = opendir(dir);
-    struct dirent *de;
-
-    strarray_fini(out);
-    if (!d)
-        return -1;
-    while ((de = readdir(d)) != NULL) {
-        struct buf path = BUF_INITIALIZER;
-        struct stat st;
-
-        if (de->d_name[0] == '.')
-            continue;
-        buf_printf(&path, "%s/%s", dir, de->d_name);
-        if (lstat(buf_cstring(&path), &st) == 0 && S_ISDIR(st.st_mode))
-            strarray_append(out, de->d_name);
-        buf_free(&path);
-    }
-    closedir(d);
-    strarray_sort(out);
     return 0;
-}
-
-/* fn on each directory `depth` levels of subdirectories below dir */
-static void mbtool_walk(struct mbtool_compile *mc, const char *dir, int depth,
-                        void (*fn)(struct mbtool_compile *, const char *))
-{
-    struct strarray subs = STRARRAY_INITIALIZER;
-    size_t i;
-
-    if (depth == 0) {
-        fn(mc, dir);
-        return;
-    }
-    if (mbtool_subdirs(dir, &subs) != 0)
-        return;
-    for (i = 0; i < subs.count; i++) {
-        struct buf p = BUF_INITIALIZER;
-
-        buf_printf(&p, "%s/%s", dir, subs.data[i]);
-        mbtool_walk(mc, buf_cstring(&p), depth - 1, fn);
-        buf_free(&p);
-    }
-    strarray_fini(&subs);
-}
-
-static void mbtool_compile_tree(struct mbtool_compile *mc, const char *root,
-                                int domains);
-
-static void mbtool_compile_domain(struct mbtool_compile *mc, const char *dir)
-{
-    mbtool_compile_tree(mc, dir, 0);
-}
-
-/* every user directory: ROOT/H/USER and ROOT/domain/DH/DOMAIN/H/USER */
-static void mbtool_compile_tree(struct mbtool_compile *mc, const char *root,
-                                int domains)
-{
-    struct strarray hs = STRARRAY_INITIALIZER;
-    size_t i;
-
-    if (mbtool_subdirs(root, &hs) != 0) {
-        if (errno != ENOENT) {
-            fprintf(stderr, "%s: sieve compile %s: %s\n", mbtool_progname,
-                    root, strerror(errno));
-            mc->failed++;
-        }
-        return;
-    }
-    for (i = 0; i < hs.count; i++) {
-        struct buf p = BUF_INITIALIZER;
-
-        buf_printf(&p, "%s/%s", root, hs.data[i]);
-        if (domains && strcmp(hs.data[i], "domain") == 0)
-            mbtool_walk(mc, buf_cstring(&p), 2, mbtool_compile_domain);
-        else if (strlen(hs.data[i]) == 1)   /* a hash directory */
-            mbtool_walk(mc, buf_cstring(&p), 1, mbtool_compile_dir);
-        buf_free(&p);
-    }
-    strarray_fini(&hs);
 }
 
 static int mbtool_sieve_compile(const char *user)
@@ -1532,12 +1413,11 @@ static int mbtool_sieve_compile(const char *user)
         }
         mbtool_compile_dir(&mc, buf_cstring(&dir));
     } else {
-        r = sievedir_root(mbtool_conf, &dir);
+        r = sievedir_foreach_user(mbtool_conf, mbtool_compile_dir, &mc);
         if (r != SIEVEDIR_OK) {
-            ret = mbtool_sieve_fail("compile", "", r);
-            goto out;
+            mbtool_sieve_fail("compile", "", r);
+            mc.failed++;
         }
-        mbtool_compile_tree(&mc, buf_cstring(&dir), 1);
     }
     printf("sieve compile: %lu scripts of %lu users: %lu stored again, "
            "%lu current, %lu failed\n", mc.scripts, mc.dirs, mc.stored,
@@ -1643,7 +1523,8 @@ static int mbtool_sieve(int argc, char **argv)
         else if (name && *name) {
             mbtool_sieve_conf(&limits, &allowed);
             r = sievedir_ensure_bc(buf_cstring(&dir), name, &limits,
-                                   allowed.count ? &allowed : NULL, 1);
+                                   allowed.count ? &allowed : NULL, 1,
+                                   NULL, NULL);
             if (r != SIEVEDIR_OK)
                 ret = mbtool_sieve_fail("activate (compiled form)", name,
                                         r);

@@ -103,6 +103,8 @@ static void test_bc_source(void **state)
     const char *text = "require \"fileinto\";\nfileinto \"A\";\n";
     const char *other = "keep;\n";
     struct sieve_script *s = NULL;
+    struct buf err = BUF_INITIALIZER;
+    int stored = -1;
     struct buf bc = BUF_INITIALIZER, bc2 = BUF_INITIALIZER, path = BUF_INITIALIZER;
     struct stat st;
     struct timespec ts[2];
@@ -154,8 +156,10 @@ static void test_bc_source(void **state)
      * again naming the file; then left alone */
     assert_int_equal(sievedir_put(dir, "main", text, strlen(text)),
                      SIEVEDIR_OK);
-    assert_int_equal(sievedir_ensure_bc(dir, "main", NULL, NULL, 0),
+    assert_int_equal(sievedir_ensure_bc(dir, "main", NULL, NULL, 0, &stored,
+                                        NULL),
                      SIEVEDIR_OK);
+    assert_int_equal(stored, 1);
     assert_int_equal(stat(buf_cstring(&path), &st), 0);
     assert_int_equal(sievedir_get_bc(dir, "main", 0, &bc), SIEVEDIR_OK);
     assert_int_equal(sievedir_bc_is_source(bc.s, bc.len, &st), 1);
@@ -165,18 +169,32 @@ static void test_bc_source(void **state)
     assert_int_equal(utimensat(AT_FDCWD, buf_cstring(&path), ts, 0), 0);
     assert_int_equal(stat(buf_cstring(&path), &st), 0);
     assert_int_equal(sievedir_bc_is_source(bc.s, bc.len, &st), 0);
-    assert_int_equal(sievedir_ensure_bc(dir, "main", NULL, NULL, 0),
+    assert_int_equal(sievedir_ensure_bc(dir, "main", NULL, NULL, 0, &stored,
+                                        NULL),
                      SIEVEDIR_OK);
+    assert_int_equal(stored, 1);
     assert_int_equal(sievedir_get_bc(dir, "main", 0, &bc2), SIEVEDIR_OK);
     assert_int_equal(sievedir_bc_is_source(bc2.s, bc2.len, &st), 1);
     assert_int_equal(bc2.len, bc.len);
     assert_memory_equal(bc2.s + SIEVE_BC_HEADER, bc.s + SIEVE_BC_HEADER,
                         bc.len - SIEVE_BC_HEADER);
-    assert_int_equal(sievedir_ensure_bc(dir, "main", NULL, NULL, 0),
+    assert_int_equal(sievedir_ensure_bc(dir, "main", NULL, NULL, 0, &stored,
+                                        NULL),
                      SIEVEDIR_OK);
+    assert_int_equal(stored, 0);
     assert_int_equal(sievedir_get_bc(dir, "main", 0, &bc), SIEVEDIR_OK);
     assert_int_equal(bc.len, bc2.len);
     assert_memory_equal(bc.s, bc2.s, bc.len);
+
+    /* a text that does not compile: not stored, the compiler's reason */
+    assert_int_equal(sievedir_put(dir, "broken", "keep;\nfileint \"x\";\n",
+                                  19), SIEVEDIR_OK);
+    assert_int_equal(sievedir_ensure_bc(dir, "broken", NULL, NULL, 0,
+                                        &stored, &err), SIEVEDIR_BADNAME);
+    assert_int_equal(stored, 0);
+    assert_non_null(strstr(buf_cstring(&err), "line 2"));
+    assert_int_equal(sievedir_delete(dir, "broken"), SIEVEDIR_OK);
+    buf_free(&err);
 
     assert_int_equal(sievedir_delete(dir, "main"), SIEVEDIR_OK);
     th_rmrf(dir);
