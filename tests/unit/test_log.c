@@ -4,7 +4,7 @@
  * stderr whose %s carries CR, LF, other controls, 8-bit bytes and a NUL
  * comes out as one line of printable ASCII; an overlong line is cut;
  * held lines go out together at the release, in order, and a child's at
- * once).
+ * once); log_vformat against vsnprintf.
  */
 #include "config.h"
 
@@ -264,11 +264,84 @@ static void test_hold(void **state)
     free(data);
 }
 
+/* log_vformat gives what vsnprintf gives, for the conversions it makes
+ * itself and for those it hands on, cut or not */
+static void __attribute__((format(printf, 2, 3)))
+expect_format(size_t outlen, const char *fmt, ...)
+{
+    char got[512], want[512];
+    va_list ap, aq;
+    size_t n;
+    int r;
+
+    assert_true(outlen <= sizeof(got));
+    memset(got, 'Z', sizeof(got));
+    memset(want, 'Z', sizeof(want));
+    va_start(ap, fmt);
+    va_copy(aq, ap);
+    n = log_vformat(got, outlen, fmt, ap);
+    r = vsnprintf(want, outlen, fmt, aq);
+    va_end(aq);
+    va_end(ap);
+    assert_true(r >= 0);
+    if (!outlen) {
+        assert_int_equal(n, 0);
+        return;
+    }
+    assert_int_equal(n, (size_t)r < outlen ? (size_t)r : outlen - 1);
+    assert_memory_equal(got, want, n + 1);   /* the NUL too */
+    assert_int_equal(got[n + 1], 'Z');      /* nothing past it */
+}
+
+static void test_format(void **state)
+{
+    static const size_t lens[] = { 512, 40, 17, 9, 2, 1, 0 };
+    const char *volatile nul = NULL;   /* glibc's "(null)" */
+    size_t i;
+
+    (void)state;
+    for (i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        size_t l = lens[i];
+
+        expect_format(l, "plain text, no conversion");
+        expect_format(l, "lmtp: sieve rcpt=<%s> user=<%s> script=<%s> "
+                      "result=<%s> loaded=<%lu> actions=<%s>",
+                      "u1@example.org", "u1", "bench.script", "ok", 0UL,
+                      "fileinto \"INBOX\"");
+        expect_format(l, "%d %i %u %x", -17, 2147483647, 4294967295U,
+                      0xbeefU);
+        expect_format(l, "%d|%ld|%lld", (int)(-2147483647 - 1),
+                      -9223372036854775807L - 1,
+                      -9223372036854775807LL - 1);
+        expect_format(l, "%lu %llu %zu %zd %jd %ju %lx", 1UL << 40,
+                      18446744073709551615ULL, (size_t)12345,
+                      (ssize_t)-5, (intmax_t)-7, (uintmax_t)8,
+                      0xdeadbeefUL);
+        expect_format(l, "%d%d%u", 0, 0, 0U);
+        expect_format(l, "delay=<%llu.%03llu> %03d %05d %02x %01u %09lu",
+                      12ULL, 7ULL, -4, -31, 0xaU, 0U, 123456789UL);
+        expect_format(l, "%03llu %02d %04i", 12345ULL, 100, -12345);
+        expect_format(l, "a%cb%cc", 'x', 0);   /* a NUL kept, counted */
+        expect_format(l, "<%.*s><%.*s><%.*s>", 3, "abcdef", 0, "abc", -1,
+                      "whole");
+        expect_format(l, "100%% of %s%%", "it");
+        expect_format(l, "[%s] [%.*s] [%.*s]", nul, 3, nul, 6, nul);
+        expect_format(l, "%s", "");
+        /* handed to vsnprintf: flags, widths, precisions, conversions */
+        expect_format(l, "%5d|%-6s|%08.3f|%hhu|%010x|%.2d", 42, "ab", 3.25,
+                      (unsigned char)200, 10U, 7);
+        expect_format(l, "before %s then %p", "x", (void *)&l);
+        expect_format(l, "%s %s %s %s %s %s %s %s", "one", "two", "three",
+                      "four", "five", "six", "seven", "eight");
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_escape),
         cmocka_unit_test(test_escape_cut),
+        cmocka_unit_test(test_format),
         cmocka_unit_test(test_emit_escapes),
         cmocka_unit_test(test_emit_long),
         cmocka_unit_test(test_prefix),
