@@ -143,6 +143,9 @@ struct lmtp_sieve {
     struct lmtp_smtp *smtp;        /* smtp_backend: host: the MTA */
     int smtp_host;                 /* smtp_backend is host */
     long timeout;                  /* lmtp_timeout, seconds */
+    time_t zone_minute;            /* lmtp_sieve_zone(): the minute ... */
+    int zone_offset;               /* ... its offset was found for */
+    int zone_known;
 };
 
 /* Extensions whose actions this delivery path does not carry out: never
@@ -1955,6 +1958,32 @@ static void lmtp_sieve_log_action(struct buf *log, const char *text)
     buf_appendcstr(log, text);
 }
 
+/* WHAT "NAME" in the actions list, without a format */
+static void lmtp_sieve_log_named(struct buf *log, const char *what,
+                                 const char *name)
+{
+    lmtp_sieve_log_action(log, what);
+    buf_appendcstr(log, " \"");
+    buf_appendcstr(log, name);
+    buf_putc(log, '"');
+}
+
+/* the local zone's offset now, in minutes: localtime_r() once a minute
+ * (zones change their offsets on whole minutes) */
+static int lmtp_sieve_zone(struct lmtp_sieve *ls, time_t now)
+{
+    if (!ls->zone_known || now / 60 != ls->zone_minute) {
+        struct tm tm;
+
+        if (!localtime_r(&now, &tm))
+            return 0;
+        ls->zone_offset = (int)(tm.tm_gmtoff / 60);
+        ls->zone_minute = now / 60;
+        ls->zone_known = 1;
+    }
+    return ls->zone_offset;
+}
+
 void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
                     const char *rcpt, const char *mailbox,
                     struct lmtp_sieve_result *res)
@@ -2078,12 +2107,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
     ctx.environment = lmtp_sieve_cb_environment;
     ctx.include = lmtp_sieve_cb_include;
     ctx.now = time(NULL);
-    {
-        struct tm tm;
-
-        localtime_r(&ctx.now, &tm);
-        ctx.zone_minutes = (int)(tm.tm_gmtoff / 60);
-    }
+    ctx.zone_minutes = lmtp_sieve_zone(ls, ctx.now);
     ctx.size = m->maplen;
 
     r = sieve_execute(c->script, &ctx, &acts, &err);
@@ -2183,8 +2207,7 @@ void lmtp_sieve_run(struct lmtp_sieve *ls, struct lmtp_sieve_msg *m,
                 break;
             }
             lmtp_sieve_add_target(res, target, &a->flags, stage);
-            buf_printf(&one, "fileinto \"%s\"", target);
-            lmtp_sieve_log_action(&log, buf_cstring(&one));
+            lmtp_sieve_log_named(&log, "fileinto", target);
             break;
         }
         case SIEVE_ACTION_REDIRECT:

@@ -383,6 +383,13 @@ static int flags_add(struct strarray *set, const char *s)
     struct strarray words = STRARRAY_INITIALIZER;
     size_t i, j;
 
+    if (*s && !strpbrk(s, " \t\r\n")) {
+        /* one flag (the usual string): no split */
+        for (j = 0; j < set->count; j++)
+            if (strcasecmp(set->data[j], s) == 0)
+                return 0;
+        return strarray_append(set, s);
+    }
     if (strarray_split(&words, s, " \t\r\n") < 0)
         return -1;
     for (i = 0; i < words.count; i++) {
@@ -423,6 +430,16 @@ static int action_flags(struct exec *ex, struct frame *fr,
 
     if (n->has_flags) {
         struct strarray l = STRARRAY_INITIALIZER;
+
+        for (i = 0; i < n->flags->n && !n->flags->v[i].has_var; i++)
+            ;
+        if (i == n->flags->n) {
+            /* no variables: the strings as they are, not copied first */
+            for (i = 0; i < n->flags->n; i++)
+                if (flags_add(out, n->flags->v[i].s) < 0)
+                    return rt_nomem(ex);
+            return 0;
+        }
         if (expand_list(ex, fr, n->flags, &l) < 0) {
             strarray_fini(&l);
             return -1;
@@ -542,44 +559,57 @@ struct addrpart_rock {
 static int addr_part(struct addrpart_rock *r, const char *local,
                      size_t llen, const char *host, size_t hlen)
 {
-    struct buf b = BUF_INITIALIZER;
-    const char *sep;
+    /* the part is a (a, alen) piece, then '@' and (b, blen) for :all:
+     * one allocation of its size */
+    const char *a = local, *b = host, *sep;
+    size_t alen = llen, blen = 0, at = 0;
+    char *str;
 
     switch (r->part) {
     case SV_ADDR_ALL:
-        buf_append(&b, local, llen);
         if (hlen) {
-            buf_putc(&b, '@');
-            buf_append(&b, host, hlen);
+            at = 1;
+            blen = hlen;
         }
         break;
     case SV_ADDR_LOCAL:
-        buf_append(&b, local, llen);
         break;
     case SV_ADDR_DOMAIN:
         if (!hlen && !llen)
             return 0;
-        buf_append(&b, host, hlen);
+        a = host;
+        alen = hlen;
         break;
     case SV_ADDR_USER:
         sep = memchr(local, r->sep, llen);
-        buf_append(&b, local, sep ? (size_t)(sep - local) : llen);
+        if (sep)
+            alen = (size_t)(sep - local);
         break;
     case SV_ADDR_DETAIL:
         sep = memchr(local, r->sep, llen);
         if (!sep)
             return 0;
-        buf_append(&b, sep + 1, llen - (size_t)(sep + 1 - local));
+        a = sep + 1;
+        alen = llen - (size_t)(sep + 1 - local);
         break;
     default:
+        alen = 0;
         break;
     }
-    {
-        char *str = b.len ? buf_release(&b) : strdup("");
-        buf_free(&b);
-        if (strarray_appendm(r->out, str) < 0)
-            r->nomem = 1;
+    str = malloc(alen + at + blen + 1);
+    if (!str) {
+        r->nomem = 1;
+        return 0;
     }
+    if (alen)
+        memcpy(str, a, alen);
+    if (at)
+        str[alen] = '@';
+    if (blen)
+        memcpy(str + alen + at, b, blen);
+    str[alen + at + blen] = '\0';
+    if (strarray_appendm(r->out, str) < 0)
+        r->nomem = 1;
     return 0;
 }
 
@@ -1455,8 +1485,10 @@ static int eval_test(struct exec *ex, struct frame *fr,
         return rt_error(ex, n->line, "test \"%s\" cannot run", n->name);
     }
 out:
-    strarray_fini(&vals);
-    buf_free(&b);
+    if (vals.data)   /* most tests borrow their values: nothing to free */
+        strarray_fini(&vals);
+    if (b.s)
+        buf_free(&b);
     if (ex->rc != SIEVE_OK)
         return -1;
     return r;
@@ -2146,6 +2178,8 @@ done:
     }
     free(ex.edits);
     for (i = 0; i < EXEC_ADDR_MEMO; i++) {
+        if (!ex.addr_memo[i].value && !ex.addr_memo[i].parts.data)
+            continue;   /* never used */
         free(ex.addr_memo[i].value);
         strarray_fini(&ex.addr_memo[i].parts);
     }

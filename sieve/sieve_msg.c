@@ -218,6 +218,14 @@ static int header_index(struct sieve_msg *m)
     return 0;
 }
 
+/* a field name equal to name (nlen bytes) whatever the case: the first
+ * bytes can differ only in the case bit, checked before the call */
+static int name_is(const char *f, const char *name, size_t nlen)
+{
+    return nlen == 0 || (((f[0] ^ name[0]) & ~0x20) == 0 &&
+                         strncasecmp(f, name, nlen) == 0);
+}
+
 static int msg_header(void *rock, const char *name, int decoded,
                       struct strarray *out)
 {
@@ -230,7 +238,7 @@ static int msg_header(void *rock, const char *name, int decoded,
         struct sieve_msg_field *f = &m->fields[i];
         char **v = decoded ? &f->dec : &f->raw;
 
-        if (f->namelen != nlen || strncasecmp(f->name, name, nlen) != 0)
+        if (f->namelen != nlen || !name_is(f->name, name, nlen))
             continue;
         if (!*v) {
             *v = field_value(f->value, f->value + f->valuelen, decoded);
@@ -258,7 +266,7 @@ static int msg_header_view(void *rock, const char *name,
     *n_r = 0;
     for (i = 0; i < m->nviews; i++)
         if (m->views[i].namelen == nlen &&
-            strncasecmp(m->views[i].name, name, nlen) == 0) {
+            name_is(m->views[i].name, name, nlen)) {
             if (m->views[i].n) {
                 *values_r = (const char *const *)m->view + m->views[i].start;
                 *n_r = m->views[i].n;
@@ -276,7 +284,7 @@ static int msg_header_view(void *rock, const char *name,
     for (i = 0; i < m->nfields; i++) {
         struct sieve_msg_field *f = &m->fields[i];
 
-        if (f->namelen != nlen || strncasecmp(f->name, name, nlen) != 0)
+        if (f->namelen != nlen || !name_is(f->name, name, nlen))
             continue;
         if (!f->dec) {
             f->dec = field_value(f->value, f->value + f->valuelen, 1);
