@@ -507,6 +507,17 @@ libc:
     }
 }
 
+size_t log_snprintf(char *out, size_t outlen, const char *fmt, ...)
+{
+    va_list ap;
+    size_t n;
+
+    va_start(ap, fmt);
+    n = log_vformat(out, outlen, fmt, ap);
+    va_end(ap);
+    return n;
+}
+
 static void log_format(char *safe, size_t safelen, const char *fmt,
                        va_list ap)
 {

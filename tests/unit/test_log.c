@@ -334,6 +334,15 @@ static void test_format(void **state)
         expect_format(l, "%s %s %s %s %s %s %s %s", "one", "two", "three",
                       "four", "five", "six", "seven", "eight");
     }
+    {
+        char out[16];
+
+        assert_int_equal(log_snprintf(out, sizeof(out), " uid=<%u>", 42U), 9);
+        assert_string_equal(out, " uid=<42>");
+        assert_int_equal(log_snprintf(out, sizeof(out), " mailbox=<%.*s>",
+                                      256, "user.someone.long"), 15);
+        assert_string_equal(out, " mailbox=<user.");
+    }
 }
 
 int main(void)
