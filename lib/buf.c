@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "lib/buf.h"
+#include "lib/fmt.h"
 
 /* The largest allowed len.  Kept below SIZE_MAX so that len + more + 1
  * (the spare NUL) cannot wrap even when max is set to SIZE_MAX. */
@@ -105,8 +106,8 @@ int buf_vprintf(struct buf *b, const char *fmt, va_list ap)
         (void)buf_ensure(b, 127);
     room = b->alloc > b->len ? b->alloc - b->len : 0;
     va_copy(ap2, ap);
-    n = room ? vsnprintf(b->s + b->len, room, fmt, ap2)
-             : vsnprintf(NULL, 0, fmt, ap2);
+    n = room ? fmt_vsnprintf(b->s + b->len, room, fmt, ap2)
+             : fmt_vsnprintf(NULL, 0, fmt, ap2);
     va_end(ap2);
     if (n < 0) {
         if (room)
@@ -121,7 +122,7 @@ int buf_vprintf(struct buf *b, const char *fmt, va_list ap)
         b->s[b->len] = '\0';
     if (buf_ensure(b, (size_t)n) < 0)
         return -1;
-    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    fmt_vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
     b->len += (size_t)n;
     return 0;
 }

@@ -14,19 +14,18 @@
 #include "config.h"
 
 #include <errno.h>
-#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/types.h>
 #include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "lib/fmt.h"
 #include "lib/log.h"
 #include "lib/procid.h"
 
@@ -355,167 +354,18 @@ size_t log_escape(const char *s, size_t len, char *out, size_t outlen)
 }
 
 /* fmt formatted (at most LOG_LINE_MAX - 1 bytes) and escaped into safe. */
-/* The conversions the log lines use, formatted here rather than by
- * vsnprintf(): the C library's printf machinery costs some 4,000
- * instructions for a line of a few %s, and a delivery writes two or three
- * lines, a tenth of what the rest of a no-sync delivery costs.  Anything
- * this does not know (a flag or a width other than a number's %0N with
- * N < 10, a precision other than %.*s, another conversion) sends the whole line to vsnprintf(), so any printf
- * format still works. */
-static size_t log_num(char *end, unsigned long long v, int hex)
-{
-    static const char digits[] = "0123456789abcdef";
-    char *p = end;
-
-    do {
-        *--p = digits[hex ? v & 15 : v % 10];
-        v = hex ? v >> 4 : v / 10;
-    } while (v);
-    return (size_t)(end - p);
-}
-
 size_t log_vformat(char *out, size_t outlen, const char *fmt, va_list ap)
 {
-    va_list aq;
-    size_t n = 0, room, len;
-    const char *p = fmt, *s;
-    char num[24];
+    int r;
 
     if (!outlen)
         return 0;
-    room = outlen - 1;
-    va_copy(aq, ap);
-    while (*p) {
-        unsigned long long u = 0;
-        int prec = -1, mod = 0, neg = 0, zeros = 0;
-
-        s = strchr(p, '%');
-        len = s ? (size_t)(s - p) : strlen(p);
-        if (len) {
-            if (len > room - n)
-                len = room - n;
-            memcpy(out + n, p, len);
-            n += len;
-            if (!s || n == room)
-                break;
-        }
-        if (!s)
-            break;
-        p = s + 1;
-        if (p[0] == '.' && p[1] == '*' && p[2] == 's') {
-            prec = va_arg(aq, int);
-            p += 2;
-        } else if (p[0] == '0' && p[1] >= '1' && p[1] <= '9' &&
-                   (p[2] < '0' || p[2] > '9')) {
-            zeros = p[1] - '0';   /* %03llu: a number's width, zeros */
-            p += 2;
-        }
-        /* the length modifier: 1 long, 2 long long, 3 size_t, 4 intmax_t */
-        if (*p == 'l' && p[1] == 'l') {
-            mod = 2;
-            p += 2;
-        } else if (*p == 'l' || *p == 'z' || *p == 'j') {
-            mod = *p == 'l' ? 1 : *p == 'z' ? 3 : 4;
-            p++;
-        }
-        if (zeros && *p != 'd' && *p != 'i' && *p != 'u' && *p != 'x')
-            goto libc;
-        switch (*p) {
-        case '%':
-            if (mod || prec >= 0)
-                goto libc;
-            s = "%";
-            len = 1;
-            break;
-        case 's':
-            if (mod)
-                goto libc;
-            s = va_arg(aq, const char *);
-            if (!s)   /* as glibc prints it */
-                s = prec < 0 || prec >= 6 ? "(null)" : "";
-            len = prec >= 0 ? strnlen(s, (size_t)prec) : strlen(s);
-            break;
-        case 'c':
-            if (mod || prec >= 0)
-                goto libc;
-            num[0] = (char)va_arg(aq, int);
-            s = num;
-            len = 1;
-            break;
-        case 'd':
-        case 'i':
-            if (prec >= 0)
-                goto libc;
-            {
-                long long v = mod == 0 ? va_arg(aq, int)
-                            : mod == 1 ? va_arg(aq, long)
-                            : mod == 2 ? va_arg(aq, long long)
-                            : mod == 3 ? (long long)va_arg(aq, ssize_t)
-                                       : (long long)va_arg(aq, intmax_t);
-                neg = v < 0;
-                u = neg ? 0ULL - (unsigned long long)v
-                        : (unsigned long long)v;
-            }
-            goto number;
-        case 'u':
-        case 'x':
-            if (prec >= 0)
-                goto libc;
-            u = mod == 0 ? va_arg(aq, unsigned)
-              : mod == 1 ? va_arg(aq, unsigned long)
-              : mod == 2 ? va_arg(aq, unsigned long long)
-              : mod == 3 ? (unsigned long long)va_arg(aq, size_t)
-                         : (unsigned long long)va_arg(aq, uintmax_t);
-        number:
-            {
-                char *q;
-
-                len = log_num(num + sizeof(num), u, *p == 'x');
-                q = num + sizeof(num) - len;
-                for (; (int)len + neg < zeros; len++)
-                    *--q = '0';
-                if (neg) {
-                    *--q = '-';
-                    len++;
-                }
-                s = q;
-            }
-            break;
-        default:
-            goto libc;
-        }
-        if (len > room - n)
-            len = room - n;
-        memcpy(out + n, s, len);
-        n += len;
-        p++;
+    r = fmt_vsnprintf(out, outlen, fmt, ap);
+    if (r < 0) {
+        out[0] = '\0';
+        return 0;
     }
-    va_end(aq);
-    out[n] = '\0';
-    return n;
-
-libc:
-    va_end(aq);
-    {
-        int r = vsnprintf(out, outlen, fmt, ap);
-
-        if (r < 0) {
-            out[0] = '\0';
-            return 0;
-        }
-        return (size_t)r < outlen ? (size_t)r : outlen - 1;
-    }
-}
-
-size_t log_snprintf(char *out, size_t outlen, const char *fmt, ...)
-{
-    va_list ap;
-    size_t n;
-
-    va_start(ap, fmt);
-    n = log_vformat(out, outlen, fmt, ap);
-    va_end(ap);
-    return n;
+    return (size_t)r < outlen ? (size_t)r : outlen - 1;
 }
 
 static void log_format(char *safe, size_t safelen, const char *fmt,

@@ -130,9 +130,4 @@ size_t log_escape(const char *s, size_t len, char *out, size_t outlen);
  * format goes to vsnprintf().  Returns the length written. */
 size_t log_vformat(char *out, size_t outlen, const char *fmt, va_list ap);
 
-/* log_vformat() with arguments: snprintf() for the pieces of a log line
- * (returns the length written, not the length wanted). */
-size_t log_snprintf(char *out, size_t outlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
 #endif

@@ -61,6 +61,7 @@
 
 #include "lib/buf.h"
 #include "lib/imapconf.h"
+#include "lib/fmt.h"
 #include "lib/log.h"
 #include "lib/metrics.h"
 #include "lib/prot.h"
@@ -408,23 +409,24 @@ static void lmtp_log_rcpt(struct lmtp_session *s, const char *qid,
     lmtp_clean(s->sender.s ? s->sender.s : "", s->sender.len, csender,
                sizeof(csender));
     cqid[0] = cmsgid[0] = cmailbox[0] = cuid[0] = csize[0] = '\0';
-    /* the optional fields by log_snprintf(): snprintf() costs some
+    /* the optional fields by fmt_snprintf(): snprintf() costs some
      * thousand instructions a call, and this line is written for every
      * recipient */
     if (qid && *qid)
-        log_snprintf(cqid, sizeof(cqid), " qid=<%s>", qid);
+        fmt_snprintf(cqid, sizeof(cqid), " qid=<%s>", qid);
     if (msgid && *msgid)
-        log_snprintf(cmsgid, sizeof(cmsgid), " msgid=<%s>", msgid);
+        fmt_snprintf(cmsgid, sizeof(cmsgid), " msgid=<%s>", msgid);
     if (mailbox && *mailbox && backend >= 0 && s->srv->px)
-        log_snprintf(cmailbox, sizeof(cmailbox), " user=<%.*s> backend=<%s>",
-                     256, mailbox, lmtp_proxy_name(s->srv->px, backend));
+        fmt_snprintf(cmailbox, sizeof(cmailbox),
+                     " user=<%.*s> backend=<%s>", 256, mailbox,
+                     lmtp_proxy_name(s->srv->px, backend));
     else if (mailbox && *mailbox)
-        log_snprintf(cmailbox, sizeof(cmailbox), " mailbox=<%.*s>", 256,
+        fmt_snprintf(cmailbox, sizeof(cmailbox), " mailbox=<%.*s>", 256,
                      mailbox);
     if (uid)
-        log_snprintf(cuid, sizeof(cuid), " uid=<%u>", (unsigned)uid);
+        fmt_snprintf(cuid, sizeof(cuid), " uid=<%u>", (unsigned)uid);
     if (size)
-        log_snprintf(csize, sizeof(csize), " size=<%llu>",
+        fmt_snprintf(csize, sizeof(csize), " size=<%llu>",
                      (unsigned long long)*size);
     log_info("lmtp: recipient%s%s sender=<%s> rcpt=<%s>%s%s%s status=<%s> "
              "reply=<%.*s> delay=<%llu.%03llu> peer=<%s>", cqid, cmsgid,

@@ -80,6 +80,7 @@
 
 #include "cyrusdb/cyrusdb.h"
 #include "lib/buf.h"
+#include "lib/fmt.h"
 #include "lib/fsutil.h"
 #include "lib/log.h"
 #include "store/duplicate.h"
@@ -216,8 +217,8 @@ static int duplicate_format_copy(char *val, size_t size, time_t when,
     int n;
 
     duplicate_guid_hex(c->guid, hex);
-    n = snprintf(val, size, "%lld %u %u %s", (long long)when, c->uid,
-                 c->uidvalidity, hex);
+    n = fmt_snprintf(val, size, "%lld %u %u %s", (long long)when, c->uid,
+                     c->uidvalidity, hex);
     return n < 0 || (size_t)n >= size ? -1 : n;
 }
 
@@ -526,7 +527,7 @@ int duplicate_mark(struct duplicate_db *d, const char *id, size_t idlen,
         buf_free(&key);
         return r == -2 ? STORE_NOMEM : STORE_OK;   /* not trackable */
     }
-    n = snprintf(val, sizeof(val), "%lld %u", (long long)when, uid);
+    n = fmt_snprintf(val, sizeof(val), "%lld %u", (long long)when, uid);
     r = cyrusdb_store(d->db, key.s, key.len, val, (size_t)n, NULL);
     if (r != CYRUSDB_OK) {
         log_error("duplicate: store failed file=<%s> id=<%s> error=<%s>",
@@ -567,8 +568,8 @@ static int duplicate_mark_n(struct duplicate_db *d, const char *id,
         if (copies)
             len = duplicate_format_copy(val, sizeof(val), when, &copies[i]);
         else
-            len = snprintf(val, sizeof(val), "%lld %u", (long long)when,
-                           uids[i]);
+            len = fmt_snprintf(val, sizeof(val), "%lld %u",
+                               (long long)when, uids[i]);
         if (len < 0) {
             r = STORE_INTERNAL;
             continue;

@@ -4,7 +4,7 @@
  * stderr whose %s carries CR, LF, other controls, 8-bit bytes and a NUL
  * comes out as one line of printable ASCII; an overlong line is cut;
  * held lines go out together at the release, in order, and a child's at
- * once); log_vformat against vsnprintf.
+ * once); log_vformat and fmt_vsnprintf against vsnprintf.
  */
 #include "config.h"
 
@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "lib/fmt.h"
 #include "lib/log.h"
 #include "lib/procid.h"
 
@@ -269,21 +270,32 @@ static void test_hold(void **state)
 static void __attribute__((format(printf, 2, 3)))
 expect_format(size_t outlen, const char *fmt, ...)
 {
-    char got[512], want[512];
-    va_list ap, aq;
+    char got[512], want[512], full[512];
+    va_list ap, aq, ar;
     size_t n;
-    int r;
+    int r, f;
 
     assert_true(outlen <= sizeof(got));
     memset(got, 'Z', sizeof(got));
     memset(want, 'Z', sizeof(want));
+    memset(full, 'Z', sizeof(full));
     va_start(ap, fmt);
     va_copy(aq, ap);
+    va_copy(ar, ap);
     n = log_vformat(got, outlen, fmt, ap);
     r = vsnprintf(want, outlen, fmt, aq);
+    f = fmt_vsnprintf(outlen ? full : NULL, outlen, fmt, ar);
+    va_end(ar);
     va_end(aq);
     va_end(ap);
     assert_true(r >= 0);
+    /* fmt_vsnprintf: vsnprintf's result, the whole length returned */
+    assert_int_equal(f, r);
+    if (outlen)
+        assert_memory_equal(full, want, (size_t)r < outlen ? (size_t)r + 1
+                                                           : outlen);
+    if (outlen < sizeof(full))
+        assert_int_equal(full[outlen], 'Z');   /* nothing past outlen */
     if (!outlen) {
         assert_int_equal(n, 0);
         return;
@@ -337,10 +349,10 @@ static void test_format(void **state)
     {
         char out[16];
 
-        assert_int_equal(log_snprintf(out, sizeof(out), " uid=<%u>", 42U), 9);
+        assert_int_equal(fmt_snprintf(out, sizeof(out), " uid=<%u>", 42U), 9);
         assert_string_equal(out, " uid=<42>");
-        assert_int_equal(log_snprintf(out, sizeof(out), " mailbox=<%.*s>",
-                                      256, "user.someone.long"), 15);
+        assert_int_equal(fmt_snprintf(out, sizeof(out), " mailbox=<%.*s>",
+                                      256, "user.someone.long"), 28);
         assert_string_equal(out, " mailbox=<user.");
     }
 }
