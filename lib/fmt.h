@@ -10,7 +10,7 @@
 
 /* vsnprintf(), with its result for every format: at most outlen - 1
  * bytes written and a NUL (nothing when outlen is 0; out may then be
- * NULL), the length the whole output has returned (-1 on error), a NUL
+ * NULL), the length of the whole output returned (-1 on error), a NUL
  * from %c written and counted.  %s, %.*s, %c, %d, %i, %u, %x with l, ll,
  * z or j and a width of zeros as in %03llu, and %%, are made here; any
  * other format goes to vsnprintf(). */

@@ -353,7 +353,6 @@ size_t log_escape(const char *s, size_t len, char *out, size_t outlen)
     return n;
 }
 
-/* fmt formatted (at most LOG_LINE_MAX - 1 bytes) and escaped into safe. */
 size_t log_vformat(char *out, size_t outlen, const char *fmt, va_list ap)
 {
     int r;
@@ -368,6 +367,7 @@ size_t log_vformat(char *out, size_t outlen, const char *fmt, va_list ap)
     return (size_t)r < outlen ? (size_t)r : outlen - 1;
 }
 
+/* fmt formatted (at most LOG_LINE_MAX - 1 bytes) and escaped into safe. */
 static void log_format(char *safe, size_t safelen, const char *fmt,
                        va_list ap)
 {

@@ -122,12 +122,9 @@ char *log_sanitize(const char *s, size_t len, char *out, size_t outlen);
  * never cuts. */
 size_t log_escape(const char *s, size_t len, char *out, size_t outlen);
 
-/* What the emitter formats a line with: vsnprintf()'s result for every
- * format (at most outlen - 1 bytes, NUL-terminated; a NUL from %c is kept
- * and counted), made without the C library for the conversions log lines
- * use (%s, %.*s, %c, %d, %i, %u, %x with l, ll, z or j and a width of
- * zeros as in %03llu, and %%); any other
- * format goes to vsnprintf().  Returns the length written. */
+/* What the emitter formats a line with: fmt_vsnprintf() (lib/fmt.h),
+ * returning the length written (at most outlen - 1, NUL-terminated; a
+ * NUL from %c kept and counted) rather than the length wanted. */
 size_t log_vformat(char *out, size_t outlen, const char *fmt, va_list ap);
 
 #endif

@@ -378,29 +378,31 @@ static struct sieve_action *find_action(struct exec *ex,
 }
 
 /* add flags (space-separated words) to a set, case-insensitively unique */
+/* one flag into the set unless it is there (case-insensitively) */
+static int flags_add_one(struct strarray *set, const char *flag)
+{
+    size_t j;
+
+    for (j = 0; j < set->count; j++)
+        if (strcasecmp(set->data[j], flag) == 0)
+            return 0;
+    return strarray_append(set, flag);
+}
+
 static int flags_add(struct strarray *set, const char *s)
 {
     struct strarray words = STRARRAY_INITIALIZER;
-    size_t i, j;
+    size_t i;
 
-    if (*s && !strpbrk(s, " \t\r\n")) {
-        /* one flag (the usual string): no split */
-        for (j = 0; j < set->count; j++)
-            if (strcasecmp(set->data[j], s) == 0)
-                return 0;
-        return strarray_append(set, s);
-    }
+    if (*s && !strpbrk(s, " \t\r\n"))
+        return flags_add_one(set, s);   /* one flag: no split */
     if (strarray_split(&words, s, " \t\r\n") < 0)
         return -1;
-    for (i = 0; i < words.count; i++) {
-        for (j = 0; j < set->count; j++)
-            if (strcasecmp(set->data[j], words.data[i]) == 0)
-                break;
-        if (j == set->count && strarray_append(set, words.data[i]) < 0) {
+    for (i = 0; i < words.count; i++)
+        if (flags_add_one(set, words.data[i]) < 0) {
             strarray_fini(&words);
             return -1;
         }
-    }
     strarray_fini(&words);
     return 0;
 }
