@@ -333,6 +333,10 @@ static void test_format(void **state)
         expect_format(l, "delay=<%llu.%03llu> %03d %05d %02x %01u %09lu",
                       12ULL, 7ULL, -4, -31, 0xaU, 0U, 123456789UL);
         expect_format(l, "%03llu %02d %04i", 12345ULL, 100, -12345);
+        /* the Received header's id (lmtp.c) */
+        expect_format(l, "id %lx%05lx%04lx;", 0x6a3f2c1bUL, 0x1f2UL,
+                      0xfffffUL & 0xffffUL);
+        expect_format(l, "[IPv6:%.*s]", 3, "::1]:25");
         expect_format(l, "a%cb%cc", 'x', 0);   /* a NUL kept, counted */
         expect_format(l, "<%.*s><%.*s><%.*s>", 3, "abcdef", 0, "abc", -1,
                       "whole");
