@@ -602,14 +602,14 @@ static int skiplist_refresh(struct skiplist *sl)
     int r;
 
     for (;;) {
-        if (stat(sl->fname, &st) < 0)
+        if (fs_stat_id(sl->fname, &st) < 0)
             return skiplist_syserr(sl, "stat");
         if (sl->fd_known && st.st_ino == sl->fd_ino &&
             st.st_dev == sl->fd_dev) {
             fst = st;   /* the same inode: the same size */
             break;
         }
-        if (fstat(sl->fd, &fst) < 0)
+        if (fs_fstat_id(sl->fd, &fst) < 0)
             return skiplist_syserr(sl, "fstat");
         sl->fd_known = 1;
         sl->fd_dev = fst.st_dev;
@@ -1003,7 +1003,7 @@ static int skiplist_rewrite(struct skiplist *sl, const uint32_t *live, size_t n)
         r = skiplist_syserr(sl, "create of the checkpoint file");
         goto out;
     }
-    if (fstat(sl->fd, &st) == 0) {
+    if (fs_fstat_id(sl->fd, &st) == 0) {
         if (fchmod(fd, st.st_mode & 07777) < 0)
             log_warning("skiplist: fchmod failed file=<%s> error=<%s>", tmpname, strerror(errno));
         if (geteuid() == 0 && fchown(fd, st.st_uid, st.st_gid) < 0)
@@ -1760,7 +1760,7 @@ int skiplist_stamp(struct skiplist *sl, int now, uint64_t stamp[3])
         stamp[2] = (uint64_t)sl->size;
         return SKIPLIST_OK;
     }
-    if (stat(sl->fname, &st) < 0)
+    if (fs_stat_id(sl->fname, &st) < 0)
         return skiplist_syserr(sl, "stat");
     stamp[0] = (uint64_t)st.st_dev;
     stamp[1] = (uint64_t)st.st_ino;

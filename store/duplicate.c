@@ -284,7 +284,7 @@ static int duplicate_set_aside(const char *fname, const char *backend,
                   "file=<%s> error=<%s>", fname, strerror(errno));
         return -1;
     }
-    if (fstat(fd, &st) < 0) {
+    if (fs_fstat_id(fd, &st) < 0) {
         log_error("duplicate: fstat failed file=<%s> error=<%s>", fname,
                   strerror(errno));
         goto out;
@@ -299,7 +299,7 @@ static int duplicate_set_aside(const char *fname, const char *backend,
                   strerror(errno));
         goto out;
     }
-    if (stat(fname, &cur) < 0 || cur.st_dev != st.st_dev ||
+    if (fs_stat_id(fname, &cur) < 0 || cur.st_dev != st.st_dev ||
         cur.st_ino != st.st_ino) {
         ret = 0;                /* another process set it aside first */
         goto out;
@@ -373,7 +373,7 @@ static int duplicate_open_db(const char *fname, const char *backend,
     const char *err = NULL;
 
     for (tries = 0; tries < DUPLICATE_OPEN_TRIES; tries++) {
-        int have = stat(fname, &st) == 0;
+        int have = fs_stat_id(fname, &st) == 0;
 
         if (gated && (gfd = duplicate_gate(fname, 0)) < 0)
             return CYRUSDB_IOERROR;

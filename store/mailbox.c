@@ -1583,7 +1583,7 @@ static int mbx_verify_message(struct mailbox *mb,
     r = mailbox_open_message(mb, rec->uid, &fd);
     if (r)
         return r;
-    if (fstat(fd, &sb) < 0 || (uint64_t)sb.st_size != rec->size) {
+    if (fs_fstat_id(fd, &sb) < 0 || (uint64_t)sb.st_size != rec->size) {
         close(fd);
         return STORE_NOTFOUND;
     }
@@ -2027,7 +2027,7 @@ static void mbx_note_inode(struct mailbox *mb)
 {
     struct stat sb;
 
-    if (mb->fd >= 0 && fstat(mb->fd, &sb) == 0) {
+    if (mb->fd >= 0 && fs_fstat_id(mb->fd, &sb) == 0) {
         mb->dev = sb.st_dev;
         mb->ino = sb.st_ino;
     } else {
@@ -2051,7 +2051,7 @@ static int mbx_lock_fd(struct mailbox *mb, int type)
                       mb->name, strerror(errno));
             return STORE_IOERROR;
         }
-        if (stat(mb->index_path, &sb) < 0) {
+        if (fs_stat_id(mb->index_path, &sb) < 0) {
             e = errno;
             mbx_fcntl(mb->fd, F_SETLK, F_UNLCK, 0, 1);
             return e == ENOENT ? STORE_NOTFOUND : STORE_IOERROR;
@@ -2065,7 +2065,7 @@ static int mbx_lock_fd(struct mailbox *mb, int type)
             mb->lock_size = sb.st_size;
             return STORE_OK;
         }
-        if (fstat(mb->fd, &fsb) == 0 && sb.st_ino == fsb.st_ino &&
+        if (fs_fstat_id(mb->fd, &fsb) == 0 && sb.st_ino == fsb.st_ino &&
             sb.st_dev == fsb.st_dev) {
             mb->dev = fsb.st_dev;
             mb->ino = fsb.st_ino;
@@ -2187,7 +2187,7 @@ int mailbox_open(const struct imapconf *conf, const char *name,
                   strerror(e));
         return STORE_IOERROR;
     }
-    if (fstat(mb->fd, &sb) < 0) {
+    if (fs_fstat_id(mb->fd, &sb) < 0) {
         mbx_free(mb);
         return STORE_IOERROR;
     }
@@ -3469,7 +3469,7 @@ int mailbox_check(struct mailbox *mb, struct buf *problem)
         r = STORE_CORRUPT;
         goto out;
     }
-    if (fstat(mb->fd, &sb) < 0) {
+    if (fs_fstat_id(mb->fd, &sb) < 0) {
         r = STORE_IOERROR;
         goto out;
     }
@@ -3712,7 +3712,7 @@ static int mbx_reconstruct(const struct imapconf *conf, const char *name,
     memset(&os, 0, sizeof(os));
     if (mb->fd >= 0) {
         have_old = mbx_read_slots(mb->fd, &os, &cur, NULL) == STORE_OK;
-        if (fstat(mb->fd, &sb) == 0 && sb.st_size > MBX_HDR_AREA) {
+        if (fs_fstat_id(mb->fd, &sb) == 0 && sb.st_size > MBX_HDR_AREA) {
             uint64_t cnt = ((uint64_t)sb.st_size - MBX_HDR_AREA) / MBX_REC_SIZE;
             unsigned char p[MBX_REC_SIZE];
 
