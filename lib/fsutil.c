@@ -216,7 +216,6 @@ int fs_datasync(int fd)
 #endif
 }
 
-#if defined(STATX_INO) && defined(AT_EMPTY_PATH)
 /* statx() without the times (fsutil.h); ENOSYS: the kernel or a seccomp
  * filter refuses statx, use the classic call */
 static int fs_statx_id(int dirfd, const char *path, int flags,
@@ -255,14 +254,3 @@ int fs_fstat_id(int fd, struct stat *st)
         return 0;
     return errno == ENOSYS ? fstat(fd, st) : -1;
 }
-#else
-int fs_stat_id(const char *path, struct stat *st)
-{
-    return stat(path, st);
-}
-
-int fs_fstat_id(int fd, struct stat *st)
-{
-    return fstat(fd, st);
-}
-#endif
