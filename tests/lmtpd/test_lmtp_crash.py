@@ -198,6 +198,11 @@ def killer(inst, stop, kills):
         if not pool:
             continue
         pid = rnd.choice(pool)
+        # the master's status lists a worker until it has reaped it: one
+        # killed already (or exited on its own) is a zombie until then,
+        # and a SIGKILL to it succeeds without killing anything
+        if pid in kills or not alive(pid):
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
             kills.append(pid)
